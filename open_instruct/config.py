@@ -1,0 +1,403 @@
+"""Typed, grouped configuration for grpo_fast, parsed once from open-instruct-compatible flags.
+
+Each field documents itself once, in `help` (what `--help` prints). Groups are frozen
+dataclasses: nothing writes back into a parsed config; derived values (world size, number
+of training steps, ...) are properties. Cross-field contradictions fail at parse time with
+a message that names the flags and the fix, before any actor starts.
+
+Flags that only mean something on Ai2's Beaker cluster are accepted so launch scripts work
+unchanged, and say so in their help.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+import sys
+from dataclasses import dataclass, field, fields
+from typing import Any, Literal
+
+BEAKER_ONLY = "[Beaker only: accepted for compatibility with open-instruct scripts; no effect here] "
+
+
+class ConfigError(ValueError):
+    """A flag value or combination that cannot run; the message names the flag and the fix."""
+
+
+def arg(default: Any = None, help: str = "", **kwargs) -> Any:  # noqa: A002 (argparse's name)
+    """A dataclass field whose `help` is the single documentation source of its flag."""
+    if isinstance(default, list):
+        return field(default_factory=lambda: list(default), metadata={"help": help, **kwargs})
+    return field(default=default, metadata={"help": help, **kwargs})
+
+
+# ----------------------------------------------------------------------------- groups
+
+
+@dataclass(frozen=True)
+class ExperimentConfig:
+    _argument_group_name = "experiment"
+
+    exp_name: str = arg("grpo", "Experiment name; run names and output folders derive from it.")
+    seed: int = arg(1, "Seed for data order, sampling seeds of every request, and initialisation.")
+    output_dir: str = arg("output", "Where metrics.jsonl, checkpoints and plots are written.")
+    with_tracking: bool = arg(False, "Log to Weights & Biases (set WANDB_MODE=offline without network).")
+    wandb_project_name: str = arg("open_instruct_internal", "W&B project.")
+    wandb_entity: str | None = arg(None, "W&B entity (team); None uses your default.")
+    num_evals: int = arg(10, "How many evaluations over the run (spread evenly over training steps).")
+    local_eval_every: int = arg(-1, "Evaluate every N steps; overrides --num_evals when > 0.")
+    eval_on_step_0: bool = arg(False, "Also evaluate before the first training step.")
+    save_freq: int = arg(200, "Save an HF-format model + tokenizer every N training steps (0 disables).")
+    keep_last_n_checkpoints: int = arg(3, "Keep only the newest N HF checkpoints (-1 keeps all).")
+    checkpoint_state_freq: int = arg(-1, "Save full resumable state every N steps (-1 disables).")
+    checkpoint_state_dir: str | None = arg(None, "Directory for resumable state; resuming reads it.")
+    try_launch_beaker_eval_jobs_on_weka: bool = arg(False, BEAKER_ONLY + "Launch oe-eval jobs per save.")
+    oe_eval_tasks: str | None = arg(None, BEAKER_ONLY + "Comma-separated oe-eval tasks for those jobs.")
+    oe_eval_max_length: int = arg(4096, BEAKER_ONLY + "Max length for the oe-eval jobs.")
+    hf_metadata_dataset: str | None = arg(None, BEAKER_ONLY + "HF dataset recording run metadata.")
+    push_to_hub: bool = arg(False, "Push checkpoints to the HF hub (needs network).")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    _argument_group_name = "model and tokenizer"
+
+    model_name_or_path: str | None = arg(
+        None, "HF hub name or local path. Unset (with no --dataset_mixer_list) uses the embedded tiny model."
+    )
+    model_revision: str | None = arg(None, "Hub revision of the model.")
+    tokenizer_name_or_path: str | None = arg(None, "Tokenizer; defaults to the model's.")
+    tokenizer_revision: str | None = arg(None, "Hub revision of the tokenizer.")
+    chat_template_name: str = arg(
+        "tulu_thinker", "Chat template: tulu, tulu_thinker, r1_simple_chat, or 'tokenizer' for its own."
+    )
+    add_bos: bool = arg(False, "Prepend the tokenizer's BOS token to every prompt (OLMo-style models).")
+    system_prompt_override: str | None = arg(None, "Replace (or add) the system message of every prompt.")
+    gradient_checkpointing: bool = arg(False, "Recompute activations in the backward pass to save memory.")
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    _argument_group_name = "data"
+
+    dataset_mixer_list: list[str] = arg(
+        [], "Training mix as NAME WEIGHT pairs; NAME is a hub dataset, a JSON/JSONL/parquet file or a "
+        "directory; WEIGHT <= 1 is a fraction of the dataset, > 1 an absolute row count."
+    )
+    dataset_mixer_list_splits: list[str] = arg(["train"], "Split per training dataset (one value = all).")
+    dataset_mixer_eval_list: list[str] = arg([], "Evaluation mix, same NAME WEIGHT format.")
+    dataset_mixer_eval_list_splits: list[str] = arg(["test"], "Split per eval dataset (one value = all).")
+    sft_messages_key: str = arg("messages", "Column holding the chat messages of the prompt.")
+    ground_truths_key: str = arg("ground_truth", "Column holding the label handed to the verifier.")
+    max_token_length: int = arg(
+        512, "SFT-era length limit kept for open-instruct compatibility; GRPO filters prompts with "
+        "--max_prompt_token_length and bounds responses with --response_length."
+    )
+    max_prompt_token_length: int = arg(256, "Prompts longer than this are filtered (counted and reported).")
+    dataset_skip_bad_rows: bool = arg(False, "Skip malformed rows (counted and reported) instead of failing.")
+    dataset_local_cache_dir: str = arg("local_dataset_cache", "Where tokenized datasets are cached.")
+
+
+@dataclass(frozen=True)
+class GenerationConfig:
+    _argument_group_name = "generation (vLLM engines)"
+
+    num_unique_prompts_rollout: int = arg(16, "Prompts per training step (groups per batch).")
+    num_samples_per_prompt_rollout: int = arg(4, "Samples per prompt (GRPO group size).")
+    response_length: int = arg(256, "Maximum generated tokens per sample.")
+    temperature: float = arg(1.0, "Sampling temperature.")
+    vllm_top_p: float = arg(1.0, "Nucleus sampling p.")
+    stop_strings: list[str] = arg([], "Strings that end a sample (e.g. '</answer>').")
+    include_stop_str_in_output: bool = arg(True, "Keep the stop string in the response (and train on it).")
+    async_steps: int = arg(1, "How many optimizer steps generation may run ahead of the learner (0 = synchronous).")
+    inflight_updates: bool = arg(True, "Push new weights into running engines mid-generation (KV cache kept).")
+    vllm_num_engines: int = arg(1, "Number of vLLM engine actors.")
+    vllm_tensor_parallel_size: int = arg(1, "GPUs per engine (tensor parallel).")
+    vllm_gpu_memory_utilization: float = arg(0.9, "Fraction of GPU memory vLLM may use.")
+    vllm_enable_prefix_caching: bool = arg(False, "Reuse KV blocks of shared prefixes (salted per weight version).")
+    vllm_enforce_eager: bool = arg(False, "Disable CUDA graphs (always eager on CPU).")
+    vllm_kv_cache_gib: float = arg(1.0, "KV-cache size per engine in GiB on CPU machines.")
+
+
+@dataclass(frozen=True)
+class AlgorithmConfig:
+    _argument_group_name = "algorithm (GRPO loss)"
+
+    beta: float = arg(0.05, "KL penalty coefficient; > 0 loads a reference policy.")
+    kl_estimator: str = arg("kl3", "KL estimator: kl1, kl2, kl3, kl4 (or the numeric forms 0-3).")
+    clip_lower: float = arg(0.2, "Lower PPO clip: ratio >= 1 - clip_lower.")
+    clip_higher: float = arg(0.2, "Upper PPO clip (DAPO clip-higher): ratio <= 1 + clip_higher.")
+    loss_denominator: str = arg("token", "'token' (mean over tokens) or a positive constant (Dr. GRPO).")
+    num_epochs: int = arg(1, "Passes over each batch.")
+    num_mini_batches: int = arg(1, "Optimizer steps per batch and epoch.")
+    mask_truncated_completions: bool = arg(False, "Exclude samples cut at --response_length from the loss.")
+    advantage_normalization_type: Literal["centered", "standard"] = arg(
+        "centered", "Group advantages: reward minus group mean, or also divided by the group std."
+    )
+    filter_zero_std_samples: bool = arg(True, "Drop groups whose rewards are all equal (no signal; counted).")
+    truncated_importance_sampling_ratio_cap: float = arg(
+        2.0, "Cap of the learner/behaviour importance ratio for streamed, off-policy samples (0 disables)."
+    )
+
+
+@dataclass(frozen=True)
+class RewardConfig:
+    _argument_group_name = "rewards"
+
+    apply_verifiable_reward: bool = arg(True, "Score responses with the verifier named by each row.")
+    verification_reward: float = arg(10.0, "Reward for a fully correct response (scaled by the score).")
+    non_stop_penalty: bool = arg(False, "Responses that did not stop get --non_stop_penalty_value instead.")
+    non_stop_penalty_value: float = arg(0.0, "Reward for responses cut at --response_length.")
+    remap_verifier: str | None = arg(None, "Point one verifier name at another: OLD=NEW.")
+    code_api_url: str = arg("http://localhost:1234/test_program", "Code-execution API for the code verifier.")
+    code_max_execution_time: float = arg(1.0, "Seconds per test in the code verifier.")
+    code_pass_rate_reward_threshold: float = arg(0.0, "Code pass rates below this score 0.")
+
+
+@dataclass(frozen=True)
+class LearnerConfig:
+    _argument_group_name = "learners (DeepSpeed)"
+
+    num_learners_per_node: list[int] = arg([1], "Learner processes per node, one entry per node (e.g. 8 8).")
+    deepspeed_stage: int = arg(0, "ZeRO stage: 0, 2 or 3.")
+    per_device_train_batch_size: int = arg(1, "Packed rows per forward pass on each learner.")
+    learning_rate: float = arg(2e-5, "Peak learning rate.")
+    lr_scheduler_type: Literal["linear", "constant", "cosine", "constant_with_warmup"] = arg(
+        "linear", "Learning-rate schedule."
+    )
+    warm_up_steps: int = arg(0, "Linear warm-up steps.")
+    weight_decay: float = arg(0.0, "AdamW weight decay.")
+    max_grad_norm: float = arg(1.0, "Gradient clipping norm.")
+    pack_length: int = arg(512, "Tokens per packed training row; must fit prompt + response.")
+    total_episodes: int = arg(100_000, "Samples to train on; steps = episodes / (prompts x samples).")
+
+
+GROUPS = (
+    ExperimentConfig,
+    ModelConfig,
+    DataConfig,
+    GenerationConfig,
+    AlgorithmConfig,
+    RewardConfig,
+    LearnerConfig,
+)
+
+_KL_ESTIMATORS = {"kl1": "kl1", "kl2": "kl2", "kl3": "kl3", "kl4": "kl4", "0": "kl1", "1": "kl2", "2": "kl3", "3": "kl4"}
+
+
+@dataclass(frozen=True)
+class Config:
+    """The whole parsed configuration; validated on construction, never mutated."""
+
+    experiment: ExperimentConfig = field(default_factory=ExperimentConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    generation: GenerationConfig = field(default_factory=GenerationConfig)
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    learner: LearnerConfig = field(default_factory=LearnerConfig)
+
+    def __post_init__(self) -> None:
+        problems = _validate(self)
+        if problems:
+            raise ConfigError("invalid configuration:\n  - " + "\n  - ".join(problems))
+
+    # -- derived values (computed, never stored back) --
+
+    @property
+    def uses_embedded_default(self) -> bool:
+        return self.model.model_name_or_path is None and not self.data.dataset_mixer_list
+
+    @property
+    def world_size(self) -> int:
+        return sum(self.learner.num_learners_per_node)
+
+    @property
+    def rollout_batch_size(self) -> int:
+        """Samples per training step."""
+        return self.generation.num_unique_prompts_rollout * self.generation.num_samples_per_prompt_rollout
+
+    @property
+    def num_training_steps(self) -> int:
+        return self.learner.total_episodes // self.rollout_batch_size
+
+    @property
+    def kl_estimator(self) -> str:
+        return _KL_ESTIMATORS[str(self.algorithm.kl_estimator).lower()]
+
+    @property
+    def loss_denominator(self) -> float | None:
+        """None means token mean; a float is the constant (Dr. GRPO) denominator."""
+        value = self.algorithm.loss_denominator
+        return None if value == "token" else float(value)
+
+    @property
+    def eval_every_steps(self) -> int:
+        if self.experiment.local_eval_every > 0:
+            return self.experiment.local_eval_every
+        if self.experiment.num_evals <= 0:
+            return 0
+        return max(1, math.ceil(self.num_training_steps / self.experiment.num_evals))
+
+    @property
+    def remap_verifier(self) -> dict[str, str]:
+        if not self.reward.remap_verifier:
+            return {}
+        old, new = self.reward.remap_verifier.split("=")
+        return {old.strip().lower(): new.strip().lower()}
+
+    @property
+    def run_name(self) -> str:
+        return f"{self.experiment.exp_name}__{self.experiment.seed}"
+
+
+def _validate(cfg: Config) -> list[str]:
+    """Every contradiction at once, each naming its flags and the fix."""
+    g, a, d, lr, e = cfg.generation, cfg.algorithm, cfg.data, cfg.learner, cfg.experiment
+    problems: list[str] = []
+
+    def check(ok: bool, message: str) -> None:
+        if not ok:
+            problems.append(message)
+
+    check(d.max_prompt_token_length > 0, "--max_prompt_token_length must be > 0")
+    check(g.response_length > 0, "--response_length must be > 0")
+    check(
+        lr.pack_length >= d.max_prompt_token_length + g.response_length,
+        f"--pack_length {lr.pack_length} < --max_prompt_token_length {d.max_prompt_token_length} + "
+        f"--response_length {g.response_length}: a sample would not fit in a packed row; raise "
+        f"--pack_length to at least {d.max_prompt_token_length + g.response_length}",
+    )
+    check(g.num_unique_prompts_rollout >= 1, "--num_unique_prompts_rollout must be >= 1")
+    check(
+        g.num_samples_per_prompt_rollout >= 2,
+        "--num_samples_per_prompt_rollout must be >= 2: group-relative advantages need at least two samples",
+    )
+    check(g.temperature >= 0, "--temperature must be >= 0")
+    check(0 < g.vllm_top_p <= 1, "--vllm_top_p must be in (0, 1]")
+    check(g.async_steps >= 0, "--async_steps must be >= 0 (0 = synchronous)")
+    check(g.vllm_num_engines >= 1, "--vllm_num_engines must be >= 1")
+    check(g.vllm_tensor_parallel_size >= 1, "--vllm_tensor_parallel_size must be >= 1")
+    check(0 < g.vllm_gpu_memory_utilization <= 1, "--vllm_gpu_memory_utilization must be in (0, 1]")
+    check(g.vllm_kv_cache_gib > 0, "--vllm_kv_cache_gib must be > 0")
+    check(a.beta >= 0, "--beta must be >= 0")
+    check(
+        str(a.kl_estimator).lower() in _KL_ESTIMATORS,
+        f"--kl_estimator {a.kl_estimator!r} is not one of kl1, kl2, kl3, kl4 (or 0, 1, 2, 3)",
+    )
+    check(a.clip_lower >= 0 and a.clip_higher >= 0, "--clip_lower and --clip_higher must be >= 0")
+    check(a.num_epochs >= 1 and a.num_mini_batches >= 1, "--num_epochs and --num_mini_batches must be >= 1")
+    check(a.truncated_importance_sampling_ratio_cap >= 0, "--truncated_importance_sampling_ratio_cap must be >= 0")
+    if a.loss_denominator != "token":
+        try:
+            check(float(a.loss_denominator) > 0, "--loss_denominator must be 'token' or a positive number")
+        except ValueError:
+            problems.append(f"--loss_denominator {a.loss_denominator!r} must be 'token' or a positive number")
+    check(lr.deepspeed_stage in (0, 2, 3), f"--deepspeed_stage {lr.deepspeed_stage} must be 0, 2 or 3")
+    check(
+        bool(lr.num_learners_per_node) and all(n >= 1 for n in lr.num_learners_per_node),
+        "--num_learners_per_node needs one positive count per node, e.g. '8 8'",
+    )
+    check(lr.per_device_train_batch_size >= 1, "--per_device_train_batch_size must be >= 1")
+    check(lr.learning_rate >= 0, "--learning_rate must be >= 0")
+    world = sum(lr.num_learners_per_node) or 1
+    batch = g.num_unique_prompts_rollout * g.num_samples_per_prompt_rollout
+    check(
+        batch % (world * a.num_mini_batches) == 0,
+        f"prompts x samples = {batch} must split evenly over {world} learners x --num_mini_batches "
+        f"{a.num_mini_batches}; change --num_unique_prompts_rollout or --num_samples_per_prompt_rollout",
+    )
+    check(
+        lr.total_episodes >= batch,
+        f"--total_episodes {lr.total_episodes} is less than one step's batch ({batch} samples)",
+    )
+    for flag, mix in (("--dataset_mixer_list", d.dataset_mixer_list), ("--dataset_mixer_eval_list", d.dataset_mixer_eval_list)):
+        problems.extend(_mixer_problems(flag, mix))
+    check(
+        e.checkpoint_state_freq <= 0 or e.checkpoint_state_dir is not None,
+        "--checkpoint_state_freq > 0 needs --checkpoint_state_dir",
+    )
+    check(
+        cfg.reward.remap_verifier is None or cfg.reward.remap_verifier.count("=") == 1,
+        f"--remap_verifier {cfg.reward.remap_verifier!r} must look like OLD=NEW",
+    )
+    return problems
+
+
+def _mixer_problems(flag: str, mix: list[str]) -> list[str]:
+    if len(mix) % 2:
+        return [f"{flag} takes NAME WEIGHT pairs; got an odd number of values: {' '.join(mix)}"]
+    problems = []
+    for name, weight in zip(mix[::2], mix[1::2]):
+        try:
+            if float(weight) <= 0:
+                problems.append(f"{flag}: weight of {name} must be > 0, got {weight}")
+        except ValueError:
+            problems.append(f"{flag}: weight of {name} must be a number (fraction or row count), got {weight!r}")
+    return problems
+
+
+# ----------------------------------------------------------------------------- features not built yet
+
+# (flag, is it requested?, which feature) — a requested feature that does not exist yet must fail
+# loudly instead of being silently ignored. Rows disappear as features land.
+_PENDING_FEATURES: list[tuple[str, Any, str]] = [
+    ("--push_to_hub", lambda c: c.experiment.push_to_hub, "pushing checkpoints to the HF hub"),
+]
+
+
+def unsupported_features(cfg: Config) -> list[str]:
+    return [f"{flag}: {what} is not supported yet" for flag, requested, what in _PENDING_FEATURES if requested(cfg)]
+
+
+# ----------------------------------------------------------------------------- parsing
+
+
+def build_parser():
+    from transformers import HfArgumentParser
+
+    return HfArgumentParser(
+        GROUPS,
+        prog="grpo_fast.py",
+        description="Async-streaming GRPO: vLLM engines stream completions to DeepSpeed learners.",
+    )
+
+
+def parse_config(argv: list[str] | None = None) -> Config:
+    """Parse flags into a validated Config. Unknown flags raise ConfigError with suggestions."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    *groups, remaining = parser.parse_args_into_dataclasses(args=argv, return_remaining_strings=True)
+    if remaining:
+        raise ConfigError(_unknown_flags_message(parser, remaining))
+    by_type = {type(group): group for group in groups}
+    return Config(
+        experiment=by_type[ExperimentConfig],
+        model=by_type[ModelConfig],
+        data=by_type[DataConfig],
+        generation=by_type[GenerationConfig],
+        algorithm=by_type[AlgorithmConfig],
+        reward=by_type[RewardConfig],
+        learner=by_type[LearnerConfig],
+    )
+
+
+def _unknown_flags_message(parser, remaining: list[str]) -> str:
+    known = [opt for action in parser._actions for opt in action.option_strings]
+    lines = []
+    after_unknown_flag = False
+    for token in remaining:
+        if not token.startswith("-"):
+            if not after_unknown_flag:  # values of an unknown flag are part of that one complaint
+                lines.append(f"unexpected value {token!r} (does the flag before it take fewer values?)")
+            continue
+        after_unknown_flag = True
+        flag = token.split("=")[0]
+        close = difflib.get_close_matches(flag, known, n=1)
+        lines.append(f"unknown flag {flag}" + (f" (did you mean {close[0]}?)" if close else ""))
+    return "; ".join(lines) + ". Run with --help for the full list."
+
+
+def flag_names() -> list[str]:
+    """Every accepted flag name, for tests and docs."""
+    return [f.name for group in GROUPS for f in fields(group)]

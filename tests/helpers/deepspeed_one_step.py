@@ -1,0 +1,36 @@
+"""Runs in its own process (DeepSpeed's process group is per process): one ZeRO step on the tiny model.
+
+Prints one JSON line: the loss before and after, and how far the parameters moved.
+"""
+
+import json
+import sys
+
+import torch
+
+
+def main(stage: int, model_path: str, port: int) -> None:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from open_instruct import learner
+
+    learner.init_distributed(rank=0, world_size=1, master_port=port)
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    optimizer = learner.make_optimizer(model, learning_rate=1e-3, weight_decay=0.0)
+    engine = learner.initialize_engine(model, optimizer, learner.deepspeed_config(stage=stage, micro_batch_size=2))
+    batch = tokenizer(["12</think><answer>12</answer>", "7</think><answer>7</answer>"], return_tensors="pt", padding=True)
+    labels = batch["input_ids"].masked_fill(batch["attention_mask"] == 0, -100)
+    losses = []
+    for _ in range(2):
+        loss = engine(**batch, labels=labels).loss
+        engine.backward(loss)
+        engine.step()
+        losses.append(loss.item())
+    moved = max((p.detach() - before[n]).abs().max().item() for n, p in engine.module.named_parameters())
+    print(json.dumps({"losses": losses, "max_param_change": moved, "zero_stage": engine.zero_optimization_stage()}))
+
+
+if __name__ == "__main__":
+    main(int(sys.argv[1]), sys.argv[2], int(sys.argv[3]))
