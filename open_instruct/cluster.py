@@ -1,7 +1,8 @@
 """Ray set-up and actor placement: the only module that applies `ray.remote`.
 
-Connects to a running Ray cluster when there is one (multi-node jobs started by
-`configs/beaker_configs/ray_node_setup.sh`), otherwise starts a local one. On CPU machines
+Joins the Ray cluster named by RAY_ADDRESS when set (multi-node jobs: `configs/beaker_configs/
+ray_node_setup.sh` exports it), otherwise starts a private local one; never an unrelated
+cluster that happens to run on the same machine. On CPU machines
 Ray's logical CPU count is raised to fit every actor: the engines and learners share the
 physical cores anyway, and a logical shortage would deadlock scheduling instead.
 """
@@ -31,12 +32,6 @@ def init_ray(min_logical_cpus: int = 1) -> None:
         logger.info("connecting to the Ray cluster at %s", address)
         ray.init(address=address, runtime_env=env, log_to_driver=True)
         return
-    try:
-        ray.init(address="auto", runtime_env=env, log_to_driver=True)
-        logger.info("connected to the running Ray cluster")
-        return
-    except ConnectionError:
-        pass
     num_cpus = max(os.cpu_count() or 1, min_logical_cpus)
     logger.info("starting a local Ray cluster (%d logical CPUs)", num_cpus)
     ray.init(num_cpus=num_cpus, runtime_env=env, include_dashboard=False, log_to_driver=True)

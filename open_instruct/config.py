@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import difflib
 import math
+import os
 import sys
 from dataclasses import dataclass, field, fields
 from typing import Any, Literal
@@ -32,6 +33,12 @@ def arg(default: Any = None, help: str = "", **kwargs) -> Any:  # noqa: A002 (ar
 
 
 # ----------------------------------------------------------------------------- groups
+
+
+def _default_code_api_url() -> str:
+    """code_api_setup.sh exports CODE_API_URL (the service's base URL) for the job it starts."""
+    base = os.environ.get("CODE_API_URL", "http://localhost:1234").rstrip("/")
+    return base if base.endswith("/test_program") else base + "/test_program"
 
 
 @dataclass(frozen=True)
@@ -149,7 +156,10 @@ class RewardConfig:
     non_stop_penalty: bool = arg(False, "Responses that did not stop get --non_stop_penalty_value instead.")
     non_stop_penalty_value: float = arg(0.0, "Reward for responses cut at --response_length.")
     remap_verifier: str | None = arg(None, "Point one verifier name at another: OLD=NEW.")
-    code_api_url: str = arg("http://localhost:1234/test_program", "Code-execution API for the code verifier.")
+    code_api_url: str = field(
+        default_factory=lambda: _default_code_api_url(),
+        metadata={"help": "Code-execution API for the code verifier (default: $CODE_API_URL/test_program)."},
+    )
     code_max_execution_time: float = arg(1.0, "Seconds per test in the code verifier.")
     code_pass_rate_reward_threshold: float = arg(0.0, "Code pass rates below this score 0.")
 

@@ -1,108 +1,429 @@
-"""Datasets -> tokenized prompts with their verifier labels.
+"""Datasets -> tokenized prompts with their verifier labels, plus a report of what was kept and why.
 
-Rows follow open-instruct's RLVR format: `messages` (chat), `ground_truth` (label) and
-`dataset` (verifier name). NAME in a mixer list may be a hub dataset, a local
-JSON/JSONL/parquet file, a directory of them, or the embedded default.
+Rows follow open-instruct's RLVR format: `messages` (the chat; the key is --sft_messages_key),
+`ground_truth` (the label; --ground_truths_key) and `dataset` (the verifier name(s), not the
+origin). A mixer list `NAME WEIGHT ...` picks rows from each source (see `select_rows`); each
+selected row is validated, chat-templated and length-filtered. Nothing is dropped silently:
+every skipped or filtered row is counted per source and reason in `DatasetReport`, and in
+strict mode (the default) the first malformed row stops the run with a message naming the
+dataset, split, row and fix. Validation of all sources runs before any tokenization, so a
+bad row in the last dataset fails in seconds, not after tokenizing the others.
+
+Reading sources lives in `open_instruct.data_sources`, per-row rules and tokenization in
+`open_instruct.data_rows`, the tokenized-result cache in `open_instruct.data_cache`.
 """
 
 from __future__ import annotations
 
-import json
 import logging
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
+import random
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
 
-from open_instruct.embedded_default import EMBEDDED_DATASET_NAME, ensure_embedded_dataset
+from open_instruct import data_cache
+from open_instruct.data_rows import (
+    TEMPLATE_ERROR,
+    VERIFIER_KEY,
+    BadRow,
+    RowSettings,
+    encode_texts,
+    parse_row,
+    render_prompt,
+)
+from open_instruct.data_sources import DatasetError, RawRows, Source, open_source
+from open_instruct.embedded_default import EMBEDDED_DATASET_NAME
 
+__all__ = [
+    "DatasetError",
+    "DatasetReport",
+    "PromptDataset",
+    "PromptRow",
+    "SourceReport",
+    "load_prompt_dataset",
+    "load_rows",
+    "mixer_entries",
+    "rows_to_prompts",
+    "select_rows",
+]
 logger = logging.getLogger(__name__)
-
-
-class DatasetError(ValueError):
-    """A dataset or row that cannot be used; names the dataset, row and problem."""
 
 
 @dataclass(frozen=True)
 class PromptRow:
     """One tokenized prompt ready to become PromptRequests."""
 
-    source: str  # dataset name and split
-    index: int  # row index within that source
+    source: str  # "<dataset name>:<split>"
+    index: int  # row index in the original dataset split (before mixing and filtering): a stable id
     prompt_token_ids: tuple[int, ...]
-    ground_truths: tuple[Any, ...]
-    verifier_names: tuple[str, ...]
+    ground_truths: tuple[Any, ...]  # one label per verifier
+    verifier_names: tuple[str, ...]  # as written in the row; the reward side lower-cases and remaps
+    copy: int = 0  # k-th repeat of this row when a row count above the dataset size upsamples it
+
+    @property
+    def prompt_id(self) -> str:
+        """Stable across runs and restarts: source name + split + original row index (+ repeat)."""
+        return f"{self.source}:{self.index}" + (f"~{self.copy}" if self.copy else "")
 
 
-def load_rows(name: str, split: str) -> list[dict]:
-    """Raw rows of one dataset split."""
-    if name == EMBEDDED_DATASET_NAME:
-        return _read_json_lines(ensure_embedded_dataset() / f"{'eval' if split in ('test', 'eval') else 'train'}.jsonl")
-    path = Path(name)
-    if path.is_file():
-        return _read_file(path)
-    if path.is_dir():
-        files = sorted(p for p in path.iterdir() if p.suffix in (".jsonl", ".json", ".parquet"))
-        split_files = [p for p in files if p.stem == split or p.stem.startswith(f"{split}-")]
-        if not split_files:
-            raise DatasetError(f"{name}: no {split}.jsonl/.json/.parquet file in the directory")
-        return [row for p in split_files for row in _read_file(p)]
-    import datasets
+@dataclass(frozen=True)
+class SourceReport:
+    """What happened to one mixer entry; selected == prompts + too_long + sum(malformed)."""
 
-    return list(datasets.load_dataset(name, split=split))
+    name: str
+    split: str
+    weight: str
+    rows_read: int
+    rows_selected: int
+    prompts: int
+    too_long: int  # prompts over --max_prompt_token_length, dropped
+    malformed: dict[str, int]  # reason -> rows skipped (only with --dataset_skip_bad_rows)
+    malformed_examples: dict[str, str]  # reason -> the first such row's full message, to inspect
+    longest_prompt: int  # tokens, among kept prompts
+    cache: Literal["hit", "miss", "off"]
+    cache_note: str = ""  # the entry path, or why nothing was written
 
-
-def _read_file(path: Path) -> list[dict]:
-    if path.suffix == ".jsonl":
-        return _read_json_lines(path)
-    if path.suffix == ".json":
-        data = json.loads(path.read_text())
-        return data if isinstance(data, list) else list(data.get("data", []))
-    if path.suffix == ".parquet":
-        import datasets
-
-        return list(datasets.load_dataset("parquet", data_files=str(path), split="train"))
-    raise DatasetError(f"{path}: unsupported file type {path.suffix!r} (use .jsonl, .json or .parquet)")
-
-
-def _read_json_lines(path: Path) -> list[dict]:
-    rows = []
-    with open(path) as f:
-        for line_number, line in enumerate(f, 1):
-            if line.strip():
-                try:
-                    rows.append(json.loads(line))
-                except json.JSONDecodeError as e:
-                    raise DatasetError(f"{path}:{line_number}: not valid JSON ({e.msg})") from None
-    return rows
+    def line(self) -> str:
+        parts = [
+            f"{self.name} [{self.split}] weight {self.weight}: "
+            f"read {self.rows_read}, selected {self.rows_selected}"
+            + (" (upsampled)" if self.rows_selected > self.rows_read else ""),
+            f"kept {self.prompts} (longest {self.longest_prompt} tokens)",
+            f"too long {self.too_long}",
+        ]
+        if self.malformed:
+            detail = ", ".join(f"{reason} {count}" for reason, count in sorted(self.malformed.items()))
+            parts.append(f"skipped malformed {sum(self.malformed.values())} ({detail})")
+        parts.append(f"cache {self.cache}" + (f" ({self.cache_note})" if self.cache_note else ""))
+        return "; ".join(parts)
 
 
-def tokenize_prompt(tokenizer, messages: list[dict], add_bos: bool) -> list[int]:
-    """Chat-template the prompt messages (generation prompt appended) into token ids."""
-    if len(messages) > 1 and messages[-1].get("role") == "assistant":
-        messages = messages[:-1]  # some sets (ORZ math) carry the gold answer as a last assistant turn
-    encoded = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-    ids = list(encoded["input_ids"] if hasattr(encoded, "keys") else encoded)
-    if add_bos and tokenizer.bos_token_id is not None and (not ids or ids[0] != tokenizer.bos_token_id):
-        ids = [tokenizer.bos_token_id, *ids]
-    return ids
+@dataclass(frozen=True)
+class DatasetReport:
+    which: str  # "train" or "eval"
+    sources: tuple[SourceReport, ...]
+
+    @property
+    def total_prompts(self) -> int:
+        return sum(s.prompts for s in self.sources)
+
+    def summary(self) -> str:
+        lines = [f"{self.which} prompts: {self.total_prompts} from {len(self.sources)} source(s)"]
+        for source in self.sources:
+            lines.append("  " + source.line())
+            lines += [f"    e.g. {message}" for message in source.malformed_examples.values()]
+        return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class PromptDataset:
+    prompts: list[PromptRow]
+    report: DatasetReport
+
+    def __len__(self) -> int:
+        return len(self.prompts)
+
+
+@dataclass(frozen=True)
+class MixEntry:
+    name: str
+    split: str
+    weight: str  # as given on the command line
+
+    @property
+    def label(self) -> str:
+        return f"{self.name} [{self.split}]"
+
+
+# ----------------------------------------------------------------------------- mixer
+
+
+def mixer_entries(data_cfg, which: Literal["train", "eval"]) -> list[MixEntry]:
+    """NAME WEIGHT pairs with their splits. An empty training mix means the embedded dataset."""
+    if which == "train":
+        mix, splits, flag = (
+            data_cfg.dataset_mixer_list,
+            data_cfg.dataset_mixer_list_splits,
+            "--dataset_mixer_list",
+        )
+        mix = mix or [EMBEDDED_DATASET_NAME, "1.0"]
+    else:
+        mix, splits = data_cfg.dataset_mixer_eval_list, data_cfg.dataset_mixer_eval_list_splits
+        flag = "--dataset_mixer_eval_list"
+    if len(mix) % 2:
+        raise DatasetError(f"{flag} takes NAME WEIGHT pairs; got an odd number of values: {' '.join(mix)}")
+    names, weights = mix[::2], mix[1::2]
+    if len(splits) == 1:
+        splits = splits * len(names)
+    elif len(splits) != len(names):
+        raise DatasetError(
+            f"{flag}_splits has {len(splits)} values for {len(names)} datasets in {flag}; "
+            "give one split for all datasets or one per dataset"
+        )
+    entries = [MixEntry(n, s, w) for n, s, w in zip(names, splits, weights)]
+    repeated = [label for label, count in Counter(e.label for e in entries).items() if count > 1]
+    if repeated:  # the same rows twice would share prompt ids; a weight expresses the intent
+        raise DatasetError(
+            f"{flag}: {', '.join(repeated)} listed twice; give one entry with the combined weight"
+        )
+    return entries
+
+
+def parse_weight(entry: MixEntry) -> float:
+    try:
+        value = float(entry.weight)
+    except ValueError:
+        raise DatasetError(
+            f"{entry.label}: weight {entry.weight!r} must be a fraction or a row count"
+        ) from None
+    if value <= 0:
+        raise DatasetError(f"{entry.label}: weight {entry.weight} must be > 0")
+    if value > 1 and not value.is_integer():
+        raise DatasetError(
+            f"{entry.label}: weight {entry.weight} > 1 means a row count and must be a whole number"
+        )
+    return value
+
+
+def target_rows(entry: MixEntry, available: int) -> int:
+    """WEIGHT <= 1: that fraction of the rows (floor, at least 1); > 1: exactly that many rows."""
+    value = parse_weight(entry)
+    return max(1, int(value * available)) if value <= 1 else int(value)
+
+
+def select_rows(available: int, target: int, seed: int, label: str) -> list[tuple[int, int]]:
+    """(row index, repeat) pairs; deterministic in (seed, label).
+
+    As open-instruct does: a count above the dataset size repeats the whole dataset
+    target // available times (repeat k = k-th pass) and fills the rest with a random subset
+    without replacement; a smaller count is that random subset alone. Subsets keep the
+    original row order (shuffling is the data loader's job).
+    """
+    full, extra = divmod(target, available)
+    chosen = [(index, repeat) for repeat in range(full) for index in range(available)]
+    if extra:
+        rng = random.Random(f"{seed}|{label}")  # str seeds hash with sha512: stable across processes
+        chosen += [(index, full) for index in sorted(rng.sample(range(available), extra))]
+    return chosen
+
+
+# ----------------------------------------------------------------------------- one source
+
+
+@dataclass
+class _Pending:
+    """A source that missed the cache: validated, waiting to be tokenized."""
+
+    entry: MixEntry
+    cache_path: Any
+    rows_read: int
+    selection: list[tuple[int, int]]
+    parsed: dict[int, tuple[list[dict], list[Any], list[str]]]
+    bad: dict[int, tuple[str, str]] = field(default_factory=dict)  # row index -> (reason, message)
+
+
+def _validate(entry: MixEntry, raw: RawRows, t: RowSettings, seed: int, cache_path) -> _Pending:
+    if not raw.rows:
+        raise DatasetError(f"{entry.label}: the dataset has no rows")
+    selection = select_rows(len(raw.rows), target_rows(entry, len(raw.rows)), seed, entry.label)
+    pending = _Pending(entry, cache_path, len(raw.rows), selection, parsed={})
+    for index in sorted({index for index, _ in selection}):
+        try:
+            pending.parsed[index] = parse_row(raw.rows[index], t)
+        except BadRow as bad:
+            _record_bad(pending, index, bad, raw.where(index), t.skip_bad_rows)
+    return pending
+
+
+def _record_bad(pending: _Pending, index: int, bad: BadRow, where: str, skip: bool) -> None:
+    location = f" ({where})" if where else ""
+    message = f"{pending.entry.label} row {index}{location}: {bad.message}"
+    if not skip:
+        raise DatasetError(message + bad.hint)
+    pending.bad[index] = (bad.reason, message)
+
+
+def _tokenize(pending: _Pending, tokenizer, t: RowSettings) -> tuple[list[dict], SourceReport]:
+    texts: dict[int, str] = {}
+    for index in sorted(pending.parsed):  # render row by row so a template error names its row
+        try:
+            texts[index] = render_prompt(tokenizer, pending.parsed[index][0])
+        except Exception as error:  # noqa: BLE001 (jinja raise_exception and friends)
+            bad = BadRow(TEMPLATE_ERROR, f"the chat template failed ({type(error).__name__}: {error})")
+            _record_bad(pending, index, bad, "", t.skip_bad_rows)
+    tokenized = dict(zip(texts, encode_texts(tokenizer, list(texts.values()), t.add_bos)))
+    records, too_long, shortest_too_long, malformed, examples = [], 0, None, Counter(), {}
+    for index, repeat in pending.selection:
+        if index in pending.bad:
+            reason, message = pending.bad[index]
+            malformed[reason] += 1
+            examples.setdefault(reason, message)
+            continue
+        ids = tokenized[index]
+        if len(ids) > t.max_prompt_token_length:
+            too_long += 1
+            shortest_too_long = min(len(ids), shortest_too_long or len(ids))
+            continue
+        _, truths, verifiers = pending.parsed[index]
+        records.append(
+            {
+                "index": index,
+                "copy": repeat,
+                "prompt_token_ids": tuple(ids),
+                "ground_truths": tuple(truths),
+                "verifier_names": tuple(verifiers),
+            }
+        )
+    label = pending.entry.label
+    if not records:
+        if too_long:
+            raise DatasetError(
+                f"{label}: all {too_long} usable selected prompts are longer than --max_prompt_token_length "
+                f"{t.max_prompt_token_length} tokens (shortest: {shortest_too_long}); raise the limit"
+                + (f" ({sum(malformed.values())} more rows were malformed)" if malformed else "")
+            )
+        raise DatasetError(
+            f"{label}: every selected row is malformed ({dict(malformed)}); "
+            f"e.g. {next(iter(examples.values()))}"
+        )
+    report = SourceReport(
+        name=pending.entry.name,
+        split=pending.entry.split,
+        weight=pending.entry.weight,
+        rows_read=pending.rows_read,
+        rows_selected=len(pending.selection),
+        prompts=len(records),
+        too_long=too_long,
+        malformed=dict(malformed),
+        malformed_examples=examples,
+        longest_prompt=max(len(r["prompt_token_ids"]) for r in records),
+        cache="miss",
+    )
+    return records, report
+
+
+def _to_prompts(entry: MixEntry, records: list[dict]) -> list[PromptRow]:
+    source = f"{entry.name}:{entry.split}"
+    return [PromptRow(source=source, **record) for record in records]
+
+
+# ----------------------------------------------------------------------------- public API
+
+
+def load_prompt_dataset(
+    data_cfg,
+    model_cfg,
+    tokenizer,
+    which: Literal["train", "eval"],
+    verifier_remap: dict[str, str] | None = None,
+    *,
+    seed: int = 1,
+) -> PromptDataset:
+    """Load, mix, validate, tokenize (or read from cache) and length-filter the train or eval mix.
+
+    `tokenizer` must already carry the chat template (models.load_tokenizer installs it).
+    `verifier_remap` is Config.remap_verifier ({old: new}); `seed` is --seed (row selection).
+    An empty eval mix gives an empty dataset; an empty train mix means the embedded dataset.
+    Raises DatasetError naming the dataset, row and fix for anything unusable.
+    """
+    from open_instruct.rewards import available_verifiers
+
+    known = tuple(available_verifiers())
+    remap = tuple(sorted((k.lower(), v.lower()) for k, v in (verifier_remap or {}).items()))
+    for old, new in remap:
+        if new not in known:
+            raise DatasetError(
+                f"--remap_verifier {old}={new}: {new!r} is not a known verifier ({', '.join(known)})"
+            )
+    if model_cfg.add_bos and tokenizer.bos_token_id is None:
+        raise DatasetError(
+            "--add_bos was given but the tokenizer has no BOS token; drop --add_bos for this model"
+        )
+    t = RowSettings(
+        messages_key=data_cfg.sft_messages_key,
+        ground_truths_key=data_cfg.ground_truths_key,
+        max_prompt_token_length=data_cfg.max_prompt_token_length,
+        skip_bad_rows=data_cfg.dataset_skip_bad_rows,
+        add_bos=model_cfg.add_bos,
+        system_prompt=model_cfg.system_prompt_override,
+        remap=remap,
+        known_verifiers=known,
+    )
+    identity = data_cache.tokenizer_identity(tokenizer)
+    keys = (t.messages_key, t.ground_truths_key, VERIFIER_KEY)
+    cache_dir = data_cfg.dataset_local_cache_dir  # "" disables the cache
+    results: list[tuple[MixEntry, list[dict], SourceReport] | _Pending] = []
+    # Phase 1: every source is read and validated (or found in the cache) before anything is tokenized.
+    for entry in mixer_entries(data_cfg, which):
+        source: Source = open_source(entry.name, entry.split)
+        path = None
+        if cache_dir:
+            key = data_cache.cache_key(
+                {
+                    "source": source.fingerprint(),
+                    "name": entry.name,
+                    "split": entry.split,
+                    "weight": repr(parse_weight(entry)),
+                    "seed": seed,
+                    "transform": asdict(t),
+                    "tokenizer": identity,
+                    "chat_template_name": model_cfg.chat_template_name,
+                }
+            )
+            path = data_cache.entry_path(cache_dir, entry.label, key)
+            cached = data_cache.load_entry(path)
+            if cached is not None:
+                records, stored = cached
+                report = SourceReport(**{**stored, "cache": "hit", "cache_note": str(path)})
+                results.append((entry, records, report))
+                continue
+        results.append(_validate(entry, source.read(keys), t, seed, path))
+    # Phase 2: tokenize what missed the cache, store it.
+    prompts: list[PromptRow] = []
+    reports: list[SourceReport] = []
+    for result in results:
+        if isinstance(result, _Pending):
+            records, report = _tokenize(result, tokenizer, t)
+            entry = result.entry
+            if result.cache_path is None:
+                report = SourceReport(**{**asdict(report), "cache": "off"})
+            else:
+                failure = data_cache.store_entry(result.cache_path, records, asdict(report))
+                report = SourceReport(**{**asdict(report), "cache_note": failure or str(result.cache_path)})
+                if failure:
+                    logger.warning("could not cache %s: %s", entry.label, failure)
+        else:
+            entry, records, report = result
+        prompts += _to_prompts(entry, records)
+        reports.append(report)
+    return PromptDataset(prompts=prompts, report=DatasetReport(which=which, sources=tuple(reports)))
+
+
+# ----------------------------------------------------------------------------- earlier API
+
+
+def load_rows(name: str, split: str, keys: tuple[str, ...] | None = None) -> list[dict]:
+    """Raw rows of one dataset split, all columns unless `keys` (earlier API; prefer load_prompt_dataset)."""
+    return open_source(name, split).read(keys).rows
 
 
 def rows_to_prompts(
     rows: list[dict], tokenizer, source: str, *, messages_key: str, ground_truths_key: str, add_bos: bool
 ) -> list[PromptRow]:
-    prompts = []
+    """Validate and tokenize rows strictly, without mixing, length filter or cache (earlier API)."""
+    from open_instruct.rewards import available_verifiers
+
+    t = RowSettings(
+        messages_key, ground_truths_key, 0, False, add_bos, None, (), tuple(available_verifiers())
+    )
+    parsed = []
     for index, row in enumerate(rows):
-        verifiers = row["dataset"]
-        truths = row[ground_truths_key]
-        if isinstance(verifiers, str):
-            verifiers, truths = [verifiers], [truths]
-        prompts.append(
-            PromptRow(
-                source=source,
-                index=index,
-                prompt_token_ids=tuple(tokenize_prompt(tokenizer, row[messages_key], add_bos)),
-                ground_truths=tuple(truths),
-                verifier_names=tuple(verifiers),
-            )
-        )
-    return prompts
+        try:
+            parsed.append(parse_row(row, t))
+        except BadRow as bad:
+            raise DatasetError(f"{source} row {index}: {bad.message}{bad.hint}") from None
+    ids = encode_texts(tokenizer, [render_prompt(tokenizer, messages) for messages, _, _ in parsed], add_bos)
+    return [
+        PromptRow(source, index, tuple(x), tuple(truths), tuple(verifiers))
+        for index, (x, (_, truths, verifiers)) in enumerate(zip(ids, parsed))
+    ]

