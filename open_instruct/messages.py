@@ -23,6 +23,7 @@ class SamplingSettings:
     top_p: float = 1.0
     stop_strings: tuple[str, ...] = ()
     include_stop_str_in_output: bool = True
+    ignore_eos: bool = False  # benchmarks: force exact lengths
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,3 +86,43 @@ class Completion:
     @property
     def spans_versions(self) -> bool:
         return len({s.version for s in self.version_spans}) > 1
+
+
+@dataclass(frozen=True, slots=True)
+class PromptStarted:
+    """An engine pulled a prompt: lets the driver name in-flight prompts if that engine dies."""
+
+    prompt_id: str
+    engine_id: int
+    started_at: float = field(default_factory=time.time)
+
+
+@dataclass(frozen=True, slots=True)
+class EngineStats:
+    """One engine's counters since start; times in seconds."""
+
+    engine_id: int
+    target_concurrency: int
+    running_samples: int
+    waiting_requests: int
+    kv_cache_usage: float
+    generated_tokens: int
+    completed_samples: int
+    prompts_pulled: int
+    uptime_s: float
+    idle_s: float  # no sample running
+    underfilled_s: float  # fewer samples running than the target
+    paused_s: float
+    pauses: int
+    weight_version: int
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.generated_tokens / self.uptime_s if self.uptime_s > 0 else 0.0
+
+    @property
+    def idle_frac(self) -> float:
+        return self.idle_s / self.uptime_s if self.uptime_s > 0 else 0.0
+
+
+ResultMessage = Completion | PromptStarted

@@ -8,6 +8,7 @@ verifier, and reports reward and throughput. It says so in its log.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import time
@@ -15,6 +16,10 @@ from pathlib import Path
 
 from open_instruct.config import Config
 from open_instruct.embedded_default import EMBEDDED_DATASET_NAME, EMBEDDED_MODEL_NAME, STOP_STRING
+from open_instruct.generation import EngineSettings
+from open_instruct.messages import SamplingSettings
+from open_instruct.rewards import VerifierSettings
+from open_instruct.rewards.scoring import RewardSettings
 
 logger = logging.getLogger(__name__)
 
@@ -30,75 +35,48 @@ def describe_sources(cfg: Config) -> str:
     return f"model {model}; training mix {data}"
 
 
-def _eval_sources(cfg: Config) -> list[tuple[str, str, float]]:
-    mix = cfg.data.dataset_mixer_eval_list or cfg.data.dataset_mixer_list or [EMBEDDED_DATASET_NAME, "1.0"]
-    splits = cfg.data.dataset_mixer_eval_list_splits if cfg.data.dataset_mixer_eval_list else ["test"]
-    names, weights = mix[::2], [float(w) for w in mix[1::2]]
-    return [(n, splits[i] if len(splits) > 1 else splits[0], w) for i, (n, w) in enumerate(zip(names, weights))]
-
-
-def run(cfg: Config) -> dict:
-    import ray
-    from tqdm import tqdm
-
-    from open_instruct import cluster, data
-    from open_instruct.generation import EngineSettings
-    from open_instruct.messages import PromptRequest, SamplingSettings
-    from open_instruct.models import load_tokenizer, resolve_model_path
-    from open_instruct.rewards import VerifierSettings
-    from open_instruct.rewards.scoring import RewardSettings
-
-    logger.warning(
-        "the training loop is not wired in yet: this run generates and scores the evaluation prompts "
-        "with the real engines (no learner steps)"
+def _eval_data_config(cfg: Config):
+    """The eval mix, falling back to the training mix (or the embedded eval split)."""
+    d = cfg.data
+    if d.dataset_mixer_eval_list:
+        return d
+    return dataclasses.replace(
+        d,
+        dataset_mixer_eval_list=d.dataset_mixer_list or [EMBEDDED_DATASET_NAME, "1.0"],
+        dataset_mixer_eval_list_splits=["test"],
     )
-    model_path = resolve_model_path(cfg.model.model_name_or_path)
-    tokenizer = load_tokenizer(cfg.model)
-    prompts = []
-    for name, split, weight in _eval_sources(cfg):
-        rows = data.load_rows(name, split)
-        count = int(weight) if weight > 1 else int(round(weight * len(rows)))
-        prompts += data.rows_to_prompts(
-            rows[:count], tokenizer, f"{name}:{split}",
-            messages_key=cfg.data.sft_messages_key,
-            ground_truths_key=cfg.data.ground_truths_key,
-            add_bos=cfg.model.add_bos,
-        )
+
+
+def sampling_settings(cfg: Config) -> SamplingSettings:
     stop_strings = tuple(cfg.generation.stop_strings) or ((STOP_STRING,) if cfg.uses_embedded_default else ())
-    sampling = SamplingSettings(
+    return SamplingSettings(
         max_tokens=cfg.generation.response_length,
         temperature=cfg.generation.temperature,
         top_p=cfg.generation.vllm_top_p,
         stop_strings=stop_strings,
         include_stop_str_in_output=cfg.generation.include_stop_str_in_output,
     )
-    requests = [
-        PromptRequest(
-            prompt_id=f"{p.source}:0:{p.index}",
-            prompt_token_ids=p.prompt_token_ids,
-            ground_truths=p.ground_truths,
-            verifier_names=p.verifier_names,
-            sampling=sampling,
-            num_samples=cfg.generation.num_samples_per_prompt_rollout,
-            seed=cfg.experiment.seed * 1_000_003 + i * 1009,
-            admitted_version=0,
-            is_eval=True,
-        )
-        for i, p in enumerate(prompts)
-    ]
-    reward_settings = RewardSettings(
+
+
+def reward_settings(cfg: Config) -> RewardSettings:
+    return RewardSettings(
         apply_verifiable_reward=cfg.reward.apply_verifiable_reward,
         verification_reward=cfg.reward.verification_reward,
         non_stop_penalty=cfg.reward.non_stop_penalty,
         non_stop_penalty_value=cfg.reward.non_stop_penalty_value,
         remap_verifier=cfg.remap_verifier,
+        # A code verifier call may legitimately take its HTTP client's full timeout.
+        verifier_timeout_s=max(30.0, min(300.0, 10 * cfg.reward.code_max_execution_time)) + 10,
         verifier=VerifierSettings(
             code_api_url=cfg.reward.code_api_url,
             code_max_execution_time=cfg.reward.code_max_execution_time,
             code_pass_rate_reward_threshold=cfg.reward.code_pass_rate_reward_threshold,
         ),
     )
-    settings = EngineSettings(
+
+
+def engine_settings(cfg: Config, model_path: str) -> EngineSettings:
+    return EngineSettings(
         model_path=model_path,
         max_model_len=cfg.data.max_prompt_token_length + cfg.generation.response_length,
         seed=cfg.experiment.seed,
@@ -108,27 +86,59 @@ def run(cfg: Config) -> dict:
         enforce_eager=cfg.generation.vllm_enforce_eager,
         kv_cache_gib=cfg.generation.vllm_kv_cache_gib,
     )
+
+
+def run(cfg: Config) -> dict:
+    from tqdm import tqdm
+
+    from open_instruct import cluster, data
+    from open_instruct.engine_pool import EnginePool
+    from open_instruct.models import load_tokenizer, resolve_model_path
+    from open_instruct.prompt_feeder import make_request
+
+    logger.warning(
+        "the training loop is not wired in yet: this run streams the evaluation prompts through the "
+        "real engines and scores every sample (no learner steps)"
+    )
+    model_path = resolve_model_path(cfg.model.model_name_or_path)
+    tokenizer = load_tokenizer(cfg.model)
+    dataset = data.load_prompt_dataset(
+        _eval_data_config(cfg), cfg.model, tokenizer, "eval", cfg.remap_verifier, seed=cfg.experiment.seed
+    )
+    logger.info("evaluation data:\n%s", dataset.report.summary())
+    sampling = sampling_settings(cfg)
+    n = cfg.generation.num_samples_per_prompt_rollout
+    requests = [
+        make_request(row, f"eval:{row.prompt_id}", sampling, n, cfg.experiment.seed, 0, is_eval=True)
+        for row in dataset.prompts
+    ]
     cluster.init_ray(min_logical_cpus=cfg.generation.vllm_num_engines + 1)
-    engines = cluster.create_generation_actors(settings, cfg.generation.vllm_num_engines, reward_settings)
+    actors = cluster.create_generation_actors(
+        engine_settings(cfg, model_path), cfg.generation.vllm_num_engines, reward_settings(cfg)
+    )
+    pool = EnginePool(actors, prompt_capacity=len(requests) + 1)
     try:
-        ray.get([engine.start.remote() for engine in engines])
+        pool.start()
         started = time.monotonic()
-        shards = [requests[i :: len(engines)] for i in range(len(engines))]
-        pending = {engine.generate.remote(shard): len(shard) for engine, shard in zip(engines, shards) if shard}
+        pool.submit(requests)
         completions = []
-        with tqdm(total=len(requests), desc="generating (prompts)", unit="prompt") as bar:
-            while pending:
-                [done], _ = ray.wait(list(pending), num_returns=1)
-                bar.update(pending.pop(done))
-                completions += ray.get(done)
+        with tqdm(total=len(requests) * n, desc="generating", unit="sample") as bar:
+            while pool.ledger.in_flight():
+                batch = pool.poll(timeout_s=1.0)
+                completions += batch
+                bar.update(len(batch))
+                if completions:
+                    bar.set_postfix(reward=f"{sum(c.reward for c in completions) / len(completions):.2f}")
         elapsed = time.monotonic() - started
+        engine_stats = pool.stats()
+        pool.stop("finish")
+        pool.ledger.check_complete()
     finally:
-        for engine in engines:
-            try:
-                ray.get(engine.shutdown.remote(), timeout=60)
-            finally:
-                ray.kill(engine)
+        pool.shutdown()
     summary = _summarize(completions, elapsed)
+    summary["time/generation_idle_frac"] = sum(s.idle_s for s in engine_stats) / max(
+        1e-9, sum(s.uptime_s for s in engine_stats)
+    )
     _write_metrics(cfg, summary)
     logger.info(
         "generation-only run: %d samples from %d prompts in %.1fs; eval reward %.3f, correct %.1f%%, "

@@ -1,0 +1,142 @@
+"""Driver-side handle on the generation engines: shared channels, delivery ledger, failure detection.
+
+The orchestrator talks to generation only through `EnginePool`: `submit` admitted prompts,
+`poll` for finished samples, `pause`/`resume` around weight syncs, `stop` at the end. Every
+engine runs its streaming loop (`GenerationActor.run`) as one long Ray call; that call's
+ObjectRef resolves only when the loop ends, so an engine process that dies is noticed at
+the next `poll` (within a fraction of a second), and the prompts it had pulled are named.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from open_instruct.messages import Completion, EngineStats, PromptRequest, PromptStarted
+from open_instruct.prompt_feeder import DeliveryLedger
+from open_instruct.queues import RayChannel
+
+logger = logging.getLogger(__name__)
+
+
+class EngineFailure(RuntimeError):
+    """An engine's loop ended with an error; carries the prompts it had in flight."""
+
+    def __init__(self, engine_id: int, cause: BaseException, in_flight: list[str]):
+        shown = ", ".join(in_flight[:10]) + (" ..." if len(in_flight) > 10 else "")
+        super().__init__(
+            f"generation engine {engine_id} failed: {type(cause).__name__}: {str(cause).splitlines()[0][:300]}; "
+            f"{len(in_flight)} prompts were in flight on it: [{shown}]"
+        )
+        self.engine_id = engine_id
+        self.cause = cause
+        self.in_flight = in_flight
+
+
+class EnginePool:
+    def __init__(self, actors: list, prompt_capacity: int, result_capacity: int = 0):
+        self.actors = actors
+        self.prompts: RayChannel[PromptRequest] = RayChannel(prompt_capacity, name="prompt queue")
+        self.results: RayChannel = RayChannel(result_capacity, name="result queue")
+        self.ledger = DeliveryLedger()
+        self._loops: dict = {}  # ObjectRef of each engine's run() -> engine id
+        self.start_info: list[dict] = []
+
+    def start(self, timeout_s: float = 600) -> list[dict]:
+        import ray
+
+        self.start_info = ray.get([actor.start.remote() for actor in self.actors], timeout=timeout_s)
+        self._loops = {actor.run.remote(self.prompts, self.results): i for i, actor in enumerate(self.actors)}
+        return self.start_info
+
+    def submit(self, requests: list[PromptRequest], timeout_s: float = 60) -> None:
+        for request in requests:
+            self.ledger.admit(request)
+            self.prompts.put(request, timeout=timeout_s)
+
+    def poll(self, timeout_s: float = 0.0) -> list[Completion]:
+        """Finished samples so far (waiting up to timeout_s for the first); raises EngineFailure."""
+        self.check_engines()
+        messages = self.results.get_all()
+        if not messages and timeout_s > 0:
+            deadline = time.monotonic() + timeout_s
+            while not messages and time.monotonic() < deadline:
+                time.sleep(0.02)
+                self.check_engines()
+                messages = self.results.get_all()
+        completions = []
+        for message in messages:
+            if isinstance(message, PromptStarted):
+                self.ledger.started(message.prompt_id, message.engine_id)
+            else:
+                self.ledger.deliver(message)
+                completions.append(message)
+        return completions
+
+    def check_engines(self) -> None:
+        import ray
+
+        if not self._loops:
+            return
+        done, _ = ray.wait(list(self._loops), num_returns=len(self._loops), timeout=0)
+        for ref in done:
+            engine_id = self._loops.pop(ref)
+            try:
+                ray.get(ref)
+            except Exception as error:  # a dead actor or an engine error: report, don't hide
+                self.results_drain_started()
+                raise EngineFailure(engine_id, error, self.ledger.in_flight(engine_id)) from error
+            logger.info("engine %d's loop ended", engine_id)
+
+    def results_drain_started(self) -> None:
+        """Record PromptStarted notices already queued, so in-flight lists are complete."""
+        for message in self.results.get_all():
+            if isinstance(message, PromptStarted):
+                self.ledger.started(message.prompt_id, message.engine_id)
+            else:
+                self.ledger.deliver(message)
+
+    def pause(self) -> list[float]:
+        import ray
+
+        return ray.get([actor.pause.remote() for actor in self.actors])
+
+    def resume(self) -> None:
+        import ray
+
+        ray.get([actor.resume.remote() for actor in self.actors])
+
+    def stats(self) -> list[EngineStats]:
+        import ray
+
+        return ray.get([actor.stats.remote() for actor in self.actors])
+
+    def queue_depths(self) -> dict[str, int]:
+        return {"queue/prompt_depth": self.prompts.depth(), "queue/result_depth": self.results.depth()}
+
+    def stop(self, mode: str = "finish", timeout_s: float = 600) -> list[Completion]:
+        """Stop every engine ('finish' or 'abort'); returns the samples delivered meanwhile."""
+        import ray
+
+        reports = ray.get([actor.stop.remote(mode) for actor in self.actors], timeout=timeout_s)
+        ray.get(list(self._loops), timeout=timeout_s)
+        self._loops = {}
+        for report in reports:
+            logger.info("engine %(engine_id)d stopped (%(mode)s): %(in_flight_at_stop)d samples were in flight", report)
+        return self.poll()
+
+    def shutdown(self) -> None:
+        import ray
+
+        for actor in self.actors:
+            try:
+                ray.get(actor.shutdown.remote(), timeout=60)
+            except Exception as error:  # already dead: nothing to shut down
+                logger.info("engine shutdown: %s", type(error).__name__)
+            finally:
+                ray.kill(actor)
+        for channel in (self.prompts, self.results):
+            try:
+                channel.close()
+            except Exception:  # channel actor gone with the cluster
+                pass
