@@ -206,6 +206,8 @@ class Config:
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
     learner: LearnerConfig = field(default_factory=LearnerConfig)
+    # Flags the user wrote on the command line (defaults excluded), to refuse ones not built yet.
+    explicit_flags: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
         problems = _validate(self)
@@ -349,15 +351,32 @@ def _mixer_problems(flag: str, mix: list[str]) -> list[str]:
 
 # ----------------------------------------------------------------------------- features not built yet
 
-# (flag, is it requested?, which feature) — a requested feature that does not exist yet must fail
-# loudly instead of being silently ignored. Rows disappear as features land.
-_PENDING_FEATURES: list[tuple[str, Any, str]] = [
-    ("--push_to_hub", lambda c: c.experiment.push_to_hub, "pushing checkpoints to the HF hub"),
-]
+# Features that do not exist yet, and the flags that configure them: a run that sets one of
+# these flags fails with "not supported yet" instead of silently ignoring it. Entries go away
+# as the features land.
+_PENDING_FEATURES: dict[str, tuple[str, ...]] = {
+    "the training loop (learner steps, weight sync)": (
+        "num_unique_prompts_rollout", "async_steps", "inflight_updates", "total_episodes",
+        "num_learners_per_node", "deepspeed_stage", "per_device_train_batch_size", "learning_rate",
+        "lr_scheduler_type", "warm_up_steps", "weight_decay", "max_grad_norm", "pack_length",
+        "gradient_checkpointing", "beta", "kl_estimator", "clip_lower", "clip_higher", "loss_denominator",
+        "num_epochs", "num_mini_batches", "mask_truncated_completions", "advantage_normalization_type",
+        "filter_zero_std_samples", "truncated_importance_sampling_ratio_cap",
+    ),
+    "periodic evaluation during training": ("num_evals", "local_eval_every", "eval_on_step_0"),
+    "checkpoints and resume": ("save_freq", "keep_last_n_checkpoints", "checkpoint_state_freq", "checkpoint_state_dir"),
+    "experiment tracking": ("with_tracking", "wandb_project_name", "wandb_entity"),
+    "pushing checkpoints to the HF hub": ("push_to_hub",),
+}
 
 
 def unsupported_features(cfg: Config) -> list[str]:
-    return [f"{flag}: {what} is not supported yet" for flag, requested, what in _PENDING_FEATURES if requested(cfg)]
+    problems = []
+    for feature, flags in _PENDING_FEATURES.items():
+        given = sorted(f"--{flag}" for flag in flags if flag in cfg.explicit_flags)
+        if given:
+            problems.append(f"{', '.join(given)}: {feature} is not supported yet")
+    return problems
 
 
 # ----------------------------------------------------------------------------- parsing
@@ -381,7 +400,16 @@ def parse_config(argv: list[str] | None = None) -> Config:
     if remaining:
         raise ConfigError(_unknown_flags_message(parser, remaining))
     by_type = {type(group): group for group in groups}
+    known = set(flag_names())
+    explicit = {
+        name.removeprefix("no_")
+        for token in argv
+        if token.startswith("--")
+        for name in [token[2:].split("=")[0]]
+        if name in known or name.removeprefix("no_") in known
+    }
     return Config(
+        explicit_flags=frozenset(explicit),
         experiment=by_type[ExperimentConfig],
         model=by_type[ModelConfig],
         data=by_type[DataConfig],

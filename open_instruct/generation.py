@@ -231,10 +231,11 @@ class GenerationActor:
             await self._results.put_async(completion)
         finally:
             self._set_running(self._running - 1)
-            self._room.set()
 
     def _set_running(self, running: int) -> None:
         self._occupancy.account(self._running, self.target_concurrency, self._paused)
+        if running < self._running:
+            self._room.set()  # wake the pull loop, whichever mode freed the slot
         self._running = running
 
     # ------------------------------------------------------------------ batch mode

@@ -1,0 +1,398 @@
+"""The GRPO learner objective: clipped policy loss, KL penalty, off-policy correction, masking.
+
+Pure tensor functions over `[B, T]` rows (B rows, T token positions; one row is one sample or
+one packed row of several samples) so the learner's train step stays a thin loop and every
+formula is unit-tested by hand. Nothing here knows about Ray, vLLM or DeepSpeed.
+
+Three policies meet in one step:
+
+* **behaviour** (mu): the engine's policy that sampled each token; with in-flight weight
+  updates one sample may span several weight versions, and vLLM's numerics differ from the
+  learner's. Its logprobs come with the Completion.
+* **old** (pi_old): the learner's weights at the start of the optimizer step, evaluated on the
+  same tokens without grad. PPO's trust region is measured against it.
+* **new** (pi_theta): the weights being trained (with grad).
+
+Per token, the loss is (DAPO's token-level clipped objective, Dr. GRPO's aggregation):
+
+    ratio = exp(new - old)
+    pg    = max(-A * ratio, -A * clamp(ratio, 1 - clip_lower, 1 + clip_higher)) * w
+    loss  = sum_valid(pg + beta * kl) / denominator
+
+where `w` is the truncated importance weight pi_old / mu (`importance_weights`), which corrects
+for the samples having been drawn by mu rather than pi_old, and `kl` is a per-token estimate of
+KL(pi_theta || pi_ref) (`kl_per_token`).
+
+Aggregation across micro-batches, accumulation steps and ranks
+---------------------------------------------------------------
+`policy_loss` returns `sum_valid(...) / denominator` of *its* micro-batch:
+
+* `loss_denominator=None`: the micro-batch's own valid-token count (token mean). With several
+  micro-batches per optimizer step this is a mean of means: tokens of short micro-batches weigh
+  more than tokens of long ones.
+* a constant: the Dr. GRPO denominator; the sum over micro-batches of `sum_i / c` is exactly
+  `sum_all / c`.
+
+DeepSpeed then averages gradients over the W data-parallel ranks and (when it runs gradient
+accumulation itself) scales each micro-batch loss by 1/GAS. To get an exact objective over the
+whole optimizer step (`sum over every valid token of every rank and micro-batch / D`), pass
+`step_denominator(D, world_size=W, accumulation_steps=GAS)` as `loss_denominator`, where D is the
+global valid-token count of the step (exact token mean, counted with the *final* masks, after
+truncation and importance masking) or the Dr. GRPO constant.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+
+__all__ = [
+    "ImportanceResult",
+    "LossOutput",
+    "importance_weights",
+    "kl_per_token",
+    "mask_truncated",
+    "masked_mean",
+    "masked_sum",
+    "policy_loss",
+    "step_denominator",
+]
+
+KLEstimator = Literal["kl1", "kl2", "kl3", "kl4"]
+ImportanceMode = Literal["truncate", "mask_token", "mask_sequence"]
+
+# Same numbering as config.Config.kl_estimator and open-instruct: estimator index i is kl{i+1}.
+_KL_NAMES = {alias: f"kl{i + 1}" for i in range(4) for alias in (f"kl{i + 1}", str(i))}
+# Log-ratios are clamped before exp: exp(40) ~ 2e17 is finite in float32 (overflow is at ~88),
+# and a |log ratio| of 40 already means the token is garbage; beyond it the gradient is zero.
+LOG_RATIO_CLAMP = 40.0
+
+
+def _work_dtype(t: torch.Tensor) -> torch.dtype:
+    # Compute in at least float32 (bf16 exp/sums lose the small differences PPO lives on),
+    # but keep float64 when given it.
+    return torch.promote_types(t.dtype, torch.float32)
+
+
+def _bool_mask(mask_BT: torch.Tensor) -> torch.Tensor:
+    return mask_BT if mask_BT.dtype == torch.bool else mask_BT != 0
+
+
+# ----------------------------------------------------------------------------- reductions
+
+
+def masked_sum(values_BT: torch.Tensor, mask_BT: torch.Tensor) -> torch.Tensor:
+    """Sum of `values` where `mask` is set. Masked positions contribute exactly 0, even if NaN/inf."""
+    return torch.where(_bool_mask(mask_BT), values_BT, torch.zeros_like(values_BT)).sum()
+
+
+def masked_mean(
+    values_BT: torch.Tensor, mask_BT: torch.Tensor, denominator: float | torch.Tensor | None = None
+) -> torch.Tensor:
+    """`masked_sum / denominator`; `denominator=None` uses the valid-token count.
+
+    An empty mask gives 0 (not 0/0 = NaN), and a zero gradient.
+    """
+    total = masked_sum(values_BT, mask_BT)
+    if denominator is None:
+        denominator = _bool_mask(mask_BT).sum().clamp(min=1)
+    return total / denominator
+
+
+def step_denominator(denominator: float, *, world_size: int = 1, accumulation_steps: int = 1) -> float:
+    """Per-micro-batch `loss_denominator` that makes the whole optimizer step compute `sum_all / denominator`.
+
+    `denominator` is either the global number of valid tokens of the step (all ranks, all
+    micro-batches: exact token mean) or the Dr. GRPO constant. The engine averages gradients
+    over `world_size` ranks and scales each micro-batch by `1 / accumulation_steps`; dividing
+    the denominator by both cancels that. Pass `accumulation_steps=1` when the learner calls
+    backward per micro-batch without the engine's own loss scaling.
+    """
+    if world_size < 1 or accumulation_steps < 1:
+        raise ValueError("world_size and accumulation_steps must be >= 1")
+    # A step with no valid token anywhere gives a zero loss; max(.,1) keeps it 0 / x, not 0 / 0.
+    return max(float(denominator), 1.0) / (world_size * accumulation_steps)
+
+
+# ----------------------------------------------------------------------------- KL
+
+
+def kl_per_token(
+    logprobs_BT: torch.Tensor,
+    ref_logprobs_BT: torch.Tensor,
+    estimator: str,
+    old_logprobs_BT: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Per-token estimate of KL(pi_theta || pi_ref) from the sampled tokens' logprobs, `[B, T]`.
+
+    With d = logprobs - ref_logprobs (clamped to +-40):
+
+    * kl1: d                                  (Schulman's k1; unbiased, high variance, can be < 0)
+    * kl2: d^2 / 2                            (k2; low variance, biased)
+    * kl3: expm1(-d) + d = (r - 1) - log r, r = ref/new   (k3; unbiased, >= 0; the default)
+    * kl4: exp(logprobs - old_logprobs) * d   (k1 importance-weighted by the PPO ratio, since the
+      tokens were sampled from pi_old, not pi_theta; needs `old_logprobs_BT`; grad flows through
+      the ratio too, which makes its gradient the score-function gradient of the KL)
+
+    `estimator` is "kl1".."kl4" or open-instruct's index "0".."3" (same mapping as
+    `Config.kl_estimator`: "0" -> kl1, "2" -> kl3). Every estimator is 0 where d = 0.
+    Masked positions are not special-cased here: reduce with `masked_sum`/`masked_mean`.
+    """
+    name = _KL_NAMES.get(str(estimator).lower())
+    if name is None:
+        raise ValueError(f"unknown KL estimator {estimator!r}; use kl1, kl2, kl3, kl4 (or 0-3)")
+    d_BT = (logprobs_BT - ref_logprobs_BT).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    if name == "kl1":
+        return d_BT
+    if name == "kl2":
+        return d_BT.square() / 2
+    if name == "kl3":
+        return torch.expm1(-d_BT) + d_BT
+    if old_logprobs_BT is None:
+        raise ValueError("kl4 weights k1 by the PPO ratio exp(new - old): pass old_logprobs_BT")
+    log_ratio_BT = (logprobs_BT - old_logprobs_BT).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    return torch.exp(log_ratio_BT) * d_BT
+
+
+# ----------------------------------------------------------------------------- masks
+
+
+def _token_sample_ids(mask_BT: torch.Tensor, sample_ids_BT: torch.Tensor | None) -> torch.Tensor:
+    """Sample index of every position: the row index for unpacked rows, else `sample_ids_BT`."""
+    if sample_ids_BT is None:
+        rows_B1 = torch.arange(mask_BT.shape[0], device=mask_BT.device)[:, None]
+        return rows_B1.expand(mask_BT.shape)
+    if sample_ids_BT.shape != mask_BT.shape:
+        shapes = f"{tuple(sample_ids_BT.shape)} != mask shape {tuple(mask_BT.shape)}"
+        raise ValueError(f"sample_ids shape {shapes}")
+    return sample_ids_BT.long()
+
+
+def mask_truncated(
+    mask_BT: torch.Tensor, finish_reasons_B: Sequence[str], sample_ids_BT: torch.Tensor | None = None
+) -> torch.Tensor:
+    """`--mask_truncated_completions`: drop from the loss every sample whose finish reason isn't "stop".
+
+    "stop" is vLLM's reason for EOS or a stop string; "length" (cut at --response_length) and
+    "abort" samples keep their place in the batch and in their group's advantages but train on
+    no token. Unpacked rows: row b is sample b and `finish_reasons_B[b]` its reason. Packed rows:
+    pass `sample_ids_BT` (the sample index of each position, indexing `finish_reasons_B`;
+    negative where no sample, and those positions are left as they are). Returns a bool mask.
+    """
+    mask_BT = _bool_mask(mask_BT)
+    stopped = [reason == "stop" for reason in finish_reasons_B]
+    stopped_S = torch.tensor(stopped, dtype=torch.bool, device=mask_BT.device)
+    if sample_ids_BT is None and stopped_S.shape[0] != mask_BT.shape[0]:
+        raise ValueError(f"{len(finish_reasons_B)} finish reasons for {mask_BT.shape[0]} rows")
+    ids_BT = _token_sample_ids(mask_BT, sample_ids_BT)
+    has_sample_BT = ids_BT >= 0
+    stopped_BT = stopped_S[ids_BT.clamp(min=0)] if stopped_S.numel() else torch.ones_like(mask_BT)
+    return mask_BT & (stopped_BT | ~has_sample_BT)
+
+
+# ----------------------------------------------------------------------------- importance weights
+
+
+@dataclass(frozen=True)
+class ImportanceResult:
+    """Truncated importance weights pi_old / mu and the mask that survives them.
+
+    weights_BT: detached; 0 wherever `mask_BT` is False, so it can multiply the per-token loss.
+    mask_BT: the input mask minus the tokens/sequences the mode dropped (bool). Use it as the
+        loss mask (and to count tokens for the denominator).
+    stats: detached 0-dim tensors (no host sync), same keys in every mode, all over the *input*
+        mask's valid tokens: rho_mean, rho_min, rho_max (1.0 when there is none), truncated_frac
+        (kept tokens whose weight was capped at `cap`), masked_frac (tokens removed),
+        num_tokens. Average over micro-batches weighted by num_tokens.
+    """
+
+    weights_BT: torch.Tensor
+    mask_BT: torch.Tensor
+    stats: dict[str, torch.Tensor]
+
+
+@torch.no_grad()
+def importance_weights(
+    old_logprobs_BT: torch.Tensor,
+    behaviour_logprobs_BT: torch.Tensor,
+    mask_BT: torch.Tensor,
+    cap: float,
+    mode: ImportanceMode = "truncate",
+    sample_ids_BT: torch.Tensor | None = None,
+) -> ImportanceResult:
+    """Off-policy correction between the learner's step-start policy and the engines' behaviour policy.
+
+    rho = exp(old - behaviour) per token. Kept tokens are always weighted by min(rho, cap)
+    (truncated importance sampling, TIS: bounded variance, slight bias). `mode` chooses what is
+    dropped on top:
+
+    * "truncate": nothing; the mask is unchanged.
+    * "mask_token": tokens with rho outside [1/cap, cap] (IcePop-style: a token the two policies
+      disagree on that much is noise, not signal).
+    * "mask_sequence": whole samples whose sequence ratio is outside [1/cap, cap]. The sequence
+      ratio is exp(mean over the sample's valid tokens of log rho), the per-token geometric mean:
+      the exp of the *sum* would grow with length and drop nearly every long sample for a
+      per-token drift that TIS handles fine. Samples are rows, or `sample_ids_BT` (>= 0 on
+      valid tokens) for packed rows.
+
+    `cap == 0` disables the correction: weights are 1 on valid tokens and the mask is unchanged
+    (stats are still computed, to watch the drift). Masking modes need cap >= 1.
+    """
+    if cap < 0:
+        raise ValueError(f"importance ratio cap must be >= 0 (0 disables), got {cap}")
+    if mode not in ("truncate", "mask_token", "mask_sequence"):
+        raise ValueError(f"mode must be truncate, mask_token or mask_sequence, got {mode!r}")
+    if mode != "truncate" and 0 < cap < 1:
+        raise ValueError(f"mode {mode!r} keeps rho in [1/cap, cap], which is empty for cap {cap} < 1")
+    mask_BT = _bool_mask(mask_BT)
+    dtype = _work_dtype(old_logprobs_BT)
+    # where() before exp: padding may hold -inf/garbage logprobs.
+    log_rho_BT = torch.where(mask_BT, (old_logprobs_BT - behaviour_logprobs_BT).to(dtype), 0.0)
+    rho_BT = torch.exp(log_rho_BT.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
+    num_valid = mask_BT.sum()
+
+    if cap == 0:
+        keep_BT = mask_BT
+        weights_BT = mask_BT.to(dtype)
+    else:
+        if mode == "truncate":
+            keep_BT = mask_BT
+        elif mode == "mask_token":
+            keep_BT = mask_BT & (rho_BT >= 1.0 / cap) & (rho_BT <= cap)
+        else:
+            seq_rho_BT = torch.exp(_sample_mean(log_rho_BT, mask_BT, sample_ids_BT))
+            keep_BT = mask_BT & (seq_rho_BT >= 1.0 / cap) & (seq_rho_BT <= cap)
+        weights_BT = torch.where(keep_BT, rho_BT.clamp(max=cap), 0.0)
+
+    count = num_valid.clamp(min=1)
+    truncated = keep_BT & (rho_BT > cap) if cap > 0 else torch.zeros_like(mask_BT)
+    has_tokens = num_valid > 0
+    stats = {
+        "rho_mean": torch.where(has_tokens, masked_sum(rho_BT, mask_BT) / count, 1.0),
+        "rho_min": torch.where(has_tokens, torch.where(mask_BT, rho_BT, float("inf")).min(), 1.0),
+        "rho_max": torch.where(has_tokens, torch.where(mask_BT, rho_BT, float("-inf")).max(), 1.0),
+        "truncated_frac": truncated.sum() / count,
+        "masked_frac": (mask_BT & ~keep_BT).sum() / count,
+        "num_tokens": num_valid,
+    }
+    return ImportanceResult(weights_BT=weights_BT, mask_BT=keep_BT, stats=stats)
+
+
+def _sample_mean(
+    values_BT: torch.Tensor, mask_BT: torch.Tensor, sample_ids_BT: torch.Tensor | None
+) -> torch.Tensor:
+    """Mean of `values` over the valid tokens of each position's sample, spread back to `[B, T]`."""
+    ids_BT = _token_sample_ids(mask_BT, sample_ids_BT)
+    if bool((ids_BT[mask_BT] < 0).any()):
+        raise ValueError("sample_ids must be >= 0 on every valid token")
+    ids_BT = torch.where(mask_BT, ids_BT, 0)
+    num_samples = int(ids_BT.max()) + 1 if ids_BT.numel() else 1
+    sums_S = torch.zeros(num_samples, dtype=values_BT.dtype, device=values_BT.device)
+    sums_S.index_add_(0, ids_BT[mask_BT], values_BT[mask_BT])
+    counts_S = torch.zeros(num_samples, dtype=values_BT.dtype, device=values_BT.device)
+    counts_S.index_add_(0, ids_BT[mask_BT], torch.ones_like(values_BT[mask_BT]))
+    return (sums_S / counts_S.clamp(min=1))[ids_BT]
+
+
+# ----------------------------------------------------------------------------- policy loss
+
+
+@dataclass(frozen=True)
+class LossOutput:
+    """The micro-batch loss (with grad) and detached 0-dim statistics (no host sync).
+
+    Every statistic is a mean over the micro-batch's valid tokens (0 when it has none),
+    independent of `loss_denominator`; combine micro-batches weighted by `num_tokens`.
+
+    policy_loss_avg: the (importance-weighted) clipped policy term -> `loss/policy_avg`.
+    kl_avg: the KL estimate (0 without `kl_BT`) -> `objective/kl_avg`.
+    clipfrac: fraction of tokens where the clipped branch was active -> `policy/clipfrac_avg`.
+    ratio_avg: mean of exp(new - old).
+    approx_kl: mean of (new - old)^2 / 2, how far this step has moved from pi_old.
+    num_tokens: valid tokens in the micro-batch.
+    """
+
+    loss: torch.Tensor
+    policy_loss_avg: torch.Tensor
+    kl_avg: torch.Tensor
+    clipfrac: torch.Tensor
+    ratio_avg: torch.Tensor
+    approx_kl: torch.Tensor
+    num_tokens: torch.Tensor
+
+
+def policy_loss(
+    new_logprobs_BT: torch.Tensor,
+    old_logprobs_BT: torch.Tensor,
+    advantages: torch.Tensor,
+    mask_BT: torch.Tensor,
+    *,
+    clip_lower: float,
+    clip_higher: float,
+    loss_denominator: float | torch.Tensor | None = None,
+    importance_weights_BT: torch.Tensor | None = None,
+    kl_BT: torch.Tensor | None = None,
+    beta: float = 0.0,
+) -> LossOutput:
+    """DAPO token-level clipped policy loss plus beta * KL, summed over valid tokens / denominator.
+
+    advantages: `[B, T]` per token (packed rows) or `[B]` per row (broadcast over T).
+    mask_BT: response tokens that train (bool or 0/1): after `mask_truncated` and the
+        `ImportanceResult.mask_BT`, if used.
+    loss_denominator: None = this micro-batch's valid-token count; a number = that constant
+        (Dr. GRPO, or `step_denominator(...)` for an exact mean over the whole step; see the
+        module docstring).
+    importance_weights_BT: pi_old / mu weights (treated as constants) multiplying the policy
+        term only; the KL term estimates KL(pi_theta || pi_ref) and is not reweighted.
+    kl_BT: from `kl_per_token` (with grad); added as beta * kl when beta > 0.
+
+    Where the clipped branch is active (A > 0 and ratio > 1 + clip_higher, or A < 0 and
+    ratio < 1 - clip_lower) the policy term's gradient is zero. A fully masked micro-batch gives
+    loss 0 with zero, finite gradients.
+    """
+    if clip_lower < 0 or clip_higher < 0:
+        raise ValueError("clip_lower and clip_higher must be >= 0")
+    # (A tensor denominator is not checked: float() on it would sync the device every micro-batch.)
+    if isinstance(loss_denominator, (int, float)) and loss_denominator <= 0:
+        raise ValueError(f"loss_denominator must be None (token mean) or > 0, got {loss_denominator}")
+    mask_BT = _bool_mask(mask_BT)
+    dtype = _work_dtype(new_logprobs_BT)
+    if advantages.dim() == 1:
+        advantages = advantages[:, None]
+    advantages_BT = advantages.to(dtype).detach()
+
+    # Padding may hold anything (-inf, garbage): zero the log-ratio there *before* exp, or
+    # where()'s zero gradient times exp's inf would still be NaN.
+    log_ratio_BT = torch.where(mask_BT, new_logprobs_BT.to(dtype) - old_logprobs_BT.to(dtype).detach(), 0.0)
+    ratio_BT = torch.exp(log_ratio_BT)
+    pg_unclipped_BT = -advantages_BT * ratio_BT
+    pg_clipped_BT = -advantages_BT * ratio_BT.clamp(1.0 - clip_lower, 1.0 + clip_higher)
+    pg_BT = torch.maximum(pg_unclipped_BT, pg_clipped_BT)
+    if importance_weights_BT is not None:
+        pg_BT = pg_BT * importance_weights_BT.to(dtype).detach()
+    per_token_BT = pg_BT
+    if kl_BT is not None and beta > 0:
+        per_token_BT = per_token_BT + beta * kl_BT.to(dtype)
+
+    loss = masked_mean(per_token_BT, mask_BT, loss_denominator)
+
+    with torch.no_grad():
+        count = mask_BT.sum().clamp(min=1)
+
+        def mean(values_BT: torch.Tensor) -> torch.Tensor:
+            return masked_sum(values_BT.detach().to(dtype), mask_BT) / count
+
+        zero = torch.zeros((), dtype=dtype, device=new_logprobs_BT.device)
+        output = LossOutput(
+            loss=loss,
+            policy_loss_avg=mean(pg_BT),
+            kl_avg=mean(kl_BT) if kl_BT is not None else zero,
+            clipfrac=mean((pg_clipped_BT > pg_unclipped_BT).to(dtype)),
+            ratio_avg=mean(ratio_BT),
+            approx_kl=mean(log_ratio_BT.square() / 2),
+            num_tokens=mask_BT.sum(),
+        )
+    return output

@@ -1,0 +1,463 @@
+"""Sequence packing for the learner: documents in, fixed-width rows out, and back.
+
+GRPO samples have very different lengths; padding each to the longest wastes most of the
+learner's compute. Instead each sample (query + response, one "document") is bin-packed
+with others into rows of exactly `pack_length` tokens. The model sees every row with
+`position_ids` that restart at 0 for each document and `attention_mask=None`; transformers
+then derives a block-diagonal causal mask from the position restarts, so no token attends
+across documents (see `packed_token_logprobs` for what was verified, and the one trap).
+
+Alignment convention (used by every per-token tensor here): **target-aligned**. Index t of
+`response_mask`, `advantages`, `behaviour_logprobs` and of the log-probabilities returned by
+`logprobs_from_logits` all describe token `input_ids[t]`, as the *target* of the prediction
+made from the logits at position t-1. So a loss is simply
+`masked_mean(f(new_logprobs, behaviour_logprobs, advantages), response_mask)` with no
+shifting. Position 0 of every document has no prediction inside its document; its
+log-probability is defined as 0 and it is never a response token (queries are non-empty).
+`to_prediction_positions` moves target-aligned values onto the logit positions, for code
+that works on logits directly.
+
+Pure torch: no Ray, vLLM or DeepSpeed, so it is cheap to unit-test and to reuse.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+# Versions tensor value on padding tokens: no real weight version is negative.
+PAD_VERSION = -1
+# Flattened (batch * time) positions per chunk in `logprobs_from_logits`; bounds the fp32 temporaries
+# to chunk * vocab floats (2048 * 152k * 4 B = 1.2 GB for Qwen-sized vocabularies).
+DEFAULT_LOGPROB_CHUNK_TOKENS = 2048
+
+
+# ----------------------------------------------------------------------------- data types
+
+
+@dataclass(frozen=True, slots=True)
+class PackItem:
+    """One document to pack: a sample's query and response with what the loss needs per token.
+
+    Canonical form (applied on construction, so `unpack(pack(x)) == x` holds exactly): sequences
+    become tuples, and a `response_mask` of all ones becomes None (both mean "train every token").
+    Floats are stored as float32 in packed rows: engine logprobs are float32 already and round
+    trip exactly; an advantage computed in float64 comes back rounded to float32.
+    """
+
+    query_ids: tuple[int, ...]
+    response_ids: tuple[int, ...]
+    behaviour_logprobs: tuple[float, ...]  # engine logprob of each response token
+    advantage: float
+    response_mask: tuple[int, ...] | None  # None: every response token is trained
+    version: int  # weight version, for staleness metrics
+    sample_id: str
+
+    def __post_init__(self) -> None:
+        # Frozen dataclass: canonicalise through object.__setattr__ (construction time only).
+        object.__setattr__(self, "query_ids", tuple(int(t) for t in self.query_ids))
+        object.__setattr__(self, "response_ids", tuple(int(t) for t in self.response_ids))
+        object.__setattr__(self, "behaviour_logprobs", tuple(float(x) for x in self.behaviour_logprobs))
+        object.__setattr__(self, "advantage", float(self.advantage))
+        object.__setattr__(self, "version", int(self.version))
+        if not self.query_ids:
+            # The first response token is predicted from the last query token; without one there
+            # is nothing inside the document to predict it from.
+            raise ValueError(f"sample {self.sample_id!r}: empty query; at least one query token is needed")
+        if len(self.behaviour_logprobs) != len(self.response_ids):
+            raise ValueError(
+                f"sample {self.sample_id!r}: {len(self.behaviour_logprobs)} behaviour logprobs for "
+                f"{len(self.response_ids)} response tokens"
+            )
+        if self.response_mask is not None:
+            mask = tuple(int(m) for m in self.response_mask)
+            if len(mask) != len(self.response_ids):
+                raise ValueError(
+                    f"sample {self.sample_id!r}: response_mask has {len(mask)} entries for "
+                    f"{len(self.response_ids)} response tokens"
+                )
+            if any(m not in (0, 1) for m in mask):
+                raise ValueError(f"sample {self.sample_id!r}: response_mask must hold only 0 and 1")
+            object.__setattr__(self, "response_mask", None if all(mask) else mask)
+
+    @property
+    def length(self) -> int:
+        """Tokens this document occupies in a packed row."""
+        return len(self.query_ids) + len(self.response_ids)
+
+    @property
+    def trained_mask(self) -> tuple[int, ...]:
+        """The response mask with None expanded to all ones."""
+        return self.response_mask if self.response_mask is not None else (1,) * len(self.response_ids)
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class PackedRow:
+    """One row of `pack_length` tokens holding whole documents, then padding at the end.
+
+    Every tensor has shape [pack_length]; all per-token values are target-aligned (module
+    docstring). `doc_ids` is 0 on padding and k >= 1 on the k-th document of the row, whose
+    sample id is `sample_ids[k - 1]`. Padding carries `position_ids` 0, 1, 2, ... (one
+    pseudo-document, so it never attends to a real one), `response_mask` False, zeros for
+    advantages and logprobs, and `PAD_VERSION` as version. `advantages` holds the document's
+    advantage on *all* its tokens (query included) so unpacking is exact even when nothing is
+    trained; the loss only ever reads it under `response_mask`.
+    """
+
+    input_ids: torch.Tensor  # int64
+    position_ids: torch.Tensor  # int64
+    doc_ids: torch.Tensor  # int64
+    is_response: torch.Tensor  # bool: response token, trained or not (response lengths, unpacking)
+    response_mask: torch.Tensor  # bool: response token that the loss trains on
+    advantages: torch.Tensor  # float32
+    behaviour_logprobs: torch.Tensor  # float32
+    versions: torch.Tensor  # int64
+    sample_ids: tuple[str, ...]
+
+    @property
+    def pack_length(self) -> int:
+        return int(self.input_ids.shape[0])
+
+    @property
+    def num_documents(self) -> int:
+        return len(self.sample_ids)
+
+    @property
+    def num_real_tokens(self) -> int:
+        """Non-padding tokens (the row's share of useful compute)."""
+        return int((self.doc_ids > 0).sum())
+
+    @property
+    def num_trained_tokens(self) -> int:
+        return int(self.response_mask.sum())
+
+    @property
+    def is_dummy(self) -> bool:
+        """A row added only so every rank runs the same number of micro-batches."""
+        return self.num_documents == 0
+
+
+# Tensor fields of PackedRow, in the order `collate` emits them.
+ROW_TENSOR_FIELDS = (
+    "input_ids",
+    "position_ids",
+    "doc_ids",
+    "is_response",
+    "response_mask",
+    "advantages",
+    "behaviour_logprobs",
+    "versions",
+)
+
+
+# ----------------------------------------------------------------------------- packing
+
+
+def pack(items: Sequence[PackItem], pack_length: int, pad_token_id: int) -> list[PackedRow]:
+    """Bin-pack documents into rows of exactly `pack_length` tokens, first-fit decreasing.
+
+    Documents are taken longest first (ties in input order) and each goes into the first
+    open row with room, else a new row; rows come out in the order they were opened and
+    documents sit in a row in the order they were placed. The result depends only on the
+    input sequence, so every caller that packs the same items gets the same rows. FFD uses
+    at most 11/9 OPT + 1 rows, plenty for training batches.
+
+    Raises ValueError if a document is longer than `pack_length`: the config guarantees
+    pack_length >= max prompt + max response, so this is a bug upstream, not a data issue.
+    """
+    if pack_length < 1:
+        raise ValueError(f"pack_length must be positive, got {pack_length}")
+    for item in items:
+        if item.length > pack_length:
+            raise ValueError(
+                f"sample {item.sample_id!r} is {item.length} tokens ({len(item.query_ids)} query + "
+                f"{len(item.response_ids)} response), longer than pack_length={pack_length}; the config "
+                "must ensure pack_length >= max prompt length + response length"
+            )
+    order = sorted(range(len(items)), key=lambda i: (-items[i].length, i))
+    bins: list[list[PackItem]] = []
+    free: list[int] = []  # tokens still free in each bin
+    for index in order:
+        item = items[index]
+        for b, room in enumerate(free):
+            if item.length <= room:
+                bins[b].append(item)
+                free[b] -= item.length
+                break
+        else:
+            bins.append([item])
+            free.append(pack_length - item.length)
+    return [_build_row(documents, pack_length, pad_token_id) for documents in bins]
+
+
+def _build_row(documents: Sequence[PackItem], pack_length: int, pad_token_id: int) -> PackedRow:
+    """Lay documents out left to right and pad the tail; values are target-aligned."""
+    input_ids_L = torch.full((pack_length,), pad_token_id, dtype=torch.long)
+    position_ids_L = torch.zeros(pack_length, dtype=torch.long)
+    doc_ids_L = torch.zeros(pack_length, dtype=torch.long)
+    is_response_L = torch.zeros(pack_length, dtype=torch.bool)
+    response_mask_L = torch.zeros(pack_length, dtype=torch.bool)
+    advantages_L = torch.zeros(pack_length, dtype=torch.float32)
+    behaviour_logprobs_L = torch.zeros(pack_length, dtype=torch.float32)
+    versions_L = torch.full((pack_length,), PAD_VERSION, dtype=torch.long)
+    start = 0
+    for k, item in enumerate(documents, start=1):
+        query_end = start + len(item.query_ids)
+        end = query_end + len(item.response_ids)
+        input_ids_L[start:end] = torch.tensor(item.query_ids + item.response_ids, dtype=torch.long)
+        position_ids_L[start:end] = torch.arange(end - start)
+        doc_ids_L[start:end] = k
+        advantages_L[start:end] = item.advantage
+        versions_L[start:end] = item.version
+        if end > query_end:
+            is_response_L[query_end:end] = True
+            response_mask_L[query_end:end] = torch.tensor(item.trained_mask, dtype=torch.bool)
+            behaviour_logprobs_L[query_end:end] = torch.tensor(item.behaviour_logprobs, dtype=torch.float32)
+        start = end
+    # Padding restarts at 0 like a document of its own, so a real token never attends to it.
+    position_ids_L[start:] = torch.arange(pack_length - start)
+    return PackedRow(
+        input_ids=input_ids_L,
+        position_ids=position_ids_L,
+        doc_ids=doc_ids_L,
+        is_response=is_response_L,
+        response_mask=response_mask_L,
+        advantages=advantages_L,
+        behaviour_logprobs=behaviour_logprobs_L,
+        versions=versions_L,
+        sample_ids=tuple(item.sample_id for item in documents),
+    )
+
+
+def unpack(row: PackedRow) -> list[PackItem]:
+    """The documents of one row, in row order: the exact inverse of `pack` (items are canonical).
+
+    `[x for r in pack(items, ...) for x in unpack(r)]` holds the same items as `items`, reordered
+    (rows in opening order, documents in placement order); dummy rows unpack to [].
+    """
+    items = []
+    for k, sample_id in enumerate(row.sample_ids, start=1):
+        in_doc = (row.doc_ids == k).nonzero().flatten()
+        start, end = int(in_doc[0]), int(in_doc[-1]) + 1
+        response = row.is_response[start:end]
+        query_len = int((~response).sum())
+        response_slice = slice(start + query_len, end)
+        items.append(
+            PackItem(
+                query_ids=tuple(row.input_ids[start : start + query_len].tolist()),
+                response_ids=tuple(row.input_ids[response_slice].tolist()),
+                behaviour_logprobs=tuple(row.behaviour_logprobs[response_slice].tolist()),
+                advantage=float(row.advantages[start]),
+                response_mask=tuple(int(m) for m in row.response_mask[response_slice].tolist()),
+                version=int(row.versions[start]),
+                sample_id=sample_id,
+            )
+        )
+    return items
+
+
+def dummy_row(pack_length: int, pad_token_id: int) -> PackedRow:
+    """A row of padding only: trains nothing, but runs the same forward/backward as a real row."""
+    return _build_row((), pack_length, pad_token_id)
+
+
+# ----------------------------------------------------------------------------- distribution
+
+
+def split_for_ranks(
+    rows: Sequence[PackedRow],
+    world_size: int,
+    micro_batch_size: int,
+    pad_token_id: int,
+    pack_length: int,
+) -> list[list[list[PackedRow]]]:
+    """Distribute rows over ranks as `result[rank][micro_batch] -> rows`, same micro-batch count everywhere.
+
+    Every rank must run the same number of forward/backward passes, or the gradient
+    all-reduce of one rank waits forever for another (filtering leaves arbitrary row counts).
+
+    Algorithm (deterministic):
+    1. Each rank may take at most `ceil(len(rows) / world_size)` rows, so the number of
+       micro-batches `M = ceil(that / micro_batch_size)` is the smallest possible: compute
+       per row is fixed (pack_length), so row count is what sets step time.
+    2. Within that cap, rows are assigned longest-first (by real tokens, ties in input order)
+       to the rank with the fewest real tokens so far (ties: fewer rows, then lower rank),
+       the LPT greedy, which balances the tokens each rank's loss averages over.
+    3. Each rank spreads its r rows over M micro-batches as evenly as possible (sizes differ
+       by at most one, each <= micro_batch_size); if r < M, each empty micro-batch gets one
+       fully masked dummy row (`dummy_row`).
+    An empty `rows` still yields one dummy micro-batch per rank, so all ranks enter the same
+    collectives for the step.
+    """
+    if world_size < 1 or micro_batch_size < 1:
+        raise ValueError(
+            f"world_size and micro_batch_size must be positive, got {world_size}, {micro_batch_size}"
+        )
+    for row in rows:
+        if row.pack_length != pack_length:
+            raise ValueError(f"row of {row.pack_length} tokens, expected pack_length={pack_length}")
+    cap = max(1, -(-len(rows) // world_size))
+    num_micro_batches = -(-cap // micro_batch_size)
+    per_rank: list[list[PackedRow]] = [[] for _ in range(world_size)]
+    tokens = [0] * world_size
+    for index in sorted(range(len(rows)), key=lambda i: (-rows[i].num_real_tokens, i)):
+        open_ranks = [r for r in range(world_size) if len(per_rank[r]) < cap]
+        rank = min(open_ranks, key=lambda r: (tokens[r], len(per_rank[r]), r))
+        per_rank[rank].append(rows[index])
+        tokens[rank] += rows[index].num_real_tokens
+    result = []
+    for assigned in per_rank:
+        micro_batches: list[list[PackedRow]] = []
+        start = 0
+        for m in range(num_micro_batches):
+            # Even split: the first (r mod M) micro-batches take one extra row.
+            size = len(assigned) // num_micro_batches + (m < len(assigned) % num_micro_batches)
+            micro_batches.append(
+                list(assigned[start : start + size]) if size else [dummy_row(pack_length, pad_token_id)]
+            )
+            start += size
+        result.append(micro_batches)
+    return result
+
+
+def collate(rows: Sequence[PackedRow]) -> dict[str, torch.Tensor]:
+    """Stack rows into a batch: every field of `ROW_TENSOR_FIELDS` as a [B, pack_length] tensor."""
+    if not rows:
+        raise ValueError("collate needs at least one row")
+    return {name: torch.stack([getattr(row, name) for row in rows]) for name in ROW_TENSOR_FIELDS}
+
+
+# ----------------------------------------------------------------------------- log-probabilities
+
+
+def to_prediction_positions(target_aligned_BT: torch.Tensor, fill_value: float = 0) -> torch.Tensor:
+    """Move target-aligned values onto the logit positions that predict them.
+
+    out[:, t] = x[:, t + 1]: the logits at t predict token t + 1. The last column has no target
+    in the row and gets `fill_value`. Needed only by code working on logits directly (e.g. an
+    entropy or cross-entropy over `logits[:, t]`); everything in this module is target-aligned.
+    """
+    # torch.cat rather than F.pad: pad does not accept bool tensors (masks).
+    fill_B1 = target_aligned_BT.new_full((target_aligned_BT.shape[0], 1), fill_value)
+    return torch.cat([target_aligned_BT[:, 1:], fill_B1], dim=1)
+
+
+class _TokenLogprobs(torch.autograd.Function):
+    """log softmax(logits / T)[target] per row of a [N, V] matrix, in chunks, with a chunked backward.
+
+    Autograd of the plain expression saves one fp32 copy of the logits per chunk for backward,
+    i.e. a full fp32 copy of the batch's logits whenever they are bf16. This saves only the
+    logits tensor (kept alive by the model's graph anyway) and one logsumexp per token, and
+    recomputes the softmax chunk by chunk in backward: d lp / d z = (onehot - softmax) / T.
+    """
+
+    @staticmethod
+    def forward(ctx, logits_NV, targets_N, temperature, chunk_tokens):  # type: ignore[override]
+        logprobs_N = torch.empty(logits_NV.shape[0], dtype=torch.float32, device=logits_NV.device)
+        logsumexp_N = torch.empty_like(logprobs_N)
+        for start in range(0, logits_NV.shape[0], chunk_tokens):
+            chunk = slice(start, start + chunk_tokens)
+            scaled_CV = _scaled_fp32(logits_NV[chunk], temperature)
+            logsumexp_N[chunk] = torch.logsumexp(scaled_CV, dim=-1)
+            picked_C = scaled_CV.gather(-1, targets_N[chunk, None]).squeeze(-1)
+            logprobs_N[chunk] = picked_C - logsumexp_N[chunk]
+        ctx.save_for_backward(logits_NV, targets_N, logsumexp_N)
+        ctx.temperature = temperature
+        ctx.chunk_tokens = chunk_tokens
+        return logprobs_N
+
+    @staticmethod
+    def backward(ctx, grad_N):  # type: ignore[override]
+        logits_NV, targets_N, logsumexp_N = ctx.saved_tensors
+        grad_logits_NV = torch.empty_like(logits_NV)
+        for start in range(0, logits_NV.shape[0], ctx.chunk_tokens):
+            chunk = slice(start, start + ctx.chunk_tokens)
+            scaled_CV = _scaled_fp32(logits_NV[chunk], ctx.temperature)
+            grad_C1 = grad_N[chunk, None].float()
+            # softmax * (-grad), then + grad at the target: (onehot - softmax) * grad, over T below.
+            grad_CV = (scaled_CV - logsumexp_N[chunk, None]).exp_().mul_(-grad_C1)
+            grad_CV.scatter_add_(-1, targets_N[chunk, None], grad_C1)
+            grad_logits_NV[chunk] = grad_CV.div_(ctx.temperature)
+        return grad_logits_NV, None, None, None
+
+
+def _scaled_fp32(logits_CV: torch.Tensor, temperature: float) -> torch.Tensor:
+    # Fresh fp32 copy of one chunk (in-place scaling never touches the caller's logits).
+    scaled_CV = logits_CV.to(torch.float32, copy=True)
+    return scaled_CV.div_(temperature) if temperature != 1.0 else scaled_CV
+
+
+def logprobs_from_logits(
+    logits_BTV: torch.Tensor,
+    input_ids_BT: torch.Tensor,
+    temperature: float = 1.0,
+    position_ids_BT: torch.Tensor | None = None,
+    chunk_tokens: int = DEFAULT_LOGPROB_CHUNK_TOKENS,
+) -> torch.Tensor:
+    """Target-aligned log-probabilities: out[:, t] = log softmax(logits[:, t-1] / T)[input_ids[:, t]].
+
+    Returns fp32 [B, T]; out[:, 0] = 0. With `position_ids_BT`, every document start
+    (position 0) is also set to 0: its "prediction" would come from the previous document.
+    `temperature` must match the sampler's, since the engine's logprobs are of the tempered
+    distribution.
+
+    Memory: computed as logit[target] - logsumexp over flattened chunks of `chunk_tokens`
+    positions, so no [B, T, V] fp32 log_softmax (nor fp32 copy of bf16 logits) is ever
+    materialised, in forward or backward (`_TokenLogprobs`); peak extra memory is one
+    [chunk_tokens, V] fp32 block. Differentiable w.r.t. the logits.
+    """
+    if temperature <= 0:
+        raise ValueError(f"temperature must be positive, got {temperature}")
+    batch, time, vocab = logits_BTV.shape
+    # Predict with every position (the last one's target is a dummy 0, dropped below) rather than
+    # slicing logits[:, :-1], whose reshape would copy the whole logits tensor.
+    next_ids_BT = F.pad(input_ids_BT[:, 1:], (0, 1), value=0)
+    predicted_N = _TokenLogprobs.apply(
+        logits_BTV.reshape(batch * time, vocab), next_ids_BT.reshape(-1), float(temperature), chunk_tokens
+    )
+    logprobs_BT = F.pad(predicted_N.view(batch, time)[:, :-1], (1, 0), value=0.0)
+    if position_ids_BT is not None:
+        logprobs_BT = logprobs_BT.masked_fill(position_ids_BT == 0, 0.0)
+    return logprobs_BT
+
+
+def packed_token_logprobs(
+    model: torch.nn.Module, row_batch: dict[str, torch.Tensor], temperature: float = 1.0
+) -> torch.Tensor:
+    """Target-aligned log-probabilities [B, T] of a collated batch of packed rows under an HF causal LM.
+
+    Calls `model(input_ids, position_ids, attention_mask=None, use_cache=False)`; tensors must
+    already be on the model's device.
+
+    Verified against transformers 5.19 (`masking_utils.py`, Qwen2 with sdpa and eager;
+    `tests/test_packing.py` checks it numerically): `create_causal_mask` ->
+    `_preprocess_mask_arguments` calls `find_packed_sequence_indices(position_ids)` (a new
+    document wherever position_ids[t] - position_ids[t-1] != 1) and AND-s that
+    `packed_sequence_mask` into the causal mask, giving a per-document block-diagonal mask.
+    It does so ONLY if `attention_mask is None and past_key_values is None`, and Qwen2Model
+    creates a DynamicCache whenever `use_cache` is true, which is the config default (also in
+    train mode, unless gradient checkpointing is on). With the default, the packed detection is
+    silently skipped and attention crosses documents (max logit error ~1 on the tiny model),
+    hence the explicit `use_cache=False`. Flash-attention paths derive varlen boundaries from
+    the same position restarts. No 4D mask is built here: a 4D mask would be returned as-is
+    and must match each backend's format (bool for sdpa, additive float for eager), and flash
+    attention accepts none.
+    """
+    output = model(
+        input_ids=row_batch["input_ids"],
+        position_ids=row_batch["position_ids"],
+        attention_mask=None,
+        use_cache=False,
+    )
+    return logprobs_from_logits(
+        output.logits, row_batch["input_ids"], temperature, position_ids_BT=row_batch["position_ids"]
+    )
+
+
+def iter_documents(rows: Iterable[PackedRow]) -> Iterable[PackItem]:
+    """Every document of `rows`, in row order then placement order (skips dummy rows)."""
+    for row in rows:
+        yield from unpack(row)
