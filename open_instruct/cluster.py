@@ -52,3 +52,36 @@ def create_generation_actors(settings, count: int, reward_settings=None, reward_
     num_gpus = settings.tensor_parallel_size if gpus_available() else 0
     remote_cls = ray.remote(num_cpus=1, num_gpus=num_gpus, max_concurrency=1000)(GenerationActor)
     return [remote_cls.remote(i, settings, reward_settings, reward_workers) for i in range(count)]
+
+
+def create_learner_group(settings, num_learners_per_node: list[int]) -> list:
+    """One LearnerActor per rank, placed by a placement group (one bundle per rank, packed per node).
+
+    Returns the actors in rank order, not yet set up: `setup_learner_group` joins them.
+    """
+    import ray
+    from ray.util.placement_group import placement_group
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    from open_instruct.learner import LearnerActor
+
+    world_size = sum(num_learners_per_node)
+    gpu = 1 if gpus_available() else 0
+    bundles = [{"CPU": 1, "GPU": gpu} if gpu else {"CPU": 1} for _ in range(world_size)]
+    group = placement_group(bundles, strategy="PACK")
+    ray.get(group.ready(), timeout=600)
+    remote_cls = ray.remote(num_cpus=1, num_gpus=gpu)(LearnerActor)
+
+    def placed(rank: int):
+        strategy = PlacementGroupSchedulingStrategy(placement_group=group, placement_group_bundle_index=rank)
+        return remote_cls.options(scheduling_strategy=strategy)
+
+    return [placed(rank).remote(rank, world_size, settings) for rank in range(world_size)]
+
+
+def setup_learner_group(learners: list, timeout_s: float = 900) -> list[dict]:
+    """Rendezvous all ranks at rank 0's node (the port is picked there) and build their engines."""
+    import ray
+
+    master_addr, master_port = ray.get(learners[0].rendezvous_address.remote())
+    return ray.get([learner.setup.remote(master_addr, master_port) for learner in learners], timeout=timeout_s)

@@ -145,6 +145,10 @@ class AlgorithmConfig:
     truncated_importance_sampling_ratio_cap: float = arg(
         2.0, "Cap of the learner/behaviour importance ratio for streamed, off-policy samples (0 disables)."
     )
+    importance_sampling_mode: Literal["truncate", "mask_token", "mask_sequence"] = arg(
+        "truncate", "Beyond the cap: truncate the ratio (TIS), or also drop tokens / whole samples whose ratio "
+        "is outside [1/cap, cap]."
+    )
 
 
 @dataclass(frozen=True)
@@ -155,6 +159,12 @@ class RewardConfig:
     verification_reward: float = arg(10.0, "Reward for a fully correct response (scaled by the score).")
     non_stop_penalty: bool = arg(False, "Responses that did not stop get --non_stop_penalty_value instead.")
     non_stop_penalty_value: float = arg(0.0, "Reward for responses cut at --response_length.")
+    format_reward: float = arg(
+        0.0, "Added to the reward when the response closes its think block and then answers in <answer> tags."
+    )
+    ifeval_reward_mode: Literal["fraction", "all"] = arg(
+        "fraction", "ifeval: score = fraction of constraints satisfied, or 1 only when all are."
+    )
     remap_verifier: str | None = arg(None, "Point one verifier name at another: OLD=NEW.")
     code_api_url: str = field(
         default_factory=lambda: _default_code_api_url(),
@@ -361,7 +371,7 @@ _PENDING_FEATURES: dict[str, tuple[str, ...]] = {
         "lr_scheduler_type", "warm_up_steps", "weight_decay", "max_grad_norm", "pack_length",
         "gradient_checkpointing", "beta", "kl_estimator", "clip_lower", "clip_higher", "loss_denominator",
         "num_epochs", "num_mini_batches", "mask_truncated_completions", "advantage_normalization_type",
-        "filter_zero_std_samples", "truncated_importance_sampling_ratio_cap",
+        "filter_zero_std_samples", "truncated_importance_sampling_ratio_cap", "importance_sampling_mode",
     ),
     "periodic evaluation during training": ("num_evals", "local_eval_every", "eval_on_step_0"),
     "checkpoints and resume": ("save_freq", "keep_last_n_checkpoints", "checkpoint_state_freq", "checkpoint_state_dir"),

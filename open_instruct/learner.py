@@ -8,7 +8,10 @@ environment is off). GPU runs use NCCL, bf16 and DeepSpeed's fused Adam.
 from __future__ import annotations
 
 import json
+import math
 import os
+import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -94,3 +97,210 @@ def initialize_engine(model, optimizer, ds_config: dict[str, Any], lr_scheduler=
         model=model, optimizer=optimizer, config=ds_config, lr_scheduler=lr_scheduler, dist_init_required=False
     )
     return engine
+
+
+# ----------------------------------------------------------------------------- the learner actor
+
+
+@dataclass(frozen=True)
+class LearnerSettings:
+    """What a learner rank needs; crosses into the actor process."""
+
+    model_path: str
+    deepspeed_stage: int = 0
+    learning_rate: float = 2e-5
+    lr_scheduler_type: str = "linear"
+    warm_up_steps: int = 0
+    total_steps: int = 1
+    weight_decay: float = 0.0
+    max_grad_norm: float = 1.0
+    micro_batch_size: int = 1
+    gradient_checkpointing: bool = False
+    num_epochs: int = 1
+    num_mini_batches: int = 1
+    beta: float = 0.0
+    kl_estimator: str = "kl3"
+    clip_lower: float = 0.2
+    clip_higher: float = 0.2
+    loss_denominator: float | None = None  # None: exact token mean over each optimizer step
+    importance_ratio_cap: float = 2.0
+    importance_sampling_mode: str = "truncate"  # or mask_token / mask_sequence (see loss.importance_weights)
+    temperature: float = 1.0
+    seed: int = 1
+
+
+@dataclass(frozen=True)
+class TrainBatch:
+    """One rank's share of a step: micro-batches of packed rows (same count on every rank)."""
+
+    step: int
+    micro_batches: tuple[tuple[Any, ...], ...]  # tuple of micro-batches, each a tuple of packing.PackedRow
+    mini_batch_tokens: tuple[int, ...]  # trained tokens of each mini-batch summed over ALL ranks
+
+
+def _lr_lambda(settings: LearnerSettings):
+    def factor(step: int) -> float:
+        if step < settings.warm_up_steps:
+            return (step + 1) / settings.warm_up_steps
+        if settings.lr_scheduler_type in ("constant", "constant_with_warmup"):
+            return 1.0
+        progress = min(1.0, (step - settings.warm_up_steps) / max(1, settings.total_steps - settings.warm_up_steps))
+        if settings.lr_scheduler_type == "cosine":
+            return 0.5 * (1.0 + math.cos(math.pi * progress))
+        return 1.0 - progress
+
+    return factor
+
+
+class LearnerActor:
+    """One DeepSpeed data-parallel rank. Ray is applied in `cluster.py`."""
+
+    def __init__(self, rank: int, world_size: int, settings: LearnerSettings):
+        self.rank, self.world_size = rank, world_size
+        self.settings = settings
+        self.engine = None
+        self.reference = None
+        self.version = 0
+
+    def rendezvous_address(self) -> tuple[str, int]:
+        """This node's address and a port free on it (called on rank 0)."""
+        import socket
+
+        import ray
+
+        with socket.socket() as s:
+            s.bind(("", 0))
+            port = s.getsockname()[1]
+        return ray.util.get_node_ip_address(), port
+
+    def setup(self, master_addr: str, master_port: int) -> dict:
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        torch.manual_seed(self.settings.seed)
+        if not on_gpu():
+            # Each learner gets one core's worth of threads; oversubscription slows every rank.
+            torch.set_num_threads(max(1, (os.cpu_count() or 1) // self.world_size))
+        init_distributed(self.rank, self.world_size, master_addr, master_port)
+        dtype = torch.bfloat16 if on_gpu() else torch.float32
+        model = AutoModelForCausalLM.from_pretrained(self.settings.model_path, dtype=dtype)
+        if self.settings.gradient_checkpointing:
+            model.gradient_checkpointing_enable()
+        model.config.use_cache = False  # packed rows need the per-document mask (see packing.py)
+        if self.settings.beta > 0:  # the reference policy costs a model copy; only load it when used
+            self.reference = AutoModelForCausalLM.from_pretrained(self.settings.model_path, dtype=dtype).eval()
+            self.reference.requires_grad_(False)
+        optimizer = make_optimizer(model, learning_rate=self.settings.learning_rate, weight_decay=self.settings.weight_decay)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _lr_lambda(self.settings))
+        config = deepspeed_config(
+            stage=self.settings.deepspeed_stage,
+            micro_batch_size=self.settings.micro_batch_size,
+            max_grad_norm=self.settings.max_grad_norm,
+            world_size=self.world_size,
+        )
+        self.engine = initialize_engine(model, optimizer, config, lr_scheduler=scheduler)
+        if self.reference is not None and on_gpu():
+            self.reference.to(self.engine.device)
+        return {"rank": self.rank, "pid": os.getpid(), "zero_stage": self.engine.zero_optimization_stage()}
+
+    # -------------------------------------------------------------- one training step
+
+    def train_step(self, batch: TrainBatch) -> dict[str, float]:
+        """Old/ref logprobs, then num_epochs x num_mini_batches optimizer steps over this rank's rows."""
+        import torch
+
+        from open_instruct import loss as losses
+        from open_instruct.packing import collate, packed_token_logprobs
+
+        started = time.monotonic()
+        device = self.engine.device
+        micro = [{k: v.to(device) for k, v in collate(rows).items()} for rows in batch.micro_batches]
+        temperature = self.settings.temperature
+        with torch.no_grad():
+            self.engine.eval()
+            for mb in micro:
+                mb["old_logprobs"] = packed_token_logprobs(self.engine, mb, temperature)
+                if self.reference is not None:
+                    mb["ref_logprobs"] = packed_token_logprobs(self.reference, mb, temperature)
+        self.engine.train()
+        from open_instruct.batching import split_evenly
+
+        mini_batches = split_evenly(micro, self.settings.num_mini_batches)
+        totals: dict[str, float] = {}
+        tokens_seen = 0.0
+        for _ in range(self.settings.num_epochs):
+            for mini, global_tokens in zip(mini_batches, batch.mini_batch_tokens):
+                denominator = self.settings.loss_denominator or max(1, global_tokens)
+                denominator = losses.step_denominator(denominator, world_size=self.world_size)
+                for i, mb in enumerate(mini):
+                    self.engine.set_gradient_accumulation_boundary(i == len(mini) - 1)
+                    new_logprobs = packed_token_logprobs(self.engine, mb, temperature)
+                    mask = mb["response_mask"].bool()
+                    importance = losses.importance_weights(
+                        mb["old_logprobs"], mb["behaviour_logprobs"], mask, self.settings.importance_ratio_cap,
+                        self.settings.importance_sampling_mode, sample_ids_BT=_sample_ids(mb["doc_ids"]),
+                    )
+                    kl = None
+                    if self.reference is not None:
+                        kl = losses.kl_per_token(
+                            new_logprobs, mb["ref_logprobs"], self.settings.kl_estimator, mb["old_logprobs"]
+                        )
+                    out = losses.policy_loss(
+                        new_logprobs, mb["old_logprobs"], mb["advantages"], importance.mask_BT,
+                        clip_lower=self.settings.clip_lower, clip_higher=self.settings.clip_higher,
+                        loss_denominator=denominator, importance_weights_BT=importance.weights_BT,
+                        kl_BT=kl, beta=self.settings.beta,
+                    )
+                    self.engine.backward(out.loss)
+                    self.engine.step()
+                    n = float(out.num_tokens)
+                    tokens_seen += n
+                    for key, value in _loss_stats(out, importance).items():
+                        totals[key] = totals.get(key, 0.0) + value * n
+        self.version += 1
+        metrics = {k: v / max(tokens_seen, 1.0) for k, v in totals.items()}
+        metrics.update(
+            {
+                "learner/rank": float(self.rank),
+                "learner/step_s": time.monotonic() - started,
+                "learner/lr": float(self.engine.get_lr()[0]),
+                "learner/trained_tokens": tokens_seen / self.settings.num_epochs,
+                "learner/grad_norm": float(self.engine.get_global_grad_norm() or 0.0),
+            }
+        )
+        return metrics
+
+    # -------------------------------------------------------------- weights out
+
+    def full_state_dict(self) -> dict:
+        """HF-named CPU tensors of the current weights.
+
+        Under ZeRO-3 this gathers shards collectively: call it on every rank at once.
+        """
+        import deepspeed
+
+        module = self.engine.module
+        params = list(module.parameters())
+        with deepspeed.zero.GatheredParameters(params, enabled=self.engine.zero_optimization_stage() == 3):
+            return {name: p.detach().float().cpu().clone() for name, p in module.named_parameters()}
+
+
+def _sample_ids(doc_ids_BT):
+    """Batch-wide sample index per token (-1 on padding), from per-row document ids (0 = padding)."""
+    import torch
+
+    offsets = torch.cumsum(doc_ids_BT.max(dim=1).values, 0) - doc_ids_BT.max(dim=1).values
+    return torch.where(doc_ids_BT > 0, doc_ids_BT - 1 + offsets[:, None], torch.full_like(doc_ids_BT, -1))
+
+
+def _loss_stats(out, importance) -> dict[str, float]:
+    return {
+        "loss/policy_avg": float(out.policy_loss_avg),
+        "objective/kl_avg": float(out.kl_avg),
+        "policy/clipfrac_avg": float(out.clipfrac),
+        "policy/ratio_avg": float(out.ratio_avg),
+        "policy/approx_kl_avg": float(out.approx_kl),
+        "offpolicy/rho_mean": float(importance.stats["rho_mean"]),
+        "offpolicy/rho_max": float(importance.stats["rho_max"]),
+        "offpolicy/truncated_frac": float(importance.stats["truncated_frac"]),
+    }

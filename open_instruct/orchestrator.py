@@ -64,6 +64,7 @@ def reward_settings(cfg: Config) -> RewardSettings:
         verification_reward=cfg.reward.verification_reward,
         non_stop_penalty=cfg.reward.non_stop_penalty,
         non_stop_penalty_value=cfg.reward.non_stop_penalty_value,
+        format_reward=cfg.reward.format_reward,
         remap_verifier=cfg.remap_verifier,
         # A code verifier call may legitimately take its HTTP client's full timeout.
         verifier_timeout_s=max(30.0, min(300.0, 10 * cfg.reward.code_max_execution_time)) + 10,
@@ -71,6 +72,7 @@ def reward_settings(cfg: Config) -> RewardSettings:
             code_api_url=cfg.reward.code_api_url,
             code_max_execution_time=cfg.reward.code_max_execution_time,
             code_pass_rate_reward_threshold=cfg.reward.code_pass_rate_reward_threshold,
+            ifeval_require_all=cfg.reward.ifeval_reward_mode == "all",
         ),
     )
 

@@ -1,0 +1,96 @@
+"""Scored groups -> per-rank TrainBatches: advantages, filters, packing, an even split over ranks.
+
+Pure logic (no Ray, no DeepSpeed), run by the driver for every step. Every rank receives the
+same number of micro-batches (dummy rows pad the short ones) so no rank waits forever in a
+collective, and each mini-batch's trained-token count over ALL ranks travels with the batch
+so the loss is an exact token mean per optimizer step.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from open_instruct.advantages import filter_zero_std_groups, group_advantages
+from open_instruct.learner import TrainBatch
+from open_instruct.packing import PackItem, pack, split_for_ranks
+
+
+@dataclass(frozen=True)
+class BatchSettings:
+    pack_length: int
+    pad_token_id: int
+    world_size: int
+    micro_batch_size: int
+    num_mini_batches: int = 1
+    advantage_normalization: str = "centered"
+    filter_zero_std: bool = True
+    mask_truncated: bool = False
+
+
+@dataclass(frozen=True)
+class BatchStats:
+    groups: int
+    groups_filtered_zero_std: int
+    samples_trained: int
+    samples_masked: int  # truncated (with mask_truncated) or failed samples kept out of the loss
+    trained_tokens: int
+    packed_rows: int
+
+
+def split_evenly(items: list, parts: int) -> list[list]:
+    """Contiguous chunks; the learner splits its micro-batches into mini-batches the same way."""
+    size = max(1, math.ceil(len(items) / parts))
+    return [items[i : i + size] for i in range(0, len(items), size)]
+
+
+def assemble(groups, step: int, settings: BatchSettings) -> tuple[list[TrainBatch], BatchStats]:
+    """Turn replay-buffer groups into one TrainBatch per rank."""
+    rewards_GN = torch.tensor([[c.reward for c in g.completions] for g in groups], dtype=torch.float64)
+    kept = filter_zero_std_groups(rewards_GN, enabled=settings.filter_zero_std)
+    advantages_GN = group_advantages(rewards_GN, settings.advantage_normalization)
+    items, masked = [], 0
+    for g_index in kept.kept_group_indices:
+        group = groups[g_index]
+        for j, completion in enumerate(group.completions):
+            trains = completion.finish_reason in ("stop", "length") and bool(completion.response_token_ids)
+            if settings.mask_truncated and completion.finish_reason != "stop":
+                trains = False
+            masked += not trains
+            if not completion.response_token_ids:
+                continue  # an error sample has nothing to pack; it was counted above
+            weight = group.weights[j] if getattr(group, "weights", None) else 1.0
+            items.append(
+                PackItem(
+                    query_ids=completion.prompt_token_ids,
+                    response_ids=completion.response_token_ids,
+                    behaviour_logprobs=completion.behaviour_logprobs,
+                    advantage=float(advantages_GN[g_index, j]) * weight,
+                    response_mask=None if trains else (0,) * len(completion.response_token_ids),
+                    version=completion.min_version,
+                    sample_id=f"{completion.prompt_id}/{completion.sample_index}",
+                )
+            )
+    rows = pack(items, settings.pack_length, settings.pad_token_id)
+    per_rank = split_for_ranks(
+        rows, settings.world_size, settings.micro_batch_size, settings.pad_token_id, settings.pack_length
+    )
+    mini_tokens = [0] * settings.num_mini_batches
+    for rank_micro in per_rank:
+        for k, mini in enumerate(split_evenly(rank_micro, settings.num_mini_batches)):
+            mini_tokens[k] += sum(row.num_trained_tokens for micro in mini for row in micro)
+    batches = [
+        TrainBatch(step=step, micro_batches=tuple(tuple(m) for m in rank_micro), mini_batch_tokens=tuple(mini_tokens))
+        for rank_micro in per_rank
+    ]
+    stats = BatchStats(
+        groups=len(groups),
+        groups_filtered_zero_std=kept.num_filtered,
+        samples_trained=sum(1 for item in items if item.response_mask is None),
+        samples_masked=masked,
+        trained_tokens=sum(mini_tokens),
+        packed_rows=len(rows),
+    )
+    return batches, stats
