@@ -123,6 +123,7 @@ class GenerationActor:
         self.reward_workers = reward_workers
         self.engine = None
         self.scorer = None
+        self.tokenizer = None
         self.target_concurrency = 1
         self.weight_version = 0
         self._probe: dict = {}
@@ -147,6 +148,9 @@ class GenerationActor:
             engine_args(self.settings), stat_loggers=[_scheduler_probe(self._probe)]
         )
         self.target_concurrency = self._derive_target()
+        from transformers import AutoTokenizer
+
+        self.tokenizer = AutoTokenizer.from_pretrained(self.settings.model_path)
         if self.reward_settings is not None:
             from open_instruct.rewards.scoring import RewardScorer
 
@@ -321,16 +325,26 @@ class GenerationActor:
             for span in (getattr(sample, "weight_versions", None) or [])
         )
         finish = reason or ("stop" if sample.finish_reason == "stop" else sample.finish_reason or "abort")
+        token_ids = tuple(sample.token_ids)
+        if isinstance(sample.stop_reason, str) and not request.sampling.include_stop_str_in_output:
+            token_ids = self._without_stop_string(token_ids, sample.text)
         return replace(
             base,
-            response_token_ids=tuple(sample.token_ids),
-            behaviour_logprobs=logprobs[: len(sample.token_ids)],
+            response_token_ids=token_ids,
+            behaviour_logprobs=logprobs[: len(token_ids)],
             finish_reason=finish,
             version_spans=spans,
             response_text=sample.text,
             first_token_at=first_token_at,
             finished_at=time.time(),
         )
+
+    def _without_stop_string(self, token_ids: tuple[int, ...], text: str) -> tuple[int, ...]:
+        """vLLM strips a stop string from the text but keeps its tokens; drop them too, so the
+        tokens trained on are exactly the text the verifier scored."""
+        while token_ids and len(self.tokenizer.decode(token_ids, skip_special_tokens=True)) > len(text):
+            token_ids = token_ids[:-1]
+        return token_ids
 
     async def _scored(self, completion: Completion, request: PromptRequest) -> Completion:
         if self.scorer is None:

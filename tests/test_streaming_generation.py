@@ -7,6 +7,7 @@ the engine-death test gets its own engine because it kills it.
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 import pytest
 
@@ -201,6 +202,25 @@ def test_pause_keeps_requests_and_resume_finishes_them(pool, tokenizer):
     assert all(c.finish_reason == "length" and len(c.response_token_ids) == 300 for _, c in arrivals)
     assert all(c.finished_at > paused_at for _, c in arrivals)
     assert all(s.pauses >= 1 and s.paused_s >= 0.9 for s in pool.stats())
+
+
+def test_stripped_stop_string_is_also_removed_from_the_trained_tokens(pool, tokenizer):
+    kept = request(tokenizer, samples=4, temperature=0.0)
+    stripped = replace(kept, prompt_id=kept.prompt_id + "-stripped",
+                       sampling=replace(kept.sampling, include_stop_str_in_output=False))
+    pool.submit([kept, stripped])
+    arrivals = {(c.prompt_id, c.sample_index): c for _, c in collect(pool, [kept, stripped])}
+    checked = 0
+    for j in range(4):
+        with_stop, without = arrivals[(kept.prompt_id, j)], arrivals[(stripped.prompt_id, j)]
+        if with_stop.finish_reason != "stop":
+            continue
+        checked += 1
+        assert with_stop.response_text.endswith(STOP_STRING)
+        assert without.response_text == with_stop.response_text[: -len(STOP_STRING)]
+        assert tokenizer.decode(without.response_token_ids, skip_special_tokens=True) == without.response_text
+        assert len(without.behaviour_logprobs) == len(without.response_token_ids) < len(with_stop.response_token_ids)
+    assert checked > 0
 
 
 def test_abort_at_shutdown_still_delivers_every_sample(pool, tokenizer):
