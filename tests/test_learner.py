@@ -9,17 +9,11 @@ from __future__ import annotations
 import pytest
 
 from open_instruct.batching import BatchSettings, assemble
-from open_instruct.embedded_default import ensure_embedded_model
 from open_instruct.messages import Completion, VersionSpan
 from open_instruct.replay_buffer import ReplayBuffer
 
 pytestmark = pytest.mark.slow
 N = 4
-
-
-@pytest.fixture(scope="module")
-def model_path() -> str:
-    return str(ensure_embedded_model())
 
 
 @pytest.fixture(scope="module")

@@ -1,7 +1,7 @@
 """The README's layout tree lists exactly the package's modules (keeps docs and code from drifting)."""
 
-from pathlib import Path
 import re
+from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 

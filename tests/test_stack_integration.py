@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from open_instruct.embedded_default import STOP_STRING, ensure_embedded_model
+from open_instruct.embedded_default import STOP_STRING
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[1]
@@ -21,11 +21,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-@pytest.fixture(scope="module")
-def model_path() -> str:
-    return str(ensure_embedded_model())
 
 
 def test_deepspeed_zero2_trains_one_step_on_cpu(model_path):

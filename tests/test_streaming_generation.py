@@ -11,17 +11,12 @@ from dataclasses import replace
 
 import pytest
 
-from open_instruct.embedded_default import STOP_STRING, ensure_embedded_model
+from open_instruct.embedded_default import STOP_STRING
 from open_instruct.messages import PromptRequest, SamplingSettings
 from open_instruct.prompt_feeder import PromptFeeder
 
 pytestmark = pytest.mark.slow
 MAX_MODEL_LEN = 512
-
-
-@pytest.fixture(scope="module")
-def model_path() -> str:
-    return str(ensure_embedded_model())
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,324 @@
+"""CPU `gloo` backend for vLLM's native weight-transfer API (in-flight updates, KV cache kept).
+
+vLLM 0.32 ships `nccl`/`ipc` weight-transfer engines, both CUDA-only. This module adds a
+`gloo` engine so a trainer process can push new weights into a running (paused) AsyncLLM
+over a torch `gloo` process group on CPU. GPU production keeps using `nccl` through the
+same call sequence.
+
+Worker side
+    `GlooWeightTransferEngine` (a `WeightTransferEngine`) is registered under "gloo" in
+    `WeightTransferEngineFactory` when this module is imported. The worker creates its
+    transfer engine right after `load_model`, so the module must already be imported in
+    the worker process by then. Pass
+        AsyncEngineArgs(..., weight_transfer_config=WeightTransferConfig(backend="gloo"),
+                        worker_extension_cls=WORKER_EXTENSION)
+    vLLM resolves `worker_extension_cls` by qualified name in `WorkerWrapperBase.init_worker`
+    (before the model is loaded), which imports this module inside the worker process and
+    thereby runs the registration. (A `vllm.general_plugins` entry point calling `register()`
+    would be the alternative, and needs a pyproject change.)
+
+Trainer side
+    group = trainer_init(host, port, world_size)          # rank 0, concurrently with
+    await engine.init_weight_transfer_engine(WeightTransferInitRequest(init_info=...))
+    info = make_update_info(named_tensors, dtype, bucket_bytes)   # metadata (RPC)
+    trainer_send(group, named_tensors, dtype, bucket_bytes)       # tensors (process group)
+    `update_weights` on the engine must run concurrently with `trainer_send`.
+    `init_engine_transfer` / `push_weights` below drive the whole sequence for an AsyncLLM
+    living in the caller's event loop.
+
+Wire format (both sides derive it from the metadata alone, so they cannot disagree):
+tensors, in metadata order, are greedily packed into byte buckets of at most
+`bucket_bytes` (a tensor larger than that gets a bucket of its own), each tensor starting
+at a 64-byte-aligned offset; one `broadcast` per bucket from rank 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass
+from datetime import timedelta
+from typing import Any
+
+import torch
+
+from vllm.distributed.weight_transfer.base import (
+    WeightTransferEngine,
+    WeightTransferInitInfo,
+    WeightTransferUpdateInfo,
+)
+from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
+
+logger = logging.getLogger(__name__)
+
+BACKEND = "gloo"
+WORKER_EXTENSION = f"{__name__}.GlooWeightTransferWorkerExtension"
+DEFAULT_BUCKET_BYTES = 64 << 20
+_ALIGN = 64
+DEFAULT_TIMEOUT_S = 600.0
+
+
+# ----------------------------------------------------------------------------- wire format
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _nbytes(dtype_name: str, shape: Sequence[int]) -> int:
+    n = 1
+    for d in shape:
+        n *= int(d)
+    return n * torch.empty((), dtype=getattr(torch, dtype_name)).element_size()
+
+
+def _align(n: int) -> int:
+    return (n + _ALIGN - 1) // _ALIGN * _ALIGN
+
+
+def bucket_layout(dtype_names: Sequence[str], shapes: Sequence[Sequence[int]], bucket_bytes: int):
+    """[(total_bytes, [(index, offset, nbytes), ...]), ...]: the bucket plan for the metadata."""
+    buckets: list[tuple[int, list[tuple[int, int, int]]]] = []
+    cur: list[tuple[int, int, int]] = []
+    used = 0
+    for i, (dt, shape) in enumerate(zip(dtype_names, shapes)):
+        nb = _nbytes(dt, shape)
+        if cur and used + nb > bucket_bytes:
+            buckets.append((used, cur))
+            cur, used = [], 0
+        cur.append((i, used, nb))
+        used = _align(used + nb)
+    if cur:
+        buckets.append((used, cur))
+    return buckets
+
+
+# ----------------------------------------------------------------------------- worker side
+
+
+@dataclass
+class GlooWeightTransferInitInfo(WeightTransferInitInfo):
+    master_address: str
+    master_port: int
+    world_size: int
+    rank_offset: int = 1
+    timeout_s: float = DEFAULT_TIMEOUT_S
+
+
+@dataclass
+class GlooWeightTransferUpdateInfo(WeightTransferUpdateInfo):
+    names: list[str]
+    dtype_names: list[str]
+    shapes: list[list[int]]
+    bucket_bytes: int = DEFAULT_BUCKET_BYTES
+
+    def __post_init__(self):
+        if not (len(self.names) == len(self.dtype_names) == len(self.shapes)):
+            raise ValueError(
+                f"names/dtype_names/shapes lengths differ: "
+                f"{len(self.names)}/{len(self.dtype_names)}/{len(self.shapes)}"
+            )
+
+
+class GlooWeightTransferEngine(WeightTransferEngine[GlooWeightTransferInitInfo, GlooWeightTransferUpdateInfo]):
+    """Receives checkpoint-format (HF-named) weights over gloo; loads via layerwise reload."""
+
+    init_info_cls = GlooWeightTransferInitInfo
+    update_info_cls = GlooWeightTransferUpdateInfo
+
+    def __init__(self, config, vllm_config, device, model) -> None:
+        super().__init__(config, vllm_config, device, model)
+        self.group = None
+
+    def init_transfer_engine(self, init_info: GlooWeightTransferInitInfo) -> None:
+        from vllm.distributed.utils import stateless_init_torch_distributed_process_group
+
+        pc = self.parallel_config
+        rank = pc.data_parallel_index * pc.world_size + pc.rank + init_info.rank_offset
+        logger.info("gloo weight transfer: joining %s:%s as rank %d/%d", init_info.master_address,
+                    init_info.master_port, rank, init_info.world_size)
+        self.group = stateless_init_torch_distributed_process_group(
+            init_info.master_address, init_info.master_port, rank, init_info.world_size,
+            backend="gloo", timeout=timedelta(seconds=init_info.timeout_s),
+        )
+
+    def start_weight_update(self) -> None:
+        from vllm.model_executor.model_loader.reload import initialize_layerwise_reload
+
+        initialize_layerwise_reload(self.model)
+
+    def finish_weight_update(self) -> None:
+        from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
+
+        finalize_layerwise_reload(self.model, self.model_config)
+
+    def update_weights(self, update_info: dict[str, Any]) -> None:
+        # The base class calls torch.accelerator.synchronize(); gloo is synchronous on CPU.
+        self.receive_weights(self.parse_update_info(update_info))
+
+    def receive_weights(self, update_info: GlooWeightTransferUpdateInfo) -> None:
+        if self.group is None:
+            raise RuntimeError("gloo weight transfer not initialized: call init_weight_transfer_engine first")
+        from vllm.model_executor.model_loader.mtp_validation import disable_mtp_completeness_check
+
+        u = update_info
+        with disable_mtp_completeness_check():
+            for total, items in bucket_layout(u.dtype_names, u.shapes, u.bucket_bytes):
+                buf = torch.empty(total, dtype=torch.uint8)
+                self.group.broadcast(buf, 0).wait()
+                weights = [
+                    (u.names[i], buf[off : off + nb].view(getattr(torch, u.dtype_names[i])).view(u.shapes[i]))
+                    for i, off, nb in items
+                ]
+                self.model.load_weights(weights)
+
+    def shutdown(self) -> None:
+        if self.group is not None:
+            from vllm.distributed.utils import stateless_destroy_torch_distributed_process_group
+
+            try:
+                stateless_destroy_torch_distributed_process_group(self.group)
+            finally:
+                self.group = None
+
+
+def register() -> None:
+    """Register the gloo engine (idempotent). Usable as a `vllm.general_plugins` entry point."""
+    if BACKEND not in WeightTransferEngineFactory._registry:
+        WeightTransferEngineFactory.register_engine(BACKEND, GlooWeightTransferEngine)
+
+
+register()
+
+
+class GlooWeightTransferWorkerExtension:
+    """Worker extension whose only job is to get this module imported in the worker process.
+
+    Pass `worker_extension_cls=WORKER_EXTENSION`; the method is a cheap health check
+    (`collective_rpc("gloo_weight_transfer_registered")`).
+    """
+
+    def gloo_weight_transfer_registered(self) -> bool:
+        return BACKEND in WeightTransferEngineFactory._registry and isinstance(
+            getattr(self, "weight_transfer_engine", None), GlooWeightTransferEngine
+        )
+
+    def gloo_weight_checksums(self) -> dict[str, list[float]]:
+        """{vLLM parameter name: [sum, abs-sum, data_ptr]} of the live model, for debugging/tests."""
+        model = self.model_runner.get_model()
+        return {
+            n: [float(p.detach().double().sum()), float(p.detach().double().abs().sum()), float(p.data_ptr())]
+            for n, p in model.named_parameters(remove_duplicate=False)
+        }
+
+
+# ----------------------------------------------------------------------------- trainer side
+
+
+def trainer_init(host: str, port: int, world_size: int = 2, timeout_s: float = DEFAULT_TIMEOUT_S):
+    """Open the trainer end (rank 0, also the TCPStore master). Blocks until every worker joins,
+    so run it concurrently with the engine's `init_weight_transfer_engine`."""
+    from vllm.distributed.utils import stateless_init_torch_distributed_process_group
+
+    return stateless_init_torch_distributed_process_group(
+        host, port, 0, world_size, backend="gloo", timeout=timedelta(seconds=timeout_s)
+    )
+
+
+def worker_init_info(host: str, port: int, world_size: int = 2, timeout_s: float = DEFAULT_TIMEOUT_S) -> dict:
+    return asdict(GlooWeightTransferInitInfo(host, port, world_size, rank_offset=1, timeout_s=timeout_s))
+
+
+def _prepared(named_tensors: Iterable[tuple[str, torch.Tensor]], dtype: torch.dtype | None):
+    out = []
+    for name, t in named_tensors:
+        t = t.detach()
+        full = getattr(t, "full_tensor", None)  # FSDP DTensor
+        if callable(full):
+            t = full()
+        if dtype is not None and t.is_floating_point():
+            t = t.to(dtype)
+        out.append((name, t.cpu().contiguous()))
+    return out
+
+
+def make_update_info(
+    named_tensors: Iterable[tuple[str, torch.Tensor]],
+    dtype: torch.dtype | None = None,
+    bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+) -> dict:
+    """Metadata for `update_weights` (the RPC half). Must describe exactly what `trainer_send` sends."""
+    pairs = list(named_tensors)
+    return asdict(
+        GlooWeightTransferUpdateInfo(
+            names=[n for n, _ in pairs],
+            dtype_names=[_dtype_name(dtype if dtype is not None and t.is_floating_point() else t.dtype)
+                         for _, t in pairs],
+            shapes=[list(t.shape) for _, t in pairs],
+            bucket_bytes=bucket_bytes,
+        )
+    )
+
+
+def trainer_send(
+    group,
+    named_tensors: Iterable[tuple[str, torch.Tensor]],
+    dtype: torch.dtype | None = None,
+    bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+) -> int:
+    """Broadcast the tensors (cast to `dtype`, HF names) from rank 0, bucketed; returns bytes sent."""
+    pairs = _prepared(named_tensors, dtype)
+    layout = bucket_layout([_dtype_name(t.dtype) for _, t in pairs], [list(t.shape) for _, t in pairs], bucket_bytes)
+    sent = 0
+    for total, items in layout:
+        buf = torch.zeros(total, dtype=torch.uint8)
+        for i, off, nb in items:
+            buf[off : off + nb].copy_(pairs[i][1].reshape(-1).view(torch.uint8))
+        group.broadcast(buf, 0).wait()
+        sent += total
+    return sent
+
+
+def hf_named_weights(model: torch.nn.Module) -> list[tuple[str, torch.Tensor]]:
+    """HF parameter names+tensors to send. `named_parameters()` de-duplicates tied weights, so a
+    tied `lm_head.weight` is not sent (vLLM's Qwen2 ties it to `embed_tokens` itself)."""
+    return [(n, p) for n, p in model.named_parameters()]
+
+
+async def init_engine_transfer(engine, host: str, port: int, world_size: int = 2,
+                               timeout_s: float = DEFAULT_TIMEOUT_S):
+    """Rendezvous an AsyncLLM (in this event loop) with a trainer group opened here; returns the group."""
+    from vllm.distributed.weight_transfer.base import WeightTransferInitRequest
+
+    rpc = asyncio.ensure_future(engine.init_weight_transfer_engine(
+        WeightTransferInitRequest(init_info=worker_init_info(host, port, world_size, timeout_s))))
+    group = await asyncio.to_thread(trainer_init, host, port, world_size, timeout_s)
+    await rpc
+    return group
+
+
+async def push_weights(engine, group, named_tensors, version: int | str, *, dtype: torch.dtype | None = None,
+                       bucket_bytes: int = DEFAULT_BUCKET_BYTES, pause: bool = True) -> dict:
+    """The whole in-flight update: pause(keep, KV kept) → start → update ∥ broadcast → finish(version)
+    → resume. Returns timings (s). With pause=False the caller must already have paused."""
+    from vllm.distributed.weight_transfer.base import WeightTransferUpdateRequest
+
+    pairs = _prepared(named_tensors, dtype)
+    info = make_update_info(pairs, None, bucket_bytes)
+    t0 = time.perf_counter()
+    if pause:
+        await engine.pause_generation(mode="keep", clear_cache=False)
+    t1 = time.perf_counter()
+    try:
+        await engine.start_weight_update()
+        rpc = asyncio.ensure_future(engine.update_weights(WeightTransferUpdateRequest(update_info=info)))
+        sent = await asyncio.to_thread(trainer_send, group, pairs, None, bucket_bytes)
+        await rpc
+        await engine.finish_weight_update(weight_version=str(version))
+    finally:
+        if pause:
+            await engine.resume_generation()
+    t2 = time.perf_counter()
+    return {"pause_s": t1 - t0, "transfer_s": t2 - t1, "total_s": t2 - t0, "bytes": sent}
