@@ -43,7 +43,6 @@ from datetime import timedelta
 from typing import Any
 
 import torch
-
 from vllm.distributed.weight_transfer.base import (
     WeightTransferEngine,
     WeightTransferInitInfo,
@@ -122,7 +121,9 @@ class GlooWeightTransferUpdateInfo(WeightTransferUpdateInfo):
             )
 
 
-class GlooWeightTransferEngine(WeightTransferEngine[GlooWeightTransferInitInfo, GlooWeightTransferUpdateInfo]):
+class GlooWeightTransferEngine(
+    WeightTransferEngine[GlooWeightTransferInitInfo, GlooWeightTransferUpdateInfo]
+):
     """Receives checkpoint-format (HF-named) weights over gloo; loads via layerwise reload."""
 
     init_info_cls = GlooWeightTransferInitInfo
@@ -137,11 +138,20 @@ class GlooWeightTransferEngine(WeightTransferEngine[GlooWeightTransferInitInfo, 
 
         pc = self.parallel_config
         rank = pc.data_parallel_index * pc.world_size + pc.rank + init_info.rank_offset
-        logger.info("gloo weight transfer: joining %s:%s as rank %d/%d", init_info.master_address,
-                    init_info.master_port, rank, init_info.world_size)
+        logger.info(
+            "gloo weight transfer: joining %s:%s as rank %d/%d",
+            init_info.master_address,
+            init_info.master_port,
+            rank,
+            init_info.world_size,
+        )
         self.group = stateless_init_torch_distributed_process_group(
-            init_info.master_address, init_info.master_port, rank, init_info.world_size,
-            backend="gloo", timeout=timedelta(seconds=init_info.timeout_s),
+            init_info.master_address,
+            init_info.master_port,
+            rank,
+            init_info.world_size,
+            backend="gloo",
+            timeout=timedelta(seconds=init_info.timeout_s),
         )
 
     def start_weight_update(self) -> None:
@@ -152,7 +162,9 @@ class GlooWeightTransferEngine(WeightTransferEngine[GlooWeightTransferInitInfo, 
     def finish_weight_update(self) -> None:
         from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
 
+        stale = _tied_modules_without_weights(self.model)
         finalize_layerwise_reload(self.model, self.model_config)
+        _reprocess_tied_modules(stale)
 
     def update_weights(self, update_info: dict[str, Any]) -> None:
         # The base class calls torch.accelerator.synchronize(); gloo is synchronous on CPU.
@@ -182,6 +194,39 @@ class GlooWeightTransferEngine(WeightTransferEngine[GlooWeightTransferInitInfo, 
                 stateless_destroy_torch_distributed_process_group(self.group)
             finally:
                 self.group = None
+
+
+def _tied_modules_without_weights(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """Modules that received no weights in this reload but whose weight is tied to another module.
+
+    The tied `lm_head` (ParallelLMHead with tie_word_embeddings) gets no checkpoint weight:
+    Qwen2/Llama `load_weights` skip `lm_head.*` when tied. Layerwise reload then "restores" it
+    ("ParallelLMHead: Failed to load weights") — its weight Parameter is shared with
+    `embed_tokens`, so the values are new, but on CPU `process_weights_after_loading` had built
+    a packed GEMM (`layer.cpu_linear`, oneDNN/sgl) from the OLD values and it is not rebuilt,
+    so logits keep using the old head. Must be called before `finalize_layerwise_reload`
+    (which resets the per-layer load counters).
+    """
+    from vllm.model_executor.model_loader.reload.layerwise import LAYERWISE_INFO
+
+    out = []
+    for module in model.modules():
+        info = LAYERWISE_INFO.get(module)
+        if info is None or getattr(module, "quant_method", None) is None:
+            continue
+        if not hasattr(module, "weight") or getattr(module, "tie_weights", None) is None:
+            continue
+        if (info.load_numel or 0) <= 0:
+            out.append(module)
+    return out
+
+
+def _reprocess_tied_modules(modules: list[torch.nn.Module]) -> None:
+    for module in modules:
+        weight = getattr(module, "weight", None)
+        if weight is None or weight.is_meta or weight.numel() == 0:
+            continue
+        module.quant_method.process_weights_after_loading(module)
 
 
 def register() -> None:
@@ -254,8 +299,10 @@ def make_update_info(
     return asdict(
         GlooWeightTransferUpdateInfo(
             names=[n for n, _ in pairs],
-            dtype_names=[_dtype_name(dtype if dtype is not None and t.is_floating_point() else t.dtype)
-                         for _, t in pairs],
+            dtype_names=[
+                _dtype_name(dtype if dtype is not None and t.is_floating_point() else t.dtype)
+                for _, t in pairs
+            ],
             shapes=[list(t.shape) for _, t in pairs],
             bucket_bytes=bucket_bytes,
         )
@@ -270,7 +317,9 @@ def trainer_send(
 ) -> int:
     """Broadcast the tensors (cast to `dtype`, HF names) from rank 0, bucketed; returns bytes sent."""
     pairs = _prepared(named_tensors, dtype)
-    layout = bucket_layout([_dtype_name(t.dtype) for _, t in pairs], [list(t.shape) for _, t in pairs], bucket_bytes)
+    layout = bucket_layout(
+        [_dtype_name(t.dtype) for _, t in pairs], [list(t.shape) for _, t in pairs], bucket_bytes
+    )
     sent = 0
     for total, items in layout:
         buf = torch.zeros(total, dtype=torch.uint8)
@@ -287,20 +336,32 @@ def hf_named_weights(model: torch.nn.Module) -> list[tuple[str, torch.Tensor]]:
     return [(n, p) for n, p in model.named_parameters()]
 
 
-async def init_engine_transfer(engine, host: str, port: int, world_size: int = 2,
-                               timeout_s: float = DEFAULT_TIMEOUT_S):
+async def init_engine_transfer(
+    engine, host: str, port: int, world_size: int = 2, timeout_s: float = DEFAULT_TIMEOUT_S
+):
     """Rendezvous an AsyncLLM (in this event loop) with a trainer group opened here; returns the group."""
     from vllm.distributed.weight_transfer.base import WeightTransferInitRequest
 
-    rpc = asyncio.ensure_future(engine.init_weight_transfer_engine(
-        WeightTransferInitRequest(init_info=worker_init_info(host, port, world_size, timeout_s))))
+    rpc = asyncio.ensure_future(
+        engine.init_weight_transfer_engine(
+            WeightTransferInitRequest(init_info=worker_init_info(host, port, world_size, timeout_s))
+        )
+    )
     group = await asyncio.to_thread(trainer_init, host, port, world_size, timeout_s)
     await rpc
     return group
 
 
-async def push_weights(engine, group, named_tensors, version: int | str, *, dtype: torch.dtype | None = None,
-                       bucket_bytes: int = DEFAULT_BUCKET_BYTES, pause: bool = True) -> dict:
+async def push_weights(
+    engine,
+    group,
+    named_tensors,
+    version: int | str,
+    *,
+    dtype: torch.dtype | None = None,
+    bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+    pause: bool = True,
+) -> dict:
     """The whole in-flight update: pause(keep, KV kept) → start → update ∥ broadcast → finish(version)
     → resume. Returns timings (s). With pause=False the caller must already have paused."""
     from vllm.distributed.weight_transfer.base import WeightTransferUpdateRequest

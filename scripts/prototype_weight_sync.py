@@ -10,7 +10,10 @@ to "1" and generation resumes. Checks:
   2. tokens [0, s) equal a run with weights A only;
   3. tokens [s, end) equal an HF reference that builds the KV of prompt+tokens[:s-1] with model A
      and continues greedy decoding with model B (so the KV cache really was kept);
-  4. they differ from a fresh run with weights B.
+  4. they differ from a fresh run with weights B, and from B continuing over a recomputed
+     (B-built) prefix KV;
+  5. a second update (back to A, one bucket) makes a new request reproduce the A run.
+Exit status 0 when every check holds; `--json` writes the measurements (pause/transfer times).
 """
 
 from __future__ import annotations
@@ -132,14 +135,24 @@ async def main(args) -> dict:
         hf_ref = hf_mixed_reference(model_a, model_b, prompt_ids, gen, s, len(gen) - s)
         result["suffix_equals_hf_mixed"] = gen[s:] == hf_ref
         result["suffix_first_diff_vs_hf_mixed"] = first_diff(gen[s:], hf_ref)
+        # If the engine had recomputed the prefix KV with B (clear_cache=True behaviour), the
+        # suffix would follow B over the full context instead:
+        hf_recompute = hf_mixed_reference(model_b, model_b, prompt_ids, gen, s, len(gen) - s)
+        result["suffix_differs_from_hf_recompute_B"] = gen[s:] != hf_recompute
         b_ids = list(fresh_b.token_ids)
         result["suffix_differs_from_fresh_B"] = gen[s:] != b_ids[s:]
         result["gen_ne_fresh_B_first_diff"] = first_diff(gen, b_ids)
         # sanity: HF fresh greedy with B matches the engine's fresh run with B
         with torch.no_grad():
-            hb = model_b.generate(torch.tensor([prompt_ids]), max_new_tokens=MAX_TOKENS, do_sample=False,
-                                  min_new_tokens=MAX_TOKENS, eos_token_id=None, pad_token_id=0)
-        result["fresh_B_first_diff_vs_hf"] = first_diff(b_ids, hb[0, len(prompt_ids):].tolist())
+            hb = model_b.generate(
+                torch.tensor([prompt_ids]),
+                max_new_tokens=MAX_TOKENS,
+                do_sample=False,
+                min_new_tokens=MAX_TOKENS,
+                eos_token_id=None,
+                pad_token_id=0,
+            )
+        result["fresh_B_first_diff_vs_hf"] = first_diff(b_ids, hb[0, len(prompt_ids) :].tolist())
 
         # Second round back to A (checks repeat updates; new requests after update use A again).
         timing2 = await wt.push_weights(engine, group, wt.hf_named_weights(model_a), 2, dtype=torch.float32)
@@ -149,8 +162,18 @@ async def main(args) -> dict:
         result["round2_versions"] = [(v.version, v.start, v.end) for v in (again_a.weight_versions or [])]
     finally:
         engine.shutdown()
-    ok = all(result.get(k) for k in ("prefix_equals_A", "suffix_differs_from_A", "suffix_differs_from_fresh_B",
-                                     "round2_equals_A"))
+    ok = all(
+        result.get(k)
+        for k in (
+            "prefix_equals_A",
+            "suffix_differs_from_A",
+            "suffix_equals_hf_mixed",
+            "suffix_differs_from_hf_recompute_B",
+            "suffix_differs_from_fresh_B",
+            "round2_equals_A",
+        )
+    )
+    ok = ok and result.get("mixed_len") == MAX_TOKENS and result.get("fresh_B_first_diff_vs_hf") is None
     result["ok"] = bool(ok)
     return result
 
