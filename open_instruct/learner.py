@@ -67,6 +67,12 @@ def init_distributed(rank: int, world_size: int, master_addr: str = "127.0.0.1",
 
     if dist.is_initialized():
         return
+    if not on_gpu():
+        import deepspeed.ops
+
+        # DeepSpeed JIT-compiles a shared-memory all-reduce op when its CPU backend starts; that
+        # needs a C++ toolchain and can fail. It only speeds up inference all-reduce: gloo is enough.
+        deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
     os.environ.update(
         {
             "RANK": str(rank),
