@@ -40,6 +40,7 @@ class EnginePool:
         self.results: RayChannel = RayChannel(result_capacity, name="result queue")
         self.ledger = DeliveryLedger()
         self._loops: dict = {}  # ObjectRef of each engine's run() -> engine id
+        self._carried: list[Completion] = []  # drained while reporting a failure; returned by the next poll
         self.start_info: list[dict] = []
 
     def start(self, timeout_s: float = 600) -> list[dict]:
@@ -64,13 +65,7 @@ class EnginePool:
                 time.sleep(0.02)
                 self.check_engines()
                 messages = self.results.get_all()
-        completions = []
-        for message in messages:
-            if isinstance(message, PromptStarted):
-                self.ledger.started(message.prompt_id, message.engine_id)
-            else:
-                self.ledger.deliver(message)
-                completions.append(message)
+        completions, self._carried = self._carried + self._record(messages), []
         return completions
 
     def check_engines(self) -> None:
@@ -84,17 +79,24 @@ class EnginePool:
             try:
                 ray.get(ref)
             except Exception as error:  # a dead actor or an engine error: report, don't hide
-                self.results_drain_started()
+                self._drain_results()
                 raise EngineFailure(engine_id, error, self.ledger.in_flight(engine_id)) from error
             logger.info("engine %d's loop ended", engine_id)
 
-    def results_drain_started(self) -> None:
-        """Record PromptStarted notices already queued, so in-flight lists are complete."""
-        for message in self.results.get_all():
+    def _drain_results(self) -> None:
+        """Take in everything already queued, so in-flight lists are complete; completions are kept
+        for the next `poll` (work finished before a failure is not lost)."""
+        self._carried += self._record(self.results.get_all())
+
+    def _record(self, messages: list) -> list[Completion]:
+        completions = []
+        for message in messages:
             if isinstance(message, PromptStarted):
                 self.ledger.started(message.prompt_id, message.engine_id)
             else:
                 self.ledger.deliver(message)
+                completions.append(message)
+        return completions
 
     def pause(self) -> list[float]:
         import ray
