@@ -20,6 +20,8 @@ import time
 import urllib.request
 from pathlib import Path
 
+from helpers.processes import session_pids
+
 from open_instruct.rewards.code_tests import endpoint_url, run_tests
 
 REPO = Path(__file__).resolve().parents[1]
@@ -27,33 +29,18 @@ SCRIPT = REPO / "configs" / "beaker_configs" / "code_api_setup.sh"
 NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
-def alive_in_session(sid: int) -> list[int]:
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        fields = stat[stat.rindex(")") + 2 :].split()
-        if fields[0] != "Z" and int(fields[3]) == sid:
-            pids.append(int(entry.name))
-    return pids
-
-
 def stop_session(sid: int) -> list[int]:
     """SIGTERM then SIGKILL every live process of session `sid` (ours); returns survivors."""
     for sig in (signal.SIGTERM, signal.SIGKILL):
-        for pid in alive_in_session(sid):
+        for pid in session_pids(sid):
             try:
                 os.kill(pid, sig)
             except ProcessLookupError:
                 pass
         deadline = time.monotonic() + 5
-        while alive_in_session(sid) and time.monotonic() < deadline:
+        while session_pids(sid) and time.monotonic() < deadline:
             time.sleep(0.1)
-    return alive_in_session(sid)
+    return session_pids(sid)
 
 
 def source_script(
@@ -98,7 +85,7 @@ def test_sourced_script_exports_a_healthy_code_api_url(tmp_path, monkeypatch):
         assert Path(values["LOG"]).parent == tmp_path
 
         # The sourcing shell has exited; the server must still be running and answering.
-        assert pid in alive_in_session(result.sid)
+        assert pid in session_pids(result.sid)
         with NO_PROXY.open(url + "/health", timeout=10) as reply:
             assert reply.status == 200
             assert json.load(reply)["status"] == "healthy"

@@ -32,6 +32,7 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers.processes import session_pids
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "configs" / "beaker_configs" / "ray_node_setup.sh"
@@ -46,22 +47,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def session_pids(sid: int) -> list[int]:
-    """Live processes of session `sid`: the bash we started and every Ray daemon it spawned."""
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        fields = stat[stat.rindex(")") + 2 :].split()  # after "pid (comm) "
-        if fields[0] != "Z" and int(fields[3]) == sid:  # state ppid pgrp session; zombies are already dead
-            pids.append(int(entry.name))
-    return pids
 
 
 def pids_mentioning(text: str) -> list[int]:
