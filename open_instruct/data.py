@@ -41,9 +41,7 @@ __all__ = [
     "PromptRow",
     "SourceReport",
     "load_prompt_dataset",
-    "load_rows",
     "mixer_entries",
-    "rows_to_prompts",
     "select_rows",
 ]
 logger = logging.getLogger(__name__)
@@ -397,33 +395,3 @@ def load_prompt_dataset(
         prompts += _to_prompts(entry, records)
         reports.append(report)
     return PromptDataset(prompts=prompts, report=DatasetReport(which=which, sources=tuple(reports)))
-
-
-# ----------------------------------------------------------------------------- earlier API
-
-
-def load_rows(name: str, split: str, keys: tuple[str, ...] | None = None) -> list[dict]:
-    """Raw rows of one dataset split, all columns unless `keys` (earlier API; prefer load_prompt_dataset)."""
-    return open_source(name, split).read(keys).rows
-
-
-def rows_to_prompts(
-    rows: list[dict], tokenizer, source: str, *, messages_key: str, ground_truths_key: str, add_bos: bool
-) -> list[PromptRow]:
-    """Validate and tokenize rows strictly, without mixing, length filter or cache (earlier API)."""
-    from open_instruct.rewards import available_verifiers
-
-    t = RowSettings(
-        messages_key, ground_truths_key, 0, False, add_bos, None, (), tuple(available_verifiers())
-    )
-    parsed = []
-    for index, row in enumerate(rows):
-        try:
-            parsed.append(parse_row(row, t))
-        except BadRow as bad:
-            raise DatasetError(f"{source} row {index}: {bad.message}{bad.hint}") from None
-    ids = encode_texts(tokenizer, [render_prompt(tokenizer, messages) for messages, _, _ in parsed], add_bos)
-    return [
-        PromptRow(source, index, tuple(x), tuple(truths), tuple(verifiers))
-        for index, (x, (_, truths, verifiers)) in enumerate(zip(ids, parsed))
-    ]

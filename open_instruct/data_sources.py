@@ -237,7 +237,7 @@ def _project(row: Any, keys: Sequence[str] | None) -> dict[str, Any]:
     """Only the needed keys (drops huge `output` columns early); records what was there if one is missing."""
     if not isinstance(row, dict):
         return {ROW_ERROR_KEY: f"the row is a JSON {type(row).__name__}, expected an object"}
-    if keys is None:  # every column (the earlier load_rows API)
+    if keys is None:  # every column
         return row
     projected = {key: row[key] for key in keys if key in row}
     if len(projected) < len(keys):

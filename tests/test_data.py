@@ -8,7 +8,6 @@ skip tokenization.
 from __future__ import annotations
 
 import json
-import shutil
 from collections import Counter
 from pathlib import Path
 
@@ -415,18 +414,6 @@ def test_list_typed_dataset_and_ground_truth_rows(tmp_path, tok):
         from_parquet[0].ground_truths == first.ground_truths
         and from_parquet[0].verifier_names == first.verifier_names
     )
-
-
-def test_earlier_api_still_works_for_the_orchestrator(tmp_path, tok):
-    path = write_jsonl(tmp_path / "old.jsonl", [{**row(0), "extra": 1}, row(1)])
-    rows = data.load_rows(str(path), "train")
-    assert rows[0] == {**row(0), "extra": 1}  # every column, as before
-    prompts = data.rows_to_prompts(
-        rows, tok, f"{path}:train", messages_key="messages", ground_truths_key="ground_truth", add_bos=False
-    )
-    assert [p.index for p in prompts] == [0, 1]
-    assert prompts == load(tmp_path, tok, [path, "1.0"]).prompts
-    shutil.rmtree(tmp_path / "cache", ignore_errors=True)
 
 
 def test_hub_path_runs_the_same_row_processing(tmp_path, tok, monkeypatch):
