@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import time
 
-from open_instruct.messages import Completion, EngineStats, PromptRequest, PromptStarted
+from open_instruct.messages import Completion, EnginePaused, EngineStats, PromptRequest, PromptStarted
 from open_instruct.prompt_feeder import DeliveryLedger
 from open_instruct.queues import RayChannel
 
@@ -98,10 +98,10 @@ class EnginePool:
                 completions.append(message)
         return completions
 
-    def pause(self) -> list[float]:
+    def pause(self, mode: str = "keep") -> list[EnginePaused]:
         import ray
 
-        return ray.get([actor.pause.remote() for actor in self.actors])
+        return ray.get([actor.pause.remote(mode) for actor in self.actors])
 
     def resume(self) -> None:
         import ray

@@ -21,7 +21,15 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, replace
 
-from open_instruct.messages import Completion, EngineStats, PromptRequest, PromptStarted, VersionSpan
+from open_instruct.messages import (
+    Completion,
+    EnginePaused,
+    EngineStats,
+    PromptRequest,
+    PromptStarted,
+    VersionSpan,
+    WeightsReceived,
+)
 from open_instruct.queues import ChannelTimeout
 
 logger = logging.getLogger(__name__)
@@ -42,13 +50,22 @@ class EngineSettings:
     enforce_eager: bool = False
     kv_cache_gib: float = 1.0  # CPU only: GPU engines size the cache from gpu_memory_utilization
     max_concurrency: int = 0  # cap on running samples; 0 = derive from KV capacity only
+    weight_transfer_backend: str = ""  # "" = nccl on GPU, our gloo engine on CPU
+
+
+def transfer_backend(settings: EngineSettings) -> str:
+    import torch
+
+    return settings.weight_transfer_backend or ("nccl" if torch.cuda.is_available() else "gloo")
 
 
 def engine_args(settings: EngineSettings):
     """AsyncEngineArgs for this machine: fp32 + explicit KV bytes on CPU, bf16 on GPU."""
     import torch
+    from vllm.config import WeightTransferConfig
     from vllm.engine.arg_utils import AsyncEngineArgs
 
+    backend = transfer_backend(settings)
     common = dict(
         model=settings.model_path,
         seed=settings.seed,
@@ -57,7 +74,13 @@ def engine_args(settings: EngineSettings):
         enable_prefix_caching=settings.enable_prefix_caching,
         # Behaviour logprobs must be those of the distribution actually sampled from.
         logprobs_mode="processed_logprobs",
+        weight_transfer_config=WeightTransferConfig(backend=backend),
     )
+    if backend == "gloo":
+        from open_instruct.weight_transfer_gloo import WORKER_EXTENSION
+
+        # Importing the extension inside the worker process registers our gloo engine there.
+        common["worker_extension_cls"] = WORKER_EXTENSION
     if torch.cuda.is_available():
         return AsyncEngineArgs(
             **common,
@@ -89,6 +112,13 @@ def _scheduler_probe(holder: dict):
         def record(self, scheduler_stats, iteration_stats, mm_cache_stats=None, engine_idx: int = 0):
             if scheduler_stats is not None:
                 holder["stats"] = scheduler_stats
+            if iteration_stats is not None:
+                # Counters that prove an update kept every running request: a preempted or
+                # recomputed request shows up as preemptions and as prefill beyond its prompt.
+                prompt = iteration_stats.prompt_token_stats
+                holder["preempted"] = holder.get("preempted", 0) + iteration_stats.num_preempted_reqs
+                holder["prefill_tokens"] = holder.get("prefill_tokens", 0) + prompt.total
+                holder["cache_hit_tokens"] = holder.get("cache_hit_tokens", 0) + prompt.local_cache_hit
 
         def log_engine_initialized(self):
             holder["num_blocks"] = self.vllm_config.cache_config.num_gpu_blocks
@@ -135,6 +165,10 @@ class GenerationActor:
         self._room = asyncio.Event()
         self._occupancy = _Occupancy()
         self._tokens = self._completed = self._pulled = 0
+        self._prompt_tokens = self._weight_updates = 0
+        self._resumed = asyncio.Event()
+        self._resumed.set()
+        self._progress: dict[str, int] = {}  # request id -> tokens generated so far
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -148,6 +182,7 @@ class GenerationActor:
             engine_args(self.settings), stat_loggers=[_scheduler_probe(self._probe)]
         )
         self.target_concurrency = self._derive_target()
+        await self.engine.update_weight_version(str(self.weight_version))
         from transformers import AutoTokenizer
 
         self.tokenizer = AutoTokenizer.from_pretrained(self.settings.model_path)
@@ -280,7 +315,11 @@ class GenerationActor:
             logprobs=0,  # the sampled token's own logprob at every position
         )
         request_id = f"{request.prompt_id}/{sample_index}/e{self.engine_id}"
-        prompt = tokens_input(list(request.prompt_token_ids), cache_salt=f"v{request.admitted_version}")
+        # A request submitted during a weight sync would be salted with the outgoing version and
+        # could then reuse prefix blocks computed with the old weights: submit after the resume.
+        await self._resumed.wait()
+        self._prompt_tokens += len(request.prompt_token_ids)
+        prompt = tokens_input(list(request.prompt_token_ids), cache_salt=f"v{self.weight_version}")
         base = Completion(
             prompt_id=request.prompt_id,
             sample_index=sample_index,
@@ -300,6 +339,8 @@ class GenerationActor:
             async for output in self.engine.generate(prompt, params, request_id=request_id):
                 if not first_token_at and output.outputs and output.outputs[0].token_ids:
                     first_token_at = time.time()
+                if output.outputs:
+                    self._progress[request_id] = len(output.outputs[0].token_ids)
                 final = output
         except asyncio.CancelledError:
             # Aborted at shutdown: still delivered (nothing is lost silently), marked as such.
@@ -310,6 +351,8 @@ class GenerationActor:
         except Exception as error:  # the engine rejected this prompt (too long, bad ids, ...)
             logger.warning("prompt %s sample %d failed: %s", request.prompt_id, sample_index, error)
             return replace(base, error=f"{type(error).__name__}: {error}", finished_at=time.time())
+        finally:
+            self._progress.pop(request_id, None)
         completion = self._from_output(base, final, request, first_token_at, None)
         self._tokens += len(completion.response_token_ids)
         self._completed += 1
@@ -366,17 +409,72 @@ class GenerationActor:
 
     # ------------------------------------------------------------------ control and metrics
 
-    async def pause(self) -> float:
-        """Freeze running requests with their KV cache (weight sync); returns seconds taken."""
+    async def pause(self, mode: str = "keep") -> EnginePaused:
+        """Stop admitting requests and freeze the engine for a weight sync.
+
+        'keep': running requests stay in the engine with their KV cache and continue with the
+        new weights after `resume` (in-flight update). 'wait': running requests first finish
+        with the current weights (the conservative baseline). The cache is never cleared:
+        clearing would preempt and recompute every running request.
+        """
+        if mode not in ("keep", "wait"):
+            raise ValueError(f"pause mode must be 'keep' or 'wait', got {mode!r}")
         started = time.monotonic()
         self._set_paused(True)
-        await self.engine.pause_generation(mode="keep", clear_cache=False)
-        return time.monotonic() - started
+        self._resumed.clear()
+        running = len(self._progress)
+        await self.engine.pause_generation(mode=mode, clear_cache=False)
+        return EnginePaused(self.engine_id, time.monotonic() - started, running, len(self._progress))
 
-    async def resume(self) -> None:
+    async def init_weight_transfer(self, init_info: dict) -> dict:
+        """Join the trainer's weight-transfer group (concurrently with the trainer's own init)."""
+        from vllm.distributed.weight_transfer.base import WeightTransferInitRequest
+
+        started = time.monotonic()
+        await self.engine.init_weight_transfer_engine(WeightTransferInitRequest(init_info=init_info))
+        return {"engine_id": self.engine_id, "init_s": time.monotonic() - started}
+
+    async def receive_weights(self, update_info: dict, version: int, timeout_s: float = 600.0) -> WeightsReceived:
+        """start → update (concurrently with the trainer's broadcast) → finish(version), engine paused.
+
+        Each step has its own timeout and a failure names it; after a failed transfer the engine
+        keeps serving its previous weights (see `GlooWeightTransferEngine.update_weights`).
+        """
+        from vllm.distributed.weight_transfer.base import WeightTransferUpdateRequest
+
+        if not self._paused:
+            raise RuntimeError(f"engine {self.engine_id}: receive_weights called while not paused")
+        started = time.monotonic()
+        step = "start_weight_update"
+        try:
+            await asyncio.wait_for(self.engine.start_weight_update(), timeout_s)
+            step = "update_weights"
+            # A failed update ends vLLM's update session itself (our gloo engine restores the old
+            # weights first), so `finish` runs only after a complete transfer.
+            await asyncio.wait_for(
+                self.engine.update_weights(WeightTransferUpdateRequest(update_info=update_info)), timeout_s
+            )
+            step = "finish_weight_update"
+            await asyncio.wait_for(self.engine.finish_weight_update(weight_version=str(version)), timeout_s)
+        except Exception as error:
+            raise RuntimeError(
+                f"engine {self.engine_id}: weight sync step '{step}' failed: {type(error).__name__}: {error}"
+            ) from error
+        self.weight_version = version
+        self._weight_updates += 1
+        return WeightsReceived(self.engine_id, version, time.monotonic() - started)
+
+    async def resume(self) -> float:
+        """Resume generation; returns the wall-clock time it resumed (for step-end-to-resume lag)."""
         await self.engine.resume_generation()
         self._set_paused(False)
+        self._resumed.set()
         self._room.set()
+        return time.time()
+
+    def running_tokens(self) -> dict[str, int]:
+        """Tokens generated so far by each running request (tests watch a request's progress)."""
+        return dict(self._progress)
 
     def _set_paused(self, paused: bool) -> None:
         self._occupancy.account(self._running, self.target_concurrency, self._paused)
@@ -402,11 +500,19 @@ class GenerationActor:
             paused_s=occupancy.paused_s,
             pauses=self._pauses,
             weight_version=self.weight_version,
+            weight_updates=self._weight_updates,
+            preempted_requests=self._probe.get("preempted", 0),
+            prefill_tokens=self._probe.get("prefill_tokens", 0),
+            submitted_prompt_tokens=self._prompt_tokens,
+            prefix_cache_hit_tokens=self._probe.get("cache_hit_tokens", 0),
         )
 
     def reset_stats(self) -> None:
         self._occupancy = _Occupancy()
         self._tokens = self._completed = self._pulled = 0
+        self._prompt_tokens = self._weight_updates = 0
+        for key in ("preempted", "prefill_tokens", "cache_hit_tokens"):
+            self._probe.pop(key, None)
 
 
 def _parse_version(raw: str | int | None, default: int) -> int:

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from open_instruct.messages import WeightMetadata, WeightsSent
+
 # ZeRO settings per stage live in configs/ds_configs so cluster users can tune them without code.
 DS_CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs" / "ds_configs"
 
@@ -277,6 +279,51 @@ class LearnerActor:
         return metrics
 
     # -------------------------------------------------------------- weights out
+
+    def weight_metadata(self, dtype_name: str) -> WeightMetadata:
+        """Names and full shapes in send order, without gathering (ZeRO-3 keeps `ds_shape`)."""
+        names, dtypes, shapes = [], [], []
+        for name, param in self.engine.module.named_parameters():
+            names.append(name)
+            dtypes.append(dtype_name if param.is_floating_point() else str(param.dtype).removeprefix("torch."))
+            shapes.append(tuple(int(d) for d in getattr(param, "ds_shape", param.shape)))
+        return WeightMetadata(tuple(names), tuple(dtypes), tuple(shapes))
+
+    def open_weight_transport(self, backend: str, host: str, port: int, world_size: int, timeout_s: float) -> int:
+        """Rank 0 opens the trainer end of the engines' weight-transfer group (rank 0 of it)."""
+        from open_instruct.weight_sync import transport
+
+        if self.rank != 0:
+            raise RuntimeError(f"learner rank {self.rank} asked to open the weight transport; only rank 0 sends")
+        self._transport = transport(backend)
+        self._transport_group = self._transport.trainer_init(host, port, world_size, timeout_s)
+        return world_size
+
+    def send_weights(self, metadata: WeightMetadata, bucket_bytes: int) -> WeightsSent:
+        """Every rank: walk the parameters (gathering each ZeRO-3 shard in turn); rank 0 broadcasts.
+
+        Parameters are gathered one at a time and copied into the current bucket, so peak extra
+        memory is one parameter plus one bucket, not the whole model.
+        """
+        import deepspeed
+        import torch
+
+        started = time.monotonic()
+        zero3 = self.engine.zero_optimization_stage() == 3
+
+        def gathered():
+            for (name, param), dtype_name in zip(self.engine.module.named_parameters(), metadata.dtype_names):
+                with deepspeed.zero.GatheredParameters([param], enabled=zero3):
+                    yield name, param.detach().to(getattr(torch, dtype_name))
+
+        if self.rank != 0:
+            for _ in gathered():
+                pass
+            return WeightsSent(self.rank, 0, time.monotonic() - started)
+        sent = self._transport.trainer_send_stream(
+            self._transport_group, gathered(), metadata.dtype_names, metadata.shapes, bucket_bytes
+        )
+        return WeightsSent(self.rank, sent, time.monotonic() - started)
 
     def full_state_dict(self) -> dict:
         """HF-named CPU tensors of the current weights.

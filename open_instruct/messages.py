@@ -115,6 +115,11 @@ class EngineStats:
     paused_s: float
     pauses: int
     weight_version: int
+    weight_updates: int = 0
+    preempted_requests: int = 0  # vLLM preemptions (a weight sync must cause none)
+    prefill_tokens: int = 0  # prompt tokens the engine prefilled, cached or not
+    submitted_prompt_tokens: int = 0  # prompt tokens submitted; prefill beyond this = recomputation
+    prefix_cache_hit_tokens: int = 0
 
     @property
     def tokens_per_s(self) -> float:
@@ -123,6 +128,54 @@ class EngineStats:
     @property
     def idle_frac(self) -> float:
         return self.idle_s / self.uptime_s if self.uptime_s > 0 else 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class EnginePaused:
+    """An engine froze for a weight sync; `kept_requests` stay in it with their KV cache."""
+
+    engine_id: int
+    pause_s: float
+    running_at_pause: int
+    kept_requests: int
+
+
+@dataclass(frozen=True, slots=True)
+class WeightsReceived:
+    """An engine loaded weight version `version` (start → update → finish)."""
+
+    engine_id: int
+    version: int
+    receive_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class WeightsSent:
+    """A learner rank's part of a weight sync: rank 0 broadcasts, the others join ZeRO-3 gathers."""
+
+    rank: int
+    bytes_sent: int
+    send_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class WeightMetadata:
+    """What the engines must expect, in send order: HF names, engine dtypes, full shapes."""
+
+    names: tuple[str, ...]
+    dtype_names: tuple[str, ...]
+    shapes: tuple[tuple[int, ...], ...]
+
+    @property
+    def total_bytes(self) -> int:
+        import math
+
+        import torch
+
+        return sum(
+            math.prod(shape) * torch.empty((), dtype=getattr(torch, dtype)).element_size()
+            for dtype, shape in zip(self.dtype_names, self.shapes)
+        )
 
 
 ResultMessage = Completion | PromptStarted

@@ -37,7 +37,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from datetime import timedelta
 from typing import Any
@@ -168,7 +168,14 @@ class GlooWeightTransferEngine(
 
     def update_weights(self, update_info: dict[str, Any]) -> None:
         # The base class calls torch.accelerator.synchronize(); gloo is synchronous on CPU.
-        self.receive_weights(self.parse_update_info(update_info))
+        try:
+            self.receive_weights(self.parse_update_info(update_info))
+        except BaseException:
+            # vLLM ends the update session when this raises, without finalizing the reload: the
+            # model would stay on the meta device. Finalizing restores every layer that did not
+            # receive its weights, so the engine can keep serving (with the old weights).
+            self.finish_weight_update()
+            raise
 
     def receive_weights(self, update_info: GlooWeightTransferUpdateInfo) -> None:
         if self.group is None:
@@ -272,8 +279,15 @@ def trainer_init(host: str, port: int, world_size: int = 2, timeout_s: float = D
     )
 
 
-def worker_init_info(host: str, port: int, world_size: int = 2, timeout_s: float = DEFAULT_TIMEOUT_S) -> dict:
-    return asdict(GlooWeightTransferInitInfo(host, port, world_size, rank_offset=1, timeout_s=timeout_s))
+def worker_init_info(
+    host: str, port: int, world_size: int = 2, timeout_s: float = DEFAULT_TIMEOUT_S, rank_offset: int = 1
+) -> dict:
+    """Init info for one engine; its workers take ranks rank_offset, rank_offset + 1, ..."""
+    return asdict(GlooWeightTransferInitInfo(host, port, world_size, rank_offset=rank_offset, timeout_s=timeout_s))
+
+
+def update_info(names: list[str], dtype_names: list[str], shapes: list[list[int]], bucket_bytes: int) -> dict:
+    return asdict(GlooWeightTransferUpdateInfo(list(names), list(dtype_names), [list(s) for s in shapes], bucket_bytes))
 
 
 def _prepared(named_tensors: Iterable[tuple[str, torch.Tensor]], dtype: torch.dtype | None):
@@ -317,14 +331,37 @@ def trainer_send(
 ) -> int:
     """Broadcast the tensors (cast to `dtype`, HF names) from rank 0, bucketed; returns bytes sent."""
     pairs = _prepared(named_tensors, dtype)
-    layout = bucket_layout(
-        [_dtype_name(t.dtype) for _, t in pairs], [list(t.shape) for _, t in pairs], bucket_bytes
+    return trainer_send_stream(
+        group, iter(pairs), [_dtype_name(t.dtype) for _, t in pairs], [list(t.shape) for _, t in pairs], bucket_bytes
     )
+
+
+def trainer_send_stream(
+    group,
+    named_tensors: Iterator[tuple[str, torch.Tensor]],
+    dtype_names: Sequence[str],
+    shapes: Sequence[Sequence[int]],
+    bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+) -> int:
+    """Broadcast tensors pulled one at a time from an iterator, following the metadata's bucket plan.
+
+    Only one bucket is materialized at a time, so a large model streams through bounded memory
+    (the iterator may gather each ZeRO-3 parameter just before it is needed). Each tensor is
+    checked against the metadata the receivers were given: a mismatch would otherwise load
+    garbage or hang the group.
+    """
     sent = 0
-    for total, items in layout:
+    for total, items in bucket_layout(dtype_names, shapes, bucket_bytes):
         buf = torch.zeros(total, dtype=torch.uint8)
         for i, off, nb in items:
-            buf[off : off + nb].copy_(pairs[i][1].reshape(-1).view(torch.uint8))
+            name, tensor = next(named_tensors)
+            tensor = tensor.detach().cpu().contiguous()
+            if _dtype_name(tensor.dtype) != dtype_names[i] or list(tensor.shape) != list(shapes[i]):
+                raise ValueError(
+                    f"weight {i} ({name}) is {_dtype_name(tensor.dtype)}{list(tensor.shape)} but the engines "
+                    f"were told {dtype_names[i]}{list(shapes[i])}"
+                )
+            buf[off : off + nb].copy_(tensor.reshape(-1).view(torch.uint8))
         group.broadcast(buf, 0).wait()
         sent += total
     return sent

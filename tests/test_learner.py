@@ -9,8 +9,7 @@ from __future__ import annotations
 import pytest
 
 from open_instruct.batching import BatchSettings, assemble
-from open_instruct.messages import Completion, VersionSpan
-from open_instruct.replay_buffer import ReplayBuffer
+from helpers.batches import rewarded_groups
 
 pytestmark = pytest.mark.slow
 N = 4
@@ -22,26 +21,7 @@ def groups(model_path):
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(model_path)
-    buffer = ReplayBuffer(samples_per_prompt=N, max_samples=64)
-    for p, (a, b) in enumerate([(3, 4), (5, 2), (1, 1), (6, 3)]):
-        prompt = tuple(
-            tokenizer.apply_chat_template(
-                [{"role": "user", "content": f"What is {a} + {b}?"}], add_generation_prompt=True, tokenize=True
-            )["input_ids"]
-        )
-        for j in range(N):
-            answer = a + b if j % 2 == 0 else a + b + 1
-            response = tuple(tokenizer.encode(f"{answer}</think><answer>{answer}</answer>")) + (tokenizer.eos_token_id,)
-            buffer.add(
-                Completion(
-                    prompt_id=f"p{p}@0", sample_index=j, prompt_token_ids=prompt, response_token_ids=response,
-                    behaviour_logprobs=(-1.0,) * len(response), finish_reason="stop",
-                    version_spans=(VersionSpan(0, 0, len(response)),), admitted_version=0, engine_id=0,
-                    reward=10.0 if answer == a + b else 0.0,
-                )
-            )
-    assert buffer.ready(4)
-    return buffer.take(4, learner_version=0), tokenizer
+    return rewarded_groups(tokenizer, N), tokenizer
 
 
 def run_group(model_path, groups, stage: int, steps: int = 1, num_mini_batches: int = 1):

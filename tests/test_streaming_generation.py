@@ -188,8 +188,9 @@ def test_pause_keeps_requests_and_resume_finishes_them(pool, tokenizer):
     requests = [request(tokenizer, max_tokens=300, ignore_eos=True, samples=1) for _ in range(2)]
     pool.submit(requests)
     time.sleep(1.0)
-    pause_s = pool.pause()
-    assert all(p < 30 for p in pause_s)
+    paused = pool.pause()
+    assert all(p.pause_s < 30 for p in paused)
+    assert sum(p.kept_requests for p in paused) == 2  # both requests frozen mid-generation, not dropped
     paused_at = time.time()
     time.sleep(1.0)
     pool.resume()

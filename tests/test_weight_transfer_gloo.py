@@ -68,3 +68,55 @@ def test_inflight_update_keeps_kv(tmp_path):
     ):
         assert res[key], (key, res)
     assert res["ok"], res
+
+
+class _RecordingGroup:
+    def __init__(self):
+        self.buffers = []
+
+    def broadcast(self, buf, src):
+        self.buffers.append(buf.clone())
+
+        class _Done:
+            def wait(self):
+                return None
+
+        return _Done()
+
+
+def test_streamed_send_follows_the_bucket_plan_and_checks_the_metadata():
+    pairs = [("a", torch.arange(6, dtype=torch.float32).view(2, 3)), ("b", torch.ones(40))]
+    group = _RecordingGroup()
+    sent = wt.trainer_send_stream(group, iter(pairs), ["float32", "float32"], [[2, 3], [40]], bucket_bytes=64)
+    assert len(group.buffers) == 2 and sent == sum(b.numel() for b in group.buffers)
+    assert torch.equal(group.buffers[0][:24].view(torch.float32), torch.arange(6, dtype=torch.float32))
+    with pytest.raises(ValueError, match=r"weight 1 \(b\) is float32\[40\] but the engines were told float32\[4\]"):
+        wt.trainer_send_stream(_RecordingGroup(), iter(pairs), ["float32", "float32"], [[2, 3], [4]], 1 << 20)
+
+
+def test_weight_transports_share_one_interface():
+    from open_instruct import weight_sync
+
+    for backend in ("gloo", "nccl"):
+        module = weight_sync.transport(backend)
+        for call in ("worker_init_info", "update_info", "trainer_init", "trainer_send_stream"):
+            assert callable(getattr(module, call)), (backend, call)
+        info = module.worker_init_info("10.0.0.1", 1234, 5, 60.0, rank_offset=3)
+        assert info["rank_offset"] == 3 and info["world_size"] == 5
+        assert module.update_info(["x"], ["bfloat16"], [[2]], 1024)["names"] == ["x"]
+    with pytest.raises(ValueError, match="unknown weight-transfer backend 'ipc'"):
+        weight_sync.transport("ipc")
+
+
+@pytest.mark.slow
+def test_weight_sync_benchmark_smoke(tmp_path):
+    from open_instruct import benchmark_weight_sync
+
+    result = benchmark_weight_sync.main(
+        ["--sizes", "128x2", "--syncs", "1", "--running", "2", "--max_tokens", "64", "--warmup_s", "0.1",
+         "--output", str(tmp_path / "ws.json")]
+    )
+    [row] = result["sizes"]
+    assert row["sent_mb"] > 0 and row["frozen_s"] >= row["transfer_s"] > 0 and row["bound_s"] > 0
+    assert row["requests_completed_full_length"] == 2
+    assert json.loads((tmp_path / "ws.json").read_text())["memory_bandwidth_gb_s"] > 0

@@ -1,0 +1,162 @@
+"""Pushing new learner weights into running engines (the driver's half of the protocol).
+
+One sync, for every engine at once (they share one transfer group, learner rank 0 = rank 0):
+
+    pause(keep | wait) → receive_weights [start → update ∥ learners' send → finish(version)] → resume
+
+`inflight=True` pauses in vLLM's "keep" mode without clearing the cache: running requests
+keep their KV cache and continue with the new weights, and vLLM records the version switch
+in each request's weight-version spans. `inflight=False` is the conservative baseline:
+running requests first finish with the old weights ("wait"), then the update happens.
+
+Every step has a timeout; a failure names the step and the engine or learner, and `resume`
+is always attempted, so no engine is left paused. Tensors travel through the transfer
+group (`weight_transfer_gloo` on CPU, `weight_transfer_nccl` on GPU: the same five calls),
+metadata through Ray.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from types import ModuleType
+
+from open_instruct.messages import EnginePaused, WeightMetadata, WeightsReceived, WeightsSent
+
+
+def transport(backend: str) -> ModuleType:
+    """The module implementing `backend`'s trainer/worker payloads and sends."""
+    if backend == "gloo":
+        from open_instruct import weight_transfer_gloo
+
+        return weight_transfer_gloo
+    if backend == "nccl":
+        from open_instruct import weight_transfer_nccl
+
+        return weight_transfer_nccl
+    raise ValueError(f"unknown weight-transfer backend {backend!r}: expected 'gloo' (CPU) or 'nccl' (GPU)")
+
+
+class WeightSyncError(RuntimeError):
+    """A weight sync step failed or timed out; says which step and which actors."""
+
+
+@dataclass(frozen=True)
+class SyncSettings:
+    backend: str  # "gloo" | "nccl"
+    dtype_name: str  # the engines' dtype: weights are cast to it before sending
+    inflight: bool = True
+    bucket_bytes: int = 64 << 20
+    timeout_s: float = 600.0  # per protocol step, and the transfer group's own collective timeout
+    engine_ranks: int = 1  # transfer-group ranks per engine (its tensor-parallel size)
+
+
+class WeightSync:
+    """Connects learner rank 0 to every engine once, then pushes versions on demand."""
+
+    def __init__(self, learners: list, engines: list, settings: SyncSettings):
+        self.learners = learners
+        self.engines = engines
+        self.settings = settings
+        self.metadata: WeightMetadata | None = None
+        self.syncs = 0
+
+    def connect(self) -> dict[str, float]:
+        """Rendezvous the transfer group: engines join while rank 0 opens it (they block on each other)."""
+        s = self.settings
+        started = time.monotonic()
+        host, port = self._get("rendezvous address", {"learner 0": self.learners[0].rendezvous_address.remote()})[0]
+        world_size = 1 + len(self.engines) * s.engine_ranks
+        wire = transport(s.backend)
+        refs = {
+            f"engine {i}": engine.init_weight_transfer.remote(
+                wire.worker_init_info(host, port, world_size, s.timeout_s, rank_offset=1 + i * s.engine_ranks)
+            )
+            for i, engine in enumerate(self.engines)
+        }
+        refs["learner 0"] = self.learners[0].open_weight_transport.remote(s.backend, host, port, world_size, s.timeout_s)
+        self._get("init transfer group", refs)
+        self.metadata = self._get(
+            "weight metadata", {"learner 0": self.learners[0].weight_metadata.remote(s.dtype_name)}
+        )[0]
+        return {"weight_sync/connect_s": time.monotonic() - started, "weight_sync/group_size": float(world_size)}
+
+    def push(self, version: int, step_end_time: float | None = None) -> dict[str, float]:
+        """Load `version` into every engine; returns metrics. Engines are resumed whatever happens."""
+        if self.metadata is None:
+            raise WeightSyncError("weight sync not connected: call connect() first")
+        s = self.settings
+        md = self.metadata
+        paused_at = time.monotonic()
+        mode = "keep" if s.inflight else "wait"
+        pauses: list[EnginePaused] = []
+        try:
+            pauses = self._get("pause", {f"engine {i}": e.pause.remote(mode) for i, e in enumerate(self.engines)})
+            transfer_at = time.monotonic()
+            info = transport(s.backend).update_info(
+                list(md.names), list(md.dtype_names), [list(x) for x in md.shapes], s.bucket_bytes
+            )
+            refs = {
+                f"engine {i}": e.receive_weights.remote(info, version, s.timeout_s) for i, e in enumerate(self.engines)
+            }
+            refs.update(
+                {f"learner {r}": l.send_weights.remote(md, s.bucket_bytes) for r, l in enumerate(self.learners)}
+            )
+            reports = self._get("transfer", refs)
+            transferred_at = time.monotonic()
+        finally:
+            # After a failed transfer an engine may still sit in the group's collective until the
+            # group timeout fires; only then can it finish the reload and resume.
+            resumed = self._get(
+                "resume",
+                {f"engine {i}": e.resume.remote() for i, e in enumerate(self.engines)},
+                timeout_s=2 * s.timeout_s + 60,
+            )
+        resumed_at = time.monotonic()
+        self.syncs += 1
+        sent = [r for r in reports if isinstance(r, WeightsSent)]
+        received = [r for r in reports if isinstance(r, WeightsReceived)]
+        bytes_sent = sum(r.bytes_sent for r in sent)
+        transfer_s = transferred_at - transfer_at
+        metrics = {
+            "time/weight_sync_pause_s": resumed_at - paused_at,  # engines frozen (or draining) this long
+            "time/weight_sync_drain_s": transfer_at - paused_at,
+            "time/weight_sync_transfer_s": transfer_s,
+            "weight_sync/bytes": float(bytes_sent),
+            "weight_sync/bandwidth_mb_s": bytes_sent / transfer_s / 1e6 if transfer_s > 0 else 0.0,
+            "weight_sync/kept_requests": float(sum(p.kept_requests for p in pauses)),
+            "weight_sync/engine_receive_s_max": max((r.receive_s for r in received), default=0.0),
+            "weight_sync/version": float(version),
+        }
+        if step_end_time is not None:
+            lags = [at - step_end_time for at in resumed]
+            for i, lag in enumerate(lags):
+                metrics[f"weight_sync/step_end_to_resume_s/engine_{i}"] = lag
+            metrics["weight_sync/step_end_to_resume_s_max"] = max(lags)
+        return metrics
+
+    def _get(self, step: str, refs: dict, timeout_s: float | None = None) -> list:
+        """Results in `refs` order. The first failure is raised at once (its peers may be blocked in
+        the transfer group waiting for it); a timeout names the actors still pending."""
+        import ray
+
+        names = {ref: name for name, ref in refs.items()}
+        timeout_s = timeout_s or self.settings.timeout_s
+        deadline = time.monotonic() + timeout_s
+        pending = list(names)
+        while pending:
+            done, pending = ray.wait(pending, num_returns=1, timeout=max(0.0, deadline - time.monotonic()))
+            if not done:
+                late = ", ".join(names[r] for r in pending)
+                raise WeightSyncError(
+                    f"weight sync step '{step}' timed out after {timeout_s:.0f}s waiting for {late}"
+                )
+            for ref in done:
+                try:
+                    ray.get(ref)
+                except Exception as error:
+                    reason = str(error).strip().splitlines()[-1][:300] if str(error).strip() else ""
+                    raise WeightSyncError(
+                        f"weight sync step '{step}' failed on {names[ref]}: {type(error).__name__}: {reason}"
+                    ) from error
+        return [ray.get(ref) for ref in refs.values()]
