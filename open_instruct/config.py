@@ -117,7 +117,11 @@ class GenerationConfig:
     stop_strings: list[str] = arg([], "Strings that end a sample (e.g. '</answer>').")
     include_stop_str_in_output: bool = arg(True, "Keep the stop string in the response (and train on it).")
     async_steps: int = arg(1, "How many optimizer steps generation may run ahead of the learner (0 = synchronous).")
-    inflight_updates: bool = arg(True, "Push new weights into running engines mid-generation (KV cache kept).")
+    inflight_updates: bool = arg(
+        True, "Push new weights into running engines mid-generation (KV cache kept); False waits for running "
+        "requests to finish before each update (the conservative baseline)."
+    )
+    weight_sync_every_steps: int = arg(1, "Push the learner's weights to the engines every N optimizer steps.")
     vllm_num_engines: int = arg(1, "Number of vLLM engine actors.")
     vllm_tensor_parallel_size: int = arg(1, "GPUs per engine (tensor parallel).")
     vllm_gpu_memory_utilization: float = arg(0.9, "Fraction of GPU memory vLLM may use.")
@@ -299,6 +303,7 @@ def _validate(cfg: Config) -> list[str]:
     check(0 < g.vllm_top_p <= 1, "--vllm_top_p must be in (0, 1]")
     check(g.async_steps >= 0, "--async_steps must be >= 0 (0 = synchronous)")
     check(g.vllm_num_engines >= 1, "--vllm_num_engines must be >= 1")
+    check(g.weight_sync_every_steps >= 1, "--weight_sync_every_steps must be >= 1")
     check(g.vllm_tensor_parallel_size >= 1, "--vllm_tensor_parallel_size must be >= 1")
     check(0 < g.vllm_gpu_memory_utilization <= 1, "--vllm_gpu_memory_utilization must be in (0, 1]")
     check(g.vllm_kv_cache_gib > 0, "--vllm_kv_cache_gib must be > 0")
@@ -365,17 +370,6 @@ def _mixer_problems(flag: str, mix: list[str]) -> list[str]:
 # these flags fails with "not supported yet" instead of silently ignoring it. Entries go away
 # as the features land.
 _PENDING_FEATURES: dict[str, tuple[str, ...]] = {
-    "the training loop (learner steps, weight sync)": (
-        "num_unique_prompts_rollout", "async_steps", "inflight_updates", "total_episodes",
-        "num_learners_per_node", "deepspeed_stage", "per_device_train_batch_size", "learning_rate",
-        "lr_scheduler_type", "warm_up_steps", "weight_decay", "max_grad_norm", "pack_length",
-        "gradient_checkpointing", "beta", "kl_estimator", "clip_lower", "clip_higher", "loss_denominator",
-        "num_epochs", "num_mini_batches", "mask_truncated_completions", "advantage_normalization_type",
-        "filter_zero_std_samples", "truncated_importance_sampling_ratio_cap", "importance_sampling_mode",
-    ),
-    "periodic evaluation during training": ("num_evals", "local_eval_every", "eval_on_step_0"),
-    "checkpoints and resume": ("save_freq", "keep_last_n_checkpoints", "checkpoint_state_freq", "checkpoint_state_dir"),
-    "experiment tracking": ("with_tracking", "wandb_project_name", "wandb_entity"),
     "pushing checkpoints to the HF hub": ("push_to_hub",),
 }
 

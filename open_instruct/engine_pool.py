@@ -44,11 +44,19 @@ class EnginePool:
         self.start_info: list[dict] = []
 
     def start(self, timeout_s: float = 600) -> list[dict]:
+        info = self.start_engines(timeout_s)
+        self.start_loops()
+        return info
+
+    def start_engines(self, timeout_s: float = 600) -> list[dict]:
+        """Build every vLLM engine (in parallel); they pull nothing until `start_loops`."""
         import ray
 
         self.start_info = ray.get([actor.start.remote() for actor in self.actors], timeout=timeout_s)
-        self._loops = {actor.run.remote(self.prompts, self.results): i for i, actor in enumerate(self.actors)}
         return self.start_info
+
+    def start_loops(self) -> None:
+        self._loops = {actor.run.remote(self.prompts, self.results): i for i, actor in enumerate(self.actors)}
 
     def submit(self, requests: list[PromptRequest], timeout_s: float = 60) -> None:
         for request in requests:

@@ -27,9 +27,21 @@ def main(argv: list[str] | None = None) -> int:
 
     from open_instruct import orchestrator
 
-    logging.getLogger("open_instruct").info(orchestrator.describe_sources(cfg))
-    orchestrator.run(cfg)
-    return 0
+    log = logging.getLogger("open_instruct")
+    log.info(orchestrator.describe_sources(cfg))
+    try:
+        summary = orchestrator.run(cfg)
+    except KeyboardInterrupt:
+        print("grpo_fast.py: interrupted; actors shut down", file=sys.stderr)
+        return 130
+    except Exception as error:  # every actor is already shut down; say why the run ended
+        log.exception("run failed")
+        print(f"grpo_fast.py: run failed: {type(error).__name__}: {error}", file=sys.stderr)
+        return 1
+    if summary["status"] == "completed":
+        return 0
+    # Stopped by a signal after saving state: the conventional 128 + signal number.
+    return 130 if "SIGINT" in summary["status"] else 143
 
 
 if __name__ == "__main__":

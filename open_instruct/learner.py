@@ -338,6 +338,50 @@ class LearnerActor:
             return {name: p.detach().float().cpu().clone() for name, p in module.named_parameters()}
 
 
+    # -------------------------------------------------------------- checkpoints (call on every rank)
+
+    def save_model(self, path: str) -> str | None:
+        """HF-format weights (safetensors + config) that transformers and vLLM load; rank 0 writes."""
+        state = self.full_state_dict()
+        if self.rank != 0:
+            return None
+        self.engine.module.save_pretrained(path, state_dict=state, safe_serialization=True)
+        return path
+
+    def save_state(self, directory: str) -> None:
+        """Model, optimizer, scheduler (DeepSpeed checkpoint) and this rank's RNG states."""
+        import random
+
+        import numpy as np
+        import torch
+
+        self.engine.save_checkpoint(directory, tag="learner", client_state={"version": self.version})
+        rng = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+        if on_gpu():
+            rng["cuda"] = torch.cuda.get_rng_state()
+        torch.save(rng, Path(directory) / f"rng_rank{self.rank}.pt")
+
+    def load_state(self, directory: str) -> int:
+        """Restore what `save_state` wrote; returns the restored policy version."""
+        import random
+
+        import torch
+
+        _, client_state = self.engine.load_checkpoint(directory, tag="learner")
+        if client_state is None:
+            raise FileNotFoundError(f"no learner checkpoint under {directory}")
+        rng = torch.load(Path(directory) / f"rng_rank{self.rank}.pt", weights_only=False)
+        random.setstate(rng["python"])
+        import numpy as np
+
+        np.random.set_state(rng["numpy"])
+        torch.set_rng_state(rng["torch"])
+        if on_gpu() and "cuda" in rng:
+            torch.cuda.set_rng_state(rng["cuda"])
+        self.version = int(client_state["version"])
+        return self.version
+
+
 def _sample_ids(doc_ids_BT):
     """Batch-wide sample index per token (-1 on padding), from per-row document ids (0 = padding)."""
     import torch

@@ -132,6 +132,9 @@ class GlooWeightTransferEngine(
     def __init__(self, config, vllm_config, device, model) -> None:
         super().__init__(config, vllm_config, device, model)
         self.group = None
+        # Every update would warn that layers without checkpoint weights (rotary embedding, the
+        # tied lm_head) "failed to load": expected here, and handled in finish_weight_update.
+        logging.getLogger("vllm.model_executor.model_loader.reload.layerwise").setLevel(logging.ERROR)
 
     def init_transfer_engine(self, init_info: GlooWeightTransferInitInfo) -> None:
         from vllm.distributed.utils import stateless_init_torch_distributed_process_group

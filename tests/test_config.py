@@ -157,18 +157,12 @@ def test_entry_point_refuses_features_not_built_yet(capsys):
     assert re.search(r"--push_to_hub: .* not supported yet", capsys.readouterr().err)
 
 
-def test_flags_of_features_not_built_are_refused_not_ignored():
+def test_every_seed_flag_is_a_supported_feature():
     from open_instruct.config import unsupported_features
 
-    cfg = parse_config(seed_argv())
-    problems = unsupported_features(cfg)
-    assert any("--learning_rate" in p and "training loop" in p and "not supported yet" in p for p in problems)
-    assert any("--with_tracking" in p for p in problems)
-    # Flags of features that exist, and Beaker-only flags, are accepted.
-    assert not any("--response_length" in p or "--oe_eval_tasks" in p for p in problems)
-    assert unsupported_features(parse_config(["--response_length", "32", "--stop_strings", "</answer>"])) == []
-    # Writing a default value explicitly still counts as asking for the feature.
-    assert unsupported_features(parse_config(["--beta", "0.05"])) != []
+    assert unsupported_features(parse_config(seed_argv())) == []
+    # Only pushing to the hub (needs network) is refused, even when written with its default value.
+    assert unsupported_features(parse_config(["--push_to_hub", "False"])) != []
 
 
 def test_config_equality_is_value_based():

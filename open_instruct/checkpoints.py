@@ -1,0 +1,94 @@
+"""HF-format model checkpoints and resumable run state.
+
+Model checkpoints (`--save_freq`): `<output_dir>/checkpoints/step_<k>/` holds safetensors,
+config and tokenizer, loadable by transformers and vLLM; only the newest
+`--keep_last_n_checkpoints` are kept.
+
+Run state (`--checkpoint_state_freq`, `--checkpoint_state_dir`): `step_<k>/learner/` is each
+rank's DeepSpeed checkpoint (weights, optimizer, scheduler) plus RNG states; `driver.pkl` is
+`DriverState`: the step, the policy version, the data position, the replay buffer's complete
+groups, and the admitted prompts that were not trained yet (in flight, or in groups still
+incomplete). `latest` names the newest complete state; it is written last, so a kill during
+a save leaves the previous state in charge.
+"""
+
+from __future__ import annotations
+
+import logging
+import pickle
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from open_instruct.messages import PromptRequest
+from open_instruct.prompt_feeder import FeederState
+from open_instruct.replay_buffer import BufferState
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class DriverState:
+    next_step: int  # the first step the resumed run trains
+    version: int  # learner policy version after `next_step - 1` steps
+    feeder: FeederState
+    buffer: BufferState  # complete groups only; incomplete ones are re-queued whole
+    requeue: tuple[PromptRequest, ...]  # admitted, untrained, not in a complete group
+    episodes: int  # samples trained so far
+
+
+def _step_dirs(root: Path) -> list[Path]:
+    return sorted((p for p in root.glob("step_*") if p.is_dir()), key=lambda p: int(p.name.split("_")[1]))
+
+
+def save_model(learners, tokenizer, output_dir: str, step: int, keep_last_n: int) -> Path:
+    import ray
+
+    root = Path(output_dir) / "checkpoints"
+    path = root / f"step_{step}"
+    ray.get([learner.save_model.remote(str(path)) for learner in learners])  # a collective under ZeRO-3
+    tokenizer.save_pretrained(path)
+    if keep_last_n > 0:
+        for old in _step_dirs(root)[:-keep_last_n]:
+            shutil.rmtree(old, ignore_errors=True)
+    return path
+
+
+def save_state(learners, state_dir: str, driver: DriverState) -> Path:
+    import ray
+
+    root = Path(state_dir)
+    path = root / f"step_{driver.next_step}"
+    shutil.rmtree(path, ignore_errors=True)
+    (path / "learner").mkdir(parents=True)
+    ray.get([learner.save_state.remote(str(path / "learner")) for learner in learners])
+    with open(path / "driver.pkl.tmp", "wb") as f:
+        pickle.dump(driver, f)
+    (path / "driver.pkl.tmp").rename(path / "driver.pkl")
+    (root / "latest.tmp").write_text(path.name)
+    (root / "latest.tmp").rename(root / "latest")
+    for old in _step_dirs(root):
+        if old.name != path.name:
+            shutil.rmtree(old, ignore_errors=True)
+    logger.info("saved resumable state for step %d to %s", driver.next_step, path)
+    return path
+
+
+def latest_state(state_dir: str | None) -> tuple[Path, DriverState] | None:
+    if not state_dir:
+        return None
+    pointer = Path(state_dir) / "latest"
+    if not pointer.exists():
+        return None
+    path = Path(state_dir) / pointer.read_text().strip()
+    with open(path / "driver.pkl", "rb") as f:
+        return path, pickle.load(f)
+
+
+def load_learners(learners, path: Path) -> int:
+    import ray
+
+    versions = ray.get([learner.load_state.remote(str(path / "learner")) for learner in learners])
+    if len(set(versions)) != 1:
+        raise RuntimeError(f"learner ranks restored different versions: {versions}")
+    return versions[0]

@@ -1,0 +1,138 @@
+"""Run records: metrics.jsonl (always), Weights & Biases (--with_tracking), tqdm, summary and a PNG.
+
+`metrics.jsonl` holds one JSON object per training step (keys in ARCHITECTURE.md's contract);
+evaluation rows are merged into the step at which the round finished. On resume, lines past the
+resumed step are dropped so the file reads as one run. wandb runs offline when no API key is
+configured, so tracking works on machines without network (sync later with `wandb sync`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+from pathlib import Path
+
+logger = logging.getLogger(__name__)
+
+
+def truncate_jsonl(path: Path, keep_through_step: int, key: str = "training_step") -> None:
+    """Drop records of steps after `keep_through_step` (they are redone after a resume)."""
+    if not path.exists():
+        return
+    kept = [line for line in path.read_text().splitlines() if line.strip() and json.loads(line).get(key, -1) <= keep_through_step]
+    path.write_text("".join(line + "\n" for line in kept))
+
+
+class RunLog:
+    def __init__(self, cfg, num_steps: int, start_step: int = 0):
+        from tqdm import tqdm
+
+        self.cfg = cfg
+        self.out = Path(cfg.experiment.output_dir)
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.metrics_path = self.out / "metrics.jsonl"
+        self.trained_path = self.out / "trained_prompts.jsonl"
+        if start_step > 0:
+            truncate_jsonl(self.metrics_path, start_step - 1)
+            truncate_jsonl(self.trained_path, start_step - 1, key="step")
+        else:
+            for path in (self.metrics_path, self.trained_path, self.out / "eval_samples.jsonl"):
+                path.unlink(missing_ok=True)
+        self.history: list[dict] = []
+        self.wandb = self._start_wandb() if cfg.experiment.with_tracking else None
+        self.bar = tqdm(total=num_steps, initial=start_step, desc="training", unit="step", dynamic_ncols=True)
+
+    def _start_wandb(self):
+        import dataclasses
+
+        import wandb
+
+        if not os.environ.get("WANDB_API_KEY") and "WANDB_MODE" not in os.environ:
+            os.environ["WANDB_MODE"] = "offline"  # no credentials: record locally instead of failing
+        config = {group.name: dataclasses.asdict(getattr(self.cfg, group.name)) for group in dataclasses.fields(self.cfg)
+                  if dataclasses.is_dataclass(getattr(self.cfg, group.name))}
+        return wandb.init(
+            project=self.cfg.experiment.wandb_project_name,
+            entity=self.cfg.experiment.wandb_entity,
+            name=self.cfg.run_name,
+            config=config,
+            dir=str(self.out),
+            resume="allow",
+        )
+
+    def step(self, step: int, metrics: dict, trained_prompt_ids: list[str]) -> None:
+        record = {"training_step": step, **{k: _plain(v) for k, v in metrics.items()}}
+        self.history.append(record)
+        with open(self.metrics_path, "a") as f:
+            f.write(json.dumps(record) + "\n")
+        with open(self.trained_path, "a") as f:
+            f.write(json.dumps({"step": step, "prompt_ids": trained_prompt_ids}) + "\n")
+        if self.wandb is not None:
+            self.wandb.log(record, step=step)
+        postfix = {"reward": f"{metrics.get('objective/verifiable_reward', 0.0):.2f}",
+                   "tok/s": f"{metrics.get('perf/generated_tokens_per_s', 0.0):.0f}"}
+        if "eval/verifiable_reward" in metrics:
+            postfix["eval"] = f"{metrics['eval/verifiable_reward']:.2f}"
+        self.bar.set_postfix(postfix)
+        self.bar.update(1)
+
+    def eval_samples(self, step: int, rows: list[dict]) -> None:
+        with open(self.out / "eval_samples.jsonl", "a") as f:
+            for row in rows:
+                f.write(json.dumps({"training_step": step, **row}) + "\n")
+        if self.wandb is not None:
+            import wandb
+
+            table = wandb.Table(columns=list(rows[0]) if rows else ["prompt"], data=[list(r.values()) for r in rows])
+            self.wandb.log({"eval/samples": table}, step=step)
+
+    def finish(self, summary: dict) -> None:
+        self.bar.close()
+        (self.out / "summary.json").write_text(json.dumps({k: _plain(v) for k, v in summary.items()}, indent=1))
+        try:
+            plot_run(self.history, self.out / "training.png")
+        except Exception as error:  # a plot must never fail a finished run
+            logger.warning("could not draw training.png: %s", error)
+        if self.wandb is not None:
+            self.wandb.summary.update({k: _plain(v) for k, v in summary.items()})
+            self.wandb.finish()
+        lines = [f"  {k}: {v:.4g}" if isinstance(v, float) else f"  {k}: {v}" for k, v in summary.items()]
+        logger.info("run summary (also in %s):\n%s", self.out / "summary.json", "\n".join(lines))
+
+
+def _plain(value):
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    return value
+
+
+def plot_run(history: list[dict], path: Path) -> None:
+    """Reward (train and eval) and utilization (engines busy, learner busy) over training steps."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    steps = [h["training_step"] for h in history]
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(8, 6), sharex=True)
+    top.plot(steps, [h.get("objective/verifiable_reward", 0.0) for h in history], label="train reward (sampled)")
+    evals = [(h["training_step"], h["eval/verifiable_reward"]) for h in history if "eval/verifiable_reward" in h]
+    if evals:
+        top.plot(*zip(*evals), "o-", label="eval reward (greedy)")
+    top.set_ylabel("verifiable reward")
+    top.legend()
+    bottom.plot(steps, [1.0 - h.get("time/generation_idle_frac", 0.0) for h in history], label="engines busy")
+    bottom.plot(
+        steps,
+        [1.0 - h.get("time/learner_wait_s", 0.0) / max(h.get("time/step_s", 1.0), 1e-9) for h in history],
+        label="learner busy",
+    )
+    bottom.set_ylim(0, 1.05)
+    bottom.set_ylabel("fraction of time")
+    bottom.set_xlabel("training step")
+    bottom.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
