@@ -1,9 +1,8 @@
 """configs/beaker_configs/ray_node_setup.sh forms a real 2-node Ray cluster on this machine's loopback.
 
-What: the script runs twice, as Beaker would run it on two replicas: rank 0 (leader) sources it and then
-runs a stand-in for the trainer (`ray.init(address="auto")`, print the node count); rank 1 (worker) sources
-it and blocks in `ray start --block`. Both nodes must appear in `ray status`, and the leader's driver must
-see 2 nodes.
+What: the script runs twice, as Beaker would run it on two replicas: rank 0 (leader) sources it, checks
+that a driver sees 2 nodes, then runs the real trainer (grpo_fast.py, two steps) on that cluster; rank 1
+(worker) sources it and blocks in `ray start --block`. Both nodes must appear in `ray status`.
 
 Why this way: it is the only check that the Beaker bring-up (head start, worker join, node-count wait,
 RAY_ADDRESS export, workers never reaching the trainer) works with the real Ray CLI.
@@ -15,11 +14,12 @@ node has its own short temp dir, Ray token authentication uses a token of this t
 ~/.ray/auth_token), and cleanup kills only the processes of the sessions this test started (by process
 id), never `ray stop`, which would stop every Ray cluster of this user on the machine.
 
-Run: `.venv/bin/pytest tests/test_ray_node_setup.py` (about 35 s on 2 CPU cores; no GPU).
+Run: `.venv/bin/pytest tests/test_ray_node_setup.py` (about 2 minutes on 2 CPU cores; no GPU).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import secrets
@@ -27,6 +27,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -38,7 +39,12 @@ REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "configs" / "beaker_configs" / "ray_node_setup.sh"
 VENV_BIN = REPO / ".venv" / "bin"
 RAY = VENV_BIN / "ray" if (VENV_BIN / "ray").exists() else Path(shutil.which("ray") or "ray")
-STEP_TIMEOUT_S = 120
+STEP_TIMEOUT_S = 480  # node bring-up, then a 2-step training run
+TINY_RUN = [
+    "--num_unique_prompts_rollout", "4", "--num_samples_per_prompt_rollout", "4", "--total_episodes", "32",
+    "--response_length", "16", "--max_prompt_token_length", "64", "--pack_length", "128", "--num_evals", "0",
+    "--save_freq", "0", "--beta", "0", "--vllm_kv_cache_gib", "0.1",
+]
 
 pytestmark = pytest.mark.slow
 
@@ -136,8 +142,15 @@ def test_two_replicas_form_one_ray_cluster_on_loopback():
         "RAY_TEMP_DIR": worker_dir,
         "RAY_START_EXTRA_ARGS": isolated_ray_args(head=False),
     }
-    trainer = 'python -c \'import ray; ray.init(address="auto"); print("NODES", len(ray.nodes()))\''
-    leader_cmd = f"set -u; source {SCRIPT} && echo RAY_ADDRESS=$RAY_ADDRESS && {trainer}"
+    probe = f'{sys.executable} -c \'import ray; ray.init(address="auto"); print("NODES", len(ray.nodes()))\''
+    # Then the real trainer joins the same cluster: its engine and its learner (1 CPU each) must land
+    # on different nodes, and weights cross between them every step.
+    out = Path(tempfile.mkdtemp(prefix="rnsT", dir="/tmp"))
+    trainer = (
+        f"{sys.executable} {REPO / 'open_instruct' / 'grpo_fast.py'} --output_dir {out} "
+        + " ".join(TINY_RUN) + " && echo TRAINED"
+    )
+    leader_cmd = f"set -u; source {SCRIPT} && echo RAY_ADDRESS=$RAY_ADDRESS && {probe} && {trainer}"
     # The worker must never get past the script: "REACHED" would mean it ran the trainer.
     worker_cmd = f"set -u; source {SCRIPT} && echo REACHED"
 
@@ -172,6 +185,9 @@ def test_two_replicas_form_one_ray_cluster_on_loopback():
         assert f"RAY_ADDRESS=127.0.0.1:{port}" in leader_out, leader_out
         # The "trainer" (a driver started after the script returned) sees both nodes.
         assert re.search(r"^NODES 2$", leader_out, re.MULTILINE), leader_out
+        assert "connecting to the Ray cluster at 127.0.0.1" in leader_out and "TRAINED" in leader_out, leader_out
+        metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+        assert [m["policy/version"] for m in metrics] == [1, 2]
         # RAY_AUTH_TOKEN switched token authentication on, for the nodes and the driver alike.
         assert "Ray token authentication disabled" not in leader_out
 
@@ -198,6 +214,7 @@ def test_two_replicas_form_one_ray_cluster_on_loopback():
         assert len(set(active_nodes)) == 2, status.stdout
     finally:
         leftovers = kill_ours([p.pid for p in started], [head_dir, worker_dir])
+        shutil.rmtree(out, ignore_errors=True)
         for p in started:
             if p.returncode is None:  # the leader was already reaped by communicate() above
                 try:

@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 import os
@@ -119,7 +120,25 @@ def test_checkpoints_load_in_transformers(uninterrupted):
     tokenizer = AutoTokenizer.from_pretrained(saved[-1])
     ids = tokenizer.apply_chat_template([{"role": "user", "content": "What is 2 + 3?"}], add_generation_prompt=True,
                                         return_tensors="pt", return_dict=True)["input_ids"]
-    assert model.generate(ids, max_new_tokens=4, do_sample=False).shape[1] == ids.shape[1] + 4
+    greedy_hf = model.generate(ids, max_new_tokens=4, do_sample=False)[0, ids.shape[1]:].tolist()
+    assert len(greedy_hf) == 4
+
+    async def greedy_vllm() -> list[int]:
+        from vllm import SamplingParams
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        from open_instruct.generation import EngineSettings, engine_args
+
+        engine = AsyncLLM.from_engine_args(engine_args(EngineSettings(str(saved[-1]), max_model_len=128, kv_cache_gib=0.1)))
+        try:
+            params = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
+            async for output in engine.generate({"prompt_token_ids": ids[0].tolist()}, params, request_id="ckpt"):
+                final = output
+            return list(final.outputs[0].token_ids)
+        finally:
+            engine.shutdown()
+
+    assert asyncio.run(greedy_vllm()) == greedy_hf  # vLLM serves the same checkpoint
 
 
 def test_kill_and_resume_loses_no_prompt_and_trains_none_twice(uninterrupted, tmp_path):
