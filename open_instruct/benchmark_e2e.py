@@ -1,0 +1,306 @@
+"""Benchmark: synchronous vs one-step-ahead async vs streaming training, one run, same machine, same prompts.
+
+One set of actors (vLLM engine(s), DeepSpeed learner(s), weight-sync group) runs the real
+training loop (`orchestrator.TrainingLoop`) in three modes, one after the other:
+
+* synchronous      `--async_steps 0 --inflight_updates False`: admit a batch, wait for its
+                   longest sample, train, sync (engines idle while the learner trains);
+* one_step_async   `--async_steps 1 --inflight_updates False`: the next batch generates while
+                   the learner trains; each sync waits for running samples to finish;
+* streaming        `--async_steps 1 --inflight_updates True`: this project's design; samples
+                   keep running through syncs with their KV cache.
+
+Two workloads, each with the same prompts in every mode (a prompt's length is a function of
+its id): `heavy_tail`, response lengths drawn from a lognormal (exact, ignore_eos), and
+`tool_latency`, shorter responses with a simulated tool call halfway through each sample
+(the request leaves the engine for an exponentially distributed wait, as agents do).
+
+Per mode: trained samples/s, generated tokens/s, generation idle fraction, learner wait
+fraction, weight-sync pause, staleness (version lag mean/max), and streaming / synchronous.
+Also measured: engine decode throughput vs running sequences, prefill speed and learner step
+time vs tokens, written as `measured.json`, the input `open_instruct.simulator` fits its cost
+model to. Writes `e2e.json` and `timeline_<workload>.png` (engine occupancy and learner steps
+over time, synchronous vs streaming) and prints a table.
+
+    python -m open_instruct.benchmark_e2e --output output/bench/e2e
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import hashlib
+import json
+import logging
+import os
+import random
+import threading
+import time
+from pathlib import Path
+
+logger = logging.getLogger(__name__)
+
+MODES = {  # name -> (async_steps, inflight_updates)
+    "synchronous": (0, False),
+    "one_step_async": (1, False),
+    "streaming": (1, True),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Workload:
+    name: str
+    median_tokens: int
+    sigma: float
+    max_tokens: int
+    tool_latency_s: float = 0.0
+
+    def length(self, prompt_id: str) -> int:
+        seed = int.from_bytes(hashlib.blake2b(f"{self.name}/{prompt_id}".encode(), digest_size=4).digest(), "big")
+        return max(1, min(self.max_tokens, round(self.median_tokens * random.Random(seed).lognormvariate(0.0, self.sigma))))
+
+    def shape(self, request):
+        sampling = dataclasses.replace(
+            request.sampling, max_tokens=self.length(request.prompt_id), ignore_eos=True, stop_strings=(),
+            tool_call_latency_s=self.tool_latency_s,
+        )
+        return dataclasses.replace(request, sampling=sampling)
+
+
+class PeakMemory:
+    """Peak PSS of this process and all its descendants (Ray, engines, learners), sampled in a thread."""
+
+    def __init__(self, interval_s: float = 1.0):
+        import psutil
+
+        self.root = psutil.Process()
+        self.peak = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(interval_s,), daemon=True)
+
+    def _run(self, interval_s: float) -> None:
+        import psutil
+
+        while not self._stop.is_set():
+            total = 0
+            for process in [self.root, *self.root.children(recursive=True)]:
+                try:
+                    total += process.memory_full_info().pss
+                except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+                    pass
+            self.peak = max(self.peak, total)
+            self._stop.wait(interval_s)
+
+    def __enter__(self) -> PeakMemory:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def mode_config(base, mode: str, output_dir: Path):
+    async_steps, inflight = MODES[mode]
+    return dataclasses.replace(
+        base,
+        generation=dataclasses.replace(base.generation, async_steps=async_steps, inflight_updates=inflight),
+        experiment=dataclasses.replace(base.experiment, output_dir=str(output_dir)),
+    )
+
+
+def run_mode(stack, cfg, tokenizer, rows, workload: Workload) -> tuple[dict, list]:
+    import ray
+
+    from open_instruct.orchestrator import StopRequest, TrainingLoop
+    from open_instruct.prompt_feeder import DeliveryLedger
+
+    stack.sync.settings = dataclasses.replace(stack.sync.settings, inflight=cfg.generation.inflight_updates)
+    stack.pool.ledger = DeliveryLedger()
+    ray.get([engine.reset_stats.remote() for engine in stack.pool.actors])
+    stack.sync.push(0)  # every mode starts at version 0, so staleness numbers compare across modes
+    loop = TrainingLoop(cfg, stack, tokenizer, rows, [], StopRequest(), shape_request=workload.shape)
+    loop.timeline = []
+    loop.run()
+    history = loop.log.history
+    wall = sum(h["time/step_s"] for h in history)
+    samples = sum(cfg.rollout_batch_size for _ in history)
+    syncs = [h["time/weight_sync_pause_s"] for h in history if "time/weight_sync_pause_s" in h]
+    result = {
+        "mode": cfg_mode_name(cfg),
+        "steps": len(history),
+        "wall_s": wall,
+        "trained_samples_per_s": samples / wall,
+        "generated_tokens_per_s": sum(h["perf/generated_tokens_per_s"] * h["time/step_s"] for h in history) / wall,
+        "generation_idle_frac": sum(h["time/generation_idle_frac"] * h["time/step_s"] for h in history) / wall,
+        "learner_wait_frac": sum(h["time/learner_wait_s"] for h in history) / wall,
+        "weight_sync_pause_s_avg": sum(syncs) / len(syncs) if syncs else 0.0,
+        "version_lag_avg": sum(h["staleness/version_lag_avg"] for h in history) / len(history),
+        "version_lag_max": max(h["staleness/version_lag_max"] for h in history),
+        "multi_version_frac": sum(h["staleness/multi_version_frac"] for h in history) / len(history),
+        # < 1: the mode trained shorter samples than it generated (streaming trains stragglers late).
+        "trained_to_generated_length_ratio": history[-1]["buffer/trained_to_generated_length_ratio"],
+        "buffer_peak_samples": max(h["buffer/size_samples"] for h in history),
+        "buffer_cap_samples": (cfg.generation.async_steps + 2) * cfg.rollout_batch_size,
+        "learner_steps": [{"tokens": h["perf/trained_tokens"], "step_s": h["learner/step_s"]} for h in history],
+    }
+    return result, loop.timeline
+
+
+def cfg_mode_name(cfg) -> str:
+    key = (cfg.generation.async_steps, cfg.generation.inflight_updates)
+    return next(name for name, value in MODES.items() if value == key)
+
+
+def calibrate_engine(stack, tokenizer, rows, running_counts: list[int], tokens: int = 64) -> dict:
+    """Decode tokens/s of engine 0 with exactly `running` sequences of equal length; prefill tokens/s."""
+    import ray
+
+    from open_instruct.messages import SamplingSettings
+    from open_instruct.prompt_feeder import make_request
+
+    engine = stack.pool.actors[0]
+    decode = []
+    for running in running_counts:
+        sampling = SamplingSettings(max_tokens=tokens, ignore_eos=True)
+        requests = [make_request(rows[i % len(rows)], f"calib{running}:{i}", sampling, 1, 1, 0) for i in range(running)]
+        started = time.monotonic()
+        completions = ray.get(engine.generate.remote(requests))
+        elapsed = time.monotonic() - started
+        decode.append({"running": running, "tokens_per_s": sum(len(c.response_token_ids) for c in completions) / elapsed})
+    long_prompt = dataclasses.replace(rows[0], prompt_token_ids=tuple(rows[0].prompt_token_ids) * 8)
+    sampling = SamplingSettings(max_tokens=1, ignore_eos=True)
+    requests = [make_request(long_prompt, f"prefill:{i}", sampling, 1, 1, 0) for i in range(32)]
+    started = time.monotonic()
+    ray.get(engine.generate.remote(requests))
+    prefill = sum(len(r.prompt_token_ids) for r in requests) / (time.monotonic() - started)
+    return {"decode": decode, "prefill_tokens_per_s": prefill}
+
+
+def plot_timeline(timelines: dict[str, list], path: Path, title: str) -> None:
+    """Per mode: running samples per engine over time (line) and learner steps / syncs (bars)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(len(timelines), 1, figsize=(10, 2.6 * len(timelines)), sharex=True)
+    for ax, (mode, events) in zip(axes, timelines.items()):
+        t0 = min(start for _, start, _ in events)
+        engines = sorted({actor for actor, _, _ in events if actor.startswith("engine")})
+        for row, engine in enumerate(engines):
+            edges = sorted([(s - t0, 1) for a, s, _ in events if a == engine] + [(e - t0, -1) for a, _, e in events if a == engine])
+            xs, ys, running = [0.0], [0], 0
+            for t, delta in edges:
+                xs += [t, t]
+                ys += [running, running + delta]
+                running += delta
+            ax.plot(xs, ys, lw=0.8, label=f"{engine}: running samples")
+        top = max(ax.get_ylim()[1], 1)
+        for actor, color in (("learner", "tab:red"), ("weight sync", "tab:green")):
+            bars = [(s - t0, e - s) for a, s, e in events if a == actor]
+            ax.broken_barh(bars, (top * 1.02, top * 0.08), color=color, label=f"{actor} busy")
+        ax.set_title(mode, fontsize=9)
+        ax.set_ylabel("samples")
+        ax.legend(fontsize=7, loc="upper right")
+    axes[-1].set_xlabel("seconds")
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--prompts", type=int, default=8, help="prompts per step")
+    parser.add_argument("--samples", type=int, default=4, help="samples per prompt")
+    parser.add_argument("--median_tokens", type=int, default=48)
+    parser.add_argument("--sigma", type=float, default=1.3)
+    parser.add_argument("--max_tokens", type=int, default=1024)
+    parser.add_argument("--tool_latency_s", type=float, default=1.5)
+    parser.add_argument("--tool_median_tokens", type=int, default=32)
+    parser.add_argument("--workloads", nargs="+", default=["heavy_tail", "tool_latency"])
+    parser.add_argument("--calibrate", type=int, nargs="*", default=[1, 4, 16, 64], help="running counts")
+    parser.add_argument("--output", default="output/bench/e2e")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+
+    from open_instruct import data
+    from open_instruct.config import parse_config
+    from open_instruct.models import load_tokenizer, resolve_model_path
+    from open_instruct.orchestrator import Stack, train_data_config
+
+    workloads = {
+        "heavy_tail": Workload("heavy_tail", args.median_tokens, args.sigma, args.max_tokens),
+        "tool_latency": Workload("tool_latency", args.tool_median_tokens, 0.5, args.max_tokens, args.tool_latency_s),
+    }
+    out = Path(args.output)
+    out.mkdir(parents=True, exist_ok=True)
+    base = parse_config([
+        "--num_unique_prompts_rollout", str(args.prompts), "--num_samples_per_prompt_rollout", str(args.samples),
+        "--total_episodes", str(args.steps * args.prompts * args.samples), "--response_length", str(args.max_tokens),
+        "--max_prompt_token_length", "64", "--pack_length", str(args.max_tokens + 64), "--beta", "0",
+        "--learning_rate", "1e-5", "--lr_scheduler_type", "constant", "--num_evals", "0", "--save_freq", "0",
+        "--vllm_kv_cache_gib", "0.5", "--output_dir", str(out),
+    ])
+    tokenizer = load_tokenizer(base.model)
+    rows = data.load_prompt_dataset(train_data_config(base), base.model, tokenizer, "train", {}, seed=1).prompts
+    results: dict = {"machine": {"cpu_count": os.cpu_count()}, "workloads": {}}
+    with PeakMemory() as memory:
+        stack = Stack(base, resolve_model_path(None))
+        try:
+            # Calibration first: it also warms the engine up before any mode is timed.
+            calibration = calibrate_engine(stack, tokenizer, rows, args.calibrate) if args.calibrate else {}
+            max_running = stack.pool.start_info[0]["target_concurrency"]
+            for name in args.workloads:
+                workload, modes, timelines = workloads[name], {}, {}
+                for mode in MODES:
+                    logger.info("workload %s, mode %s", name, mode)
+                    cfg = mode_config(base, mode, out / name / mode)
+                    modes[mode], timelines[mode] = run_mode(stack, cfg, tokenizer, rows, workload)
+                speedup = modes["streaming"]["trained_samples_per_s"] / modes["synchronous"]["trained_samples_per_s"]
+                results["workloads"][name] = {
+                    "workload": dataclasses.asdict(workload), "modes": modes, "speedup_streaming_vs_sync": speedup,
+                }
+                plot_timeline({m: timelines[m] for m in ("synchronous", "streaming")}, out / f"timeline_{name}.png",
+                              f"{name}: synchronous vs streaming (same prompts)")
+        finally:
+            stack.close()
+    results["peak_memory_gib"] = memory.peak / 2**30
+    (out / "e2e.json").write_text(json.dumps(results, indent=1))
+    if calibration and "heavy_tail" in results["workloads"]:
+        heavy = results["workloads"]["heavy_tail"]
+        measured = {
+            **calibration,
+            "learner": [s for m in heavy["modes"].values() for s in m["learner_steps"]],
+            "weight_sync_pause_s": heavy["modes"]["streaming"]["weight_sync_pause_s_avg"],
+            "max_running": max_running,
+            "num_learners": 1,
+            "workload": {"prompts_per_step": args.prompts, "samples_per_prompt": args.samples, "num_steps": args.steps,
+                         "prompt_tokens": 20, "median_tokens": args.median_tokens, "sigma": args.sigma,
+                         "max_tokens": args.max_tokens, "tool_latency_s": 0.0},
+            "cluster": {"num_engines": 1, "num_learners": 1},
+            "measured_speedup_streaming_vs_sync": heavy["speedup_streaming_vs_sync"],
+        }
+        (out / "measured.json").write_text(json.dumps(measured, indent=1))
+    print_table(results)
+    print(f"peak memory (PSS, all processes): {results['peak_memory_gib']:.2f} GiB; wrote {out / 'e2e.json'}")
+    return results
+
+
+def print_table(results: dict) -> None:
+    keys = ("trained_samples_per_s", "generated_tokens_per_s", "generation_idle_frac", "learner_wait_frac",
+            "weight_sync_pause_s_avg", "version_lag_avg", "version_lag_max", "trained_to_generated_length_ratio")
+    heads = ("samples/s", "tokens/s", "gen idle", "learner wait", "sync pause s", "lag avg", "lag max", "trained/gen len")
+    for name, workload in results["workloads"].items():
+        print(f"\n{name}: {workload['workload']}")
+        print(f"{'mode':<16}" + "".join(f"{h:>16}" for h in heads))
+        for mode, r in workload["modes"].items():
+            print(f"{mode:<16}" + "".join(f"{r[k]:>16.3f}" for k in keys))
+        print(f"streaming / synchronous trained samples/s: {workload['speedup_streaming_vs_sync']:.2f}x")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,198 @@
+"""The pipeline simulator: hand-computable schedules, heavy tails, tool latency, fitting, the CLI."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+import time
+
+import pytest
+
+from open_instruct import simulator as sim
+from open_instruct.simulator import (
+    GPU_H100_COST,
+    MODES,
+    SEED_CLUSTER,
+    SEED_CLUSTER_WORKLOAD,
+    Cluster,
+    CostModel,
+    Workload,
+    compare,
+    fit_cost_model,
+    simulate,
+)
+
+ONE = Cluster(num_engines=1, num_learners=1)
+EXACT = {"rel": 1e-9, "abs": 1e-9}
+
+# Fixed lengths, free prefill, decode time independent of the batch: a step of generation takes
+# exactly L * decode_base_s.
+L, BASE, SYNC_S = 100, 0.01, 0.2
+FIXED = Workload(prompts_per_step=2, samples_per_prompt=4, num_steps=4, prompt_tokens=10,
+                 median_tokens=L, sigma=0.0, max_tokens=1000)
+BATCH = FIXED.prompts_per_step * FIXED.samples_per_prompt
+
+
+def fixed_cost(learner_base_s: float, learner_per_token_s: float = 0.0) -> CostModel:
+    return CostModel(decode_base_s=BASE, decode_per_seq_s=0.0, prefill_per_token_s=0.0, max_running=BATCH,
+                     weight_sync_pause_s=SYNC_S, learner_base_s=learner_base_s,
+                     learner_per_token_s=learner_per_token_s)
+
+
+def train_starts(result: sim.SimResult) -> list[float]:
+    return [s.start_s for s in result.timeline if s.actor == "learner" and s.kind == "train"]
+
+
+# ----------------------------------------------------------------------------- hand-computed schedules
+
+
+def test_synchronous_step_is_generation_then_training_then_sync():
+    cost = fixed_cost(learner_base_s=0.5, learner_per_token_s=0.001)
+    r = simulate("synchronous", FIXED, cost, ONE)
+    gen = L * BASE
+    train = 0.5 + 0.001 * BATCH * (FIXED.prompt_tokens + L)  # prompt + response tokens, one rank
+    step = gen + train + SYNC_S
+    assert r.wall_s == pytest.approx(FIXED.num_steps * step, **EXACT)
+    assert r.step_ends() == pytest.approx([step * (i + 1) for i in range(FIXED.num_steps)], **EXACT)
+    assert r.trained_samples_per_s == pytest.approx(BATCH / step, **EXACT)
+    assert r.generated_tokens_per_s == pytest.approx(BATCH * L / step, **EXACT)
+    assert r.generation_idle_frac == pytest.approx((train + SYNC_S) / step, **EXACT)
+    assert r.learner_wait_frac == pytest.approx(gen / step, **EXACT)
+    assert r.learner_step_s_avg == pytest.approx(train, **EXACT)
+    assert r.weight_sync_pause_s_avg == pytest.approx(SYNC_S, **EXACT)
+    assert (r.version_lag_avg, r.version_lag_max, r.multi_version_frac) == (0.0, 0.0, 0.0)
+    kinds = [s.kind for s in r.timeline if s.actor == "engine 0"][:3]
+    assert kinds == ["generate", "idle", "sync"]
+
+
+@pytest.mark.parametrize("learner_base_s", [1.38, 0.105], ids=["train-bound", "generation-bound"])
+def test_streaming_overlaps_generation_and_training(learner_base_s):
+    """One batch fills the engine. Each step costs max(generation, training) plus the sync pause:
+    the sync blocks the learner, and an in-flight sync freezes the engine mid-generation."""
+    cost = fixed_cost(learner_base_s)
+    gen = L * BASE
+    steady = max(gen, learner_base_s) + SYNC_S
+    r = simulate("streaming", dataclasses.replace(FIXED, num_steps=6), cost, ONE)
+    starts = train_starts(r)
+    assert starts[0] == pytest.approx(gen, **EXACT)  # the first batch, then a pipeline
+    assert [b - a for a, b in itertools.pairwise(starts)] == pytest.approx([steady] * 5, **EXACT)
+    sync = simulate("synchronous", dataclasses.replace(FIXED, num_steps=6), cost, ONE)
+    assert sync.wall_s / 6 == pytest.approx(gen + learner_base_s + SYNC_S, **EXACT)
+    if learner_base_s < gen:
+        # The sync lands mid-generation: samples keep their KV cache and span two versions.
+        assert r.multi_version_frac > 0 and r.version_lag_max == 1.0
+        assert r.weight_sync_pause_s_avg == pytest.approx(SYNC_S, abs=BASE)  # plus the step in progress
+
+
+def test_one_step_async_drains_before_the_transfer():
+    cost = fixed_cost(learner_base_s=0.105)
+    r = simulate("one_step_async", dataclasses.replace(FIXED, num_steps=6), cost, ONE)
+    # The sync waits for the running batch (started when the previous one finished) to end.
+    assert r.weight_sync_pause_s_avg == pytest.approx(L * BASE - 0.105 + SYNC_S, **EXACT)
+    assert r.multi_version_frac == 0.0
+
+
+# ----------------------------------------------------------------------------- heavy tails and tools
+
+# Seed-like shape scaled down: lognormal lengths capped at 4x the median.
+TAILED = Workload(prompts_per_step=16, samples_per_prompt=8, num_steps=10, prompt_tokens=100,
+                  median_tokens=250, sigma=0.8, max_tokens=1000, seed=1)
+SMALL_COST = CostModel(decode_base_s=0.01, decode_per_seq_s=0.0001, prefill_per_token_s=1e-5, max_running=64,
+                       weight_sync_pause_s=0.5, learner_base_s=1.0, learner_per_token_s=1e-5)
+FOUR = Cluster(num_engines=4, num_learners=1)
+
+
+def test_streaming_beats_synchronous_on_a_heavy_tail():
+    report = compare(TAILED, SMALL_COST, FOUR)
+    assert report["speedup_streaming_vs_sync"] > 1.5
+    streaming, synchronous = report["streaming"], report["synchronous"]
+    assert streaming["version_lag_max"] <= streaming["async_steps"] + 1
+    assert streaming["multi_version_frac"] > 0
+    assert synchronous["multi_version_frac"] == 0 and synchronous["version_lag_max"] == 0
+    assert synchronous["generation_idle_frac"] > streaming["generation_idle_frac"]
+    for mode in MODES:
+        assert report[mode]["trained_samples"] == TAILED.num_steps * 16 * 8
+        assert report[mode]["mode"] == mode
+
+
+def test_tool_latency_costs_synchronous_more_than_streaming():
+    cost = dataclasses.replace(SMALL_COST, max_running=16)
+    with_tools = dataclasses.replace(TAILED, tool_latency_s=10.0)
+    ratios, lost_s = {}, {}
+    for mode in ("synchronous", "streaming"):
+        base, tools = simulate(mode, TAILED, cost, FOUR), simulate(mode, with_tools, cost, FOUR)
+        ratios[mode] = tools.trained_samples_per_s / base.trained_samples_per_s
+        lost_s[mode] = (tools.wall_s - base.wall_s) / TAILED.num_steps
+    assert ratios["synchronous"] < ratios["streaming"] < 1
+    assert lost_s["synchronous"] > lost_s["streaming"] > 0
+
+
+def test_version_spans_cover_every_response_exactly():
+    run = sim._Simulation("streaming", dataclasses.replace(TAILED, tool_latency_s=3.0), SMALL_COST, FOUR, 1, True)
+    taken = []
+    original = run.buffer.take
+
+    def take(num_groups, version):
+        groups = original(num_groups, version)
+        taken.extend(c for g in groups for c in g.completions)
+        return groups
+
+    run.buffer.take = take
+    run.run()
+    assert len(taken) == TAILED.num_steps * 16 * 8
+    for c in taken:
+        spans = c.version_spans
+        assert spans[0].start == 0 and spans[-1].end == len(c.response_token_ids)
+        assert all(a.end == b.start and a.version < b.version for a, b in itertools.pairwise(spans))
+        assert c.admitted_version <= c.min_version
+
+
+# ----------------------------------------------------------------------------- fitting, projection, CLI
+
+
+def synthetic_measurements(truth: CostModel, num_learners: int) -> dict:
+    return {
+        "decode": [{"running": r, "tokens_per_s": r / truth.step_s(r)} for r in (1, 8, 64, 256)],
+        "prefill_tokens_per_s": 1 / truth.prefill_per_token_s,
+        "learner": [{"tokens": t, "step_s": truth.learner_step_s(t, num_learners)} for t in (10_000, 50_000, 200_000)],
+        "weight_sync_pause_s": truth.weight_sync_pause_s,
+        "max_running": truth.max_running,
+        "num_learners": num_learners,
+    }
+
+
+def test_fit_cost_model_recovers_linear_parameters():
+    fitted = fit_cost_model(synthetic_measurements(GPU_H100_COST, num_learners=4))
+    for field in dataclasses.fields(CostModel):
+        assert getattr(fitted, field.name) == pytest.approx(getattr(GPU_H100_COST, field.name), rel=1e-9)
+
+
+def test_seed_cluster_projection_is_fast_and_reports_the_speedup():
+    started = time.process_time()  # CPU time: the machine may be shared
+    report = compare(SEED_CLUSTER_WORKLOAD, GPU_H100_COST, SEED_CLUSTER)
+    assert time.process_time() - started < 30
+    assert report["speedup_streaming_vs_sync"] > 1
+    assert report["streaming"]["trained_samples"] == 10 * 256 * 16
+    keys = {"mode", "trained_samples_per_s", "generated_tokens_per_s", "generation_idle_frac", "learner_wait_frac",
+            "weight_sync_pause_s_avg", "version_lag_avg", "version_lag_max"}
+    assert keys <= report["streaming"].keys()
+
+
+def test_cli_writes_json_and_timeline(tmp_path, capsys):
+    measured = synthetic_measurements(SMALL_COST, num_learners=1)
+    measured["workload"] = {k: v for k, v in dataclasses.asdict(TAILED).items() if k != "seed"}
+    measured["cluster"] = {"num_engines": 4, "num_learners": 1}
+    measured["measured_speedup_streaming_vs_sync"] = 1.7
+    path = tmp_path / "measured.json"
+    path.write_text(json.dumps(measured))
+    out = tmp_path / "out"
+    assert sim.main(["--measured", str(path), "--output", str(out), "--seed_steps", "2"]) == 0
+    report = json.loads((out / "simulator.json").read_text())
+    assert report["measured"]["measured_speedup_streaming_vs_sync"] == 1.7
+    predicted = report["measured"]["speedup_streaming_vs_sync"]
+    assert report["measured"]["speedup_relative_error"] == pytest.approx(predicted / 1.7 - 1)
+    assert report["seed_projection"]["streaming"]["num_steps"] == 2
+    assert (out / "simulator_timeline.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    printed = capsys.readouterr().out
+    assert "relative error" in printed and "speedup streaming vs synchronous" in printed
