@@ -10,7 +10,7 @@ training loop (`orchestrator.TrainingLoop`) in three modes, one after the other:
 * streaming        `--async_steps 1 --inflight_updates True`: this project's design; samples
                    keep running through syncs with their KV cache.
 
-Two workloads, each with the same prompts in every mode (a prompt's length is a function of
+Two workloads, each with the same prompts in every mode (a sample's length is a function of
 its id): `heavy_tail`, response lengths drawn from a lognormal (exact, ignore_eos), and
 `tool_latency`, shorter responses with a simulated tool call halfway through each sample
 (the request leaves the engine for an exponentially distributed wait, as agents do).
@@ -60,9 +60,11 @@ class Workload:
         return max(1, min(self.max_tokens, round(self.median_tokens * random.Random(seed).lognormvariate(0.0, self.sigma))))
 
     def shape(self, request):
+        """Exact heavy-tailed lengths per sample (samples of one prompt differ, as real ones do)."""
+        lengths = tuple(self.length(f"{request.prompt_id}/{j}") for j in range(request.num_samples))
         sampling = dataclasses.replace(
-            request.sampling, max_tokens=self.length(request.prompt_id), ignore_eos=True, stop_strings=(),
-            tool_call_latency_s=self.tool_latency_s,
+            request.sampling, max_tokens=max(lengths), per_sample_max_tokens=lengths, ignore_eos=True,
+            stop_strings=(), tool_call_latency_s=self.tool_latency_s,
         )
         return dataclasses.replace(request, sampling=sampling)
 
@@ -160,6 +162,9 @@ def calibrate_engine(stack, tokenizer, rows, running_counts: list[int], tokens: 
     from open_instruct.prompt_feeder import make_request
 
     engine = stack.pool.actors[0]
+    # Warm-up: the first requests of a fresh engine are several times slower (one-off set-up).
+    warm = SamplingSettings(max_tokens=tokens, ignore_eos=True)
+    ray.get(engine.generate.remote([make_request(rows[i], f"warmup:{i}", warm, 1, 1, 0) for i in range(8)]))
     decode = []
     for running in running_counts:
         sampling = SamplingSettings(max_tokens=tokens, ignore_eos=True)

@@ -49,6 +49,7 @@ def load_prompts(path: str) -> list:
         row = json.loads(line)
         sampling = dict(row["sampling"])
         sampling["stop_strings"] = tuple(sampling.get("stop_strings", ()))
+        sampling["per_sample_max_tokens"] = tuple(sampling.get("per_sample_max_tokens", ()))
         requests.append(
             PromptRequest(
                 prompt_id=row["prompt_id"], prompt_token_ids=tuple(row["prompt_token_ids"]), ground_truths=(),
@@ -108,8 +109,23 @@ def _quantiles(values: list[float]) -> dict[str, float]:
     }
 
 
+def dense_params(hidden: int, layers: int, vocab: int) -> int:
+    """Parameter count of a dense decoder (attention + 4x MLP ~ 12 h^2 per layer, plus embeddings)."""
+    return layers * 12 * hidden * hidden + vocab * hidden
+
+
+def utilization(params: int, tokens_per_s: float, decode_steps_per_s: float, peak_flops: float,
+                peak_bytes_per_s: float, bytes_per_param: int = 2) -> dict[str, float]:
+    """MFU: 2 FLOPs per parameter per generated token. MBU: every weight is read once per decode step
+    (KV-cache reads ignored, so MBU is a lower bound)."""
+    return {
+        "mfu": 2 * params * tokens_per_s / peak_flops,
+        "mbu": bytes_per_param * params * decode_steps_per_s / peak_bytes_per_s,
+    }
+
+
 def mfu_mbu(model_path: str, tokens_per_s: float, decode_steps_per_s: float) -> dict[str, float] | None:
-    """Model FLOPs / bandwidth utilization on the local GPU type (None on CPU or an unknown GPU)."""
+    """MFU / MBU on the local GPU type (None on CPU or a GPU missing from GPU_PEAKS)."""
     import torch
 
     if not torch.cuda.is_available():
@@ -121,14 +137,8 @@ def mfu_mbu(model_path: str, tokens_per_s: float, decode_steps_per_s: float) -> 
     from transformers import AutoConfig
 
     config = AutoConfig.from_pretrained(model_path)
-    hidden, layers, vocab = config.hidden_size, config.num_hidden_layers, config.vocab_size
-    params = layers * 12 * hidden * hidden + vocab * hidden  # dense decoder estimate
-    flops_peak, bandwidth_peak = peaks
-    return {
-        "mfu": 2 * params * tokens_per_s / flops_peak,
-        # Each decode step streams every weight once (bf16); KV reads are ignored: a lower bound.
-        "mbu": 2 * params * decode_steps_per_s / bandwidth_peak,
-    }
+    params = dense_params(config.hidden_size, config.num_hidden_layers, config.vocab_size)
+    return utilization(params, tokens_per_s, decode_steps_per_s, *peaks)
 
 
 def replay_once(pool, requests: list, kv_sample_s: float = 0.5) -> dict:

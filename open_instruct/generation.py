@@ -298,7 +298,7 @@ class GenerationActor:
     # ------------------------------------------------------------------ one sample
 
     async def _one_sample(self, request: PromptRequest, sample_index: int) -> Completion:
-        if request.sampling.tool_call_latency_s > 0 and request.sampling.max_tokens >= 2:
+        if request.sampling.tool_call_latency_s > 0 and request.sampling.max_tokens_of(sample_index) >= 2:
             completion = await self._sample_with_tool_call(request, sample_index)
         else:
             completion = await self._generate_sample(request, sample_index)
@@ -312,8 +312,10 @@ class GenerationActor:
         import random
 
         sampling = request.sampling
-        half = sampling.max_tokens // 2
-        first = await self._generate_sample(replace(request, sampling=replace(sampling, max_tokens=half)), sample_index)
+        total = sampling.max_tokens_of(sample_index)
+        half = total // 2
+        first_part = replace(sampling, max_tokens=half, per_sample_max_tokens=())
+        first = await self._generate_sample(replace(request, sampling=first_part), sample_index)
         if first.finish_reason != "length" or first.error:
             return first
         wait = random.Random(request.seed * 7919 + sample_index).expovariate(1.0 / sampling.tool_call_latency_s)
@@ -321,7 +323,7 @@ class GenerationActor:
         rest = replace(
             request,
             prompt_token_ids=request.prompt_token_ids + first.response_token_ids,
-            sampling=replace(sampling, max_tokens=sampling.max_tokens - half),
+            sampling=replace(sampling, max_tokens=total - half, per_sample_max_tokens=()),
         )
         second = await self._generate_sample(rest, sample_index, part="/after-tool")
         offset = len(first.response_token_ids)
@@ -349,7 +351,7 @@ class GenerationActor:
         params = SamplingParams(
             n=1,
             seed=request.seed + sample_index,
-            max_tokens=sampling.max_tokens,
+            max_tokens=sampling.max_tokens_of(sample_index),
             temperature=sampling.temperature,
             top_p=sampling.top_p,
             stop=list(sampling.stop_strings) or None,

@@ -27,6 +27,12 @@ class SamplingSettings:
     # Benchmarks: a simulated tool call halfway through each sample (mean seconds, exponential);
     # the request leaves the engine while it waits, as an agent's rollout does.
     tool_call_latency_s: float = 0.0
+    per_sample_max_tokens: tuple[int, ...] = ()  # benchmarks: sample j's own length limit
+
+    def max_tokens_of(self, sample_index: int) -> int:
+        if self.per_sample_max_tokens:
+            return self.per_sample_max_tokens[sample_index]
+        return self.max_tokens
 
 
 @dataclass(frozen=True, slots=True)

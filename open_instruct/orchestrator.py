@@ -369,19 +369,25 @@ class TrainingLoop:
         self.pool.submit(self.eval_round.requests)
 
     def evaluate_if_due(self) -> dict:
-        """Start a round when due; report a finished one. The last step waits for its round."""
-        metrics = {}
+        """Report a finished round; start one when due (after the previous one finished). The last step
+        waits for its round, so a run always ends with an evaluation of its final policy."""
+        metrics: dict = {}
         last = self.step + 1 == self.num_steps
-        if self.eval_round is None and self.eval_due():
+        due = self.eval_due()
+        if self.eval_round is not None and (self.eval_round.done or due):
+            metrics = self.finish_eval()
+        if due:
             self.start_eval()
-        while self.eval_round is not None and last and not self.eval_round.done:
+            if last:
+                metrics = self.finish_eval()
+        return metrics
+
+    def finish_eval(self) -> dict:
+        while not self.eval_round.done:
             self.receive(self.pool.poll(timeout_s=0.5))
-        if self.eval_round is not None and self.eval_round.done:
-            metrics = self.eval_round.metrics()
-            self.log.eval_samples(self.step, self.eval_round.table(self.tokenizer))
-            self.eval_round = None
-            if self.eval_due() and not last:
-                self.start_eval()
+        metrics = self.eval_round.metrics()
+        self.log.eval_round(self.step, metrics, self.eval_round.table(self.tokenizer))
+        self.eval_round = None
         return metrics
 
     # -- timing and checkpoints
@@ -435,7 +441,7 @@ class TrainingLoop:
             checkpoints.save_model(self.stack.learners, self.tokenizer, e.output_dir, self.step, e.keep_last_n_checkpoints)
         leftover = sorted(self.untrained)
         self.pool.stop("abort")
-        evals = [h for h in self.log.history if "eval/verifiable_reward" in h]
+        evals = self.log.evals
         summary = {
             "status": "completed" if completed else f"stopped by {self.stop.reason}",
             "steps_trained": self.step,

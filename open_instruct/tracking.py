@@ -37,10 +37,12 @@ class RunLog:
         if start_step > 0:
             truncate_jsonl(self.metrics_path, start_step - 1)
             truncate_jsonl(self.trained_path, start_step - 1, key="step")
+            truncate_jsonl(self.out / "eval.jsonl", start_step - 1)
         else:
-            for path in (self.metrics_path, self.trained_path, self.out / "eval_samples.jsonl"):
+            for path in (self.metrics_path, self.trained_path, self.out / "eval_samples.jsonl", self.out / "eval.jsonl"):
                 path.unlink(missing_ok=True)
         self.history: list[dict] = []
+        self.evals: list[dict] = []
         self.wandb = self._start_wandb() if cfg.experiment.with_tracking else None
         self.bar = tqdm(total=num_steps, initial=start_step, desc="training", unit="step", dynamic_ncols=True)
 
@@ -78,7 +80,12 @@ class RunLog:
         self.bar.set_postfix(postfix)
         self.bar.update(1)
 
-    def eval_samples(self, step: int, rows: list[dict]) -> None:
+    def eval_round(self, step: int, metrics: dict, rows: list[dict]) -> None:
+        """Every finished eval round: eval.jsonl (all rounds) and a few sample completions."""
+        record = {"training_step": step, **metrics}
+        self.evals.append(record)
+        with open(self.out / "eval.jsonl", "a") as f:
+            f.write(json.dumps(record) + "\n")
         with open(self.out / "eval_samples.jsonl", "a") as f:
             for row in rows:
                 f.write(json.dumps({"training_step": step, **row}) + "\n")

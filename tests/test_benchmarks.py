@@ -10,11 +10,12 @@ import json
 
 import pytest
 
-pytestmark = pytest.mark.slow
+
 MODE_KEYS = {"mode", "trained_samples_per_s", "generated_tokens_per_s", "generation_idle_frac", "learner_wait_frac",
              "weight_sync_pause_s_avg", "version_lag_avg", "version_lag_max"}
 
 
+@pytest.mark.slow
 def test_replay_benchmark_sweeps_response_lengths(tmp_path):
     from open_instruct import benchmark_replay
 
@@ -30,6 +31,7 @@ def test_replay_benchmark_sweeps_response_lengths(tmp_path):
     assert (tmp_path / "utilization_vs_length.png").stat().st_size > 0
 
 
+@pytest.mark.slow
 def test_end_to_end_benchmark_reports_every_mode(tmp_path):
     from open_instruct import benchmark_e2e
 
@@ -51,3 +53,15 @@ def test_end_to_end_benchmark_reports_every_mode(tmp_path):
     assert [d["running"] for d in measured["decode"]] == [1, 4] and measured["prefill_tokens_per_s"] > 0
     for name in ("heavy_tail", "tool_latency"):
         assert (tmp_path / f"timeline_{name}.png").stat().st_size > 0
+
+
+def test_mfu_and_mbu_from_model_dimensions():
+    from open_instruct.benchmark_replay import GPU_PEAKS, dense_params, utilization
+
+    params = dense_params(hidden=4096, layers=32, vocab=128_000)  # a Llama-3-8B-like shape
+    assert 6.9e9 < params < 7.1e9
+    # 10k tokens/s at 100 decode steps/s on an H100.
+    u = utilization(params, 10_000, 100, *GPU_PEAKS["H100"])
+    assert u["mfu"] == pytest.approx(2 * params * 10_000 / 989e12)
+    assert u["mbu"] == pytest.approx(2 * params * 100 / 3.35e12)
+    assert 0 < u["mfu"] < 1 and 0 < u["mbu"] < 1

@@ -105,6 +105,9 @@ def test_short_run_trains_streams_and_syncs_in_flight(uninterrupted):
     assert all(m["staleness/version_lag_max"] >= 0 for m in metrics)
     evals = [m for m in metrics if "eval/verifiable_reward" in m]
     assert len(evals) >= 2 and all(math.isfinite(m["eval/verifiable_reward"]) for m in evals)
+    assert "eval/verifiable_reward" in metrics[-1]  # the final policy is always evaluated
+    rounds = read_jsonl(uninterrupted / "eval.jsonl")
+    assert len(rounds) == 3 and rounds[0]["eval/started_at_step"] == 0  # step 0, then 2 by --num_evals
     summary = json.loads((uninterrupted / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["steps_trained"] == STEPS
     # Staleness bound: at version v at most (v + async_steps + 1) x prompts-per-step were ever admitted.
