@@ -1,16 +1,28 @@
 #!/usr/bin/env bash
-# Every benchmark of the README on this machine, in order, writing JSON and PNGs under output/bench/:
-#   weight_sync.json  pause vs model size      replay/     engines-only replay, response-length sweep
-#   e2e/          sync vs one-step vs streaming (+ measured.json)    simulator/  fitted model + cluster projection
-# Hardware: a 2-core x86_64 Linux machine, no GPU (about 25 minutes). Sets up .venv first when needed.
-# Usage: bash scripts/cpu_benchmarks.sh
+# Every benchmark of the README on this machine, in order, writing JSON and PNGs under $OUT
+# (default output/bench): weight_sync.json (pause vs model size), replay/ (engines-only replay,
+# response-length sweep), e2e/ (sync vs one-step vs streaming, + measured.json), simulator/ (cost
+# model fitted to e2e/measured.json, validation, seed-cluster projection).
+# Hardware: a 2-core x86_64 Linux machine, no GPU: about 25 minutes; QUICK=1 shrinks every
+# benchmark to a smoke run (about 4 minutes; the tests use it). Sets up .venv first when needed.
+# Usage: bash scripts/cpu_benchmarks.sh    or    QUICK=1 OUT=/tmp/bench bash scripts/cpu_benchmarks.sh
 set -euo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$repo"
 bash scripts/setup_env.sh
 export TOKENIZERS_PARALLELISM=false
 py=.venv/bin/python
-$py -m open_instruct.benchmark_weight_sync --output output/bench/weight_sync.json
-$py -m open_instruct.benchmark_replay --output output/bench/replay
-$py -m open_instruct.benchmark_e2e --steps 24 --output output/bench/e2e
-$py -m open_instruct.simulator --measured output/bench/e2e/measured.json --output output/bench/simulator
+out="${OUT:-output/bench}"
+if [[ "${QUICK:-0}" == "1" ]]; then
+  weight_sync=(--sizes 128x2 --syncs 1 --running 2 --max_tokens 64 --warmup_s 0.1)
+  replay=(--response_lengths 32 96 --max_prompts 4 --samples 2 --kv_cache_gib 0.1)
+  e2e=(--steps 2 --prompts 4 --samples 2 --median_tokens 12 --max_tokens 48 --tool_median_tokens 8
+       --tool_latency_s 0.2 --calibrate 1 4)
+  simulator=(--seed_steps 2)
+else
+  weight_sync=() replay=() e2e=(--steps 24) simulator=()
+fi
+$py -m open_instruct.benchmark_weight_sync "${weight_sync[@]}" --output "$out/weight_sync.json"
+$py -m open_instruct.benchmark_replay "${replay[@]}" --output "$out/replay"
+$py -m open_instruct.benchmark_e2e "${e2e[@]}" --output "$out/e2e"
+$py -m open_instruct.simulator "${simulator[@]}" --measured "$out/e2e/measured.json" --output "$out/simulator"

@@ -15,29 +15,48 @@ MODE_KEYS = {"mode", "trained_samples_per_s", "generated_tokens_per_s", "generat
              "weight_sync_pause_s_avg", "version_lag_avg", "version_lag_max"}
 
 
-@pytest.mark.slow
-def test_replay_benchmark_sweeps_response_lengths(tmp_path):
-    from open_instruct import benchmark_replay
+@pytest.fixture(scope="module")
+def quick_bench(tmp_path_factory):
+    """scripts/cpu_benchmarks.sh in QUICK mode: every benchmark of the README, shrunk to a smoke run."""
+    import os
+    import subprocess
+    from pathlib import Path
 
-    result = benchmark_replay.main(["--response_lengths", "32", "96", "--max_prompts", "4", "--samples", "2",
-                                    "--kv_cache_gib", "0.1", "--output", str(tmp_path)])
-    assert [r["response_length_cap"] for r in result["sweep"]] == [32, 96]
+    out = tmp_path_factory.mktemp("bench")
+    repo = Path(__file__).resolve().parents[1]
+    result = subprocess.run(["bash", "scripts/cpu_benchmarks.sh"], cwd=repo, capture_output=True, text=True,
+                            timeout=1500, env={**os.environ, "QUICK": "1", "OUT": str(out)})
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
+    return out, result.stdout
+
+
+@pytest.mark.slow
+def test_weight_sync_benchmark_reports_pause_and_bound(quick_bench):
+    out, stdout = quick_bench
+    [row] = json.loads((out / "weight_sync.json").read_text())["sizes"]
+    assert row["sent_mb"] > 0 and row["frozen_s"] >= row["transfer_s"] > 0 and row["bound_s"] > 0
+    assert row["requests_completed_full_length"] == row["requests_running"] == 2  # none dropped by the pushes
+    assert "frozen/bound" in stdout
+
+
+@pytest.mark.slow
+def test_replay_benchmark_sweeps_response_lengths(quick_bench):
+    out, _ = quick_bench
+    result = json.loads((out / "replay" / "replay.json").read_text())
+    assert result["prompts"] == 4 and [r["response_length_cap"] for r in result["sweep"]] == [32, 96]
     for row in result["sweep"]:
         assert row["samples"] == 8 and row["generated_tokens"] > 0
         assert 0 <= row["engine_idle_frac"] <= 1 and row["ttft_s"]["p50"] >= 0
         assert row["completion_s"]["max"] >= row["completion_s"]["p50"] > 0
         assert row["response_tokens"]["max"] <= row["response_length_cap"]
-    assert json.loads((tmp_path / "replay.json").read_text())["prompts"] == 4
-    assert (tmp_path / "utilization_vs_length.png").stat().st_size > 0
+    assert (out / "replay" / "utilization_vs_length.png").stat().st_size > 0
+    assert (out / "replay" / "embedded_prompts.jsonl").exists()  # the recorded prompt file it replayed
 
 
 @pytest.mark.slow
-def test_end_to_end_benchmark_reports_every_mode(tmp_path):
-    from open_instruct import benchmark_e2e
-
-    result = benchmark_e2e.main(["--steps", "2", "--prompts", "4", "--samples", "2", "--median_tokens", "12",
-                                 "--max_tokens", "48", "--tool_median_tokens", "8", "--tool_latency_s", "0.2",
-                                 "--calibrate", "1", "4", "--output", str(tmp_path)])
+def test_end_to_end_benchmark_reports_every_mode(quick_bench):
+    out, stdout = quick_bench
+    result = json.loads((out / "e2e" / "e2e.json").read_text())
     assert set(result["workloads"]) == {"heavy_tail", "tool_latency"}
     for workload in result["workloads"].values():
         assert set(workload["modes"]) == {"synchronous", "one_step_async", "streaming"}
@@ -47,12 +66,23 @@ def test_end_to_end_benchmark_reports_every_mode(tmp_path):
         assert workload["modes"]["synchronous"]["version_lag_max"] == 0  # nothing runs ahead when synchronous
         assert workload["speedup_streaming_vs_sync"] > 0
     assert result["peak_memory_gib"] > 0
-    saved = json.loads((tmp_path / "e2e.json").read_text())
-    assert saved["workloads"]["heavy_tail"]["speedup_streaming_vs_sync"] == result["workloads"]["heavy_tail"]["speedup_streaming_vs_sync"]
-    measured = json.loads((tmp_path / "measured.json").read_text())
+    measured = json.loads((out / "e2e" / "measured.json").read_text())
     assert [d["running"] for d in measured["decode"]] == [1, 4] and measured["prefill_tokens_per_s"] > 0
     for name in ("heavy_tail", "tool_latency"):
-        assert (tmp_path / f"timeline_{name}.png").stat().st_size > 0
+        assert (out / "e2e" / f"timeline_{name}.png").stat().st_size > 0
+    assert "streaming / synchronous trained samples/s" in stdout
+
+
+@pytest.mark.slow
+def test_simulator_fits_the_measurements_and_projects_the_seed_cluster(quick_bench):
+    out, stdout = quick_bench
+    result = json.loads((out / "simulator" / "simulator.json").read_text())
+    measured = result["measured"]
+    assert measured["measured_speedup_streaming_vs_sync"] > 0 and "speedup_relative_error" in measured
+    for mode in ("synchronous", "one_step_async", "streaming"):
+        assert MODE_KEYS <= set(measured[mode]) and MODE_KEYS <= set(result["seed_projection"][mode])
+    assert result["seed_projection"]["speedup_streaming_vs_sync"] > 1
+    assert (out / "simulator" / "simulator_timeline.png").stat().st_size > 0
 
 
 def test_mfu_and_mbu_from_model_dimensions():

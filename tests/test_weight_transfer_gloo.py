@@ -106,17 +106,3 @@ def test_weight_transports_share_one_interface():
         assert module.update_info(["x"], ["bfloat16"], [[2]], 1024)["names"] == ["x"]
     with pytest.raises(ValueError, match="unknown weight-transfer backend 'ipc'"):
         weight_sync.transport("ipc")
-
-
-@pytest.mark.slow
-def test_weight_sync_benchmark_smoke(tmp_path):
-    from open_instruct import benchmark_weight_sync
-
-    result = benchmark_weight_sync.main(
-        ["--sizes", "128x2", "--syncs", "1", "--running", "2", "--max_tokens", "64", "--warmup_s", "0.1",
-         "--output", str(tmp_path / "ws.json")]
-    )
-    [row] = result["sizes"]
-    assert row["sent_mb"] > 0 and row["frozen_s"] >= row["transfer_s"] > 0 and row["bound_s"] > 0
-    assert row["requests_completed_full_length"] == 2
-    assert json.loads((tmp_path / "ws.json").read_text())["memory_bandwidth_gb_s"] > 0
