@@ -111,7 +111,7 @@ def mode_config(base, mode: str, output_dir: Path):
     )
 
 
-def run_mode(stack, cfg, tokenizer, rows, workload: Workload) -> tuple[dict, list]:
+def run_mode(stack, cfg, mode: str, tokenizer, rows, workload: Workload) -> tuple[dict, list]:
     import ray
 
     from open_instruct.orchestrator import StopRequest, TrainingLoop
@@ -129,7 +129,7 @@ def run_mode(stack, cfg, tokenizer, rows, workload: Workload) -> tuple[dict, lis
     samples = sum(cfg.rollout_batch_size for _ in history)
     syncs = [h["time/weight_sync_pause_s"] for h in history if "time/weight_sync_pause_s" in h]
     result = {
-        "mode": cfg_mode_name(cfg),
+        "mode": mode,
         "steps": len(history),
         "wall_s": wall,
         "trained_samples_per_s": samples / wall,
@@ -147,11 +147,6 @@ def run_mode(stack, cfg, tokenizer, rows, workload: Workload) -> tuple[dict, lis
         "learner_steps": [{"tokens": h["perf/trained_tokens"], "step_s": h["learner/step_s"]} for h in history],
     }
     return result, loop.timeline
-
-
-def cfg_mode_name(cfg) -> str:
-    key = (cfg.generation.async_steps, cfg.generation.inflight_updates)
-    return next(name for name, value in MODES.items() if value == key)
 
 
 def calibrate_engine(stack, tokenizer, rows, running_counts: list[int], tokens: int = 64) -> dict:
@@ -264,7 +259,7 @@ def main(argv: list[str] | None = None) -> dict:
                 for mode in MODES:
                     logger.info("workload %s, mode %s", name, mode)
                     cfg = mode_config(base, mode, out / name / mode)
-                    modes[mode], timelines[mode] = run_mode(stack, cfg, tokenizer, rows, workload)
+                    modes[mode], timelines[mode] = run_mode(stack, cfg, mode, tokenizer, rows, workload)
                 speedup = modes["streaming"]["trained_samples_per_s"] / modes["synchronous"]["trained_samples_per_s"]
                 results["workloads"][name] = {
                     "workload": dataclasses.asdict(workload), "modes": modes, "speedup_streaming_vs_sync": speedup,

@@ -366,6 +366,7 @@ class LearnerActor:
         """Restore what `save_state` wrote; returns the restored policy version."""
         import random
 
+        import numpy as np
         import torch
 
         _, client_state = self.engine.load_checkpoint(directory, tag="learner")
@@ -373,8 +374,6 @@ class LearnerActor:
             raise FileNotFoundError(f"no learner checkpoint under {directory}")
         rng = torch.load(Path(directory) / f"rng_rank{self.rank}.pt", weights_only=False)
         random.setstate(rng["python"])
-        import numpy as np
-
         np.random.set_state(rng["numpy"])
         torch.set_rng_state(rng["torch"])
         if on_gpu() and "cuda" in rng:

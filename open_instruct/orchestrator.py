@@ -422,12 +422,10 @@ class TrainingLoop:
             checkpoints.save_state(self.stack.learners, e.checkpoint_state_dir, self.driver_state())
 
     def driver_state(self):
-        import dataclasses as dc
-
         from open_instruct.checkpoints import DriverState
 
         buffer_state = self.buffer.state()
-        complete = dc.replace(buffer_state, groups=tuple(g for g in buffer_state.groups if g.seq is not None))
+        complete = dataclasses.replace(buffer_state, groups=tuple(g for g in buffer_state.groups if g.seq is not None))
         in_buffer = {g.prompt_id for g in complete.groups}
         requeue = tuple(r for pid, r in self.untrained.items() if pid not in in_buffer)
         return DriverState(self.step, self.version, self.feeder.state, complete, requeue, self.episodes)
