@@ -140,6 +140,8 @@ def run_mode(stack, cfg, mode: str, tokenizer, rows, workload: Workload) -> tupl
         "version_lag_avg": sum(h["staleness/version_lag_avg"] for h in history) / len(history),
         "version_lag_max": max(h["staleness/version_lag_max"] for h in history),
         "multi_version_frac": sum(h["staleness/multi_version_frac"] for h in history) / len(history),
+        "token_lag_avg": sum(h["staleness/token_lag_avg"] for h in history) / len(history),
+        "group_latency_s_avg": sum(h["time/group_latency_s_avg"] for h in history) / len(history),
         # < 1: the mode trained shorter samples than it generated (streaming trains stragglers late).
         "trained_to_generated_length_ratio": history[-1]["buffer/trained_to_generated_length_ratio"],
         "buffer_peak_samples": max(h["buffer/size_samples"] for h in history),

@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import math
 import signal
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -269,6 +270,7 @@ class TrainingLoop:
         self.eval_round = None
         self.log = RunLog(cfg, self.num_steps, start_step=self.step)
         self._last_engine_stats = None
+        self._advised = False
 
     # -- the loop
 
@@ -291,7 +293,7 @@ class TrainingLoop:
                 if self.timeline is not None:
                     self.timeline.append(("weight sync", step_end, time.time()))
             metrics.update(self.evaluate_if_due())
-            metrics.update(self.timing(step_started, waited))
+            metrics.update(self.timing(step_started, waited, metrics["time/group_latency_s_avg"]))
             self.log.step(self.step, metrics, [g.prompt_id for g in groups])
             self.step += 1
             self.checkpoint_if_due()
@@ -392,7 +394,7 @@ class TrainingLoop:
 
     # -- timing and checkpoints
 
-    def timing(self, step_started: float, waited: float) -> dict:
+    def timing(self, step_started: float, waited: float, group_latency_s: float) -> dict:
         stats = self.pool.stats()
         previous = self._last_engine_stats or [None] * len(stats)
         uptime = sum(s.uptime_s - (p.uptime_s if p else 0.0) for s, p in zip(stats, previous))
@@ -400,7 +402,10 @@ class TrainingLoop:
         tokens = sum(s.generated_tokens - (p.generated_tokens if p else 0) for s, p in zip(stats, previous))
         self._last_engine_stats = stats
         step_s = time.monotonic() - step_started
+        needed = async_steps_needed(group_latency_s, step_s - waited)
+        self._advise_async_steps(needed, waited / step_s if step_s > 0 else 0.0)
         return {
+            "scheduling/async_steps_needed": float(needed),
             "time/step_s": step_s,
             "perf/trained_tokens_per_s": self._trained_tokens / step_s if step_s > 0 else 0.0,
             "time/learner_wait_s": waited,
@@ -409,6 +414,20 @@ class TrainingLoop:
             "engines/preempted_requests_total": float(sum(s.preempted_requests for s in stats)),
             **self.pool.queue_depths(),
         }
+
+    def _advise_async_steps(self, needed: int, wait_frac: float) -> None:
+        """Once per run: say when the learner starves because groups outlast the lookahead."""
+        g = self.cfg.generation
+        if self._advised or g.async_steps == 0 or self.step < g.async_steps + 2 or wait_frac < 0.25 \
+                or needed <= g.async_steps:
+            return
+        self._advised = True
+        logger.warning(
+            "the learner waited %.0f%% of step %d: a group takes about %d training steps from admission "
+            "to its last sample, more than --async_steps %d lets run ahead; at least --async_steps %d is "
+            "needed to keep the learner fed (more samples in flight slow each group down, so check "
+            "scheduling/async_steps_needed again; the price is staleness: staleness/token_lag_avg)",
+            100 * wait_frac, self.step, needed, g.async_steps, needed)
 
     def checkpoint_if_due(self) -> None:
         from open_instruct import checkpoints
@@ -472,6 +491,10 @@ def rollout_metrics(completions: list[Completion], learner_version: int) -> dict
     """What the trained samples looked like: reward, length, stop rate, staleness."""
     n = max(1, len(completions))
     lags = [learner_version - c.min_version for c in completions]
+    # Per token, a straggler updated in flight is mostly fresh even when its first tokens are old.
+    token_lag = sum(learner_version * len(c.response_token_ids) - _version_token_sum(c) for c in completions)
+    tokens = sum(len(c.response_token_ids) for c in completions)
+    latencies = _group_latencies(completions)
     return {
         "objective/verifiable_reward": sum(c.reward for c in completions) / n,
         "objective/correct_rate": sum(1 for c in completions if c.reward > 0) / n,
@@ -481,7 +504,38 @@ def rollout_metrics(completions: list[Completion], learner_version: int) -> dict
         "staleness/version_lag_avg": sum(lags) / n,
         "staleness/version_lag_max": float(max(lags, default=0)),
         "staleness/multi_version_frac": sum(1 for c in completions if c.spans_versions) / n,
+        "staleness/token_lag_avg": token_lag / tokens if tokens else 0.0,
+        "time/group_latency_s_avg": _mean(latencies),
+        "time/group_latency_s_max": max(latencies, default=0.0),
     }
+
+
+def _version_token_sum(completion: Completion) -> int:
+    """Sum over response tokens of the weight version that generated each one."""
+    spans = completion.version_spans
+    covered = sum(s.end - s.start for s in spans)
+    uncovered = len(completion.response_token_ids) - covered  # no spans reported: the admission version
+    return sum(s.version * (s.end - s.start) for s in spans) + max(0, uncovered) * completion.admitted_version
+
+
+def _group_latencies(completions: list[Completion]) -> list[float]:
+    """Per prompt: from its admission to its last sample's finish (what the learner waits on)."""
+    spans: dict[str, tuple[float, float]] = {}
+    for c in completions:
+        queued, finished = spans.get(c.prompt_id, (c.queued_at, c.finished_at))
+        spans[c.prompt_id] = (min(queued, c.queued_at), max(finished, c.finished_at))
+    return [finished - queued for queued, finished in spans.values() if finished >= queued]
+
+
+def async_steps_needed(group_latency_s: float, busy_step_s: float) -> int:
+    """The least --async_steps that lets the learner train a batch every `busy_step_s`.
+
+    The feeder lets (async_steps + 1) batches of prompts be admitted and untrained. When the
+    learner takes a batch, one batch of them is complete and, by Little's law, latency / step
+    batches are still generating: async_steps + 1 >= latency / step + 1."""
+    if busy_step_s <= 0 or group_latency_s <= 0:
+        return 0
+    return math.ceil(group_latency_s / busy_step_s - 1e-9)
 
 
 def _rank_mean(per_rank: list[dict]) -> dict[str, float]:

@@ -53,18 +53,27 @@ Metric definitions (`SimResult`)
   the sample's oldest weight version), averaged over steps. The feeder bounds admissions, not age:
   with no age policy (the real loop's default) a straggler group is trained whenever it completes,
   so `version_lag_max` exceeds `async_steps + 1` once the longest sample outlasts a few steps.
+* `token_lag_avg`: the same lag per response token (a straggler updated in flight is partly fresh);
+  `group_latency_s_avg`: admission to a prompt's last sample, per trained prompt.
 * `wall_s`: until the last step's sync ends; throughputs are per `wall_s`.
+  `steady_trained_samples_per_s` leaves out the first quarter of the steps (`warmup_steps`):
+  streaming's first batch waits for the pipeline to fill, which a run of thousands of steps pays
+  once. Cluster projections compare steady rates (`AsyncSweep`), the measured validation whole-run
+  rates (the CPU benchmark measured whole runs).
 
 Completions carry `range(n)` as response token ids: an O(1)-size immutable int sequence whose
 `len()` is the simulated length, so the buffer's token accounting and length metrics are exact
 without materializing 16k-token tuples at cluster scale (prompts share one tuple of zeros).
 
-Run: `python -m open_instruct.simulator --measured measured.json --output DIR` (see `main`).
+Run: `python -m open_instruct.simulator --measured measured.json --output DIR` (see `main`): the
+measured setup's three modes (validation), then the seed's shape with streaming at each
+`--async_sweep` lookahead, against the learner-bound ceiling.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import heapq
 import json
 import math
@@ -78,7 +87,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from open_instruct.messages import Completion, PromptRequest, SamplingSettings, VersionSpan
-from open_instruct.orchestrator import rollout_metrics
+from open_instruct.orchestrator import async_steps_needed, rollout_metrics
 from open_instruct.prompt_feeder import PromptFeeder
 from open_instruct.replay_buffer import AddResult, ReplayBuffer, sample_tokens
 
@@ -130,7 +139,7 @@ class Cluster:
 # 32 single-GPU engines and 16 learner ranks, 256 prompts x 16 samples per step, 16k responses.
 SEED_CLUSTER = Cluster(num_engines=32, num_learners=16)
 SEED_CLUSTER_WORKLOAD = Workload(
-    prompts_per_step=256, samples_per_prompt=16, num_steps=10, prompt_tokens=512,
+    prompts_per_step=256, samples_per_prompt=16, num_steps=40, prompt_tokens=512,
     median_tokens=4000, sigma=0.8, max_tokens=16384, seed=0,
 )
 
@@ -182,6 +191,10 @@ class SimResult:
     version_lag_max: float
     multi_version_frac: float
     trained_length_avg: float  # response tokens per trained sample (streaming trains short ones first)
+    token_lag_avg: float  # per response token: learner version at training - the version that generated it
+    group_latency_s_avg: float  # per trained prompt: admission to its last sample's finish
+    warmup_steps: int  # steps left out of the steady-state rate (the pipeline filling up)
+    steady_trained_samples_per_s: float  # after the warm-up: what a long run sees
     timeline: tuple[Segment, ...] = ()
 
     def as_json(self) -> dict[str, Any]:
@@ -561,6 +574,10 @@ class _Simulation:
         engine_s = wall * len(self.engines)
         trained = self.steps_trained * self.w.prompts_per_step * self.w.samples_per_prompt
         m = self.step_metrics
+        ends = [s[1] for s in self.learner_segments if s[2] == "sync"]
+        warmup = warmup_steps(len(ends))
+        steady_s = ends[-1] - (ends[warmup - 1] if warmup else 0.0) if ends else 0.0
+        per_step = self.w.prompts_per_step * self.w.samples_per_prompt
         timeline = [Segment("learner", *s) for s in self.learner_segments]
         for e in self.engines:
             timeline += [Segment(e.name, *s) for s in e.segments]
@@ -581,8 +598,18 @@ class _Simulation:
             version_lag_max=max((s["staleness/version_lag_max"] for s in m), default=0.0),
             multi_version_frac=_mean(s["staleness/multi_version_frac"] for s in m),
             trained_length_avg=_mean(s["val/sequence_lengths"] for s in m),
+            token_lag_avg=_mean(s["staleness/token_lag_avg"] for s in m),
+            group_latency_s_avg=_mean(s["time/group_latency_s_avg"] for s in m),
+            warmup_steps=warmup,
+            steady_trained_samples_per_s=per_step * (len(ends) - warmup) / steady_s if steady_s > 0 else 0.0,
             timeline=tuple(timeline),
         )
+
+
+def warmup_steps(num_steps: int) -> int:
+    """The first quarter of a run (at least one step when there are two): streaming's first batch
+    waits for the pipeline to fill, a cost a run of thousands of steps pays once."""
+    return max(1, num_steps // 4) if num_steps >= 2 else 0
 
 
 def _add_segment(segments: list[list], start: float, end: float, kind: str) -> None:
@@ -734,6 +761,113 @@ def workload_from_json(d: dict[str, Any], num_steps: int | None = None) -> Workl
     )
 
 
+@dataclass(frozen=True)
+class AsyncSweep:
+    """Synchronous and one-step-async once, streaming at several async_steps, on one workload.
+
+    Rates are steady-state (`steady_trained_samples_per_s`): the seed's run is thousands of steps,
+    and streaming's pipeline fill is paid once. `learner_bound_samples_per_s` is the ceiling any
+    schedule can reach (the learner never waits: train + sync back to back)."""
+
+    synchronous: SimResult
+    one_step_async: SimResult
+    streaming: dict[int, SimResult]
+
+    @property
+    def learner_bound_samples_per_s(self) -> float:
+        r = self.synchronous
+        busy = r.learner_step_s_avg + r.weight_sync_pause_s_avg
+        return r.trained_samples / r.num_steps / busy
+
+    def speedup(self, result: SimResult) -> float:
+        return result.steady_trained_samples_per_s / self.synchronous.steady_trained_samples_per_s
+
+    @property
+    def chosen_async_steps(self) -> int:
+        """The least lookahead (least staleness) within 5% of the best streaming rate."""
+        best = max(self.speedup(r) for r in self.streaming.values())
+        return min(a for a, r in self.streaming.items() if self.speedup(r) >= 0.95 * best)
+
+    def as_json(self) -> dict[str, Any]:
+        chosen = self.streaming[self.chosen_async_steps]
+        return {
+            "synchronous": self.synchronous.as_json(),
+            "one_step_async": self.one_step_async.as_json(),
+            "streaming": chosen.as_json(),  # the contract's streaming mode: the chosen async_steps
+            "streaming_async_steps": self.chosen_async_steps,
+            "speedup_streaming_vs_sync": self.speedup(chosen),
+            "speedup_one_step_async_vs_sync": self.speedup(self.one_step_async),
+            "learner_bound_speedup": self.learner_bound_samples_per_s / self.synchronous.steady_trained_samples_per_s,
+            "streaming_by_async_steps": {str(a): r.as_json() for a, r in self.streaming.items()},
+            "speedup_streaming_vs_sync_by_async_steps": {str(a): self.speedup(r) for a, r in self.streaming.items()},
+            "async_steps_needed_by_async_steps": {str(a): needed(r) for a, r in self.streaming.items()},
+        }
+
+
+def needed(result: SimResult) -> int:
+    """The trainer's own advice (`scheduling/async_steps_needed`) from this run's group latency."""
+    return async_steps_needed(result.group_latency_s_avg, result.learner_step_s_avg + result.weight_sync_pause_s_avg)
+
+
+def sweep_async_steps(workload: Workload, cost: CostModel, cluster: Cluster, async_steps: list[int]) -> AsyncSweep:
+    return AsyncSweep(
+        synchronous=simulate("synchronous", workload, cost, cluster),
+        one_step_async=simulate("one_step_async", workload, cost, cluster),
+        streaming={a: simulate("streaming", workload, cost, cluster, a) for a in async_steps},
+    )
+
+
+def format_sweep(sweep: AsyncSweep) -> str:
+    header = ("mode", "async", "samples/s", "speedup", "gen idle", "learner wait", "sync pause s", "lag avg",
+              "lag max", "token lag", "group s", "needed")
+    runs = [("synchronous", sweep.synchronous), ("one_step_async", sweep.one_step_async)]
+    runs += [("streaming", r) for r in sweep.streaming.values()]
+    rows = [header] + [(
+        mode, str(r.async_steps), f"{r.steady_trained_samples_per_s:.2f}", f"{sweep.speedup(r):.2f}x",
+        f"{r.generation_idle_frac:.1%}", f"{r.learner_wait_frac:.1%}", f"{r.weight_sync_pause_s_avg:.2f}",
+        f"{r.version_lag_avg:.2f}", f"{r.version_lag_max:.0f}", f"{r.token_lag_avg:.2f}",
+        f"{r.group_latency_s_avg:.0f}", str(needed(r)),
+    ) for mode, r in runs]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+    lines = ["  ".join(cell.rjust(w) for cell, w in zip(row, widths)) for row in rows]
+    ceiling = sweep.learner_bound_samples_per_s
+    lines.append(f"learner-bound ceiling: {ceiling:.2f} samples/s "
+                 f"({ceiling / sweep.synchronous.steady_trained_samples_per_s:.2f}x synchronous); streaming reaches "
+                 f"{sweep.speedup(sweep.streaming[sweep.chosen_async_steps]):.2f}x at async_steps "
+                 f"{sweep.chosen_async_steps}")
+    return "\n".join(lines)
+
+
+def plot_sweep(sweep: AsyncSweep, path: Path) -> None:
+    """Speedup and staleness vs async_steps: the trade-off a researcher picks from."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    steps = sorted(sweep.streaming)
+    runs = [sweep.streaming[a] for a in steps]
+    fig, speed = plt.subplots(figsize=(7, 4))
+    speed.plot(steps, [sweep.speedup(r) for r in runs], "o-", color="#4c9a2a", label="streaming / synchronous")
+    ceiling = sweep.learner_bound_samples_per_s / sweep.synchronous.steady_trained_samples_per_s
+    speed.axhline(ceiling, color="#4c9a2a", linestyle=":", label="learner-bound ceiling")
+    speed.set_xlabel("--async_steps")
+    speed.set_ylabel("trained samples/s vs synchronous")
+    speed.set_xticks(steps)
+    speed.set_ylim(0, 1.15 * max([ceiling] + [sweep.speedup(r) for r in runs]))
+    lag = speed.twinx()
+    lag.plot(steps, [r.version_lag_avg for r in runs], "s--", color="#d62728", label="lag avg (oldest token)")
+    lag.plot(steps, [r.token_lag_avg for r in runs], "^--", color="#ff7f0e", label="lag avg (per token)")
+    lag.set_ylabel("version lag at training")
+    lag.set_ylim(bottom=0)
+    handles = speed.get_legend_handles_labels()[0] + lag.get_legend_handles_labels()[0]
+    fig.legend(handles=handles, loc="lower right", fontsize=8, bbox_to_anchor=(0.88, 0.15))
+    speed.set_title("seed cluster shape (simulated): throughput and staleness vs lookahead", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 # ---------------------------------------------------------------------------------------------------
 # CLI
 
@@ -768,8 +902,10 @@ def format_table(summary: dict[str, Any]) -> str:
 _COLORS = {"generate": "#4c9a2a", "idle": "#dddddd", "sync": "#d62728", "train": "#1f77b4", "wait": "#ffbf00"}
 
 
-def plot_timelines(panels: list[tuple[str, SimResult]], path: Path, steps: int = 3, max_engines: int = 32) -> None:
-    """One panel per (title, result): a row per actor, the first `steps` steps."""
+def plot_timelines(panels: list[tuple[str, SimResult]], path: Path, steps: int = 3, max_engines: int = 32,
+                   steady: bool = False) -> None:
+    """One panel per (title, result): a row per actor, `steps` steps from the start, or with `steady`
+    from the end of the warm-up (the pipeline as a long run sees it)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -782,22 +918,27 @@ def plot_timelines(panels: list[tuple[str, SimResult]], path: Path, steps: int =
     fig, axes = plt.subplots(rows, cols, figsize=(16, rows * (1.5 + 0.22 * actors_max)), squeeze=False)
     for ax, (title, result) in zip(axes.flat, panels):
         ends = result.step_ends()
-        horizon = ends[min(steps, len(ends)) - 1] if ends else result.wall_s
+        first = result.warmup_steps if steady else 0
+        origin = ends[first - 1] if first else 0.0
+        horizon = ends[min(first + steps, len(ends)) - 1] if ends else result.wall_s
         actors = ["learner"] + [f"engine {i}" for i in range(max_engines)]
         present = [a for a in actors if any(s.actor == a for s in result.timeline)]
         row_of = {a: i for i, a in enumerate(present)}
         for kind, color in _COLORS.items():
             bars: dict[int, list[tuple[float, float]]] = {}
             for s in result.timeline:
-                if s.kind == kind and s.actor in row_of and s.start_s < horizon:
-                    bars.setdefault(row_of[s.actor], []).append((s.start_s, min(s.end_s, horizon) - s.start_s))
+                if s.kind == kind and s.actor in row_of and s.start_s < horizon and s.end_s > origin:
+                    start = max(s.start_s, origin)
+                    bars.setdefault(row_of[s.actor], []).append((start, min(s.end_s, horizon) - start))
             for row, spans in bars.items():
                 ax.broken_barh(spans, (row - 0.4, 0.8), facecolors=color)
         ax.set_yticks(range(len(present)), present, fontsize=6)
         ax.invert_yaxis()
-        ax.set_xlim(0, horizon)
+        ax.set_xlim(origin, horizon)
         ax.set_xlabel("simulated time (s)")
-        ax.set_title(f"{title}: {result.trained_samples_per_s:.2f} samples/s", fontsize=9)
+        rate = result.steady_trained_samples_per_s if steady else result.trained_samples_per_s
+        shown = f"steps {first + 1}-{min(first + steps, len(ends))}" + (" (steady)" if steady else "")
+        ax.set_title(f"{title}: {rate:.2f} samples/s, {shown}", fontsize=9)
     for ax in list(axes.flat)[len(panels):]:
         ax.axis("off")
     fig.legend(handles=[Patch(color=c, label=k) for k, c in _COLORS.items()], loc="upper center", ncol=len(_COLORS))
@@ -809,11 +950,16 @@ def plot_timelines(panels: list[tuple[str, SimResult]], path: Path, steps: int =
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--measured", type=Path, help="JSON of measurements, a workload and a cluster (see fit_cost_model)")
-    parser.add_argument("--output", type=Path, default=Path("output/simulator"), help="where simulator.json and the PNG go")
+    parser.add_argument("--output", type=Path, default=Path("output/simulator"), help="where simulator.json and the PNGs go")
     parser.add_argument("--seed_steps", type=int, default=SEED_CLUSTER_WORKLOAD.num_steps,
-                        help="steps of the seed-cluster projection")
-    parser.add_argument("--async_steps", type=int, default=1, help="async_steps of the streaming mode")
+                        help="steps of the seed-cluster projection (its first quarter is warm-up)")
+    parser.add_argument("--async_steps", type=int, default=1, help="async_steps of the streaming mode on the measured setup")
+    parser.add_argument("--async_sweep", default="1,2,3,4",
+                        help="comma-separated async_steps of the streaming mode projected at the seed's shape")
     args = parser.parse_args(argv)
+    sweep_steps = sorted({int(a) for a in args.async_sweep.split(",") if a.strip()})
+    if not sweep_steps or min(sweep_steps) < 1:
+        parser.error(f"--async_sweep needs async_steps >= 1, got {args.async_sweep!r}")
     args.output.mkdir(parents=True, exist_ok=True)
     report: dict[str, Any] = {}
     panels: list[tuple[str, SimResult]] = []
@@ -841,22 +987,27 @@ def main(argv: list[str] | None = None) -> int:
         report["measured"] = entry
         panels += [("measured: synchronous", runs["synchronous"]), ("measured: streaming", runs["streaming"])]
 
-    seed = SEED_CLUSTER_WORKLOAD if args.seed_steps == SEED_CLUSTER_WORKLOAD.num_steps else \
-        Workload(**{**asdict(SEED_CLUSTER_WORKLOAD), "num_steps": args.seed_steps})
+    seed = dataclasses.replace(SEED_CLUSTER_WORKLOAD, num_steps=args.seed_steps)
     started = time.monotonic()
-    runs = run_modes(seed, GPU_H100_COST, SEED_CLUSTER, args.async_steps)
-    summary = summarize(runs)
+    sweep = sweep_async_steps(seed, GPU_H100_COST, SEED_CLUSTER, sweep_steps)
     print(f"== seed cluster projection: {SEED_CLUSTER.num_engines} engines x H100 (assumed costs), "
           f"{SEED_CLUSTER.num_learners} learners, {seed.prompts_per_step}x{seed.samples_per_prompt} samples/step, "
-          f"responses lognormal(median {seed.median_tokens:.0f}, sigma {seed.sigma}) capped at {seed.max_tokens}")
-    print(format_table(summary))
+          f"responses lognormal(median {seed.median_tokens:.0f}, sigma {seed.sigma}) capped at {seed.max_tokens}, "
+          f"{seed.num_steps} steps (rates after {warmup_steps(seed.num_steps)} warm-up steps)")
+    print(format_sweep(sweep))
     report["seed_projection"] = {"cost_model": asdict(GPU_H100_COST), "workload": asdict(seed),
-                                 "cluster": asdict(SEED_CLUSTER), **summary, "sim_s": time.monotonic() - started}
-    panels += [("seed cluster: synchronous", runs["synchronous"]), ("seed cluster: streaming", runs["streaming"])]
+                                 "cluster": asdict(SEED_CLUSTER), **sweep.as_json(), "sim_s": time.monotonic() - started}
+    chosen = sweep.streaming[sweep.chosen_async_steps]
+    seed_panels = [("seed cluster: synchronous", sweep.synchronous),
+                   (f"seed cluster: streaming, async_steps {sweep.chosen_async_steps}", chosen)]
 
     (args.output / "simulator.json").write_text(json.dumps(report, indent=2))
-    plot_timelines(panels, args.output / "simulator_timeline.png")
-    print(f"wrote {args.output / 'simulator.json'} and {args.output / 'simulator_timeline.png'}")
+    if panels:
+        plot_timelines(panels, args.output / "simulator_timeline_measured.png")
+    plot_timelines(seed_panels, args.output / "simulator_timeline.png", steady=True)
+    plot_sweep(sweep, args.output / "simulator_async_sweep.png")
+    print(f"wrote simulator.json, simulator_timeline.png (seed shape), simulator_async_sweep.png"
+          f"{' and simulator_timeline_measured.png' if panels else ''} to {args.output}")
     return 0
 
 

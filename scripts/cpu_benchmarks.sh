@@ -18,7 +18,7 @@ if [[ "${QUICK:-0}" == "1" ]]; then
   replay=(--response_lengths 32 96 --max_prompts 4 --samples 2 --kv_cache_gib 0.1)
   e2e=(--steps 2 --prompts 4 --samples 2 --median_tokens 12 --max_tokens 48 --tool_median_tokens 8
        --tool_latency_s 0.2 --calibrate 1 4)
-  simulator=(--seed_steps 2)
+  simulator=(--seed_steps 2 --async_sweep 1,2)
 else
   weight_sync=() replay=() e2e=(--steps 24) simulator=()
 fi

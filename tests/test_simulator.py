@@ -62,6 +62,9 @@ def test_synchronous_step_is_generation_then_training_then_sync():
     assert r.learner_step_s_avg == pytest.approx(train, **EXACT)
     assert r.weight_sync_pause_s_avg == pytest.approx(SYNC_S, **EXACT)
     assert (r.version_lag_avg, r.version_lag_max, r.multi_version_frac) == (0.0, 0.0, 0.0)
+    assert r.token_lag_avg == 0.0
+    assert r.group_latency_s_avg == pytest.approx(gen, **EXACT)  # admitted at the sync, done a generation later
+    assert r.warmup_steps == 1 and r.steady_trained_samples_per_s == pytest.approx(BATCH / step, **EXACT)
     kinds = [s.kind for s in r.timeline if s.actor == "engine 0"][:3]
     assert kinds == ["generate", "idle", "sync"]
 
@@ -77,6 +80,9 @@ def test_streaming_overlaps_generation_and_training(learner_base_s):
     starts = train_starts(r)
     assert starts[0] == pytest.approx(gen, **EXACT)  # the first batch, then a pipeline
     assert [b - a for a, b in itertools.pairwise(starts)] == pytest.approx([steady] * 5, **EXACT)
+    # The steady rate leaves out the pipeline fill (the first of 6 steps); the whole-run rate pays it.
+    assert r.warmup_steps == 1 and r.steady_trained_samples_per_s == pytest.approx(BATCH / steady, **EXACT)
+    assert r.trained_samples_per_s < r.steady_trained_samples_per_s
     sync = simulate("synchronous", dataclasses.replace(FIXED, num_steps=6), cost, ONE)
     assert sync.wall_s / 6 == pytest.approx(gen + learner_base_s + SYNC_S, **EXACT)
     if learner_base_s < gen:
@@ -148,6 +154,31 @@ def test_version_spans_cover_every_response_exactly():
         assert c.admitted_version <= c.min_version
 
 
+def test_warmup_is_the_first_quarter():
+    assert [sim.warmup_steps(n) for n in (0, 1, 2, 7, 8, 40)] == [0, 0, 1, 1, 2, 10]
+
+
+def test_async_sweep_picks_the_least_lookahead_near_the_best_rate(tmp_path):
+    sweep = sim.sweep_async_steps(TAILED, SMALL_COST, FOUR, [1, 2, 3])
+    speedups = {a: sweep.speedup(r) for a, r in sweep.streaming.items()}
+    best = max(speedups.values())
+    chosen = sweep.chosen_async_steps
+    assert speedups[chosen] >= 0.95 * best and all(speedups[a] < 0.95 * best for a in speedups if a < chosen)
+    for a, r in sweep.streaming.items():
+        assert r.async_steps == a and r.version_lag_max <= a + 2
+        # No schedule beats a learner that never waits (5%: steps train slightly different token counts).
+        assert r.steady_trained_samples_per_s <= 1.05 * sweep.learner_bound_samples_per_s
+    report = sweep.as_json()
+    assert report["streaming_async_steps"] == chosen
+    assert report["speedup_streaming_vs_sync"] == pytest.approx(speedups[chosen])
+    assert report["streaming"] == report["streaming_by_async_steps"][str(chosen)]
+    assert set(report["async_steps_needed_by_async_steps"]) == {"1", "2", "3"}
+    table = sim.format_sweep(sweep)
+    assert "learner-bound ceiling" in table and len(table.splitlines()) == 1 + 5 + 1
+    sim.plot_sweep(sweep, tmp_path / "sweep.png")
+    assert (tmp_path / "sweep.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
 # ----------------------------------------------------------------------------- fitting, projection, CLI
 
 
@@ -170,7 +201,7 @@ def test_fit_cost_model_recovers_linear_parameters():
 
 def test_seed_cluster_projection_is_fast_and_reports_the_speedup():
     started = time.process_time()  # CPU time: the machine may be shared
-    report = compare(SEED_CLUSTER_WORKLOAD, GPU_H100_COST, SEED_CLUSTER)
+    report = compare(dataclasses.replace(SEED_CLUSTER_WORKLOAD, num_steps=10), GPU_H100_COST, SEED_CLUSTER)
     assert time.process_time() - started < 30
     assert report["speedup_streaming_vs_sync"] > 1
     assert report["streaming"]["trained_samples"] == 10 * 256 * 16
@@ -187,12 +218,22 @@ def test_cli_writes_json_and_timeline(tmp_path, capsys):
     path = tmp_path / "measured.json"
     path.write_text(json.dumps(measured))
     out = tmp_path / "out"
-    assert sim.main(["--measured", str(path), "--output", str(out), "--seed_steps", "2"]) == 0
+    assert sim.main(["--measured", str(path), "--output", str(out), "--seed_steps", "2", "--async_sweep", "2,1"]) == 0
     report = json.loads((out / "simulator.json").read_text())
     assert report["measured"]["measured_speedup_streaming_vs_sync"] == 1.7
     predicted = report["measured"]["speedup_streaming_vs_sync"]
     assert report["measured"]["speedup_relative_error"] == pytest.approx(predicted / 1.7 - 1)
-    assert report["seed_projection"]["streaming"]["num_steps"] == 2
-    assert (out / "simulator_timeline.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    projection = report["seed_projection"]
+    assert projection["streaming"]["num_steps"] == 2
+    assert set(projection["streaming_by_async_steps"]) == {"1", "2"}
+    assert projection["streaming_async_steps"] in (1, 2) and projection["learner_bound_speedup"] > 1
+    for name in ("simulator_timeline.png", "simulator_timeline_measured.png", "simulator_async_sweep.png"):
+        assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     printed = capsys.readouterr().out
     assert "relative error" in printed and "speedup streaming vs synchronous" in printed
+
+
+def test_cli_rejects_a_sweep_without_lookahead(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        sim.main(["--output", str(tmp_path), "--async_sweep", "0,1"])
+    assert exit_info.value.code == 2 and "--async_sweep needs async_steps >= 1" in capsys.readouterr().err

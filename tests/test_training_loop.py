@@ -103,6 +103,10 @@ def test_short_run_trains_streams_and_syncs_in_flight(uninterrupted):
     assert max(m["staleness/multi_version_frac"] for m in metrics) > 0
     assert max(m["weight_sync/kept_requests"] for m in metrics) > 0
     assert all(m["staleness/version_lag_max"] >= 0 for m in metrics)
+    # No token is older than the oldest sample's first token; every group took measurable time.
+    assert all(0 <= m["staleness/token_lag_avg"] <= m["staleness/version_lag_max"] for m in metrics)
+    assert all(m["time/group_latency_s_max"] >= m["time/group_latency_s_avg"] > 0 for m in metrics)
+    assert all(m["scheduling/async_steps_needed"] >= 0 for m in metrics)
     evals = [m for m in metrics if "eval/verifiable_reward" in m]
     assert len(evals) >= 2 and all(math.isfinite(m["eval/verifiable_reward"]) for m in evals)
     assert "eval/verifiable_reward" in metrics[-1]  # the final policy is always evaluated
