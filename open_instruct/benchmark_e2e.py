@@ -38,6 +38,8 @@ import threading
 import time
 from pathlib import Path
 
+from open_instruct.benchmark_generation import capped_lognormal
+
 logger = logging.getLogger(__name__)
 
 MODES = {  # name -> (async_steps, inflight_updates)
@@ -57,7 +59,7 @@ class Workload:
 
     def length(self, prompt_id: str) -> int:
         seed = int.from_bytes(hashlib.blake2b(f"{self.name}/{prompt_id}".encode(), digest_size=4).digest(), "big")
-        return max(1, min(self.max_tokens, round(self.median_tokens * random.Random(seed).lognormvariate(0.0, self.sigma))))
+        return capped_lognormal(random.Random(seed), self.median_tokens, self.sigma, self.max_tokens)
 
     def shape(self, request):
         """Exact heavy-tailed lengths per sample (samples of one prompt differ, as real ones do)."""
@@ -126,7 +128,7 @@ def run_mode(stack, cfg, mode: str, tokenizer, rows, workload: Workload) -> tupl
     loop.run()
     history = loop.log.history
     wall = sum(h["time/step_s"] for h in history)
-    samples = sum(cfg.rollout_batch_size for _ in history)
+    samples = cfg.rollout_batch_size * len(history)
     syncs = [h["time/weight_sync_pause_s"] for h in history if "time/weight_sync_pause_s" in h]
     result = {
         "mode": mode,

@@ -26,9 +26,14 @@ from pathlib import Path
 logger = logging.getLogger(__name__)
 
 
+def capped_lognormal(rng: random.Random, median: float, sigma: float, cap: int) -> int:
+    """One heavy-tailed response length: lognormal around `median`, rounded, clamped to [1, cap]."""
+    return max(1, min(cap, round(median * rng.lognormvariate(0.0, sigma))))
+
+
 def lognormal_lengths(count: int, median: int, sigma: float, cap: int, seed: int) -> list[int]:
     rng = random.Random(seed)
-    return [max(1, min(cap, round(median * rng.lognormvariate(0.0, sigma)))) for _ in range(count)]
+    return [capped_lognormal(rng, median, sigma, cap) for _ in range(count)]
 
 
 def build_requests(tokenizer, lengths: list[int], samples: int, tag: str):

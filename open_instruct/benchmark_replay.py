@@ -89,10 +89,12 @@ def record_embedded_prompts(path: Path, count: int, samples: int) -> None:
 
 def with_length_cap(requests: list, cap: int, seed: int) -> list:
     """Heavy-tailed exact lengths under `cap`: lognormal, median cap / 4, sigma 0.8."""
+    from open_instruct.benchmark_generation import capped_lognormal
+
     rng = random.Random(seed)
     out = []
     for r in requests:
-        length = max(1, min(cap, round(cap / 4 * rng.lognormvariate(0.0, 0.8))))
+        length = capped_lognormal(rng, cap / 4, 0.8, cap)
         sampling = dataclasses.replace(r.sampling, max_tokens=length, ignore_eos=True, stop_strings=())
         out.append(dataclasses.replace(r, sampling=sampling, prompt_id=f"{r.prompt_id}/cap{cap}", queued_at=time.time()))
     return out

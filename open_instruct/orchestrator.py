@@ -345,11 +345,11 @@ class TrainingLoop:
         self._trained_tokens = stats.trained_tokens
         train_started = time.time()
         per_rank = ray.get([learner.train_step.remote(b) for learner, b in zip(self.stack.learners, batches)])
+        completions = [c for g in groups for c in g.completions]
         if self.timeline is not None:
             self.timeline.append(("learner", train_started, time.time()))
-            self.timeline += [(f"engine {c.engine_id}", c.started_at, c.finished_at) for g in groups for c in g.completions]
+            self.timeline += [(f"engine {c.engine_id}", c.started_at, c.finished_at) for c in completions]
         self.version += 1
-        completions = [c for g in groups for c in g.completions]
         for g in groups:
             self.untrained.pop(g.prompt_id, None)
         self.episodes += len(completions)
@@ -522,9 +522,9 @@ def _group_latencies(completions: list[Completion]) -> list[float]:
     """Per prompt: from its admission to its last sample's finish (what the learner waits on)."""
     spans: dict[str, tuple[float, float]] = {}
     for c in completions:
-        queued, finished = spans.get(c.prompt_id, (c.queued_at, c.finished_at))
+        queued, finished = spans.get(c.prompt_id, (math.inf, -math.inf))
         spans[c.prompt_id] = (min(queued, c.queued_at), max(finished, c.finished_at))
-    return [finished - queued for queued, finished in spans.values() if finished >= queued]
+    return [finished - queued for queued, finished in spans.values()]
 
 
 def async_steps_needed(group_latency_s: float, busy_step_s: float) -> int:

@@ -86,6 +86,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from open_instruct.benchmark_generation import capped_lognormal
 from open_instruct.messages import Completion, PromptRequest, SamplingSettings, VersionSpan
 from open_instruct.orchestrator import async_steps_needed, rollout_metrics
 from open_instruct.prompt_feeder import PromptFeeder
@@ -525,8 +526,9 @@ class _Simulation:
         self._distribute(t)
 
     def _draw_lengths(self) -> list[int]:
-        mu, rng, w = math.log(self.w.median_tokens), self.lengths_rng, self.w
-        return [max(1, min(w.max_tokens, round(rng.lognormvariate(mu, w.sigma)))) for _ in range(w.samples_per_prompt)]
+        w = self.w
+        return [capped_lognormal(self.lengths_rng, w.median_tokens, w.sigma, w.max_tokens)
+                for _ in range(w.samples_per_prompt)]
 
     def _try_train(self, t: float) -> None:
         if self.learner_state != "wait":
