@@ -94,9 +94,7 @@ class MasonArgs:
 
 def _org_name(value: str) -> str:
     if not _ORG_NAME.match(value):
-        raise argparse.ArgumentTypeError(
-            f"{value!r} is not of the form org/name (e.g. ai2/jupiter-cirrascale-2)"
-        )
+        raise argparse.ArgumentTypeError(f"{value!r} is not of the form org/name (e.g. ai2/jupiter-cirrascale-2)")
     return value
 
 
@@ -203,9 +201,7 @@ def _build_parser() -> argparse.ArgumentParser:
         "Without it the command first does `cd` into your current local directory, which only works "
         "when that path is on a filesystem the cluster mounts at the same path (e.g. Weka).",
     )
-    parser.add_argument(
-        "--workspace", required=True, type=_org_name, metavar="ORG/NAME", help="Beaker workspace."
-    )
+    parser.add_argument("--workspace", required=True, type=_org_name, metavar="ORG/NAME", help="Beaker workspace.")
     parser.add_argument(
         "--priority", choices=PRIORITIES, default="normal", help="Beaker job priority (default: normal)."
     )
@@ -349,9 +345,7 @@ def _image_spec(image: str) -> dict[str, str]:
     if image.startswith("docker://"):
         return {"docker": image.removeprefix("docker://")}
     first = image.split("/", 1)[0]
-    looks_like_docker = (
-        ":" in image or "@" in image or ("/" in image and ("." in first or first == "localhost"))
-    )
+    looks_like_docker = ":" in image or "@" in image or ("/" in image and ("." in first or first == "localhost"))
     return {"docker": image} if looks_like_docker else {"beaker": image}
 
 
@@ -431,9 +425,7 @@ def _warnings(args: MasonArgs) -> list[str]:
         )
     names = {name for name, _ in args.env} | {name for name, _ in args.secrets}
     if "--with_tracking" in args.command and "WANDB_API_KEY" not in names:
-        notes.append(
-            "--with_tracking without WANDB_API_KEY: add --secret WANDB_API_KEY=<your wandb secret name>"
-        )
+        notes.append("--with_tracking without WANDB_API_KEY: add --secret WANDB_API_KEY=<your wandb secret name>")
     return notes
 
 

@@ -8,14 +8,13 @@ so the loss is an exact token mean per optimizer step.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
 
 from open_instruct.advantages import filter_zero_std_groups, group_advantages
-from open_instruct.learner import TrainBatch
-from open_instruct.packing import PackItem, pack, split_for_ranks
+from open_instruct.messages import TrainBatch
+from open_instruct.packing import PackItem, pack, split_evenly, split_for_ranks
 
 
 @dataclass(frozen=True)
@@ -29,6 +28,20 @@ class BatchSettings:
     filter_zero_std: bool = True
     mask_truncated: bool = False
 
+    @classmethod
+    def from_config(cls, cfg, pad_token_id: int) -> BatchSettings:
+        a = cfg.algorithm
+        return cls(
+            pack_length=cfg.learner.pack_length,
+            pad_token_id=pad_token_id,
+            world_size=cfg.world_size,
+            micro_batch_size=cfg.learner.per_device_train_batch_size,
+            num_mini_batches=a.num_mini_batches,
+            advantage_normalization=a.advantage_normalization_type,
+            filter_zero_std=a.filter_zero_std_samples,
+            mask_truncated=a.mask_truncated_completions,
+        )
+
 
 @dataclass(frozen=True)
 class BatchStats:
@@ -38,12 +51,6 @@ class BatchStats:
     samples_masked: int  # truncated (with mask_truncated) or failed samples kept out of the loss
     trained_tokens: int
     packed_rows: int
-
-
-def split_evenly(items: list, parts: int) -> list[list]:
-    """Contiguous chunks; the learner splits its micro-batches into mini-batches the same way."""
-    size = max(1, math.ceil(len(items) / parts))
-    return [items[i : i + size] for i in range(0, len(items), size)]
 
 
 def assemble(groups, step: int, settings: BatchSettings) -> tuple[list[TrainBatch], BatchStats]:

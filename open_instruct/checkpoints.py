@@ -42,12 +42,12 @@ def _step_dirs(root: Path) -> list[Path]:
 
 
 def save_model(learners, tokenizer, output_dir: str, step: int, keep_last_n: int) -> Path:
-    import ray
-
+    """`learners` is the LearnerGroup (or a fake with the same `save_model`)."""
     root = Path(output_dir) / "checkpoints"
     path = root / f"step_{step}"
-    ray.get([learner.save_model.remote(str(path)) for learner in learners])  # a collective under ZeRO-3
-    tokenizer.save_pretrained(path)
+    learners.save_model(str(path))  # a collective under ZeRO-3
+    if tokenizer is not None:
+        tokenizer.save_pretrained(path)
     if keep_last_n > 0:
         for old in _step_dirs(root)[:-keep_last_n]:
             shutil.rmtree(old, ignore_errors=True)
@@ -55,13 +55,11 @@ def save_model(learners, tokenizer, output_dir: str, step: int, keep_last_n: int
 
 
 def save_state(learners, state_dir: str, driver: DriverState) -> Path:
-    import ray
-
     root = Path(state_dir)
     path = root / f"step_{driver.next_step}"
     shutil.rmtree(path, ignore_errors=True)
     (path / "learner").mkdir(parents=True)
-    ray.get([learner.save_state.remote(str(path / "learner")) for learner in learners])
+    learners.save_state(str(path / "learner"))
     with open(path / "driver.pkl.tmp", "wb") as f:
         pickle.dump(driver, f)
     (path / "driver.pkl.tmp").rename(path / "driver.pkl")
@@ -86,9 +84,4 @@ def latest_state(state_dir: str | None) -> tuple[Path, DriverState] | None:
 
 
 def load_learners(learners, path: Path) -> int:
-    import ray
-
-    versions = ray.get([learner.load_state.remote(str(path / "learner")) for learner in learners])
-    if len(set(versions)) != 1:
-        raise RuntimeError(f"learner ranks restored different versions: {versions}")
-    return versions[0]
+    return learners.load_state(str(path / "learner"))

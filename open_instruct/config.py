@@ -15,7 +15,7 @@ import difflib
 import math
 import os
 import sys
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from typing import Any, Literal
 
 BEAKER_ONLY = "[Beaker only: accepted for compatibility with open-instruct scripts; no effect here] "
@@ -25,7 +25,7 @@ class ConfigError(ValueError):
     """A flag value or combination that cannot run; the message names the flag and the fix."""
 
 
-def arg(default: Any = None, help: str = "", **kwargs) -> Any:  # noqa: A002 (argparse's name)
+def arg(default: Any = None, help: str = "", **kwargs) -> Any:
     """A dataclass field whose `help` is the single documentation source of its flag."""
     if isinstance(default, list):
         return field(default_factory=lambda: list(default), metadata={"help": help, **kwargs})
@@ -64,8 +64,9 @@ class ExperimentConfig:
     hf_metadata_dataset: str | None = arg(None, BEAKER_ONLY + "HF dataset recording run metadata.")
     push_to_hub: bool = arg(False, "Push checkpoints to the HF hub (needs network).")
     save_admitted_prompts: str | None = arg(
-        None, "Append every admitted training prompt (id, token ids, sampling) to this JSONL file, to replay "
-        "the run's prompts in `python -m open_instruct.benchmark_replay`."
+        None,
+        "Append every admitted training prompt (id, token ids, sampling) to this JSONL file, to replay "
+        "the run's prompts in `python -m open_instruct.benchmarks.replay`.",
     )
 
 
@@ -92,8 +93,9 @@ class DataConfig:
     _argument_group_name = "data"
 
     dataset_mixer_list: list[str] = arg(
-        [], "Training mix as NAME WEIGHT pairs; NAME is a hub dataset, a JSON/JSONL/parquet file or a "
-        "directory; WEIGHT <= 1 is a fraction of the dataset, > 1 an absolute row count."
+        [],
+        "Training mix as NAME WEIGHT pairs; NAME is a hub dataset, a JSON/JSONL/parquet file or a "
+        "directory; WEIGHT <= 1 is a fraction of the dataset, > 1 an absolute row count.",
     )
     dataset_mixer_list_splits: list[str] = arg(["train"], "Split per training dataset (one value = all).")
     dataset_mixer_eval_list: list[str] = arg([], "Evaluation mix, same NAME WEIGHT format.")
@@ -101,8 +103,9 @@ class DataConfig:
     sft_messages_key: str = arg("messages", "Column holding the chat messages of the prompt.")
     ground_truths_key: str = arg("ground_truth", "Column holding the label handed to the verifier.")
     max_token_length: int = arg(
-        512, "SFT-era length limit kept for open-instruct compatibility; GRPO filters prompts with "
-        "--max_prompt_token_length and bounds responses with --response_length."
+        512,
+        "SFT-era length limit kept for open-instruct compatibility; GRPO filters prompts with "
+        "--max_prompt_token_length and bounds responses with --response_length.",
     )
     max_prompt_token_length: int = arg(256, "Prompts longer than this are filtered (counted and reported).")
     dataset_skip_bad_rows: bool = arg(False, "Skip malformed rows (counted and reported) instead of failing.")
@@ -122,8 +125,9 @@ class GenerationConfig:
     include_stop_str_in_output: bool = arg(True, "Keep the stop string in the response (and train on it).")
     async_steps: int = arg(1, "How many optimizer steps generation may run ahead of the learner (0 = synchronous).")
     inflight_updates: bool = arg(
-        True, "Push new weights into running engines mid-generation (KV cache kept); False waits for running "
-        "requests to finish before each update (the conservative baseline)."
+        True,
+        "Push new weights into running engines mid-generation (KV cache kept); False waits for running "
+        "requests to finish before each update (the conservative baseline).",
     )
     weight_sync_every_steps: int = arg(1, "Push the learner's weights to the engines every N optimizer steps.")
     vllm_num_engines: int = arg(1, "Number of vLLM engine actors.")
@@ -154,8 +158,9 @@ class AlgorithmConfig:
         2.0, "Cap of the learner/behaviour importance ratio for streamed, off-policy samples (0 disables)."
     )
     importance_sampling_mode: Literal["truncate", "mask_token", "mask_sequence"] = arg(
-        "truncate", "Beyond the cap: truncate the ratio (TIS), or also drop tokens / whole samples whose ratio "
-        "is outside [1/cap, cap]."
+        "truncate",
+        "Beyond the cap: truncate the ratio (TIS), or also drop tokens / whole samples whose ratio "
+        "is outside [1/cap, cap].",
     )
 
 
@@ -210,7 +215,16 @@ GROUPS = (
     LearnerConfig,
 )
 
-_KL_ESTIMATORS = {"kl1": "kl1", "kl2": "kl2", "kl3": "kl3", "kl4": "kl4", "0": "kl1", "1": "kl2", "2": "kl3", "3": "kl4"}
+_KL_ESTIMATORS = {
+    "kl1": "kl1",
+    "kl2": "kl2",
+    "kl3": "kl3",
+    "kl4": "kl4",
+    "0": "kl1",
+    "1": "kl2",
+    "2": "kl3",
+    "3": "kl4",
+}
 
 
 @dataclass(frozen=True)
@@ -280,79 +294,149 @@ class Config:
     def run_name(self) -> str:
         return f"{self.experiment.exp_name}__{self.experiment.seed}"
 
+    @property
+    def stop_strings(self) -> tuple[str, ...]:
+        """--stop_strings, or the embedded dataset's answer terminator when running the embedded default."""
+        from open_instruct.embedded_default import STOP_STRING
+
+        return tuple(self.generation.stop_strings) or ((STOP_STRING,) if self.uses_embedded_default else ())
+
+    @property
+    def train_data(self) -> DataConfig:
+        """The data config with the training mix resolved (the embedded dataset when none is given)."""
+        from open_instruct.embedded_default import EMBEDDED_DATASET_NAME
+
+        d = self.data
+        if d.dataset_mixer_list:
+            return d
+        return replace(d, dataset_mixer_list=[EMBEDDED_DATASET_NAME, "1.0"], dataset_mixer_list_splits=["train"])
+
+    @property
+    def eval_data(self) -> DataConfig:
+        """The eval mix, falling back to the training mix's test split (or the embedded eval split)."""
+        from open_instruct.embedded_default import EMBEDDED_DATASET_NAME
+
+        d = self.data
+        if d.dataset_mixer_eval_list:
+            return d
+        return replace(
+            d,
+            dataset_mixer_eval_list=d.dataset_mixer_list or [EMBEDDED_DATASET_NAME, "1.0"],
+            dataset_mixer_eval_list_splits=["test"],
+        )
+
+    # -- capacities derived from the staleness bound: async_steps + 1 batches may be admitted and
+    # untrained at once, plus one batch of slack for the groups completing while a step trains.
+
+    @property
+    def replay_buffer_max_samples(self) -> int:
+        return (self.generation.async_steps + 2) * self.rollout_batch_size
+
+    @property
+    def prompt_queue_capacity(self) -> int:
+        """Admitted prompts never exceed this; an eval round (one prompt per eval row) shares the queue."""
+        return (self.generation.async_steps + 2) * self.generation.num_unique_prompts_rollout + 4096
+
 
 def _validate(cfg: Config) -> list[str]:
     """Every contradiction at once, each naming its flags and the fix."""
-    g, a, d, lr, e = cfg.generation, cfg.algorithm, cfg.data, cfg.learner, cfg.experiment
     problems: list[str] = []
-
-    def check(ok: bool, message: str) -> None:
-        if not ok:
-            problems.append(message)
-
-    check(d.max_prompt_token_length > 0, "--max_prompt_token_length must be > 0")
-    check(g.response_length > 0, "--response_length must be > 0")
-    check(
-        lr.pack_length >= d.max_prompt_token_length + g.response_length,
-        f"--pack_length {lr.pack_length} < --max_prompt_token_length {d.max_prompt_token_length} + "
-        f"--response_length {g.response_length}: a sample would not fit in a packed row; raise "
-        f"--pack_length to at least {d.max_prompt_token_length + g.response_length}",
-    )
-    check(g.num_unique_prompts_rollout >= 1, "--num_unique_prompts_rollout must be >= 1")
-    check(
-        g.num_samples_per_prompt_rollout >= 2,
-        "--num_samples_per_prompt_rollout must be >= 2: group-relative advantages need at least two samples",
-    )
-    check(g.temperature >= 0, "--temperature must be >= 0")
-    check(0 < g.vllm_top_p <= 1, "--vllm_top_p must be in (0, 1]")
-    check(g.async_steps >= 0, "--async_steps must be >= 0 (0 = synchronous)")
-    check(g.vllm_num_engines >= 1, "--vllm_num_engines must be >= 1")
-    check(g.weight_sync_every_steps >= 1, "--weight_sync_every_steps must be >= 1")
-    check(g.vllm_tensor_parallel_size >= 1, "--vllm_tensor_parallel_size must be >= 1")
-    check(0 < g.vllm_gpu_memory_utilization <= 1, "--vllm_gpu_memory_utilization must be in (0, 1]")
-    check(g.vllm_kv_cache_gib > 0, "--vllm_kv_cache_gib must be > 0")
-    check(a.beta >= 0, "--beta must be >= 0")
-    check(
-        str(a.kl_estimator).lower() in _KL_ESTIMATORS,
-        f"--kl_estimator {a.kl_estimator!r} is not one of kl1, kl2, kl3, kl4 (or 0, 1, 2, 3)",
-    )
-    check(a.clip_lower >= 0 and a.clip_higher >= 0, "--clip_lower and --clip_higher must be >= 0")
-    check(a.num_epochs >= 1 and a.num_mini_batches >= 1, "--num_epochs and --num_mini_batches must be >= 1")
-    check(a.truncated_importance_sampling_ratio_cap >= 0, "--truncated_importance_sampling_ratio_cap must be >= 0")
-    if a.loss_denominator != "token":
+    for group_problems in (_generation_problems, _algorithm_problems, _learner_problems, _other_problems):
+        problems.extend(message for ok, message in group_problems(cfg) if not ok)
+    d = cfg.data
+    for flag, mix in (
+        ("--dataset_mixer_list", d.dataset_mixer_list),
+        ("--dataset_mixer_eval_list", d.dataset_mixer_eval_list),
+    ):
+        problems.extend(_mixer_problems(flag, mix))
+    if cfg.algorithm.loss_denominator != "token":
         try:
-            check(float(a.loss_denominator) > 0, "--loss_denominator must be 'token' or a positive number")
+            if float(cfg.algorithm.loss_denominator) <= 0:
+                problems.append("--loss_denominator must be 'token' or a positive number")
         except ValueError:
-            problems.append(f"--loss_denominator {a.loss_denominator!r} must be 'token' or a positive number")
-    check(lr.deepspeed_stage in (0, 2, 3), f"--deepspeed_stage {lr.deepspeed_stage} must be 0, 2 or 3")
-    check(
-        bool(lr.num_learners_per_node) and all(n >= 1 for n in lr.num_learners_per_node),
-        "--num_learners_per_node needs one positive count per node, e.g. '8 8'",
-    )
-    check(lr.per_device_train_batch_size >= 1, "--per_device_train_batch_size must be >= 1")
-    check(lr.learning_rate >= 0, "--learning_rate must be >= 0")
+            problems.append(
+                f"--loss_denominator {cfg.algorithm.loss_denominator!r} must be 'token' or a positive number"
+            )
+    return problems
+
+
+def _generation_problems(cfg: Config) -> list[tuple[bool, str]]:
+    g, d = cfg.generation, cfg.data
+    return [
+        (d.max_prompt_token_length > 0, "--max_prompt_token_length must be > 0"),
+        (g.response_length > 0, "--response_length must be > 0"),
+        (g.num_unique_prompts_rollout >= 1, "--num_unique_prompts_rollout must be >= 1"),
+        (
+            g.num_samples_per_prompt_rollout >= 2,
+            "--num_samples_per_prompt_rollout must be >= 2: group-relative advantages need at least two samples",
+        ),
+        (g.temperature >= 0, "--temperature must be >= 0"),
+        (0 < g.vllm_top_p <= 1, "--vllm_top_p must be in (0, 1]"),
+        (g.async_steps >= 0, "--async_steps must be >= 0 (0 = synchronous)"),
+        (g.vllm_num_engines >= 1, "--vllm_num_engines must be >= 1"),
+        (g.weight_sync_every_steps >= 1, "--weight_sync_every_steps must be >= 1"),
+        (g.vllm_tensor_parallel_size >= 1, "--vllm_tensor_parallel_size must be >= 1"),
+        (0 < g.vllm_gpu_memory_utilization <= 1, "--vllm_gpu_memory_utilization must be in (0, 1]"),
+        (g.vllm_kv_cache_gib > 0, "--vllm_kv_cache_gib must be > 0"),
+    ]
+
+
+def _algorithm_problems(cfg: Config) -> list[tuple[bool, str]]:
+    a = cfg.algorithm
+    return [
+        (a.beta >= 0, "--beta must be >= 0"),
+        (
+            str(a.kl_estimator).lower() in _KL_ESTIMATORS,
+            f"--kl_estimator {a.kl_estimator!r} is not one of kl1, kl2, kl3, kl4 (or 0, 1, 2, 3)",
+        ),
+        (a.clip_lower >= 0 and a.clip_higher >= 0, "--clip_lower and --clip_higher must be >= 0"),
+        (a.num_epochs >= 1 and a.num_mini_batches >= 1, "--num_epochs and --num_mini_batches must be >= 1"),
+        (a.truncated_importance_sampling_ratio_cap >= 0, "--truncated_importance_sampling_ratio_cap must be >= 0"),
+    ]
+
+
+def _learner_problems(cfg: Config) -> list[tuple[bool, str]]:
+    g, a, d, lr = cfg.generation, cfg.algorithm, cfg.data, cfg.learner
     world = sum(lr.num_learners_per_node) or 1
     batch = g.num_unique_prompts_rollout * g.num_samples_per_prompt_rollout
-    check(
-        batch % (world * a.num_mini_batches) == 0,
-        f"prompts x samples = {batch} must split evenly over {world} learners x --num_mini_batches "
-        f"{a.num_mini_batches}; change --num_unique_prompts_rollout or --num_samples_per_prompt_rollout",
-    )
-    check(
-        lr.total_episodes >= batch,
-        f"--total_episodes {lr.total_episodes} is less than one step's batch ({batch} samples)",
-    )
-    for flag, mix in (("--dataset_mixer_list", d.dataset_mixer_list), ("--dataset_mixer_eval_list", d.dataset_mixer_eval_list)):
-        problems.extend(_mixer_problems(flag, mix))
-    check(
-        e.checkpoint_state_freq <= 0 or e.checkpoint_state_dir is not None,
-        "--checkpoint_state_freq > 0 needs --checkpoint_state_dir",
-    )
-    check(
-        cfg.reward.remap_verifier is None or cfg.reward.remap_verifier.count("=") == 1,
-        f"--remap_verifier {cfg.reward.remap_verifier!r} must look like OLD=NEW",
-    )
-    return problems
+    return [
+        (
+            lr.pack_length >= d.max_prompt_token_length + g.response_length,
+            f"--pack_length {lr.pack_length} < --max_prompt_token_length {d.max_prompt_token_length} + "
+            f"--response_length {g.response_length}: a sample would not fit in a packed row; raise "
+            f"--pack_length to at least {d.max_prompt_token_length + g.response_length}",
+        ),
+        (lr.deepspeed_stage in (0, 2, 3), f"--deepspeed_stage {lr.deepspeed_stage} must be 0, 2 or 3"),
+        (
+            bool(lr.num_learners_per_node) and all(n >= 1 for n in lr.num_learners_per_node),
+            "--num_learners_per_node needs one positive count per node, e.g. '8 8'",
+        ),
+        (lr.per_device_train_batch_size >= 1, "--per_device_train_batch_size must be >= 1"),
+        (lr.learning_rate >= 0, "--learning_rate must be >= 0"),
+        (
+            batch % (world * a.num_mini_batches) == 0,
+            f"prompts x samples = {batch} must split evenly over {world} learners x --num_mini_batches "
+            f"{a.num_mini_batches}; change --num_unique_prompts_rollout or --num_samples_per_prompt_rollout",
+        ),
+        (
+            lr.total_episodes >= batch,
+            f"--total_episodes {lr.total_episodes} is less than one step's batch ({batch} samples)",
+        ),
+    ]
+
+
+def _other_problems(cfg: Config) -> list[tuple[bool, str]]:
+    e, r = cfg.experiment, cfg.reward
+    return [
+        (
+            e.checkpoint_state_freq <= 0 or e.checkpoint_state_dir is not None,
+            "--checkpoint_state_freq > 0 needs --checkpoint_state_dir",
+        ),
+        (
+            r.remap_verifier is None or r.remap_verifier.count("=") == 1,
+            f"--remap_verifier {r.remap_verifier!r} must look like OLD=NEW",
+        ),
+    ]
 
 
 def _mixer_problems(flag: str, mix: list[str]) -> list[str]:

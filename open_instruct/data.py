@@ -161,9 +161,7 @@ def mixer_entries(data_cfg, which: Literal["train", "eval"]) -> list[MixEntry]:
     entries = [MixEntry(n, s, w) for n, s, w in zip(names, splits, weights)]
     repeated = [label for label, count in Counter(e.label for e in entries).items() if count > 1]
     if repeated:  # the same rows twice would share prompt ids; a weight expresses the intent
-        raise DatasetError(
-            f"{flag}: {', '.join(repeated)} listed twice; give one entry with the combined weight"
-        )
+        raise DatasetError(f"{flag}: {', '.join(repeated)} listed twice; give one entry with the combined weight")
     return entries
 
 
@@ -171,15 +169,11 @@ def parse_weight(entry: MixEntry) -> float:
     try:
         value = float(entry.weight)
     except ValueError:
-        raise DatasetError(
-            f"{entry.label}: weight {entry.weight!r} must be a fraction or a row count"
-        ) from None
+        raise DatasetError(f"{entry.label}: weight {entry.weight!r} must be a fraction or a row count") from None
     if value <= 0:
         raise DatasetError(f"{entry.label}: weight {entry.weight} must be > 0")
     if value > 1 and not value.is_integer():
-        raise DatasetError(
-            f"{entry.label}: weight {entry.weight} > 1 means a row count and must be a whole number"
-        )
+        raise DatasetError(f"{entry.label}: weight {entry.weight} > 1 means a row count and must be a whole number")
     return value
 
 
@@ -246,7 +240,7 @@ def _tokenize(pending: _Pending, tokenizer, t: RowSettings) -> tuple[list[dict],
     for index in sorted(pending.parsed):  # render row by row so a template error names its row
         try:
             texts[index] = render_prompt(tokenizer, pending.parsed[index][0])
-        except Exception as error:  # noqa: BLE001 (jinja raise_exception and friends)
+        except Exception as error:
             bad = BadRow(TEMPLATE_ERROR, f"the chat template failed ({type(error).__name__}: {error})")
             _record_bad(pending, index, bad, "", t.skip_bad_rows)
     tokenized = dict(zip(texts, encode_texts(tokenizer, list(texts.values()), t.add_bos)))
@@ -281,8 +275,7 @@ def _tokenize(pending: _Pending, tokenizer, t: RowSettings) -> tuple[list[dict],
                 + (f" ({sum(malformed.values())} more rows were malformed)" if malformed else "")
             )
         raise DatasetError(
-            f"{label}: every selected row is malformed ({dict(malformed)}); "
-            f"e.g. {next(iter(examples.values()))}"
+            f"{label}: every selected row is malformed ({dict(malformed)}); e.g. {next(iter(examples.values()))}"
         )
     report = SourceReport(
         name=pending.entry.name,
@@ -324,20 +317,46 @@ def load_prompt_dataset(
     An empty eval mix gives an empty dataset; an empty train mix means the embedded dataset.
     Raises DatasetError naming the dataset, row and fix for anything unusable.
     """
+    t = _row_settings(data_cfg, model_cfg, tokenizer, verifier_remap)
+    identity = data_cache.tokenizer_identity(tokenizer)
+    keys = (t.messages_key, t.ground_truths_key, VERIFIER_KEY)
+    results: list[tuple[MixEntry, list[dict], SourceReport] | _Pending] = []
+    # Phase 1: every source is read and validated (or found in the cache) before anything is tokenized.
+    for entry in mixer_entries(data_cfg, which):
+        source: Source = open_source(entry.name, entry.split)
+        path = None
+        if data_cfg.dataset_local_cache_dir:  # "" disables the cache
+            settings = {
+                "transform": asdict(t),
+                "tokenizer": identity,
+                "chat_template_name": model_cfg.chat_template_name,
+            }
+            path, cached = _cached(data_cfg.dataset_local_cache_dir, entry, source, seed, settings)
+            if cached is not None:
+                results.append(cached)
+                continue
+        results.append(_validate(entry, source.read(keys), t, seed, path))
+    # Phase 2: tokenize what missed the cache, store it.
+    prompts: list[PromptRow] = []
+    reports: list[SourceReport] = []
+    for result in results:
+        entry, records, report = _tokenized(result, tokenizer, t) if isinstance(result, _Pending) else result
+        prompts += _to_prompts(entry, records)
+        reports.append(report)
+    return PromptDataset(prompts=prompts, report=DatasetReport(which=which, sources=tuple(reports)))
+
+
+def _row_settings(data_cfg, model_cfg, tokenizer, verifier_remap: dict[str, str] | None) -> RowSettings:
     from open_instruct.rewards import available_verifiers
 
     known = tuple(available_verifiers())
     remap = tuple(sorted((k.lower(), v.lower()) for k, v in (verifier_remap or {}).items()))
     for old, new in remap:
         if new not in known:
-            raise DatasetError(
-                f"--remap_verifier {old}={new}: {new!r} is not a known verifier ({', '.join(known)})"
-            )
+            raise DatasetError(f"--remap_verifier {old}={new}: {new!r} is not a known verifier ({', '.join(known)})")
     if model_cfg.add_bos and tokenizer.bos_token_id is None:
-        raise DatasetError(
-            "--add_bos was given but the tokenizer has no BOS token; drop --add_bos for this model"
-        )
-    t = RowSettings(
+        raise DatasetError("--add_bos was given but the tokenizer has no BOS token; drop --add_bos for this model")
+    return RowSettings(
         messages_key=data_cfg.sft_messages_key,
         ground_truths_key=data_cfg.ground_truths_key,
         max_prompt_token_length=data_cfg.max_prompt_token_length,
@@ -347,51 +366,34 @@ def load_prompt_dataset(
         remap=remap,
         known_verifiers=known,
     )
-    identity = data_cache.tokenizer_identity(tokenizer)
-    keys = (t.messages_key, t.ground_truths_key, VERIFIER_KEY)
-    cache_dir = data_cfg.dataset_local_cache_dir  # "" disables the cache
-    results: list[tuple[MixEntry, list[dict], SourceReport] | _Pending] = []
-    # Phase 1: every source is read and validated (or found in the cache) before anything is tokenized.
-    for entry in mixer_entries(data_cfg, which):
-        source: Source = open_source(entry.name, entry.split)
-        path = None
-        if cache_dir:
-            key = data_cache.cache_key(
-                {
-                    "source": source.fingerprint(),
-                    "name": entry.name,
-                    "split": entry.split,
-                    "weight": repr(parse_weight(entry)),
-                    "seed": seed,
-                    "transform": asdict(t),
-                    "tokenizer": identity,
-                    "chat_template_name": model_cfg.chat_template_name,
-                }
-            )
-            path = data_cache.entry_path(cache_dir, entry.label, key)
-            cached = data_cache.load_entry(path)
-            if cached is not None:
-                records, stored = cached
-                report = SourceReport(**{**stored, "cache": "hit", "cache_note": str(path)})
-                results.append((entry, records, report))
-                continue
-        results.append(_validate(entry, source.read(keys), t, seed, path))
-    # Phase 2: tokenize what missed the cache, store it.
-    prompts: list[PromptRow] = []
-    reports: list[SourceReport] = []
-    for result in results:
-        if isinstance(result, _Pending):
-            records, report = _tokenize(result, tokenizer, t)
-            entry = result.entry
-            if result.cache_path is None:
-                report = SourceReport(**{**asdict(report), "cache": "off"})
-            else:
-                failure = data_cache.store_entry(result.cache_path, records, asdict(report))
-                report = SourceReport(**{**asdict(report), "cache_note": failure or str(result.cache_path)})
-                if failure:
-                    logger.warning("could not cache %s: %s", entry.label, failure)
-        else:
-            entry, records, report = result
-        prompts += _to_prompts(entry, records)
-        reports.append(report)
-    return PromptDataset(prompts=prompts, report=DatasetReport(which=which, sources=tuple(reports)))
+
+
+def _cached(cache_dir: str, entry: MixEntry, source: Source, seed: int, settings: dict):
+    """(cache path, (entry, records, report) on a hit or None) for one mix entry."""
+    key = data_cache.cache_key(
+        {
+            "source": source.fingerprint(),
+            "name": entry.name,
+            "split": entry.split,
+            "weight": repr(parse_weight(entry)),
+            "seed": seed,
+            **settings,
+        }
+    )
+    path = data_cache.entry_path(cache_dir, entry.label, key)
+    cached = data_cache.load_entry(path)
+    if cached is None:
+        return path, None
+    records, stored = cached
+    return path, (entry, records, SourceReport(**{**stored, "cache": "hit", "cache_note": str(path)}))
+
+
+def _tokenized(pending: _Pending, tokenizer, t: RowSettings) -> tuple[MixEntry, list[dict], SourceReport]:
+    """Tokenize a validated source and store the result in the cache (when it is on)."""
+    records, report = _tokenize(pending, tokenizer, t)
+    if pending.cache_path is None:
+        return pending.entry, records, SourceReport(**{**asdict(report), "cache": "off"})
+    failure = data_cache.store_entry(pending.cache_path, records, asdict(report))
+    if failure:
+        logger.warning("could not cache %s: %s", pending.entry.label, failure)
+    return pending.entry, records, SourceReport(**{**asdict(report), "cache_note": failure or str(pending.cache_path)})

@@ -86,10 +86,8 @@ def load_entry(path: Path) -> tuple[list[dict[str, Any]], dict[str, Any]] | None
             )
         ]
         return records, json.loads((path / "report.json").read_text())
-    except Exception as error:  # noqa: BLE001 (corrupt or from an incompatible writer: rebuild, not fail)
-        logger.warning(
-            "ignoring unreadable dataset cache entry %s (%s: %s)", path, type(error).__name__, error
-        )
+    except Exception as error:
+        logger.warning("ignoring unreadable dataset cache entry %s (%s: %s)", path, type(error).__name__, error)
         return None
 
 
@@ -105,9 +103,7 @@ def store_entry(path: Path, records: list[dict[str, Any]], report: dict[str, Any
         {
             "index": pa.array([r["index"] for r in records], pa.int64()),
             "copy": pa.array([r["copy"] for r in records], pa.int32()),
-            "prompt_token_ids": pa.array(
-                [list(r["prompt_token_ids"]) for r in records], pa.list_(pa.int32())
-            ),
+            "prompt_token_ids": pa.array([list(r["prompt_token_ids"]) for r in records], pa.list_(pa.int32())),
             "ground_truths": pa.array(truths, pa.string()),
             "verifier_names": pa.array([list(r["verifier_names"]) for r in records], pa.list_(pa.string())),
         }

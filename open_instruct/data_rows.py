@@ -103,9 +103,7 @@ def parse_row(row: dict[str, Any], t: RowSettings) -> tuple[list[dict], list[Any
 
 def _check_messages(messages: Any, key: str) -> list[dict]:
     if not isinstance(messages, list):
-        raise BadRow(
-            WRONG_TYPE, f"{key!r} must be a list of {{role, content}} messages, got {type(messages).__name__}"
-        )
+        raise BadRow(WRONG_TYPE, f"{key!r} must be a list of {{role, content}} messages, got {type(messages).__name__}")
     if not messages:
         raise BadRow(EMPTY_MESSAGES, f"{key!r} is an empty list")
     for position, message in enumerate(messages):
@@ -120,8 +118,7 @@ def _check_messages(messages: Any, key: str) -> list[dict]:
             if not isinstance(message[part], str):
                 raise BadRow(
                     BAD_MESSAGE,
-                    f"{key!r} message {position} {part!r} must be a string, "
-                    f"got {type(message[part]).__name__}",
+                    f"{key!r} message {position} {part!r} must be a string, got {type(message[part]).__name__}",
                 )
     return messages
 
@@ -134,10 +131,7 @@ def encode_texts(tokenizer, texts: list[str], add_bos: bool) -> list[list[int]]:
     """Tokenize rendered prompts in batches, exactly as apply_chat_template(tokenize=True) would."""
     ids: list[list[int]] = []
     for start in range(0, len(texts), ENCODE_BATCH):
-        ids += [
-            list(x)
-            for x in tokenizer(texts[start : start + ENCODE_BATCH], add_special_tokens=False)["input_ids"]
-        ]
+        ids += [list(x) for x in tokenizer(texts[start : start + ENCODE_BATCH], add_special_tokens=False)["input_ids"]]
     if add_bos:  # OLMo-style models need BOS and most templates do not emit it
         bos = tokenizer.bos_token_id
         ids = [x if x[:1] == [bos] else [bos, *x] for x in ids]

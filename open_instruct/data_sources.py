@@ -142,9 +142,7 @@ def open_source(name: str, split: str) -> Source:
     path = Path(name).expanduser()
     if path.is_file():
         if path.suffix not in SUPPORTED_SUFFIXES:
-            raise DatasetError(
-                f"{name}: unsupported file type {path.suffix!r}; use .jsonl, .json or .parquet"
-            )
+            raise DatasetError(f"{name}: unsupported file type {path.suffix!r}; use .jsonl, .json or .parquet")
         # A file holds a single split; the split value only labels it in reports and prompt ids.
         return LocalFilesSource(name, split, [path])
     if path.is_dir():
@@ -162,9 +160,7 @@ def split_files(directory: Path, split: str) -> list[Path]:
             found.update(folder.glob(f"{split}{suffix}"))
             found.update(folder.glob(f"{split}-*{suffix}"))
     if not found:
-        present = sorted(
-            str(p.relative_to(directory)) for p in directory.rglob("*") if p.suffix in SUPPORTED_SUFFIXES
-        )
+        present = sorted(str(p.relative_to(directory)) for p in directory.rglob("*") if p.suffix in SUPPORTED_SUFFIXES)
         raise DatasetError(
             f"{directory}: no files for split {split!r} (looked for {split}.jsonl/.json/.parquet and "
             f"{split}-*.<ext>, also under data/); data files here: {', '.join(present) or 'none'}"

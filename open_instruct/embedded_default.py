@@ -170,9 +170,7 @@ def arith_prompt(a: int, b: int) -> str:
 
 
 def arith_solution(a: int, b: int) -> str:
-    """The supervised response: the sum as the thought, then the answer in answer tags.
-
-    """
+    """The supervised response: the sum as the thought, then the answer in answer tags."""
     return f"{a + b}</think><answer>{a + b}</answer>"
 
 
@@ -322,9 +320,7 @@ def ensure_embedded_model(root: Path | None = None) -> Path:
     with _atomic_dir(target) as staging:
         model.save_pretrained(staging, safe_serialization=True)
         tokenizer.save_pretrained(staging)
-        (staging / "warm_start.json").write_text(
-            json.dumps({"spec": WarmStartSpec().__dict__, **summary}, indent=1)
-        )
+        (staging / "warm_start.json").write_text(json.dumps({"spec": WarmStartSpec().__dict__, **summary}, indent=1))
     logger.info("embedded model ready in %.0fs (warm start: %s)", time.monotonic() - started, summary)
     return target
 

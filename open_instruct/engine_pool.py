@@ -1,7 +1,8 @@
 """Driver-side handle on the generation engines: shared channels, delivery ledger, failure detection.
 
 The orchestrator talks to generation only through `EnginePool`: `submit` admitted prompts,
-`poll` for finished samples, `pause`/`resume` around weight syncs, `stop` at the end. Every
+`poll` for finished samples, `stats` for occupancy, `stop` at the end; the weight sync uses
+its `start_*` calls, which return Ray object refs by engine name instead of waiting. Every
 engine runs its streaming loop (`GenerationActor.run`) as one long Ray call; that call's
 ObjectRef resolves only when the loop ends, so an engine process that dies is noticed at
 the next `poll` (within a fraction of a second), and the prompts it had pulled are named.
@@ -9,10 +10,18 @@ the next `poll` (within a fraction of a second), and the prompts it had pulled a
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 
-from open_instruct.messages import Completion, EnginePaused, EngineStats, PromptRequest, PromptStarted
+from open_instruct.messages import (
+    Completion,
+    EngineStarted,
+    EngineStats,
+    EngineStopped,
+    PromptRequest,
+    PromptStarted,
+)
 from open_instruct.prompt_feeder import DeliveryLedger
 from open_instruct.queues import RayChannel
 
@@ -41,14 +50,18 @@ class EnginePool:
         self.ledger = DeliveryLedger()
         self._loops: dict = {}  # ObjectRef of each engine's run() -> engine id
         self._carried: list[Completion] = []  # drained while reporting a failure; returned by the next poll
-        self.start_info: list[dict] = []
+        self.start_info: list[EngineStarted] = []
 
-    def start(self, timeout_s: float = 600) -> list[dict]:
+    @property
+    def num_engines(self) -> int:
+        return len(self.actors)
+
+    def start(self, timeout_s: float = 600) -> list[EngineStarted]:
         info = self.start_engines(timeout_s)
         self.start_loops()
         return info
 
-    def start_engines(self, timeout_s: float = 600) -> list[dict]:
+    def start_engines(self, timeout_s: float = 600) -> list[EngineStarted]:
         """Build every vLLM engine (in parallel); they pull nothing until `start_loops`."""
         import ray
 
@@ -106,20 +119,45 @@ class EnginePool:
                 completions.append(message)
         return completions
 
-    def pause(self, mode: str = "keep") -> list[EnginePaused]:
+    # -- weight sync: refs by engine name, awaited by WeightSync together with the learners'
+
+    def _start_all(self, method: str, *args) -> dict[str, object]:
+        return {f"engine {i}": getattr(actor, method).remote(*args) for i, actor in enumerate(self.actors)}
+
+    def start_pause(self, mode: str) -> dict[str, object]:
+        return self._start_all("pause", mode)
+
+    def start_receive_weights(self, update_info: dict, version: int, timeout_s: float) -> dict[str, object]:
+        return self._start_all("receive_weights", update_info, version, timeout_s)
+
+    def start_resume(self) -> dict[str, object]:
+        return self._start_all("resume")
+
+    def start_join_weight_transfer(self, init_infos: list[dict]) -> dict[str, object]:
+        """Engine i joins the transfer group with `init_infos[i]` (its ranks in the group)."""
+        return {
+            f"engine {i}": actor.init_weight_transfer.remote(info)
+            for i, (actor, info) in enumerate(zip(self.actors, init_infos, strict=True))
+        }
+
+    # -- direct calls (benchmarks, calibration)
+
+    def call_all(self, method: str, *args, timeout_s: float = 600) -> list:
+        """Call `method` on every engine and wait for all replies (e.g. `reset_stats`)."""
         import ray
 
-        return ray.get([actor.pause.remote(mode) for actor in self.actors])
+        return ray.get([getattr(actor, method).remote(*args) for actor in self.actors], timeout=timeout_s)
 
-    def resume(self) -> None:
+    def generate(
+        self, requests: list[PromptRequest], engine_index: int = 0, timeout_s: float = 600
+    ) -> list[Completion]:
+        """Fixed-batch generation on one engine, outside the streaming loop (baselines, calibration)."""
         import ray
 
-        ray.get([actor.resume.remote() for actor in self.actors])
+        return ray.get(self.actors[engine_index].generate.remote(requests), timeout=timeout_s)
 
     def stats(self) -> list[EngineStats]:
-        import ray
-
-        return ray.get([actor.stats.remote() for actor in self.actors])
+        return self.call_all("stats")
 
     def queue_depths(self) -> dict[str, int]:
         return {"queue/prompt_depth": self.prompts.depth(), "queue/result_depth": self.results.depth()}
@@ -128,11 +166,11 @@ class EnginePool:
         """Stop every engine ('finish' or 'abort'); returns the samples delivered meanwhile."""
         import ray
 
-        reports = ray.get([actor.stop.remote(mode) for actor in self.actors], timeout=timeout_s)
+        reports: list[EngineStopped] = ray.get([actor.stop.remote(mode) for actor in self.actors], timeout=timeout_s)
         ray.get(list(self._loops), timeout=timeout_s)
         self._loops = {}
-        for report in reports:
-            logger.info("engine %(engine_id)d stopped (%(mode)s): %(in_flight_at_stop)d samples were in flight", report)
+        for r in reports:
+            logger.info("engine %d stopped (%s): %d samples were in flight", r.engine_id, r.mode, r.in_flight_at_stop)
         return self.poll()
 
     def shutdown(self) -> None:
@@ -146,7 +184,5 @@ class EnginePool:
             finally:
                 ray.kill(actor)
         for channel in (self.prompts, self.results):
-            try:
+            with contextlib.suppress(Exception):  # channel actor gone with the cluster
                 channel.close()
-            except Exception:  # channel actor gone with the cluster
-                pass

@@ -26,9 +26,10 @@ class EvalRound:
     completions: list[Completion] = field(default_factory=list)
 
     @classmethod
-    def build(cls, rows, step: int, sampling: SamplingSettings, seed: int, version: int) -> EvalRound:
+    def build(cls, rows, step: int, sampling: SamplingSettings, seed: int, version: int, now: float) -> EvalRound:
+        greedy = eval_sampling(sampling)
         requests = [
-            make_request(row, f"eval{step}:{row.prompt_id}", eval_sampling(sampling), 1, seed, version, is_eval=True)
+            make_request(row, f"eval{step}:{row.prompt_id}", greedy, 1, seed, version, is_eval=True, queued_at=now)
             for row in rows
         ]
         return cls(step, requests)
@@ -55,9 +56,13 @@ class EvalRound:
     def table(self, tokenizer, rows: int = 8) -> list[dict]:
         """A few prompt / response / reward rows for eyeballing (wandb table, eval_samples.jsonl)."""
         shown = sorted(self.completions, key=lambda c: c.prompt_id)[:rows]
+
+        def prompt_text(ids) -> str:
+            return tokenizer.decode(ids, skip_special_tokens=False) if tokenizer is not None else str(list(ids))
+
         return [
             {
-                "prompt": tokenizer.decode(c.prompt_token_ids, skip_special_tokens=False)[-300:],
+                "prompt": prompt_text(c.prompt_token_ids)[-300:],
                 "response": c.response_text[:500],
                 "reward": c.reward,
                 "finish_reason": c.finish_reason,

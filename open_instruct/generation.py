@@ -23,8 +23,11 @@ from dataclasses import dataclass, replace
 
 from open_instruct.messages import (
     Completion,
+    EngineLoopEnded,
     EnginePaused,
+    EngineStarted,
     EngineStats,
+    EngineStopped,
     PromptRequest,
     PromptStarted,
     VersionSpan,
@@ -52,6 +55,20 @@ class EngineSettings:
     max_concurrency: int = 0  # cap on running samples; 0 = derive from KV capacity only
     weight_transfer_backend: str = ""  # "" = nccl on GPU, our gloo engine on CPU
 
+    @classmethod
+    def from_config(cls, cfg, model_path: str) -> EngineSettings:
+        g = cfg.generation
+        return cls(
+            model_path=model_path,
+            max_model_len=cfg.data.max_prompt_token_length + g.response_length,
+            seed=cfg.experiment.seed,
+            tensor_parallel_size=g.vllm_tensor_parallel_size,
+            gpu_memory_utilization=g.vllm_gpu_memory_utilization,
+            enable_prefix_caching=g.vllm_enable_prefix_caching,
+            enforce_eager=g.vllm_enforce_eager,
+            kv_cache_gib=g.vllm_kv_cache_gib,
+        )
+
 
 def transfer_backend(settings: EngineSettings) -> str:
     import torch
@@ -66,16 +83,16 @@ def engine_args(settings: EngineSettings):
     from vllm.engine.arg_utils import AsyncEngineArgs
 
     backend = transfer_backend(settings)
-    common = dict(
-        model=settings.model_path,
-        seed=settings.seed,
-        max_model_len=settings.max_model_len,
-        tensor_parallel_size=settings.tensor_parallel_size,
-        enable_prefix_caching=settings.enable_prefix_caching,
+    common = {
+        "model": settings.model_path,
+        "seed": settings.seed,
+        "max_model_len": settings.max_model_len,
+        "tensor_parallel_size": settings.tensor_parallel_size,
+        "enable_prefix_caching": settings.enable_prefix_caching,
         # Behaviour logprobs must be those of the distribution actually sampled from.
-        logprobs_mode="processed_logprobs",
-        weight_transfer_config=WeightTransferConfig(backend=backend),
-    )
+        "logprobs_mode": "processed_logprobs",
+        "weight_transfer_config": WeightTransferConfig(backend=backend),
+    }
     if backend == "gloo":
         from open_instruct.weight_transfer_gloo import WORKER_EXTENSION
 
@@ -172,7 +189,7 @@ class GenerationActor:
 
     # ------------------------------------------------------------------ lifecycle
 
-    async def start(self) -> dict:
+    async def start(self) -> EngineStarted:
         """Build the engine (15-30 s on CPU). Separate from __init__ so failures surface as errors."""
         from vllm.v1.engine.async_llm import AsyncLLM
 
@@ -191,13 +208,9 @@ class GenerationActor:
 
             self.scorer = RewardScorer(self.reward_settings, max_workers=self.reward_workers)
         self._occupancy = _Occupancy()
-        return {
-            "engine_id": self.engine_id,
-            "start_s": time.monotonic() - started,
-            "pid": os.getpid(),
-            "target_concurrency": self.target_concurrency,
-            "kv_cache_tokens": self._kv_tokens(),
-        }
+        return EngineStarted(
+            self.engine_id, time.monotonic() - started, os.getpid(), self.target_concurrency, self._kv_tokens()
+        )
 
     def _kv_tokens(self) -> int:
         config = self.engine.vllm_config.cache_config
@@ -212,7 +225,7 @@ class GenerationActor:
             limit = min(limit, self.settings.max_concurrency)
         return max(1, min(by_kv or 1, limit))
 
-    async def stop(self, mode: str = "finish", timeout_s: float = 600.0) -> dict:
+    async def stop(self, mode: str = "finish", timeout_s: float = 600.0) -> EngineStopped:
         """Stop pulling prompts; 'finish' lets running samples end, 'abort' cuts them (they are still
         delivered, with finish_reason 'abort'). Returns what happened to the in-flight samples."""
         self._stopping = True
@@ -223,7 +236,7 @@ class GenerationActor:
                 task.cancel()
         if self._tasks:
             await asyncio.wait(list(self._tasks), timeout=timeout_s)
-        return {"engine_id": self.engine_id, "mode": mode, "in_flight_at_stop": in_flight, "left": len(self._tasks)}
+        return EngineStopped(self.engine_id, mode, in_flight, len(self._tasks))
 
     async def shutdown(self) -> None:
         if self._tasks:
@@ -237,7 +250,7 @@ class GenerationActor:
 
     # ------------------------------------------------------------------ streaming mode
 
-    async def run(self, prompts, results) -> dict:
+    async def run(self, prompts, results) -> EngineLoopEnded:
         """Pull prompts while there is room; push each finished sample. Returns when stopped."""
         self._stopping = False
         self._results = results
@@ -256,7 +269,7 @@ class GenerationActor:
                 self._launch(request, j)
         if self._tasks:
             await asyncio.wait(list(self._tasks))
-        return {"engine_id": self.engine_id, "prompts_pulled": self._pulled, "samples": self._completed}
+        return EngineLoopEnded(self.engine_id, self._pulled, self._completed)
 
     def _launch(self, request: PromptRequest, sample_index: int) -> None:
         self._set_running(self._running + 1)
@@ -298,48 +311,16 @@ class GenerationActor:
     # ------------------------------------------------------------------ one sample
 
     async def _one_sample(self, request: PromptRequest, sample_index: int) -> Completion:
-        if request.sampling.tool_call_latency_s > 0 and request.sampling.max_tokens_of(sample_index) >= 2:
-            completion = await self._sample_with_tool_call(request, sample_index)
-        else:
-            completion = await self._generate_sample(request, sample_index)
+        completion = await self.generate_sample(request, sample_index)
         if completion.finish_reason in ("error", "abort"):
             return completion  # delivered as is: nothing to verify
         self._completed += 1
         return await self._scored(completion, request)
 
-    async def _sample_with_tool_call(self, request: PromptRequest, sample_index: int) -> Completion:
-        """First half of the response, a wait (the simulated tool), then the rest as a continuation."""
-        import random
-
-        sampling = request.sampling
-        total = sampling.max_tokens_of(sample_index)
-        half = total // 2
-        first_part = replace(sampling, max_tokens=half, per_sample_max_tokens=())
-        first = await self._generate_sample(replace(request, sampling=first_part), sample_index)
-        if first.finish_reason != "length" or first.error:
-            return first
-        wait = random.Random(request.seed * 7919 + sample_index).expovariate(1.0 / sampling.tool_call_latency_s)
-        await asyncio.sleep(wait)
-        rest = replace(
-            request,
-            prompt_token_ids=request.prompt_token_ids + first.response_token_ids,
-            sampling=replace(sampling, max_tokens=total - half, per_sample_max_tokens=()),
-        )
-        second = await self._generate_sample(rest, sample_index, part="/after-tool")
-        offset = len(first.response_token_ids)
-        spans = first.version_spans + tuple(
-            VersionSpan(s.version, s.start + offset, s.end + offset) for s in second.version_spans
-        )
-        return replace(
-            second,
-            prompt_token_ids=request.prompt_token_ids,
-            response_token_ids=first.response_token_ids + second.response_token_ids,
-            behaviour_logprobs=first.behaviour_logprobs + second.behaviour_logprobs,
-            version_spans=spans,
-            response_text=first.response_text + second.response_text,
-            started_at=first.started_at,
-            first_token_at=first.first_token_at,
-        )
+    async def generate_sample(self, request: PromptRequest, sample_index: int) -> Completion:
+        """One sample, not scored yet. The one hook for benchmarks: a subclass may reshape the request
+        (exact lengths, a simulated tool wait) and call `_generate_sample` once or more."""
+        return await self._generate_sample(request, sample_index)
 
     async def _generate_sample(self, request: PromptRequest, sample_index: int, part: str = "") -> Completion:
         """One vLLM request; the Completion is not scored yet."""
@@ -351,7 +332,7 @@ class GenerationActor:
         params = SamplingParams(
             n=1,
             seed=request.seed + sample_index,
-            max_tokens=sampling.max_tokens_of(sample_index),
+            max_tokens=sampling.max_tokens,
             temperature=sampling.temperature,
             top_p=sampling.top_p,
             stop=list(sampling.stop_strings) or None,

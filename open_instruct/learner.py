@@ -12,13 +12,11 @@ import math
 import os
 import time
 from dataclasses import dataclass
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from open_instruct.messages import WeightMetadata, WeightsSent
-
-# ZeRO settings per stage live in configs/ds_configs so cluster users can tune them without code.
-DS_CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs" / "ds_configs"
+from open_instruct.messages import LearnerReady, LearnerStepResult, TrainBatch, WeightMetadata, WeightsSent
 
 
 def on_gpu() -> bool:
@@ -53,12 +51,19 @@ def deepspeed_config(
 
 
 def zero_settings(stage: int) -> dict[str, Any]:
-    path = DS_CONFIG_DIR / f"zero{stage}.json"
-    if stage == 0 or not path.exists():
-        return {"stage": stage}
-    settings = json.loads(path.read_text())["zero_optimization"]
+    """ZeRO settings of `stage` from the package's `ds_configs/zero<stage>.json` (tunable without code).
+
+    Stage 0 (plain data parallelism) has nothing to tune and no file. The files ship as package
+    data, so an installed package finds them wherever it runs; a missing one is a broken install.
+    """
+    if stage == 0:
+        return {"stage": 0}
+    resource = resources.files("open_instruct") / "ds_configs" / f"zero{stage}.json"
+    if not resource.is_file():
+        raise FileNotFoundError(f"DeepSpeed ZeRO-{stage} settings missing: {resource} is not in the installed package")
+    settings = json.loads(resource.read_text())["zero_optimization"]
     if settings["stage"] != stage:
-        raise ValueError(f"{path} declares ZeRO stage {settings['stage']}, expected {stage}")
+        raise ValueError(f"{resource} declares ZeRO stage {settings['stage']}, expected {stage}")
     return settings
 
 
@@ -136,14 +141,32 @@ class LearnerSettings:
     temperature: float = 1.0
     seed: int = 1
 
-
-@dataclass(frozen=True)
-class TrainBatch:
-    """One rank's share of a step: micro-batches of packed rows (same count on every rank)."""
-
-    step: int
-    micro_batches: tuple[tuple[Any, ...], ...]  # tuple of micro-batches, each a tuple of packing.PackedRow
-    mini_batch_tokens: tuple[int, ...]  # trained tokens of each mini-batch summed over ALL ranks
+    @classmethod
+    def from_config(cls, cfg, model_path: str) -> LearnerSettings:
+        a, lr = cfg.algorithm, cfg.learner
+        return cls(
+            model_path=model_path,
+            deepspeed_stage=lr.deepspeed_stage,
+            learning_rate=lr.learning_rate,
+            lr_scheduler_type=lr.lr_scheduler_type,
+            warm_up_steps=lr.warm_up_steps,
+            total_steps=max(1, cfg.num_training_steps),
+            weight_decay=lr.weight_decay,
+            max_grad_norm=lr.max_grad_norm,
+            micro_batch_size=lr.per_device_train_batch_size,
+            gradient_checkpointing=cfg.model.gradient_checkpointing,
+            num_epochs=a.num_epochs,
+            num_mini_batches=a.num_mini_batches,
+            beta=a.beta,
+            kl_estimator=cfg.kl_estimator,
+            clip_lower=a.clip_lower,
+            clip_higher=a.clip_higher,
+            loss_denominator=cfg.loss_denominator,
+            importance_ratio_cap=a.truncated_importance_sampling_ratio_cap,
+            importance_sampling_mode=a.importance_sampling_mode,
+            temperature=cfg.generation.temperature or 1.0,
+            seed=cfg.experiment.seed,
+        )
 
 
 def _lr_lambda(settings: LearnerSettings):
@@ -181,7 +204,7 @@ class LearnerActor:
             port = s.getsockname()[1]
         return ray.util.get_node_ip_address(), port
 
-    def setup(self, master_addr: str, master_port: int) -> dict:
+    def setup(self, master_addr: str, master_port: int) -> LearnerReady:
         import torch
         from transformers import AutoModelForCausalLM
 
@@ -199,7 +222,9 @@ class LearnerActor:
         if self.settings.beta > 0:  # the reference policy costs a model copy; only load it when used
             self.reference = AutoModelForCausalLM.from_pretrained(self.settings.model_path, dtype=dtype).eval()
             self.reference.requires_grad_(False)
-        optimizer = make_optimizer(model, learning_rate=self.settings.learning_rate, weight_decay=self.settings.weight_decay)
+        optimizer = make_optimizer(
+            model, learning_rate=self.settings.learning_rate, weight_decay=self.settings.weight_decay
+        )
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _lr_lambda(self.settings))
         config = deepspeed_config(
             stage=self.settings.deepspeed_stage,
@@ -210,74 +235,92 @@ class LearnerActor:
         self.engine = initialize_engine(model, optimizer, config, lr_scheduler=scheduler)
         if self.reference is not None and on_gpu():
             self.reference.to(self.engine.device)
-        return {"rank": self.rank, "pid": os.getpid(), "zero_stage": self.engine.zero_optimization_stage()}
+        return LearnerReady(self.rank, os.getpid(), self.engine.zero_optimization_stage())
 
     # -------------------------------------------------------------- one training step
 
-    def train_step(self, batch: TrainBatch) -> dict[str, float]:
+    def train_step(self, batch: TrainBatch) -> LearnerStepResult:
         """Old/ref logprobs, then num_epochs x num_mini_batches optimizer steps over this rank's rows."""
-        import torch
-
-        from open_instruct import loss as losses
-        from open_instruct.packing import collate, packed_token_logprobs
+        from open_instruct.packing import collate, split_evenly
 
         started = time.monotonic()
         device = self.engine.device
         micro = [{k: v.to(device) for k, v in collate(rows).items()} for rows in batch.micro_batches]
-        temperature = self.settings.temperature
-        with torch.no_grad():
-            self.engine.eval()
-            for mb in micro:
-                mb["old_logprobs"] = packed_token_logprobs(self.engine, mb, temperature)
-                if self.reference is not None:
-                    mb["ref_logprobs"] = packed_token_logprobs(self.reference, mb, temperature)
+        self._score_old_and_reference(micro)
         self.engine.train()
-        from open_instruct.batching import split_evenly
-
         mini_batches = split_evenly(micro, self.settings.num_mini_batches)
         totals: dict[str, float] = {}
         tokens_seen = 0.0
         for _ in range(self.settings.num_epochs):
             for mini, global_tokens in zip(mini_batches, batch.mini_batch_tokens):
-                denominator = self.settings.loss_denominator or max(1, global_tokens)
-                denominator = losses.step_denominator(denominator, world_size=self.world_size)
-                for i, mb in enumerate(mini):
-                    self.engine.set_gradient_accumulation_boundary(i == len(mini) - 1)
-                    new_logprobs = packed_token_logprobs(self.engine, mb, temperature)
-                    mask = mb["response_mask"].bool()
-                    importance = losses.importance_weights(
-                        mb["old_logprobs"], mb["behaviour_logprobs"], mask, self.settings.importance_ratio_cap,
-                        self.settings.importance_sampling_mode, sample_ids_BT=_sample_ids(mb["doc_ids"]),
-                    )
-                    kl = None
-                    if self.reference is not None:
-                        kl = losses.kl_per_token(
-                            new_logprobs, mb["ref_logprobs"], self.settings.kl_estimator, mb["old_logprobs"]
-                        )
-                    out = losses.policy_loss(
-                        new_logprobs, mb["old_logprobs"], mb["advantages"], importance.mask_BT,
-                        clip_lower=self.settings.clip_lower, clip_higher=self.settings.clip_higher,
-                        loss_denominator=denominator, importance_weights_BT=importance.weights_BT,
-                        kl_BT=kl, beta=self.settings.beta,
-                    )
-                    self.engine.backward(out.loss)
-                    self.engine.step()
-                    n = float(out.num_tokens)
-                    tokens_seen += n
-                    for key, value in _loss_stats(out, importance).items():
-                        totals[key] = totals.get(key, 0.0) + value * n
+                tokens_seen += self._optimizer_step(mini, global_tokens, totals)
         self.version += 1
         metrics = {k: v / max(tokens_seen, 1.0) for k, v in totals.items()}
         metrics.update(
             {
-                "learner/rank": float(self.rank),
                 "learner/step_s": time.monotonic() - started,
                 "learner/lr": float(self.engine.get_lr()[0]),
                 "learner/trained_tokens": tokens_seen / self.settings.num_epochs,
                 "learner/grad_norm": float(self.engine.get_global_grad_norm() or 0.0),
             }
         )
-        return metrics
+        return LearnerStepResult(self.rank, metrics)
+
+    def _score_old_and_reference(self, micro: list[dict]) -> None:
+        """The trust region's anchor (pi_old) and, with a KL penalty, the reference policy, without grad."""
+        import torch
+
+        from open_instruct.packing import packed_token_logprobs
+
+        with torch.no_grad():
+            self.engine.eval()
+            for mb in micro:
+                mb["old_logprobs"] = packed_token_logprobs(self.engine, mb, self.settings.temperature)
+                if self.reference is not None:
+                    mb["ref_logprobs"] = packed_token_logprobs(self.reference, mb, self.settings.temperature)
+
+    def _optimizer_step(self, mini: list[dict], global_tokens: int, totals: dict[str, float]) -> float:
+        """One mini-batch: accumulate gradients over its micro-batches, then step; returns tokens trained."""
+        from open_instruct import loss as losses
+        from open_instruct.packing import packed_token_logprobs
+
+        s = self.settings
+        denominator = losses.step_denominator(s.loss_denominator or max(1, global_tokens), world_size=self.world_size)
+        tokens = 0.0
+        for i, mb in enumerate(mini):
+            self.engine.set_gradient_accumulation_boundary(i == len(mini) - 1)
+            new_logprobs = packed_token_logprobs(self.engine, mb, s.temperature)
+            mask = mb["response_mask"].bool()
+            importance = losses.importance_weights(
+                mb["old_logprobs"],
+                mb["behaviour_logprobs"],
+                mask,
+                s.importance_ratio_cap,
+                s.importance_sampling_mode,
+                sample_ids_BT=_sample_ids(mb["doc_ids"]),
+            )
+            kl = None
+            if self.reference is not None:
+                kl = losses.kl_per_token(new_logprobs, mb["ref_logprobs"], s.kl_estimator, mb["old_logprobs"])
+            out = losses.policy_loss(
+                new_logprobs,
+                mb["old_logprobs"],
+                mb["advantages"],
+                importance.mask_BT,
+                clip_lower=s.clip_lower,
+                clip_higher=s.clip_higher,
+                loss_denominator=denominator,
+                importance_weights_BT=importance.weights_BT,
+                kl_BT=kl,
+                beta=s.beta,
+            )
+            self.engine.backward(out.loss)
+            self.engine.step()
+            n = float(out.num_tokens)
+            tokens += n
+            for key, value in _loss_stats(out, importance).items():
+                totals[key] = totals.get(key, 0.0) + value * n
+        return tokens
 
     # -------------------------------------------------------------- weights out
 
@@ -337,7 +380,6 @@ class LearnerActor:
         params = list(module.parameters())
         with deepspeed.zero.GatheredParameters(params, enabled=self.engine.zero_optimization_stage() == 3):
             return {name: p.detach().float().cpu().clone() for name, p in module.named_parameters()}
-
 
     # -------------------------------------------------------------- checkpoints (call on every rank)
 

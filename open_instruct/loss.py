@@ -258,19 +258,36 @@ def importance_weights(
         keep_BT = mask_BT
         weights_BT = mask_BT.to(dtype)
     else:
-        if mode == "truncate":
-            keep_BT = mask_BT
-        elif mode == "mask_token":
-            keep_BT = mask_BT & (rho_BT >= 1.0 / cap) & (rho_BT <= cap)
-        else:
-            seq_rho_BT = torch.exp(_sample_mean(log_rho_BT, mask_BT, sample_ids_BT))
-            keep_BT = mask_BT & (seq_rho_BT >= 1.0 / cap) & (seq_rho_BT <= cap)
+        keep_BT = _kept_tokens(rho_BT, log_rho_BT, mask_BT, cap, mode, sample_ids_BT)
         weights_BT = torch.where(keep_BT, rho_BT.clamp(max=cap), 0.0)
+    stats = _importance_stats(rho_BT, mask_BT, keep_BT, cap, num_valid)
+    return ImportanceResult(weights_BT=weights_BT, mask_BT=keep_BT, stats=stats)
 
+
+def _kept_tokens(
+    rho_BT: torch.Tensor,
+    log_rho_BT: torch.Tensor,
+    mask_BT: torch.Tensor,
+    cap: float,
+    mode: ImportanceMode,
+    sample_ids_BT: torch.Tensor | None,
+) -> torch.Tensor:
+    """The valid tokens `mode` keeps (see `importance_weights`); cap > 0."""
+    if mode == "truncate":
+        return mask_BT
+    if mode == "mask_token":
+        return mask_BT & (rho_BT >= 1.0 / cap) & (rho_BT <= cap)
+    seq_rho_BT = torch.exp(_sample_mean(log_rho_BT, mask_BT, sample_ids_BT))
+    return mask_BT & (seq_rho_BT >= 1.0 / cap) & (seq_rho_BT <= cap)
+
+
+def _importance_stats(
+    rho_BT: torch.Tensor, mask_BT: torch.Tensor, keep_BT: torch.Tensor, cap: float, num_valid: torch.Tensor
+) -> dict[str, torch.Tensor]:
     count = num_valid.clamp(min=1)
     truncated = keep_BT & (rho_BT > cap) if cap > 0 else torch.zeros_like(mask_BT)
     has_tokens = num_valid > 0
-    stats = {
+    return {
         "rho_mean": torch.where(has_tokens, masked_sum(rho_BT, mask_BT) / count, 1.0),
         "rho_min": torch.where(has_tokens, torch.where(mask_BT, rho_BT, float("inf")).min(), 1.0),
         "rho_max": torch.where(has_tokens, torch.where(mask_BT, rho_BT, float("-inf")).max(), 1.0),
@@ -278,12 +295,9 @@ def importance_weights(
         "masked_frac": (mask_BT & ~keep_BT).sum() / count,
         "num_tokens": num_valid,
     }
-    return ImportanceResult(weights_BT=weights_BT, mask_BT=keep_BT, stats=stats)
 
 
-def _sample_mean(
-    values_BT: torch.Tensor, mask_BT: torch.Tensor, sample_ids_BT: torch.Tensor | None
-) -> torch.Tensor:
+def _sample_mean(values_BT: torch.Tensor, mask_BT: torch.Tensor, sample_ids_BT: torch.Tensor | None) -> torch.Tensor:
     """Mean of `values` over the valid tokens of each position's sample, spread back to `[B, T]`."""
     ids_BT = _token_sample_ids(mask_BT, sample_ids_BT)
     if bool((ids_BT[mask_BT] < 0).any()):
@@ -324,6 +338,14 @@ class LossOutput:
     num_tokens: torch.Tensor
 
 
+def _check_loss_settings(clip_lower: float, clip_higher: float, loss_denominator) -> None:
+    if clip_lower < 0 or clip_higher < 0:
+        raise ValueError("clip_lower and clip_higher must be >= 0")
+    # (A tensor denominator is not checked: float() on it would sync the device every micro-batch.)
+    if isinstance(loss_denominator, (int, float)) and loss_denominator <= 0:
+        raise ValueError(f"loss_denominator must be None (token mean) or > 0, got {loss_denominator}")
+
+
 def policy_loss(
     new_logprobs_BT: torch.Tensor,
     old_logprobs_BT: torch.Tensor,
@@ -353,11 +375,7 @@ def policy_loss(
     ratio < 1 - clip_lower) the policy term's gradient is zero. A fully masked micro-batch gives
     loss 0 with zero, finite gradients.
     """
-    if clip_lower < 0 or clip_higher < 0:
-        raise ValueError("clip_lower and clip_higher must be >= 0")
-    # (A tensor denominator is not checked: float() on it would sync the device every micro-batch.)
-    if isinstance(loss_denominator, (int, float)) and loss_denominator <= 0:
-        raise ValueError(f"loss_denominator must be None (token mean) or > 0, got {loss_denominator}")
+    _check_loss_settings(clip_lower, clip_higher, loss_denominator)
     mask_BT = _bool_mask(mask_BT)
     dtype = _work_dtype(new_logprobs_BT)
     if advantages.dim() == 1:
@@ -378,21 +396,25 @@ def policy_loss(
         per_token_BT = per_token_BT + beta * kl_BT.to(dtype)
 
     loss = masked_mean(per_token_BT, mask_BT, loss_denominator)
+    clipped_BT = pg_clipped_BT > pg_unclipped_BT
+    return _with_diagnostics(loss, mask_BT, pg_BT, kl_BT, clipped_BT, ratio_BT, log_ratio_BT)
 
-    with torch.no_grad():
-        count = mask_BT.sum().clamp(min=1)
 
-        def mean(values_BT: torch.Tensor) -> torch.Tensor:
-            return masked_sum(values_BT.detach().to(dtype), mask_BT) / count
+@torch.no_grad()
+def _with_diagnostics(loss, mask_BT, pg_BT, kl_BT, clipped_BT, ratio_BT, log_ratio_BT) -> LossOutput:
+    """The loss plus its token means over `mask_BT` (what the learner logs)."""
+    dtype = pg_BT.dtype
+    count = mask_BT.sum().clamp(min=1)
 
-        zero = torch.zeros((), dtype=dtype, device=new_logprobs_BT.device)
-        output = LossOutput(
-            loss=loss,
-            policy_loss_avg=mean(pg_BT),
-            kl_avg=mean(kl_BT) if kl_BT is not None else zero,
-            clipfrac=mean((pg_clipped_BT > pg_unclipped_BT).to(dtype)),
-            ratio_avg=mean(ratio_BT),
-            approx_kl=mean(log_ratio_BT.square() / 2),
-            num_tokens=mask_BT.sum(),
-        )
-    return output
+    def mean(values_BT: torch.Tensor) -> torch.Tensor:
+        return masked_sum(values_BT.detach().to(dtype), mask_BT) / count
+
+    return LossOutput(
+        loss=loss,
+        policy_loss_avg=mean(pg_BT),
+        kl_avg=mean(kl_BT) if kl_BT is not None else torch.zeros((), dtype=dtype, device=pg_BT.device),
+        clipfrac=mean(clipped_BT.to(dtype)),
+        ratio_avg=mean(ratio_BT),
+        approx_kl=mean(log_ratio_BT.square() / 2),
+        num_tokens=mask_BT.sum(),
+    )

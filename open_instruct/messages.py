@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:
+    import torch
 
 FinishReason = Literal["stop", "length", "abort", "error"]
 
@@ -23,16 +26,18 @@ class SamplingSettings:
     top_p: float = 1.0
     stop_strings: tuple[str, ...] = ()
     include_stop_str_in_output: bool = True
-    ignore_eos: bool = False  # benchmarks: force exact lengths
-    # Benchmarks: a simulated tool call halfway through each sample (mean seconds, exponential);
-    # the request leaves the engine while it waits, as an agent's rollout does.
-    tool_call_latency_s: float = 0.0
-    per_sample_max_tokens: tuple[int, ...] = ()  # benchmarks: sample j's own length limit
+    ignore_eos: bool = False  # generate exactly max_tokens (calibration and benchmarks)
 
-    def max_tokens_of(self, sample_index: int) -> int:
-        if self.per_sample_max_tokens:
-            return self.per_sample_max_tokens[sample_index]
-        return self.max_tokens
+    @classmethod
+    def from_config(cls, cfg) -> SamplingSettings:
+        g = cfg.generation
+        return cls(
+            max_tokens=g.response_length,
+            temperature=g.temperature,
+            top_p=g.vllm_top_p,
+            stop_strings=cfg.stop_strings,
+            include_stop_str_in_output=g.include_stop_str_in_output,
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -187,4 +192,123 @@ class WeightMetadata:
         )
 
 
+# ----------------------------------------------------------------------------- engine lifecycle replies
+
+
+@dataclass(frozen=True, slots=True)
+class EngineStarted:
+    """An engine built its vLLM engine and is ready to pull prompts."""
+
+    engine_id: int
+    start_s: float
+    pid: int
+    target_concurrency: int  # samples it keeps running (KV capacity at full length, scheduler cap)
+    kv_cache_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class EngineStopped:
+    """An engine stopped pulling; `left` samples were still running when the stop returned."""
+
+    engine_id: int
+    mode: str  # "finish" or "abort"
+    in_flight_at_stop: int
+    left: int
+
+
+@dataclass(frozen=True, slots=True)
+class EngineLoopEnded:
+    """An engine's streaming loop (`GenerationActor.run`) returned normally."""
+
+    engine_id: int
+    prompts_pulled: int
+    samples: int
+
+
 ResultMessage = Completion | PromptStarted
+
+
+# ----------------------------------------------------------------------------- learner messages
+
+
+@dataclass(frozen=True, slots=True)
+class LearnerReady:
+    """A learner rank joined the process group and built its DeepSpeed engine."""
+
+    rank: int
+    pid: int
+    zero_stage: int
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class PackedRow:
+    """One row of `pack_length` tokens holding whole documents, then padding at the end.
+
+    Built by `packing.pack`. Every tensor has shape [pack_length]; all per-token values are
+    target-aligned (see the packing module). `doc_ids` is 0 on padding and k >= 1 on the k-th document of the row, whose
+    sample id is `sample_ids[k - 1]`. Padding carries `position_ids` 0, 1, 2, ... (one
+    pseudo-document, so it never attends to a real one), `response_mask` False, zeros for
+    advantages and logprobs, and `packing.PAD_VERSION` as version. `advantages` holds the document's
+    advantage on *all* its tokens (query included) so unpacking is exact even when nothing is
+    trained; the loss only ever reads it under `response_mask`.
+    """
+
+    input_ids: torch.Tensor  # int64
+    position_ids: torch.Tensor  # int64
+    doc_ids: torch.Tensor  # int64
+    is_response: torch.Tensor  # bool: response token, trained or not (response lengths, unpacking)
+    response_mask: torch.Tensor  # bool: response token that the loss trains on
+    advantages: torch.Tensor  # float32
+    behaviour_logprobs: torch.Tensor  # float32
+    versions: torch.Tensor  # int64
+    sample_ids: tuple[str, ...]
+
+    @property
+    def pack_length(self) -> int:
+        return int(self.input_ids.shape[0])
+
+    @property
+    def num_documents(self) -> int:
+        return len(self.sample_ids)
+
+    @property
+    def num_real_tokens(self) -> int:
+        """Non-padding tokens (the row's share of useful compute)."""
+        return int((self.doc_ids > 0).sum())
+
+    @property
+    def num_trained_tokens(self) -> int:
+        return int(self.response_mask.sum())
+
+    @property
+    def is_dummy(self) -> bool:
+        """A row added only so every rank runs the same number of micro-batches."""
+        return self.num_documents == 0
+
+
+@dataclass(frozen=True, slots=True)
+class TrainBatch:
+    """One rank's share of a step: micro-batches of packed rows (the same count on every rank)."""
+
+    step: int
+    micro_batches: tuple[tuple[PackedRow, ...], ...]
+    mini_batch_tokens: tuple[int, ...]  # trained tokens of each mini-batch summed over ALL ranks
+
+
+@dataclass(frozen=True, slots=True)
+class LearnerStepResult:
+    """What one rank reports after a training step; `metrics` are token-weighted means on this rank."""
+
+    rank: int
+    metrics: dict[str, float]
+
+
+@dataclass(frozen=True, slots=True)
+class StepReport:
+    """A training step as the loop sees it (driver side): rank-averaged learner metrics plus the
+    batch's shape (`batch/*`), the tokens trained, and when the step ran (for timelines)."""
+
+    metrics: dict[str, float]
+    trained_tokens: int
+    started_at: float
+    finished_at: float

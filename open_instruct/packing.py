@@ -22,11 +22,14 @@ Pure torch: no Ray, vLLM or DeepSpeed, so it is cheap to unit-test and to reuse.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+
+from open_instruct.messages import PackedRow
 
 # Versions tensor value on padding tokens: no real weight version is negative.
 PAD_VERSION = -1
@@ -92,52 +95,6 @@ class PackItem:
     def trained_mask(self) -> tuple[int, ...]:
         """The response mask with None expanded to all ones."""
         return self.response_mask if self.response_mask is not None else (1,) * len(self.response_ids)
-
-
-@dataclass(frozen=True, slots=True, eq=False)
-class PackedRow:
-    """One row of `pack_length` tokens holding whole documents, then padding at the end.
-
-    Every tensor has shape [pack_length]; all per-token values are target-aligned (module
-    docstring). `doc_ids` is 0 on padding and k >= 1 on the k-th document of the row, whose
-    sample id is `sample_ids[k - 1]`. Padding carries `position_ids` 0, 1, 2, ... (one
-    pseudo-document, so it never attends to a real one), `response_mask` False, zeros for
-    advantages and logprobs, and `PAD_VERSION` as version. `advantages` holds the document's
-    advantage on *all* its tokens (query included) so unpacking is exact even when nothing is
-    trained; the loss only ever reads it under `response_mask`.
-    """
-
-    input_ids: torch.Tensor  # int64
-    position_ids: torch.Tensor  # int64
-    doc_ids: torch.Tensor  # int64
-    is_response: torch.Tensor  # bool: response token, trained or not (response lengths, unpacking)
-    response_mask: torch.Tensor  # bool: response token that the loss trains on
-    advantages: torch.Tensor  # float32
-    behaviour_logprobs: torch.Tensor  # float32
-    versions: torch.Tensor  # int64
-    sample_ids: tuple[str, ...]
-
-    @property
-    def pack_length(self) -> int:
-        return int(self.input_ids.shape[0])
-
-    @property
-    def num_documents(self) -> int:
-        return len(self.sample_ids)
-
-    @property
-    def num_real_tokens(self) -> int:
-        """Non-padding tokens (the row's share of useful compute)."""
-        return int((self.doc_ids > 0).sum())
-
-    @property
-    def num_trained_tokens(self) -> int:
-        return int(self.response_mask.sum())
-
-    @property
-    def is_dummy(self) -> bool:
-        """A row added only so every rank runs the same number of micro-batches."""
-        return self.num_documents == 0
 
 
 # Tensor fields of PackedRow, in the order `collate` emits them.
@@ -293,9 +250,7 @@ def split_for_ranks(
     collectives for the step.
     """
     if world_size < 1 or micro_batch_size < 1:
-        raise ValueError(
-            f"world_size and micro_batch_size must be positive, got {world_size}, {micro_batch_size}"
-        )
+        raise ValueError(f"world_size and micro_batch_size must be positive, got {world_size}, {micro_batch_size}")
     for row in rows:
         if row.pack_length != pack_length:
             raise ValueError(f"row of {row.pack_length} tokens, expected pack_length={pack_length}")
@@ -321,6 +276,12 @@ def split_for_ranks(
             start += size
         result.append(micro_batches)
     return result
+
+
+def split_evenly(items: Sequence, parts: int) -> list[list]:
+    """Contiguous chunks: micro-batches into mini-batches, on the driver and on every learner alike."""
+    size = max(1, math.ceil(len(items) / parts))
+    return [list(items[i : i + size]) for i in range(0, len(items), size)]
 
 
 def collate(rows: Sequence[PackedRow]) -> dict[str, torch.Tensor]:

@@ -14,8 +14,11 @@ engine had in flight. Pure logic; no Ray.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
+import json
 import random
+import time
 from collections import defaultdict
 from dataclasses import dataclass
 
@@ -47,7 +50,7 @@ class PromptFeeder:
         async_steps: int,
         sampling: SamplingSettings,
         seed: int,
-        state: FeederState = FeederState(),
+        state: FeederState | None = None,
     ):
         if not prompts:
             raise ValueError("no training prompts to feed")
@@ -57,8 +60,8 @@ class PromptFeeder:
         self.async_steps = async_steps
         self.sampling = sampling
         self.seed = seed
-        self.state = state
-        self._order = self._epoch_order(state.epoch)
+        self.state = state or FeederState()
+        self._order = self._epoch_order(self.state.epoch)
 
     def _epoch_order(self, epoch: int) -> list[int]:
         order = list(range(len(self.prompts)))
@@ -72,13 +75,17 @@ class PromptFeeder:
     def admissible(self, learner_version: int) -> int:
         return max(0, self.limit(learner_version) - self.state.admitted)
 
-    def admit(self, learner_version: int, max_count: int | None = None) -> list[PromptRequest]:
+    def admit(
+        self, learner_version: int, max_count: int | None = None, now: float | None = None
+    ) -> list[PromptRequest]:
+        """The prompts admissible now, stamped with `learner_version` and `now` (default: the wall clock)."""
         count = self.admissible(learner_version)
         if max_count is not None:
             count = min(count, max_count)
-        return [self._next(learner_version) for _ in range(count)]
+        queued_at = time.time() if now is None else now
+        return [self._next(learner_version, queued_at) for _ in range(count)]
 
-    def _next(self, learner_version: int) -> PromptRequest:
+    def _next(self, learner_version: int, queued_at: float) -> PromptRequest:
         epoch, position = self.state.epoch, self.state.position
         if position == len(self._order):
             epoch, position = epoch + 1, 0
@@ -86,12 +93,25 @@ class PromptFeeder:
         row = self.prompts[self._order[position]]
         self.state = FeederState(epoch=epoch, position=position + 1, admitted=self.state.admitted + 1)
         return make_request(
-            row, f"{row.prompt_id}@{epoch}", self.sampling, self.samples_per_prompt, self.seed, learner_version
+            row,
+            f"{row.prompt_id}@{epoch}",
+            self.sampling,
+            self.samples_per_prompt,
+            self.seed,
+            learner_version,
+            queued_at=queued_at,
         )
 
 
 def make_request(
-    row, prompt_id: str, sampling: SamplingSettings, num_samples: int, seed: int, version: int, is_eval: bool = False
+    row,
+    prompt_id: str,
+    sampling: SamplingSettings,
+    num_samples: int,
+    seed: int,
+    version: int,
+    is_eval: bool = False,
+    queued_at: float | None = None,
 ) -> PromptRequest:
     return PromptRequest(
         prompt_id=prompt_id,
@@ -103,7 +123,24 @@ def make_request(
         seed=request_seed(seed, prompt_id),
         admitted_version=version,
         is_eval=is_eval,
+        queued_at=time.time() if queued_at is None else queued_at,
     )
+
+
+def record_prompts(path: str, requests: list[PromptRequest]) -> None:
+    """One JSON line per admitted prompt: what a replay benchmark needs to regenerate it."""
+    with open(path, "a") as f:
+        for r in requests:
+            record = {
+                "prompt_id": r.prompt_id,
+                "prompt_token_ids": list(r.prompt_token_ids),
+                "num_samples": r.num_samples,
+                "seed": r.seed,
+                "admitted_version": r.admitted_version,
+                "queued_at": r.queued_at,
+                "sampling": dataclasses.asdict(r.sampling),
+            }
+            f.write(json.dumps(record) + "\n")
 
 
 class DeliveryError(RuntimeError):
@@ -132,7 +169,9 @@ class DeliveryLedger:
             raise DeliveryError(f"completion for unknown prompt {completion.prompt_id}")
         samples = self.delivered[completion.prompt_id]
         if completion.sample_index in samples or not 0 <= completion.sample_index < expected:
-            raise DeliveryError(f"sample {completion.sample_index} of {completion.prompt_id} delivered twice or out of range")
+            raise DeliveryError(
+                f"sample {completion.sample_index} of {completion.prompt_id} delivered twice or out of range"
+            )
         samples.add(completion.sample_index)
         self.errors += completion.finish_reason == "error"
         return len(samples) == expected

@@ -37,12 +37,37 @@ from __future__ import annotations
 import enum
 import math
 import random
-from collections import defaultdict, deque
+from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import Any
 
 from open_instruct.messages import Completion
+from open_instruct.replay_policies import (
+    AgePolicy,
+    Candidate,
+    MaxAge,
+    NoAgeLimit,
+    Reuse,
+    SelectionPolicy,
+    StreamingFifo,
+)
+
+__all__ = [
+    "AddResult",
+    "AgePolicy",
+    "BufferState",
+    "Candidate",
+    "Group",
+    "GroupRecord",
+    "MaxAge",
+    "NoAgeLimit",
+    "ReplayBuffer",
+    "Reuse",
+    "SelectionPolicy",
+    "StreamingFifo",
+    "sample_tokens",
+]
 
 AGE_HISTOGRAM_BUCKETS = 4  # buckets 0 .. 3 versions old, then one for 4 or more
 
@@ -79,9 +104,7 @@ class Group:
         if not self.weights:
             object.__setattr__(self, "weights", (1.0,) * len(self.completions))
         if len(self.weights) != len(self.completions):
-            raise ValueError(
-                f"group {self.prompt_id}: {len(self.weights)} weights for {len(self.completions)} samples"
-            )
+            raise ValueError(f"group {self.prompt_id}: {len(self.weights)} weights for {len(self.completions)} samples")
         if [c.sample_index for c in self.completions] != list(range(len(self.completions))):
             raise ValueError(f"group {self.prompt_id}: completions must be in sample order 0..n-1")
 
@@ -105,128 +128,6 @@ class Group:
 def sample_tokens(completion: Completion) -> int:
     """Tokens a sample occupies in the buffer (and in a packed batch): prompt plus response."""
     return len(completion.prompt_token_ids) + len(completion.response_token_ids)
-
-
-# ---------------------------------------------------------------------------------------------------
-# Policies
-
-
-@dataclass(frozen=True, slots=True)
-class Candidate:
-    """A complete group as a selection policy sees it."""
-
-    seq: int  # order of completion in the buffer: lower completed earlier
-    uses: int  # times already trained
-    prompt_id: str
-
-
-class SelectionPolicy(Protocol):
-    """Chooses the groups of a batch and bounds how often a group is trained."""
-
-    @property
-    def max_uses(self) -> int:
-        """A group leaves the buffer after it was trained this many times."""
-        ...
-
-    def select(self, candidates: Sequence[Candidate], num_groups: int, rng: random.Random) -> list[int]:
-        """Return exactly `num_groups` distinct `seq`s from `candidates` (all of which have
-        `uses < max_uses`). Randomness must come from `rng` only, so runs replay with the seed."""
-        ...
-
-
-class AgePolicy(Protocol):
-    """Maps a group's age (in learner versions) to its loss weight, or None to drop it."""
-
-    def weight(self, age: int) -> float | None: ...
-
-
-@dataclass(frozen=True, slots=True)
-class StreamingFifo:
-    """Default: complete groups in the order they completed; each group is trained exactly once."""
-
-    @property
-    def max_uses(self) -> int:
-        return 1
-
-    def select(self, candidates: Sequence[Candidate], num_groups: int, rng: random.Random) -> list[int]:
-        return [c.seq for c in sorted(candidates, key=lambda c: c.seq)[:num_groups]]
-
-
-@dataclass(frozen=True, slots=True)
-class Reuse:
-    """Replay groups up to `max_uses` times (data-poor regimes); batches stay fixed-size.
-
-    Sampling: fresh (never trained) groups first, in completion order; the rest of the batch is
-    filled with already-trained groups, least-used first. Among equally-used groups the choice is
-    uniform at random from the buffer's seeded RNG: completion order correlates with length (short
-    samples finish first), so a deterministic oldest-first replay would replay the short groups.
-    A group is never twice in one batch. Already-trained groups also give way to fresh data when
-    the buffer is full (see `ReplayBuffer.add`). `Reuse(1)` behaves like `StreamingFifo`.
-    """
-
-    max_uses: int = 2
-
-    def __post_init__(self) -> None:
-        if self.max_uses < 1:
-            raise ValueError(f"Reuse.max_uses must be >= 1, got {self.max_uses}")
-
-    def select(self, candidates: Sequence[Candidate], num_groups: int, rng: random.Random) -> list[int]:
-        ordered = sorted(candidates, key=lambda c: c.seq)
-        chosen = [c.seq for c in ordered if c.uses == 0][:num_groups]
-        by_uses: dict[int, list[Candidate]] = defaultdict(list)
-        for c in ordered:
-            if c.uses > 0:
-                by_uses[c.uses].append(c)
-        for uses in sorted(by_uses):
-            need = num_groups - len(chosen)
-            if need <= 0:
-                break
-            level = by_uses[uses]
-            picked = level if len(level) <= need else sorted(rng.sample(level, need), key=lambda c: c.seq)
-            chosen.extend(c.seq for c in picked)
-        return chosen
-
-
-@dataclass(frozen=True, slots=True)
-class NoAgeLimit:
-    """Default: every group is trained at weight 1.0 however old (the loss's importance ratio corrects)."""
-
-    def weight(self, age: int) -> float | None:
-        return 1.0
-
-
-@dataclass(frozen=True, slots=True)
-class MaxAge:
-    """Groups more than `max_age` versions behind the learner are dropped or down-weighted.
-
-    `action="drop"`: such groups are evicted (counted in `buffer/evicted_total`). Dropping biases
-    training toward short completions; prefer `"downweight"`, which trains them at weight
-    `decay ** (age - max_age)` (counted in `buffer/downweighted_total`), and drops them only once the
-    weight falls below `min_weight` (0 = never).
-    """
-
-    max_age: int
-    action: Literal["drop", "downweight"] = "drop"
-    decay: float = 0.5
-    min_weight: float = 0.0
-
-    def __post_init__(self) -> None:
-        if self.max_age < 0:
-            raise ValueError(f"MaxAge.max_age must be >= 0, got {self.max_age}")
-        if self.action not in ("drop", "downweight"):
-            raise ValueError(f"MaxAge.action must be 'drop' or 'downweight', got {self.action!r}")
-        if not 0.0 < self.decay <= 1.0:
-            raise ValueError(f"MaxAge.decay must be in (0, 1], got {self.decay}")
-        if not 0.0 <= self.min_weight <= 1.0:
-            raise ValueError(f"MaxAge.min_weight must be in [0, 1], got {self.min_weight}")
-
-    def weight(self, age: int) -> float | None:
-        if age <= self.max_age:
-            return 1.0
-        if self.action == "drop":
-            return None
-        w = self.decay ** (age - self.max_age)
-        return None if w < self.min_weight else w
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -271,9 +172,16 @@ class _Entry:
     tokens: int = 0
     seq: int | None = None
     uses: int = 0
+    oldest_version: int | None = None  # set once complete: a complete group's samples never change
 
     def min_version(self) -> int:
+        if self.oldest_version is not None:
+            return self.oldest_version
         return min(c.min_version for c in self.samples.values())
+
+    def complete(self, seq: int) -> None:
+        self.seq = seq
+        self.oldest_version = min(c.min_version for c in self.samples.values())
 
     def ordered(self) -> tuple[Completion, ...]:
         return tuple(self.samples[i] for i in sorted(self.samples))
@@ -324,9 +232,7 @@ class ReplayBuffer:
             raise ValueError(f"max_samples={max_samples} cannot hold one group of {samples_per_prompt}")
         if max_tokens is not None:
             if max_sample_tokens is None or max_sample_tokens < 1:
-                raise ValueError(
-                    "a token cap (max_tokens) needs max_sample_tokens >= 1 to reserve room for groups"
-                )
+                raise ValueError("a token cap (max_tokens) needs max_sample_tokens >= 1 to reserve room for groups")
             if max_tokens < samples_per_prompt * max_sample_tokens:
                 raise ValueError(
                     f"max_tokens={max_tokens} cannot hold one group of "
@@ -349,6 +255,7 @@ class ReplayBuffer:
         self._size_tokens = 0
         self._reserved_tokens = 0  # actual tokens + max_sample_tokens per missing sample of open groups
         self._counters = dict.fromkeys(_COUNTERS, 0)
+        self._judged: tuple[int, int] | None = None  # (version, next_seq) of the last `evict` pass
         # Bounded windows of response lengths (the most recent `length_window` samples each).
         self._generated_lengths: deque[int] = deque(maxlen=length_window)
         self._trained_lengths: deque[int] = deque(maxlen=length_window)
@@ -380,10 +287,7 @@ class ReplayBuffer:
 
     def _fits_new_group(self, completion: Completion, freed_groups: int = 0, freed_tokens: int = 0) -> bool:
         """Whether a group opened by `completion` fits whole, optionally after freeing some groups."""
-        if (
-            self.reserved_samples - freed_groups * self.samples_per_prompt + self.samples_per_prompt
-            > self.max_samples
-        ):
+        if self.reserved_samples - freed_groups * self.samples_per_prompt + self.samples_per_prompt > self.max_samples:
             return False
         if self.max_tokens is not None:
             assert self.max_sample_tokens is not None
@@ -442,9 +346,7 @@ class ReplayBuffer:
             self._reserved_tokens += (n - 1) * (self.max_sample_tokens or 0)
         else:
             if entry.seq is not None or completion.sample_index in entry.samples:
-                raise ValueError(
-                    f"sample {completion.sample_index} of {completion.prompt_id} delivered twice"
-                )
+                raise ValueError(f"sample {completion.sample_index} of {completion.prompt_id} delivered twice")
             self._reserved_tokens -= self.max_sample_tokens or 0  # the reserved slot is now used
         entry.samples[completion.sample_index] = completion
         entry.tokens += tokens
@@ -455,7 +357,7 @@ class ReplayBuffer:
         self._generated_lengths.append(len(completion.response_token_ids))
         if len(entry.samples) == n:
             del self._open[entry.prompt_id]
-            entry.seq = self._next_seq
+            entry.complete(self._next_seq)
             self._next_seq += 1
             self._complete[entry.seq] = entry
         return AddResult.ACCEPTED
@@ -495,9 +397,13 @@ class ReplayBuffer:
 
         Incomplete groups are left alone: dropping one would strand its late samples (they would
         open a group that can never complete and hold reserved room forever). They are judged once
-        complete. Idempotent for a given version.
+        complete. Idempotent for a given version; the driver calls it on every poll, so it does no
+        work unless the version changed or a group completed since the last call.
         """
         self._learner_version = learner_version
+        if isinstance(self.age_policy, NoAgeLimit) or self._judged == (learner_version, self._next_seq):
+            return 0
+        self._judged = (learner_version, self._next_seq)
         dropped = 0
         for entry in list(self._complete.values()):
             if self.age_policy.weight(self._age(entry)) is None:
@@ -518,19 +424,11 @@ class ReplayBuffer:
         self._check_batch_size(num_groups)
         self.evict(learner_version)
         if len(self._complete) < num_groups:
-            raise RuntimeError(
-                f"take({num_groups}) but only {len(self._complete)} complete groups; check ready()"
-            )
+            raise RuntimeError(f"take({num_groups}) but only {len(self._complete)} complete groups; check ready()")
         candidates = [Candidate(seq, e.uses, e.prompt_id) for seq, e in self._complete.items()]
         chosen = self.selection.select(candidates, num_groups, self._rng)
-        if (
-            len(chosen) != num_groups
-            or len(set(chosen)) != num_groups
-            or not set(chosen) <= self._complete.keys()
-        ):
-            raise RuntimeError(
-                f"{type(self.selection).__name__} chose {chosen}, not {num_groups} distinct groups"
-            )
+        if len(chosen) != num_groups or len(set(chosen)) != num_groups or not set(chosen) <= self._complete.keys():
+            raise RuntimeError(f"{type(self.selection).__name__} chose {chosen}, not {num_groups} distinct groups")
         batch = []
         for seq in chosen:
             entry = self._complete[seq]
@@ -637,11 +535,10 @@ class ReplayBuffer:
                 entry.tokens += sample_tokens(completion)
             complete = len(entry.samples) == n
             if complete != (record.seq is not None):
-                raise ValueError(
-                    f"snapshot group {record.prompt_id}: seq={record.seq} with {len(entry.samples)}/{n}"
-                )
+                raise ValueError(f"snapshot group {record.prompt_id}: seq={record.seq} with {len(entry.samples)}/{n}")
             if complete:
                 assert entry.seq is not None
+                entry.complete(entry.seq)
                 buf._complete[entry.seq] = entry
             else:
                 buf._open[entry.prompt_id] = entry

@@ -1,5 +1,7 @@
 """Run records: metrics.jsonl (always), Weights & Biases (--with_tracking), tqdm, summary and a PNG.
 
+`MemoryLog` keeps what the loop reports in memory (simulations and tests); `RunLog` adds the files.
+
 `metrics.jsonl` holds one JSON object per training step (keys in ARCHITECTURE.md's contract);
 evaluation rows are merged into the step at which the round finished. On resume, lines past the
 resumed step are dropped so the file reads as one run. wandb runs offline when no API key is
@@ -21,29 +23,68 @@ def truncate_jsonl(path: Path, keep_through_step: int, key: str = "training_step
     """Drop records of steps after `keep_through_step` (they are redone after a resume)."""
     if not path.exists():
         return
-    kept = [line for line in path.read_text().splitlines() if line.strip() and json.loads(line).get(key, -1) <= keep_through_step]
+    kept = [
+        line
+        for line in path.read_text().splitlines()
+        if line.strip() and json.loads(line).get(key, -1) <= keep_through_step
+    ]
     path.write_text("".join(line + "\n" for line in kept))
 
 
-class RunLog:
-    def __init__(self, cfg, num_steps: int, start_step: int = 0):
-        from tqdm import tqdm
+class MemoryLog:
+    """The run's records in memory: what the loop reports, with nothing written (simulations, tests)."""
 
+    def __init__(self) -> None:
+        self.history: list[dict] = []
+        self.evals: list[dict] = []
+        self.summary: dict = {}
+        self.untrained: list[str] = []
+
+    def start(self, num_steps: int, start_step: int = 0) -> None:
+        """Called once the loop knows where it starts (after a resume)."""
+
+    def step(self, step: int, metrics: dict, trained_prompt_ids: list[str]) -> dict:
+        record = {"training_step": step, **{k: _plain(v) for k, v in metrics.items()}}
+        self.history.append(record)
+        return record
+
+    def eval_round(self, step: int, metrics: dict, rows: list[dict]) -> dict:
+        record = {"training_step": step, **metrics}
+        self.evals.append(record)
+        return record
+
+    def finish(self, summary: dict, untrained_prompt_ids: list[str]) -> None:
+        self.summary, self.untrained = summary, untrained_prompt_ids
+
+
+class RunLog(MemoryLog):
+    """MemoryLog plus files in --output_dir, wandb (--with_tracking) and a tqdm bar."""
+
+    def __init__(self, cfg):
+        super().__init__()
         self.cfg = cfg
         self.out = Path(cfg.experiment.output_dir)
-        self.out.mkdir(parents=True, exist_ok=True)
         self.metrics_path = self.out / "metrics.jsonl"
         self.trained_path = self.out / "trained_prompts.jsonl"
+        self.wandb = self.bar = None
+
+    def start(self, num_steps: int, start_step: int = 0) -> None:
+        from tqdm import tqdm
+
+        self.out.mkdir(parents=True, exist_ok=True)
         if start_step > 0:
             truncate_jsonl(self.metrics_path, start_step - 1)
             truncate_jsonl(self.trained_path, start_step - 1, key="step")
             truncate_jsonl(self.out / "eval.jsonl", start_step - 1)
         else:
-            for path in (self.metrics_path, self.trained_path, self.out / "eval_samples.jsonl", self.out / "eval.jsonl"):
+            for path in (
+                self.metrics_path,
+                self.trained_path,
+                self.out / "eval_samples.jsonl",
+                self.out / "eval.jsonl",
+            ):
                 path.unlink(missing_ok=True)
-        self.history: list[dict] = []
-        self.evals: list[dict] = []
-        self.wandb = self._start_wandb() if cfg.experiment.with_tracking else None
+        self.wandb = self._start_wandb() if self.cfg.experiment.with_tracking else None
         self.bar = tqdm(total=num_steps, initial=start_step, desc="training", unit="step", dynamic_ncols=True)
 
     def _start_wandb(self):
@@ -53,8 +94,11 @@ class RunLog:
 
         if not os.environ.get("WANDB_API_KEY") and "WANDB_MODE" not in os.environ:
             os.environ["WANDB_MODE"] = "offline"  # no credentials: record locally instead of failing
-        config = {group.name: dataclasses.asdict(getattr(self.cfg, group.name)) for group in dataclasses.fields(self.cfg)
-                  if dataclasses.is_dataclass(getattr(self.cfg, group.name))}
+        config = {
+            group.name: dataclasses.asdict(getattr(self.cfg, group.name))
+            for group in dataclasses.fields(self.cfg)
+            if dataclasses.is_dataclass(getattr(self.cfg, group.name))
+        }
         return wandb.init(
             project=self.cfg.experiment.wandb_project_name,
             entity=self.cfg.experiment.wandb_entity,
@@ -64,26 +108,27 @@ class RunLog:
             resume="allow",
         )
 
-    def step(self, step: int, metrics: dict, trained_prompt_ids: list[str]) -> None:
-        record = {"training_step": step, **{k: _plain(v) for k, v in metrics.items()}}
-        self.history.append(record)
+    def step(self, step: int, metrics: dict, trained_prompt_ids: list[str]) -> dict:
+        record = super().step(step, metrics, trained_prompt_ids)
         with open(self.metrics_path, "a") as f:
             f.write(json.dumps(record) + "\n")
         with open(self.trained_path, "a") as f:
             f.write(json.dumps({"step": step, "prompt_ids": trained_prompt_ids}) + "\n")
         if self.wandb is not None:
             self.wandb.log(record, step=step)
-        postfix = {"reward": f"{metrics.get('objective/verifiable_reward', 0.0):.2f}",
-                   "tok/s": f"{metrics.get('perf/generated_tokens_per_s', 0.0):.0f}"}
+        postfix = {
+            "reward": f"{metrics.get('objective/verifiable_reward', 0.0):.2f}",
+            "tok/s": f"{metrics.get('perf/generated_tokens_per_s', 0.0):.0f}",
+        }
         if "eval/verifiable_reward" in metrics:
             postfix["eval"] = f"{metrics['eval/verifiable_reward']:.2f}"
         self.bar.set_postfix(postfix)
         self.bar.update(1)
+        return record
 
-    def eval_round(self, step: int, metrics: dict, rows: list[dict]) -> None:
+    def eval_round(self, step: int, metrics: dict, rows: list[dict]) -> dict:
         """Every finished eval round: eval.jsonl (all rounds) and a few sample completions."""
-        record = {"training_step": step, **metrics}
-        self.evals.append(record)
+        record = super().eval_round(step, metrics, rows)
         with open(self.out / "eval.jsonl", "a") as f:
             f.write(json.dumps(record) + "\n")
         with open(self.out / "eval_samples.jsonl", "a") as f:
@@ -94,9 +139,13 @@ class RunLog:
 
             table = wandb.Table(columns=list(rows[0]) if rows else ["prompt"], data=[list(r.values()) for r in rows])
             self.wandb.log({"eval/samples": table}, step=step)
+        return record
 
-    def finish(self, summary: dict) -> None:
-        self.bar.close()
+    def finish(self, summary: dict, untrained_prompt_ids: list[str]) -> None:
+        super().finish(summary, untrained_prompt_ids)
+        if self.bar is not None:
+            self.bar.close()
+        (self.out / "untrained_prompts.json").write_text(json.dumps(untrained_prompt_ids))
         (self.out / "summary.json").write_text(json.dumps({k: _plain(v) for k, v in summary.items()}, indent=1))
         try:
             plot_run(self.history, self.out / "training.png")

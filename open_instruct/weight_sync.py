@@ -12,11 +12,13 @@ running requests first finish with the old weights ("wait"), then the update hap
 Every step has a timeout; a failure names the step and the engine or learner, and `resume`
 is always attempted, so no engine is left paused. Tensors travel through the transfer
 group (`weight_transfer_gloo` on CPU, `weight_transfer_nccl` on GPU: the same five calls),
-metadata through Ray.
+metadata through Ray. `WeightSync` is a driver-side handle like `EnginePool` and
+`LearnerGroup`: it starts their calls and waits on both sides at once.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass
 from types import ModuleType
@@ -50,35 +52,48 @@ class SyncSettings:
     timeout_s: float = 600.0  # per protocol step, and the transfer group's own collective timeout
     engine_ranks: int = 1  # transfer-group ranks per engine (its tensor-parallel size)
 
+    @classmethod
+    def from_config(cls, cfg, backend: str, on_gpu: bool) -> SyncSettings:
+        return cls(
+            backend=backend,
+            dtype_name="bfloat16" if on_gpu else "float32",
+            inflight=cfg.generation.inflight_updates,
+            engine_ranks=cfg.generation.vllm_tensor_parallel_size,
+        )
+
 
 class WeightSync:
     """Connects learner rank 0 to every engine once, then pushes versions on demand."""
 
-    def __init__(self, learners: list, engines: list, settings: SyncSettings):
-        self.learners = learners
-        self.engines = engines
+    def __init__(self, learners, engines, settings: SyncSettings):
+        self.learners = learners  # LearnerGroup
+        self.engines = engines  # EnginePool
         self.settings = settings
         self.metadata: WeightMetadata | None = None
         self.syncs = 0
+
+    def with_settings(self, **changes) -> WeightSync:
+        """The same connected group with other settings (e.g. a benchmark switching `inflight` per mode)."""
+        other = WeightSync(self.learners, self.engines, dataclasses.replace(self.settings, **changes))
+        other.metadata, other.syncs = self.metadata, self.syncs
+        return other
 
     def connect(self) -> dict[str, float]:
         """Rendezvous the transfer group: engines join while rank 0 opens it (they block on each other)."""
         s = self.settings
         started = time.monotonic()
-        host, port = self._get("rendezvous address", {"learner 0": self.learners[0].rendezvous_address.remote()})[0]
-        world_size = 1 + len(self.engines) * s.engine_ranks
+        host, port = self.learners.rendezvous_address()
+        world_size = 1 + self.engines.num_engines * s.engine_ranks
         wire = transport(s.backend)
-        refs = {
-            f"engine {i}": engine.init_weight_transfer.remote(
+        refs = self.engines.start_join_weight_transfer(
+            [
                 wire.worker_init_info(host, port, world_size, s.timeout_s, rank_offset=1 + i * s.engine_ranks)
-            )
-            for i, engine in enumerate(self.engines)
-        }
-        refs["learner 0"] = self.learners[0].open_weight_transport.remote(s.backend, host, port, world_size, s.timeout_s)
+                for i in range(self.engines.num_engines)
+            ]
+        )
+        refs["learner 0"] = self.learners.start_open_weight_transport(s.backend, host, port, world_size, s.timeout_s)
         self._get("init transfer group", refs)
-        self.metadata = self._get(
-            "weight metadata", {"learner 0": self.learners[0].weight_metadata.remote(s.dtype_name)}
-        )[0]
+        self.metadata = self.learners.weight_metadata(s.dtype_name)
         return {"weight_sync/connect_s": time.monotonic() - started, "weight_sync/group_size": float(world_size)}
 
     def push(self, version: int, step_end_time: float | None = None) -> dict[str, float]:
@@ -91,27 +106,19 @@ class WeightSync:
         mode = "keep" if s.inflight else "wait"
         pauses: list[EnginePaused] = []
         try:
-            pauses = self._get("pause", {f"engine {i}": e.pause.remote(mode) for i, e in enumerate(self.engines)})
+            pauses = self._get("pause", self.engines.start_pause(mode))
             transfer_at = time.monotonic()
             info = transport(s.backend).update_info(
                 list(md.names), list(md.dtype_names), [list(x) for x in md.shapes], s.bucket_bytes
             )
-            refs = {
-                f"engine {i}": e.receive_weights.remote(info, version, s.timeout_s) for i, e in enumerate(self.engines)
-            }
-            refs.update(
-                {f"learner {r}": l.send_weights.remote(md, s.bucket_bytes) for r, l in enumerate(self.learners)}
-            )
+            refs = self.engines.start_receive_weights(info, version, s.timeout_s)
+            refs.update(self.learners.start_send_weights(md, s.bucket_bytes))
             reports = self._get("transfer", refs)
             transferred_at = time.monotonic()
         finally:
             # After a failed transfer an engine may still sit in the group's collective until the
             # group timeout fires; only then can it finish the reload and resume.
-            resumed = self._get(
-                "resume",
-                {f"engine {i}": e.resume.remote() for i, e in enumerate(self.engines)},
-                timeout_s=2 * s.timeout_s + 60,
-            )
+            resumed = self._get("resume", self.engines.start_resume(), timeout_s=2 * s.timeout_s + 60)
         resumed_at = time.monotonic()
         self.syncs += 1
         sent = [r for r in reports if isinstance(r, WeightsSent)]
@@ -148,9 +155,7 @@ class WeightSync:
             done, pending = ray.wait(pending, num_returns=1, timeout=max(0.0, deadline - time.monotonic()))
             if not done:
                 late = ", ".join(names[r] for r in pending)
-                raise WeightSyncError(
-                    f"weight sync step '{step}' timed out after {timeout_s:.0f}s waiting for {late}"
-                )
+                raise WeightSyncError(f"weight sync step '{step}' timed out after {timeout_s:.0f}s waiting for {late}")
             for ref in done:
                 try:
                     ray.get(ref)

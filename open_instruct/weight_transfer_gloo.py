@@ -116,14 +116,11 @@ class GlooWeightTransferUpdateInfo(WeightTransferUpdateInfo):
     def __post_init__(self):
         if not (len(self.names) == len(self.dtype_names) == len(self.shapes)):
             raise ValueError(
-                f"names/dtype_names/shapes lengths differ: "
-                f"{len(self.names)}/{len(self.dtype_names)}/{len(self.shapes)}"
+                f"names/dtype_names/shapes lengths differ: {len(self.names)}/{len(self.dtype_names)}/{len(self.shapes)}"
             )
 
 
-class GlooWeightTransferEngine(
-    WeightTransferEngine[GlooWeightTransferInitInfo, GlooWeightTransferUpdateInfo]
-):
+class GlooWeightTransferEngine(WeightTransferEngine[GlooWeightTransferInitInfo, GlooWeightTransferUpdateInfo]):
     """Receives checkpoint-format (HF-named) weights over gloo; loads via layerwise reload."""
 
     init_info_cls = GlooWeightTransferInitInfo
@@ -317,8 +314,7 @@ def make_update_info(
         GlooWeightTransferUpdateInfo(
             names=[n for n, _ in pairs],
             dtype_names=[
-                _dtype_name(dtype if dtype is not None and t.is_floating_point() else t.dtype)
-                for _, t in pairs
+                _dtype_name(dtype if dtype is not None and t.is_floating_point() else t.dtype) for _, t in pairs
             ],
             shapes=[list(t.shape) for _, t in pairs],
             bucket_bytes=bucket_bytes,
@@ -376,9 +372,7 @@ def hf_named_weights(model: torch.nn.Module) -> list[tuple[str, torch.Tensor]]:
     return [(n, p) for n, p in model.named_parameters()]
 
 
-async def init_engine_transfer(
-    engine, host: str, port: int, world_size: int = 2, timeout_s: float = DEFAULT_TIMEOUT_S
-):
+async def init_engine_transfer(engine, host: str, port: int, world_size: int = 2, timeout_s: float = DEFAULT_TIMEOUT_S):
     """Rendezvous an AsyncLLM (in this event loop) with a trainer group opened here; returns the group."""
     from vllm.distributed.weight_transfer.base import WeightTransferInitRequest
 

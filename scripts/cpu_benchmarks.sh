@@ -22,7 +22,7 @@ if [[ "${QUICK:-0}" == "1" ]]; then
 else
   weight_sync=() replay=() e2e=(--steps 24) simulator=()
 fi
-$py -m open_instruct.benchmark_weight_sync "${weight_sync[@]}" --output "$out/weight_sync.json"
-$py -m open_instruct.benchmark_replay "${replay[@]}" --output "$out/replay"
-$py -m open_instruct.benchmark_e2e "${e2e[@]}" --output "$out/e2e"
-$py -m open_instruct.simulator "${simulator[@]}" --measured "$out/e2e/measured.json" --output "$out/simulator"
+$py -m open_instruct.benchmarks.weight_sync "${weight_sync[@]}" --output "$out/weight_sync.json"
+$py -m open_instruct.benchmarks.replay "${replay[@]}" --output "$out/replay"
+$py -m open_instruct.benchmarks.e2e "${e2e[@]}" --output "$out/e2e"
+$py -m open_instruct.benchmarks.simulator "${simulator[@]}" --measured "$out/e2e/measured.json" --output "$out/simulator"

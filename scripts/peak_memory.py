@@ -48,8 +48,10 @@ def main() -> int:
         peak = max(peak, tree_pss_bytes(root))
         time.sleep(args.interval)
     elapsed = time.monotonic() - started
-    print(f"peak memory (PSS of the whole process tree): {peak / 2**30:.2f} GiB; wall time {elapsed:.0f} s",
-          file=sys.stderr)
+    print(
+        f"peak memory (PSS of the whole process tree): {peak / 2**30:.2f} GiB; wall time {elapsed:.0f} s",
+        file=sys.stderr,
+    )
     return child.returncode
 
 

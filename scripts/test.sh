@@ -1,10 +1,14 @@
 #!/usr/bin/env bash
-# Runs the whole test suite (unit + slow integration tests with real vLLM, Ray and DeepSpeed) on CPU.
+# Runs the lint gate (ruff check + ruff format --check) and the whole test suite (unit + slow integration
+# tests with real vLLM, Ray and DeepSpeed) on CPU.
 # Hardware: a 2-core x86_64 Linux machine is enough. Sets up .venv first when needed.
 # Extra arguments go to pytest, e.g. `bash scripts/test.sh -m "not slow"` for the fast subset.
 set -euo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$repo"
 bash scripts/setup_env.sh
+# The lint gate (rules in pyproject.toml): fails before any test runs.
+.venv/bin/ruff check .
+.venv/bin/ruff format --check .
 export RAY_DEDUP_LOGS=0 TOKENIZERS_PARALLELISM=false
 exec .venv/bin/python -m pytest tests -p no:cacheprovider --durations=15 "$@"

@@ -10,9 +10,16 @@ import json
 
 import pytest
 
-
-MODE_KEYS = {"mode", "trained_samples_per_s", "generated_tokens_per_s", "generation_idle_frac", "learner_wait_frac",
-             "weight_sync_pause_s_avg", "version_lag_avg", "version_lag_max"}
+MODE_KEYS = {
+    "mode",
+    "trained_samples_per_s",
+    "generated_tokens_per_s",
+    "generation_idle_frac",
+    "learner_wait_frac",
+    "weight_sync_pause_s_avg",
+    "version_lag_avg",
+    "version_lag_max",
+}
 
 
 @pytest.fixture(scope="module")
@@ -24,8 +31,14 @@ def quick_bench(tmp_path_factory):
 
     out = tmp_path_factory.mktemp("bench")
     repo = Path(__file__).resolve().parents[1]
-    result = subprocess.run(["bash", "scripts/cpu_benchmarks.sh"], cwd=repo, capture_output=True, text=True,
-                            timeout=1500, env={**os.environ, "QUICK": "1", "OUT": str(out)})
+    result = subprocess.run(
+        ["bash", "scripts/cpu_benchmarks.sh"],
+        cwd=repo,
+        capture_output=True,
+        text=True,
+        timeout=1500,
+        env={**os.environ, "QUICK": "1", "OUT": str(out)},
+    )
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
     return out, result.stdout
 
@@ -63,7 +76,7 @@ def test_end_to_end_benchmark_reports_every_mode(quick_bench):
     for workload in result["workloads"].values():
         assert set(workload["modes"]) == {"synchronous", "one_step_async", "streaming"}
         for mode, r in workload["modes"].items():
-            assert MODE_KEYS <= set(r) and r["mode"] == mode and r["steps"] == 2
+            assert set(r) >= MODE_KEYS and r["mode"] == mode and r["steps"] == 2
             assert r["trained_samples_per_s"] > 0 and r["buffer_peak_samples"] <= r["buffer_cap_samples"]
         assert workload["modes"]["synchronous"]["version_lag_max"] == 0  # nothing runs ahead when synchronous
         assert workload["speedup_streaming_vs_sync"] > 0
@@ -77,18 +90,18 @@ def test_end_to_end_benchmark_reports_every_mode(quick_bench):
 
 @pytest.mark.slow
 def test_simulator_fits_the_measurements_and_projects_the_seed_cluster(quick_bench):
-    out, stdout = quick_bench
+    out, _stdout = quick_bench
     result = json.loads((out / "simulator" / "simulator.json").read_text())
     measured = result["measured"]
     assert measured["measured_speedup_streaming_vs_sync"] > 0 and "speedup_relative_error" in measured
     for mode in ("synchronous", "one_step_async", "streaming"):
-        assert MODE_KEYS <= set(measured[mode]) and MODE_KEYS <= set(result["seed_projection"][mode])
+        assert set(measured[mode]) >= MODE_KEYS and set(result["seed_projection"][mode]) >= MODE_KEYS
     assert result["seed_projection"]["speedup_streaming_vs_sync"] > 1
     assert (out / "simulator" / "simulator_timeline.png").stat().st_size > 0
 
 
 def test_mfu_and_mbu_from_model_dimensions():
-    from open_instruct.benchmark_replay import GPU_PEAKS, dense_params, utilization
+    from open_instruct.benchmarks.replay import GPU_PEAKS, dense_params, utilization
 
     params = dense_params(hidden=4096, layers=32, vocab=128_000)  # a Llama-3-8B-like shape
     assert 6.9e9 < params < 7.1e9

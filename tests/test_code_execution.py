@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from open_instruct.code_execution_server import CodeExecutionServer, SandboxConfig, code_server, outputs_match
+from code_server import CodeExecutionServer, SandboxConfig, code_server, outputs_match
 from open_instruct.rewards import VerifierInput, VerifierSettings, get_verifier
 from open_instruct.rewards.code_tests import CodeServiceError, endpoint_url, extract_program
 
@@ -67,9 +67,7 @@ def guard_only_url() -> Iterator[str]:
 
 
 def post(base: str, body: dict, stdio: bool = False, timeout: float = 60) -> dict:
-    response = requests.post(
-        base + ("/test_program_stdio" if stdio else "/test_program"), json=body, timeout=timeout
-    )
+    response = requests.post(base + ("/test_program_stdio" if stdio else "/test_program"), json=body, timeout=timeout)
     assert response.status_code == 200, response.text
     return response.json()
 
@@ -97,17 +95,13 @@ def test_health_reports_active_layers(url: str) -> None:
 
 def test_correct_program_passes_all_asserts(url: str) -> None:
     program = "def add(a, b):\n    return a + b\n"
-    reply = run(
-        url, program, ["assert add(1, 2) == 3", "assert add(-1, 1) == 0", "assert add('a', 'b') == 'ab'"]
-    )
+    reply = run(url, program, ["assert add(1, 2) == 3", "assert add(-1, 1) == 0", "assert add('a', 'b') == 'ab'"])
     assert reply["results"] == [1, 1, 1]
     assert all(0 <= r < 2.0 for r in reply["runtimes"])
 
 
 def test_wrong_program_fails(url: str) -> None:
-    reply = run(
-        url, "def add(a, b):\n    return a - b\n", ["assert add(1, 2) == 3", "assert add(5, 5) == 10"]
-    )
+    reply = run(url, "def add(a, b):\n    return a - b\n", ["assert add(1, 2) == 3", "assert add(5, 5) == 10"])
     assert reply["results"] == [0, 0]
     assert reply["runtimes"] == [-1.0, -1.0]
     assert reply["statuses"] == ["failed", "failed"]
@@ -115,9 +109,7 @@ def test_wrong_program_fails(url: str) -> None:
 
 def test_partial_pass_rate_and_error_kinds(url: str) -> None:
     program = "def sq(x):\n    return x * x if x < 3 else x\n"
-    reply = run(
-        url, program, ["assert sq(2) == 4", "assert sq(3) == 9", "assert undefined_name", "assert sq(1) == 1"]
-    )
+    reply = run(url, program, ["assert sq(2) == 4", "assert sq(3) == 9", "assert undefined_name", "assert sq(1) == 1"])
     assert reply["results"] == [1, 0, 0, 1]
     assert reply["statuses"][2] == "error:NameError"
 
@@ -125,6 +117,12 @@ def test_partial_pass_rate_and_error_kinds(url: str) -> None:
 def test_main_block_does_not_run_in_assert_mode(url: str) -> None:
     program = "def f():\n    return 7\n\nif __name__ == '__main__':\n    input()\n"
     assert run(url, program, ["assert f() == 7"])["results"] == [1]
+
+
+def test_the_runner_directory_is_not_importable(url: str) -> None:
+    # The runner is started by file path under `-I`: code_server/ must not land on the program's sys.path.
+    program = "import os, sys\nhits = [p for p in sys.path if os.path.isfile(os.path.join(p, 'sandbox.py'))]\n"
+    assert run(url, program, ["assert hits == [], hits"])["results"] == [1]
 
 
 @pytest.mark.parametrize(
@@ -161,9 +159,7 @@ def test_growing_memory_bomb_is_stopped() -> None:
     # A small limit so the bomb hits RLIMIT_AS quickly instead of touching gigabytes.
     with code_server(config=SandboxConfig(memory_limit_mb=256, max_concurrency=1)) as (_, base):
         started = time.monotonic()
-        reply = run(
-            base, "chunks = []\nwhile True:\n    chunks.append(b'x' * 10**6)\n", ["assert True"], limit=5
-        )
+        reply = run(base, "chunks = []\nwhile True:\n    chunks.append(b'x' * 10**6)\n", ["assert True"], limit=5)
         assert reply["results"] == [0]
         assert reply["statuses"] == ["memory_limit"]
         assert time.monotonic() - started < 5
@@ -178,9 +174,7 @@ def test_output_flood_is_capped(url: str) -> None:
 
 def test_many_concurrent_requests_complete_with_right_answers(url: str) -> None:
     def one(i: int) -> dict:
-        return run(
-            url, f"def ident():\n    return {i}\n", [f"assert ident() == {i}", f"assert ident() == {i + 1}"]
-        )
+        return run(url, f"def ident():\n    return {i}\n", [f"assert ident() == {i}", f"assert ident() == {i + 1}"])
 
     started = time.monotonic()
     with ThreadPoolExecutor(max_workers=32) as pool:
@@ -213,9 +207,7 @@ def test_network_is_unreachable(base_fixture: str, request: pytest.FixtureReques
         listener.listen(8)
         listener.settimeout(0.3)
         port = listener.getsockname()[1]
-        reply = run(
-            base, NETWORK_PROGRAM.format(port=port), ["assert result == 'connected'", "assert result"]
-        )
+        reply = run(base, NETWORK_PROGRAM.format(port=port), ["assert result == 'connected'", "assert result"])
         # Test 2 passing shows the program ran to the end: the connection failed, nothing crashed.
         assert reply["results"] == [0, 1]
         with pytest.raises(socket.timeout):
@@ -366,9 +358,7 @@ class _Exploit:
         ),
         (json.dumps({"program": "x", "tests": [{"input": "1"}]}).encode(), "/test_program_stdio", "'output'"),
         (
-            json.dumps(
-                {"program": "x", "tests": base64.b64encode(zlib.compress(pickle.dumps(_Exploit()))).decode()}
-            ),
+            json.dumps({"program": "x", "tests": base64.b64encode(zlib.compress(pickle.dumps(_Exploit()))).decode()}),
             "/test_program",
             "posix.system",
         ),
@@ -433,9 +423,7 @@ def test_code_verifier_on_acecoder_samples(url: str, index: int) -> None:
     assert good.score == 1.0
     assert good.extracted == "\n" + ACECODER_SOLUTIONS[index]
     assert good.details["results"] == [1] * len(row["ground_truth"])
-    bad = verifier(
-        VerifierInput("```python\ndef unrelated():\n    pass\n```", row["ground_truth"]), _settings(url)
-    )
+    bad = verifier(VerifierInput("```python\ndef unrelated():\n    pass\n```", row["ground_truth"]), _settings(url))
     assert bad.score == 0.0
     assert bad.details["statuses"][0] == "error:NameError"
 
@@ -496,7 +484,7 @@ def test_cli_prints_url_and_serves_health() -> None:
         [
             sys.executable,
             "-m",
-            "open_instruct.code_execution_server",
+            "code_server",
             "--port",
             "0",
             "--max_concurrency",
@@ -518,3 +506,38 @@ def test_cli_prints_url_and_serves_health() -> None:
     finally:
         proc.terminate()
         assert proc.wait(timeout=15) == 0
+
+
+def _clean_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    return {**env, **extra}
+
+
+@pytest.mark.parametrize("where", ["checkout", "installed"])
+def test_cli_help_lists_the_flags(where: str, tmp_path: Path) -> None:
+    # From outside the repository: "checkout" finds the package through PYTHONPATH, "installed" through
+    # `pip install -e .` (pyproject.toml's packages.find must include code_server*).
+    env = _clean_env(PYTHONPATH=str(REPO_ROOT)) if where == "checkout" else _clean_env()
+    if where == "installed":
+        probe = subprocess.run(
+            [sys.executable, "-c", "import code_server"],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            check=False,
+        )
+        if probe.returncode != 0:
+            pytest.skip("code_server is not installed in this environment (run `pip install -e .`)")
+    result = subprocess.run(
+        [sys.executable, "-m", "code_server", "--help"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("usage: python -m code_server")
+    for flag in ("--host", "--port", "--max_concurrency", "--no_kernel_isolation", "--log_level"):
+        assert flag in result.stdout

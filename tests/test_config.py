@@ -106,7 +106,10 @@ def test_defaults_select_the_embedded_model():
     "argv, message",
     [
         (["--pack_lenght", "10"], r"unknown flag --pack_lenght \(did you mean --pack_length\?\)"),
-        (["--pack_length", "100"], r"--pack_length 100 < --max_prompt_token_length 256 \+ --response_length 256.*at least 512"),
+        (
+            ["--pack_length", "100"],
+            r"--pack_length 100 < --max_prompt_token_length 256 \+ --response_length 256.*at least 512",
+        ),
         (["--num_samples_per_prompt_rollout", "1"], r"--num_samples_per_prompt_rollout must be >= 2"),
         (["--kl_estimator", "kl9"], r"--kl_estimator 'kl9' is not one of"),
         (["--dataset_mixer_list", "a", "1.0", "b"], r"--dataset_mixer_list takes NAME WEIGHT pairs"),
@@ -144,7 +147,11 @@ def test_help_documents_every_flag():
         assert f"--{name}" in help_text
         assert documented[f"--{name}"], f"--{name} has no help text"
     beaker_only = [a for a in parser._actions if a.help and a.help.startswith("[Beaker only")]
-    assert {a.dest for a in beaker_only} >= {"try_launch_beaker_eval_jobs_on_weka", "oe_eval_tasks", "oe_eval_max_length"}
+    assert {a.dest for a in beaker_only} >= {
+        "try_launch_beaker_eval_jobs_on_weka",
+        "oe_eval_tasks",
+        "oe_eval_max_length",
+    }
 
 
 def test_entry_point_rejects_bad_flags_before_starting_anything(capsys):

@@ -97,9 +97,7 @@ def test_mixer_fraction_absolute_and_upsampled_counts(tmp_path, tok):
     up = load(tmp_path, tok, [path, "25"])
     counts = Counter(p.index for p in up.prompts)
     assert (
-        len(up.prompts) == 25
-        and sorted(set(counts.values())) == [2, 3]
-        and sum(v == 3 for v in counts.values()) == 5
+        len(up.prompts) == 25 and sorted(set(counts.values())) == [2, 3] and sum(v == 3 for v in counts.values()) == 5
     )
     assert len({p.prompt_id for p in up.prompts}) == 25  # repeats get distinct, stable ids
     source = up.report.sources[0]
@@ -170,7 +168,7 @@ def test_local_jsonl_json_parquet_and_directory_sources_agree(tmp_path, tok):
         loaded = load(tmp_path, tok, [source, "1.0"]).prompts
         assert [p.prompt_token_ids for p in loaded] == expected, source
         assert [p.ground_truths for p in loaded] == [(str(i + 1),) for i in range(5)]
-    with pytest.raises(DatasetError, match="no files for split 'test'.*data/train-00000-of-00002.parquet"):
+    with pytest.raises(DatasetError, match=r"no files for split 'test'.*data/train-00000-of-00002\.parquet"):
         load(tmp_path, tok, [hub_layout, "1.0"], dataset_mixer_list_splits=["test"])
     with pytest.raises(DatasetError, match="no such file or directory"):
         load(tmp_path, tok, [tmp_path / "missing.jsonl", "1.0"])
@@ -184,9 +182,7 @@ def test_rlvr_sample_files_load_and_ignore_extra_columns(tmp_path, tok):
     assert [s.prompts for s in loaded.report.sources] == [s.rows_read for s in loaded.report.sources]
     by_file = {Path(p.source.rsplit(":", 1)[0]).name: p for p in loaded.prompts}
     code = by_file["acecoder.jsonl"]
-    assert code.verifier_names == ("code",) and isinstance(
-        code.ground_truths[0], list
-    )  # asserts stay one label
+    assert code.verifier_names == ("code",) and isinstance(code.ground_truths[0], list)  # asserts stay one label
     assert code.ground_truths[0][0].startswith("assert ")
     mixed = [p for p in loaded.prompts if "mixed" in p.source]
     assert ("MATH",) in [p.verifier_names for p in mixed]  # case-insensitive validation, name kept as written
@@ -200,9 +196,7 @@ def test_orz_trailing_assistant_answer_is_dropped(tmp_path, tok):
     for prompt, source_row in zip(orz, rows):
         user_only = [m for m in source_row["messages"] if m["role"] == "user"]
         expected = tok.apply_chat_template(user_only, add_generation_prompt=True, tokenize=True)
-        assert list(prompt.prompt_token_ids) == list(
-            expected["input_ids"] if hasattr(expected, "keys") else expected
-        )
+        assert list(prompt.prompt_token_ids) == list(expected["input_ids"] if hasattr(expected, "keys") else expected)
         assert prompt_text(tok, prompt).count("<|assistant|>") == 1
 
 
@@ -300,12 +294,8 @@ def test_malformed_row_message_names_dataset_row_and_problem(tmp_path, tok, bad,
 
 
 def test_unknown_verifier_suggests_a_remap_and_the_remap_fixes_it(tmp_path, tok):
-    path = write_jsonl(
-        tmp_path / "code.jsonl", [row(0, dataset="ace_coder", ground_truth=["assert f() == 1"])]
-    )
-    with pytest.raises(
-        DatasetError, match=r"row 0 .*use --remap_verifier ace_coder=code or --dataset_skip_bad_rows"
-    ):
+    path = write_jsonl(tmp_path / "code.jsonl", [row(0, dataset="ace_coder", ground_truth=["assert f() == 1"])])
+    with pytest.raises(DatasetError, match=r"row 0 .*use --remap_verifier ace_coder=code or --dataset_skip_bad_rows"):
         load(tmp_path, tok, [path, "1.0"])
     fixed = load(tmp_path, tok, [path, "1.0"], remap={"ACE_CODER": "code"})
     assert fixed.prompts[0].verifier_names == ("ace_coder",)  # the reward side applies the remap
@@ -370,9 +360,7 @@ def test_system_prompt_override_replaces_or_inserts(tmp_path, tok):
     with_system = row(0, messages=[{"role": "system", "content": "OLD"}, {"role": "user", "content": "Q?"}])
     path = write_jsonl(tmp_path / "sys.jsonl", [with_system, row(1)])
     model = ModelConfig(system_prompt_override="Think first.")
-    replaced, inserted = (
-        prompt_text(tok, p) for p in load(tmp_path, tok, [path, "1.0"], model=model).prompts
-    )
+    replaced, inserted = (prompt_text(tok, p) for p in load(tmp_path, tok, [path, "1.0"], model=model).prompts)
     assert replaced == "<|system|>\nThink first.\n<|user|>\nQ?\n<|assistant|>\n<think>"
     assert inserted.startswith("<|system|>\nThink first.\n<|user|>\nWhat is 1 + 1?") and "OLD" not in replaced
 
@@ -385,14 +373,10 @@ def test_add_bos_prepends_once_and_requires_a_bos_token(tmp_path, tok):
     with_bos.add_special_tokens({"bos_token": "<|bos|>"})
     bos = with_bos.bos_token_id
     plain = load(tmp_path, with_bos, [path, "1.0"]).prompts[0].prompt_token_ids
-    added = (
-        load(tmp_path, with_bos, [path, "1.0"], model=ModelConfig(add_bos=True)).prompts[0].prompt_token_ids
-    )
+    added = load(tmp_path, with_bos, [path, "1.0"], model=ModelConfig(add_bos=True)).prompts[0].prompt_token_ids
     assert plain[0] != bos and added == (bos, *plain)
     with_bos.chat_template = "{{ bos_token }}" + with_bos.chat_template  # the template already emits BOS
-    templated = (
-        load(tmp_path, with_bos, [path, "1.0"], model=ModelConfig(add_bos=True)).prompts[0].prompt_token_ids
-    )
+    templated = load(tmp_path, with_bos, [path, "1.0"], model=ModelConfig(add_bos=True)).prompts[0].prompt_token_ids
     assert templated == added
 
 
@@ -405,14 +389,11 @@ def test_list_typed_dataset_and_ground_truth_rows(tmp_path, tok):
         tmp_path, tok, [write_jsonl(tmp_path / "lists.jsonl", [multi, code, plain]), "1.0"]
     ).prompts
     assert first.verifier_names == ("math", "string_f1") and first.ground_truths == ("2", "two")
-    assert second.verifier_names == ("code",) and second.ground_truths == (
-        ["assert f() == 1", "assert f() != 2"],
-    )
+    assert second.verifier_names == ("code",) and second.ground_truths == (["assert f() == 1", "assert f() != 2"],)
     assert third.verifier_names == ("gsm8k",) and third.ground_truths == ("3",)
     from_parquet = load(tmp_path, tok, [write_parquet(tmp_path / "lists.parquet", [multi]), "1.0"]).prompts
     assert (
-        from_parquet[0].ground_truths == first.ground_truths
-        and from_parquet[0].verifier_names == first.verifier_names
+        from_parquet[0].ground_truths == first.ground_truths and from_parquet[0].verifier_names == first.verifier_names
     )
 
 
@@ -438,7 +419,5 @@ def test_hub_path_runs_the_same_row_processing(tmp_path, tok, monkeypatch):
         raise ConnectionError("no network")
 
     monkeypatch.setattr(datasets, "load_dataset", offline)
-    with pytest.raises(
-        DatasetError, match=r"no/such-repo \[train\]: could not load it from the HF hub .*no network"
-    ):
+    with pytest.raises(DatasetError, match=r"no/such-repo \[train\]: could not load it from the HF hub .*no network"):
         load(tmp_path, tok, ["no/such-repo", "1.0"])

@@ -7,9 +7,9 @@ training on rewarded samples must raise their likelihood.
 from __future__ import annotations
 
 import pytest
+from helpers.batches import rewarded_groups
 
 from open_instruct.batching import BatchSettings, assemble
-from helpers.batches import rewarded_groups
 
 pytestmark = pytest.mark.slow
 N = 4
@@ -29,29 +29,41 @@ def run_group(model_path, groups, stage: int, steps: int = 1, num_mini_batches: 
 
     from open_instruct import cluster
     from open_instruct.learner import LearnerSettings
+    from open_instruct.learner_group import LearnerGroup
 
     taken, tokenizer = groups
     settings = LearnerSettings(
-        model_path=model_path, deepspeed_stage=stage, learning_rate=1e-3, lr_scheduler_type="constant",
-        micro_batch_size=1, num_mini_batches=num_mini_batches, total_steps=steps, importance_ratio_cap=0.0,
+        model_path=model_path,
+        deepspeed_stage=stage,
+        learning_rate=1e-3,
+        lr_scheduler_type="constant",
+        micro_batch_size=1,
+        num_mini_batches=num_mini_batches,
+        total_steps=steps,
+        importance_ratio_cap=0.0,
     )
     batch_settings = BatchSettings(
-        pack_length=128, pad_token_id=tokenizer.pad_token_id, world_size=2, micro_batch_size=1,
+        pack_length=128,
+        pad_token_id=tokenizer.pad_token_id,
+        world_size=2,
+        micro_batch_size=1,
         num_mini_batches=num_mini_batches,
     )
     cluster.init_ray(min_logical_cpus=3)
     try:
-        learners = cluster.create_learner_group(settings, [2])
-        info = cluster.setup_learner_group(learners)
-        assert [i["zero_stage"] for i in info] == [stage, stage]
-        # A collective under ZeRO-3: every rank must take part.
-        before = ray.get([learner.full_state_dict.remote() for learner in learners])[0]
+        learners = LearnerGroup(cluster.create_learner_actors(settings, [2]), batch_settings)
+        info = learners.setup()
+        assert [i.zero_stage for i in info] == [stage, stage] and [i.rank for i in info] == [0, 1]
+        before = learners.full_state_dict()  # a collective under ZeRO-3: every rank takes part
         history = []
         for step in range(steps):
             batches, stats = assemble(taken, step, batch_settings)
             assert len(batches) == 2 and len(batches[0].micro_batches) == len(batches[1].micro_batches)
-            history.append(ray.get([learner.train_step.remote(b) for learner, b in zip(learners, batches)]))
-        after = ray.get([learner.full_state_dict.remote() for learner in learners])
+            report = learners.train_step(taken, step)
+            assert report.trained_tokens == stats.trained_tokens and report.finished_at >= report.started_at
+            history.append(report.metrics)
+        # Per rank, to compare the data-parallel replicas.
+        after = ray.get([actor.full_state_dict.remote() for actor in learners.actors])
         return before, after, history, stats
     finally:
         ray.shutdown()
@@ -69,8 +81,8 @@ def test_zero2_and_zero3_give_the_same_update(model_path, groups):
     assert all(((after2_r0[n] - after2_r1[n]).abs().max().item() < 1e-7) for n in before2)
     worst = max((after2_r0[n] - after3_r0[n]).abs().max().item() for n in before2)
     assert worst < 1e-5 * 1e3, worst  # within 1% of one Adam step (lr 1e-3)
-    for metrics in history2[0] + history3[0]:
-        assert metrics["learner/trained_tokens"] > 0
+    for metrics in (history2[0], history3[0]):
+        assert metrics["learner/trained_tokens"] > 0 and metrics["batch/groups_filtered_zero_std"] == 0
         assert abs(metrics["policy/ratio_avg"] - 1.0) < 1e-4  # first pass: learner == old policy
 
 
@@ -78,7 +90,7 @@ def test_training_raises_the_likelihood_of_rewarded_samples(model_path, groups):
     import torch
     from transformers import AutoModelForCausalLM
 
-    taken, tokenizer = groups
+    taken, _tokenizer = groups
     before, (after, _), history, _ = run_group(model_path, groups, stage=2, steps=3, num_mini_batches=2)
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
 
@@ -97,4 +109,4 @@ def test_training_raises_the_likelihood_of_rewarded_samples(model_path, groups):
 
     assert rewarded_minus_unrewarded(after) > rewarded_minus_unrewarded(before) + 1.0
     # Later optimizer steps see a policy that moved: the ratio leaves 1 and the loss changes.
-    assert history[0][0]["loss/policy_avg"] != pytest.approx(history[2][0]["loss/policy_avg"], abs=1e-6)
+    assert history[0]["loss/policy_avg"] != pytest.approx(history[2]["loss/policy_avg"], abs=1e-6)

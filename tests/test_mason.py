@@ -38,9 +38,7 @@ _spec.loader.exec_module(mason)
 
 SEED_VARIABLES = {
     "exp_name": "2606rl_update_fil_dapo_pol_qwen2_5_orz_only_mix_4242",
-    "split_value": (
-        "hamishivi/hamishivi_rlvr_orz_math_57k_collected_all_filtered_hamishivi_qwen2_5_openthoughts2 1.0"
-    ),
+    "split_value": ("hamishivi/hamishivi_rlvr_orz_math_57k_collected_all_filtered_hamishivi_qwen2_5_openthoughts2 1.0"),
     "add_bos": "False",
     "model_name_or_path": "hamishivi/qwen2_5_openthoughts2",
     "chat_template_name": "tulu_thinker",
@@ -87,9 +85,7 @@ def local_shell_argv(tmp_path: Path) -> list[str]:
     return call["argv"]
 
 
-def run_mason(
-    args: list[str], tmp_path: Path, env: dict[str, str] | None = None
-) -> subprocess.CompletedProcess:
+def run_mason(args: list[str], tmp_path: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     home = tmp_path / "home"
     home.mkdir(exist_ok=True)
     base = {k: v for k, v in os.environ.items() if k != "BEAKER_TOKEN"}
@@ -165,9 +161,7 @@ def test_embedded_command_runs_unchanged_through_bash(seed, tmp_path):
     setup_dir.mkdir(parents=True)
     trace = tmp_path / "trace.txt"
     (setup_dir / "ray_node_setup.sh").write_text(f"echo ray_node_setup >> {trace}\nexport FROM_RAY_SETUP=1\n")
-    (setup_dir / "code_api_setup.sh").write_text(
-        f"echo code_api_setup >> {trace}\nexport FROM_CODE_SETUP=1\n"
-    )
+    (setup_dir / "code_api_setup.sh").write_text(f"echo code_api_setup >> {trace}\nexport FROM_CODE_SETUP=1\n")
     stub_bin = make_stub_bin(tmp_path / "container_bin")
     out = tmp_path / "container_argv.jsonl"
 
@@ -191,9 +185,7 @@ def test_embedded_command_runs_unchanged_through_bash(seed, tmp_path):
     argv = call["argv"]
     assert argv[argv.index("--stop_strings") + 1] == "</answer>"
     tasks = argv[argv.index("--oe_eval_tasks") + 1]
-    assert (
-        tasks.startswith("minerva_math::hamish_zs_reasoning,gsm8k::zs_cot_latex,") and tasks.count(",") == 14
-    )
+    assert tasks.startswith("minerva_math::hamish_zs_reasoning,gsm8k::zs_cot_latex,") and tasks.count(",") == 14
     assert argv[argv.index("--dataset_mixer_list") + 1 : argv.index("--dataset_mixer_list_splits")] == (
         SEED_VARIABLES["split_value"].split()
     )
@@ -276,9 +268,7 @@ def test_missing_or_empty_command_exits_2(tail, detail, tmp_path):
 def test_without_beaker_cli_prints_yaml_and_exits_0(tmp_path):
     empty_bin = tmp_path / "empty_bin"
     empty_bin.mkdir()
-    result = run_mason(
-        [*VALID, "--", "python", "train.py"], tmp_path, {"PATH": str(empty_bin), "BEAKER_TOKEN": "t"}
-    )
+    result = run_mason([*VALID, "--", "python", "train.py"], tmp_path, {"PATH": str(empty_bin), "BEAKER_TOKEN": "t"})
     assert result.returncode == 0
     assert "no `beaker` CLI on PATH" in result.stderr
     spec = yaml.safe_load(result.stdout)

@@ -72,9 +72,7 @@ def varied_items(count: int = 12, max_len: int = 30, seed: int = 0) -> list[Pack
         query_len = rng.randint(1, max_len // 2)
         response_len = rng.randint(0, max_len - query_len)
         mask = tuple(rng.randint(0, 1) for _ in range(response_len)) if i % 3 == 0 else None
-        items.append(
-            make_item(f"s{i}", query_len, response_len, seed=seed * 100 + i, mask=mask, version=i % 4)
-        )
+        items.append(make_item(f"s{i}", query_len, response_len, seed=seed * 100 + i, mask=mask, version=i % 4))
     return items
 
 
@@ -192,9 +190,7 @@ def test_first_fit_decreasing_packs_tightly_and_exact_fit_is_allowed():
 
 def test_overlong_document_raises_naming_sample_and_lengths():
     items = [make_item("ok", 3, 3), make_item("prompt:0:17#2", 5, 8)]
-    with pytest.raises(
-        ValueError, match=r"'prompt:0:17#2' is 13 tokens \(5 query \+ 8 response\).*pack_length=12"
-    ):
+    with pytest.raises(ValueError, match=r"'prompt:0:17#2' is 13 tokens \(5 query \+ 8 response\).*pack_length=12"):
         pack(items, pack_length=12, pad_token_id=PAD)
 
 
@@ -394,9 +390,7 @@ def test_packed_logprobs_equal_per_document_logprobs(tokenizer, attn_implementat
     # Negative control 2: restarting positions but HF's default use_cache=True -> a DynamicCache
     # exists, transformers skips packed-sequence detection and attention crosses documents.
     with torch.no_grad():
-        logits = model(
-            input_ids=batch["input_ids"], position_ids=batch["position_ids"], attention_mask=None
-        ).logits
+        logits = model(input_ids=batch["input_ids"], position_ids=batch["position_ids"], attention_mask=None).logits
     trap = logprobs_from_logits(logits, batch["input_ids"], 0.7, position_ids_BT=batch["position_ids"])
     assert compare_to_per_document(model, rows, trap, 0.7)[1] > 1e-2, (
         "transformers now builds the packed mask even with use_cache=True; the note in "

@@ -15,10 +15,15 @@ def rows(count: int) -> list[PromptRow]:
     return [PromptRow("toy:train", i, (1, 2, i), ("x",), ("gsm8k",)) for i in range(count)]
 
 
-def feeder(count=5, per_step=2, async_steps=1, state=FeederState()) -> PromptFeeder:
+def feeder(count=5, per_step=2, async_steps=1, state: FeederState | None = None) -> PromptFeeder:
     return PromptFeeder(
-        rows(count), prompts_per_step=per_step, samples_per_prompt=3, async_steps=async_steps,
-        sampling=SAMPLING, seed=7, state=state,
+        rows(count),
+        prompts_per_step=per_step,
+        samples_per_prompt=3,
+        async_steps=async_steps,
+        sampling=SAMPLING,
+        seed=7,
+        state=state,
     )
 
 

@@ -19,6 +19,7 @@ Run: `.venv/bin/pytest tests/test_ray_node_setup.py` (about 2 minutes on 2 CPU c
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -41,9 +42,26 @@ VENV_BIN = REPO / ".venv" / "bin"
 RAY = VENV_BIN / "ray" if (VENV_BIN / "ray").exists() else Path(shutil.which("ray") or "ray")
 STEP_TIMEOUT_S = 480  # node bring-up, then a 2-step training run
 TINY_RUN = [
-    "--num_unique_prompts_rollout", "4", "--num_samples_per_prompt_rollout", "4", "--total_episodes", "32",
-    "--response_length", "16", "--max_prompt_token_length", "64", "--pack_length", "128", "--num_evals", "0",
-    "--save_freq", "0", "--beta", "0", "--vllm_kv_cache_gib", "0.1",
+    "--num_unique_prompts_rollout",
+    "4",
+    "--num_samples_per_prompt_rollout",
+    "4",
+    "--total_episodes",
+    "32",
+    "--response_length",
+    "16",
+    "--max_prompt_token_length",
+    "64",
+    "--pack_length",
+    "128",
+    "--num_evals",
+    "0",
+    "--save_freq",
+    "0",
+    "--beta",
+    "0",
+    "--vllm_kv_cache_gib",
+    "0.1",
 ]
 
 pytestmark = pytest.mark.slow
@@ -79,10 +97,8 @@ def kill_ours(sids: list[int], markers: list[str]) -> list[int]:
 
     for sig, grace in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
         for pid in ours():
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, sig)
-            except ProcessLookupError:
-                pass
         deadline = time.monotonic() + grace
         while ours() and time.monotonic() < deadline:
             time.sleep(0.2)
@@ -148,7 +164,8 @@ def test_two_replicas_form_one_ray_cluster_on_loopback():
     out = Path(tempfile.mkdtemp(prefix="rnsT", dir="/tmp"))
     trainer = (
         f"{sys.executable} {REPO / 'open_instruct' / 'grpo_fast.py'} --output_dir {out} "
-        + " ".join(TINY_RUN) + " && echo TRAINED"
+        + " ".join(TINY_RUN)
+        + " && echo TRAINED"
     )
     leader_cmd = f"set -u; source {SCRIPT} && echo RAY_ADDRESS=$RAY_ADDRESS && {probe} && {trainer}"
     # The worker must never get past the script: "REACHED" would mean it ran the trainer.
@@ -270,9 +287,7 @@ def test_sourcing_leaves_the_callers_shell_clean_and_rejects_a_bad_rank():
         '[[ "$(set -o)" == "$before" ]] && echo OPTIONS_UNCHANGED; '
         "declare -F | grep -c _rns_ || true; compgen -v | grep -c '^_rns' || true"
     )
-    result = subprocess.run(
-        ["bash", "-c", script], check=False, env=env, capture_output=True, text=True, timeout=30
-    )
+    result = subprocess.run(["bash", "-c", script], check=False, env=env, capture_output=True, text=True, timeout=30)
     lines = result.stdout.split()
     assert "CONTINUED" not in lines
     assert "status=1" in lines
@@ -282,8 +297,6 @@ def test_sourcing_leaves_the_callers_shell_clean_and_rejects_a_bad_rank():
 
 
 def test_help_describes_the_script():
-    result = subprocess.run(
-        ["bash", str(SCRIPT), "--help"], check=False, capture_output=True, text=True, timeout=30
-    )
+    result = subprocess.run(["bash", str(SCRIPT), "--help"], check=False, capture_output=True, text=True, timeout=30)
     assert result.returncode == 0
     assert "BEAKER_REPLICA_RANK" in result.stdout and "--block" in result.stdout

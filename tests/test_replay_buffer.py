@@ -137,9 +137,7 @@ def test_max_age_drop_evicts_complete_stale_groups_and_counts_them():
     buf = buffer(age_policy=MaxAge(max_age=1, action="drop"))
     add_all(buf, group_of("v0", version=0) + group_of("v1", version=1) + group_of("v2", version=2))
     # A group whose samples span versions is as old as its oldest token.
-    mixed = [
-        completion("mix", j, spans=(VersionSpan(0, 0, 2), VersionSpan(2, 2, 4)), version=0) for j in range(N)
-    ]
+    mixed = [completion("mix", j, spans=(VersionSpan(0, 0, 2), VersionSpan(2, 2, 4)), version=0) for j in range(N)]
     add_all(buf, mixed)
     buf.add(completion("open_v0", 0, version=0))  # incomplete: judged only once complete
     assert buf.evict(learner_version=2) == 2  # v0 and mix are 2 > 1 versions behind
@@ -204,9 +202,7 @@ def test_reuse_displaces_trained_groups_to_admit_fresh_data_but_never_fresh_ones
     (twice,) = ids(buf.take(1, learner_version=0))  # one of them used twice
     assert buf.add(completion("c", 0)) is AddResult.ACCEPTED  # displaces the most-used group
     assert buf.metrics()["buffer/displaced_total"] == 1
-    assert [r.prompt_id for r in buf.state().groups if r.seq is not None] == [
-        {"a", "b"}.difference(twice).pop()
-    ]
+    assert [r.prompt_id for r in buf.state().groups if r.seq is not None] == [{"a", "b"}.difference(twice).pop()]
     assert buf.add(completion("d", 0)) is AddResult.ACCEPTED  # displaces the other used group
     assert buf.add(completion("e", 0)) is AddResult.REJECTED_FULL  # c and d are untrained: kept
     assert buf.metrics()["buffer/displaced_total"] == 2 and buf.size_samples == 2
@@ -326,9 +322,7 @@ def test_state_round_trip_preserves_contents_order_rng_and_counters():
         ("open", None, 0), ("a", 0, 1), ("b", 1, 0), ("c", 2, 0), ("d", 3, 0), ("e", 4, 0),
     ]  # fmt: skip
     # The RNG state survives a trip through JSON (lists instead of tuples), as in a checkpoint file.
-    restored = ReplayBuffer.from_state(
-        replace(state, rng_state=json.loads(json.dumps(state.rng_state))), **config
-    )
+    restored = ReplayBuffer.from_state(replace(state, rng_state=json.loads(json.dumps(state.rng_state))), **config)
     assert restored.metrics() == buf.metrics()
     assert restored.state() == state
     for learner_version in (1, 2, 2, 3):  # both continue identically, RNG tie-breaks included

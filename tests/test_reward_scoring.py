@@ -39,9 +39,7 @@ async def score_many(scorer, calls, finish_reason="stop"):
 
 
 def score_one(scorer, prediction, ground_truths, verifier_names, finish_reason="stop", sample_id="s"):
-    return asyncio.run(
-        score_many(scorer, [(sample_id, prediction, ground_truths, verifier_names)], finish_reason)
-    )[0]
+    return asyncio.run(score_many(scorer, [(sample_id, prediction, ground_truths, verifier_names)], finish_reason))[0]
 
 
 def alive(pid: int) -> bool:
@@ -113,9 +111,7 @@ def test_hung_verifier_times_out_without_blocking_others(scorer, tmp_path):
     assert total_elapsed < TIMEOUT_S + 5
     assert not alive(int(pid_file.read_text()))  # the hung process was killed, not leaked
     # The replaced worker serves new calls.
-    again = asyncio.run(
-        score_many(scorer, [("a1", "x", ["1"], ["test_fixed"]), ("a2", "x", ["0.5"], ["test_fixed"])])
-    )
+    again = asyncio.run(score_many(scorer, [("a1", "x", ["1"], ["test_fixed"]), ("a2", "x", ["0.5"], ["test_fixed"])]))
     assert [o.reward for o in again] == [10.0, 5.0]
 
 
@@ -171,14 +167,10 @@ def test_reward_arithmetic_penalty_format_and_remap():
         plain = score_one(scorer, "answer", ["1"], ["LEGACY"])
         assert plain.reward == 2.0
         assert plain.per_verifier == {"test_fixed": 1.0}  # keyed by the verifier that actually ran
-        formatted = score_one(
-            scorer, "plan</think><answer>x</answer>", ["0.5", "1"], ["legacy", "test_fixed"]
-        )
+        formatted = score_one(scorer, "plan</think><answer>x</answer>", ["0.5", "1"], ["legacy", "test_fixed"])
         assert formatted.reward == pytest.approx(2.0 * 1.5 + 0.5)
         assert formatted.per_verifier == {"test_fixed": 0.75}  # repeated verifier -> mean score
-        truncated = score_one(
-            scorer, "plan</think><answer>x</answer>", ["1"], ["legacy"], finish_reason="length"
-        )
+        truncated = score_one(scorer, "plan</think><answer>x</answer>", ["1"], ["legacy"], finish_reason="length")
         assert truncated.reward == -1.0  # replaces verifier and format reward
         assert truncated.per_verifier == {"test_fixed": 1.0}  # metrics still computed
     with pytest.raises(RuntimeError, match="closed"):

@@ -18,7 +18,9 @@ SETTINGS = VerifierSettings()
 
 ENGLISH = "the weather is lovely today. we walked along the river and watched the boats go by."
 FRENCH = "Le temps est magnifique aujourd'hui. Nous avons marché le long de la rivière avec nos amis."
-THREE_BY_TWO_BY_THREE = "I like tea. You like coffee.\n***\nWe drink water. They eat bread.\n***\nBirds sing songs. Dogs chase cats."
+THREE_BY_TWO_BY_THREE = (
+    "I like tea. You like coffee.\n***\nWe drink water. They eat bread.\n***\nBirds sing songs. Dogs chase cats."
+)
 
 # (instruction_id, kwargs, passing response, failing response)
 NEW_CASES = [
@@ -225,9 +227,7 @@ def run_new(response, label, settings=SETTINGS):
     return ifeval(VerifierInput(response, label), settings)
 
 
-@pytest.mark.parametrize(
-    ("instruction_id", "kwargs", "good", "bad"), NEW_CASES, ids=[c[0] for c in NEW_CASES]
-)
+@pytest.mark.parametrize(("instruction_id", "kwargs", "good", "bad"), NEW_CASES, ids=[c[0] for c in NEW_CASES])
 def test_new_constraint(instruction_id, kwargs, good, bad):
     label = new_label([instruction_id], [kwargs])
     assert run_new(good, label).score == 1.0
@@ -271,9 +271,7 @@ def test_bad_kwargs_are_reported():
 
 def test_label_variants():
     # None-valued kwargs are dropped; JSON text (null) and decoded objects are accepted too.
-    assert (
-        run_new("tea", new_label(["keywords:word_once"], [{"keyword": "tea", "unused": None}])).score == 1.0
-    )
+    assert run_new("tea", new_label(["keywords:word_once"], [{"keyword": "tea", "unused": None}])).score == 1.0
     json_label = json.dumps([{"instruction_id": ["punctuation:no_comma"], "kwargs": [None]}])
     assert run_new("no commas", json_label).score == 1.0
     assert run_new("no commas", [{"instruction_id": ["punctuation:no_comma"], "kwargs": [None]}]).score == 1.0
@@ -290,14 +288,12 @@ def test_if_multi_upto5_samples():
         "it gives every device a much larger address space than ipv4 and makes routing simpler."
     )
     assert run_new(lowercase_answer, rows[0]["ground_truth"]).score == 1.0
-    assert (
-        run_new("IPv6 has MUCH larger addresses. It replaces IPv4 over time.", rows[0]["ground_truth"]).score
-        == 0.0
-    )
+    assert run_new("IPv6 has MUCH larger addresses. It replaces IPv4 over time.", rows[0]["ground_truth"]).score == 0.0
 
     bees = (
         "Bees visit flowers and sip nectar. *** Inside the hive, bees pass it mouth to mouth, adding enzymes. "
-        "*** Bees fan their wings so the water evaporates; the honey thickens, and busy sisters seal the cells with wax."
+        "*** Bees fan their wings so the water evaporates; the honey thickens, and busy sisters seal the cells "
+        "with wax."
     )
     assert bees.lower().count("s") >= 20
     assert run_new(bees, rows[1]["ground_truth"]).score == 1.0

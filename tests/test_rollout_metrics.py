@@ -5,15 +5,29 @@ from __future__ import annotations
 import pytest
 
 from open_instruct.messages import Completion, VersionSpan
-from open_instruct.orchestrator import async_steps_needed, rollout_metrics
+from open_instruct.metrics import async_steps_needed, rollout_metrics
 
 
-def completion(prompt_id: str, length: int, spans: tuple[VersionSpan, ...], queued_at: float, finished_at: float,
-               admitted_version: int = 0) -> Completion:
+def completion(
+    prompt_id: str,
+    length: int,
+    spans: tuple[VersionSpan, ...],
+    queued_at: float,
+    finished_at: float,
+    admitted_version: int = 0,
+) -> Completion:
     return Completion(
-        prompt_id=prompt_id, sample_index=0, prompt_token_ids=(1, 2), response_token_ids=tuple(range(length)),
-        behaviour_logprobs=(0.0,) * length, finish_reason="stop", version_spans=spans,
-        admitted_version=admitted_version, engine_id=0, queued_at=queued_at, finished_at=finished_at,
+        prompt_id=prompt_id,
+        sample_index=0,
+        prompt_token_ids=(1, 2),
+        response_token_ids=tuple(range(length)),
+        behaviour_logprobs=(0.0,) * length,
+        finish_reason="stop",
+        version_spans=spans,
+        admitted_version=admitted_version,
+        engine_id=0,
+        queued_at=queued_at,
+        finished_at=finished_at,
     )
 
 
@@ -46,14 +60,17 @@ def test_empty_batch_has_zero_metrics():
     assert m["staleness/token_lag_avg"] == 0 and m["time/group_latency_s_avg"] == 0
 
 
-@pytest.mark.parametrize(("latency", "step", "needed"), [
-    (50.0, 100.0, 1),  # a group is done within a step, yet synchronous still waits for it
-    (100.0, 100.0, 1),
-    (150.0, 100.0, 2),
-    (388.0, 160.0, 3),  # the seed's 16k tail on the simulated cluster (simulator projection)
-    (0.0, 100.0, 0),
-    (10.0, 0.0, 0),
-])
+@pytest.mark.parametrize(
+    ("latency", "step", "needed"),
+    [
+        (50.0, 100.0, 1),  # a group is done within a step, yet synchronous still waits for it
+        (100.0, 100.0, 1),
+        (150.0, 100.0, 2),
+        (388.0, 160.0, 3),  # the seed's 16k tail on the simulated cluster (simulator projection)
+        (0.0, 100.0, 0),
+        (10.0, 0.0, 0),
+    ],
+)
 def test_async_steps_needed_is_littles_law(latency, step, needed):
     assert async_steps_needed(latency, step) == needed
 
@@ -61,8 +78,9 @@ def test_async_steps_needed_is_littles_law(latency, step, needed):
 def advisor(async_steps: int, step: int):
     from types import SimpleNamespace
 
-    return SimpleNamespace(cfg=SimpleNamespace(generation=SimpleNamespace(async_steps=async_steps)), step=step,
-                           _advised=False)
+    return SimpleNamespace(
+        cfg=SimpleNamespace(generation=SimpleNamespace(async_steps=async_steps)), step=step, _advised=False
+    )
 
 
 def test_a_starving_learner_gets_the_advice_once(caplog):
@@ -76,12 +94,15 @@ def test_a_starving_learner_gets_the_advice_once(caplog):
     assert "waited 40% of step 5" in record.message and "at least --async_steps 3" in record.message
 
 
-@pytest.mark.parametrize(("async_steps", "step", "needed", "wait_frac"), [
-    (1, 5, 1, 0.9),  # the lookahead is enough: waiting has another cause
-    (1, 5, 3, 0.1),  # barely waits
-    (1, 2, 3, 0.9),  # the pipeline is still filling
-    (0, 5, 3, 0.9),  # synchronous on purpose
-])
+@pytest.mark.parametrize(
+    ("async_steps", "step", "needed", "wait_frac"),
+    [
+        (1, 5, 1, 0.9),  # the lookahead is enough: waiting has another cause
+        (1, 5, 3, 0.1),  # barely waits
+        (1, 2, 3, 0.9),  # the pipeline is still filling
+        (0, 5, 3, 0.9),  # synchronous on purpose
+    ],
+)
 def test_no_advice_when_it_would_not_help(caplog, async_steps, step, needed, wait_frac):
     from open_instruct.orchestrator import TrainingLoop
 

@@ -101,9 +101,7 @@ def value(argv: list[str], flag: str) -> str:
 def seed_argv(exp_name: str) -> list[str]:
     """The seed's grpo_fast arguments (tests/fixtures), with its shell variables for qwen2_5 / orz_only_mix."""
     text = "\n".join(
-        line
-        for line in (FIXTURES / "seed_grpo_fast_command.txt").read_text().splitlines()
-        if not line.startswith("#")
+        line for line in (FIXTURES / "seed_grpo_fast_command.txt").read_text().splitlines() if not line.startswith("#")
     )
     variables = {
         "exp_name": exp_name,
@@ -122,9 +120,7 @@ def seed_argv(exp_name: str) -> list[str]:
 
 @pytest.mark.parametrize("script", SCRIPTS + BEAKER_CONFIGS, ids=lambda p: f"{p.parent.name}/{p.name}")
 def test_every_shell_script_parses(script):
-    result = subprocess.run(
-        ["bash", "-n", str(script)], capture_output=True, text=True, timeout=30, check=False
-    )
+    result = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True, timeout=30, check=False)
     assert result.returncode == 0, result.stderr
 
 
@@ -150,9 +146,7 @@ def test_every_script_has_a_shebang_and_a_header_naming_the_hardware(script):
 
 
 def test_long_generations_experiment_prints_one_spec_per_model_and_mix():
-    specs = dry_run_specs(
-        "long_generations_experiment.sh", {"MODELS": "qwen2_5 qwen3", "MIXES": "orz_only_mix"}
-    )
+    specs = dry_run_specs("long_generations_experiment.sh", {"MODELS": "qwen2_5 qwen3", "MIXES": "orz_only_mix"})
     assert len(specs) == 2
     for model, spec in zip(("qwen2_5", "qwen3"), specs):
         argv = trainer_argv(spec)
@@ -189,9 +183,7 @@ def test_long_generations_experiment_defaults_and_unknown_names():
     (spec,) = dry_run_specs("long_generations_experiment.sh", {})  # MODELS=qwen2_5, MIXES=orz_only_mix
     assert value(trainer_argv(spec), "--model_name_or_path") == "hamishivi/qwen2_5_openthoughts2"
     for env, word in (({"MODELS": "llama"}, "llama"), ({"MIXES": "logic_mix"}, "logic_mix")):
-        result = run_script(
-            "long_generations_experiment.sh", {"DRY_RUN": "1", "PYTHON": sys.executable, **env}
-        )
+        result = run_script("long_generations_experiment.sh", {"DRY_RUN": "1", "PYTHON": sys.executable, **env})
         assert result.returncode == 2 and word in result.stderr and result.stdout.strip() in ("", "---")
 
 
@@ -204,10 +196,7 @@ def test_multi_node_prints_a_two_node_spec():
     assert argv[-2:] == ["--seed", "7"]  # extra arguments reach grpo_fast.py, last (they win)
     cfg = parse_config(argv)
     # 8 learners on one node, 8 single-GPU engines on the other: 16 GPUs.
-    assert (
-        cfg.world_size == 8
-        and cfg.generation.vllm_num_engines * cfg.generation.vllm_tensor_parallel_size == 8
-    )
+    assert cfg.world_size == 8 and cfg.generation.vllm_num_engines * cfg.generation.vllm_tensor_parallel_size == 8
     assert cfg.world_size + cfg.generation.vllm_num_engines <= 2 * 8
     assert "--with_tracking" not in argv  # only with WANDB_SECRET
 
@@ -249,17 +238,15 @@ def test_benchmark_script_runs_the_benchmark_module_after_setting_up_the_venv(ca
     text = (REPO / "scripts" / "benchmark_generation.sh").read_text()
     body = [line for line in text.splitlines() if line.strip() and not line.startswith("#")]
     assert "bash scripts/setup_env.sh" in body
-    assert body[-1] == 'exec .venv/bin/python -m open_instruct.benchmark_generation "$@"'
+    assert body[-1] == 'exec .venv/bin/python -m open_instruct.benchmarks.generation "$@"'
     # The flags its header advertises are the module's own (--help exits before anything starts).
-    from open_instruct import benchmark_generation
+    from open_instruct.benchmarks import generation as benchmark_generation
 
     with pytest.raises(SystemExit) as exit_info:
         benchmark_generation.main(["--help"])
     assert exit_info.value.code == 0
     help_text = capsys.readouterr().out
-    advertised = set(
-        re.findall(r"--\w+", "\n".join(line for line in text.splitlines() if line.startswith("#")))
-    )
+    advertised = set(re.findall(r"--\w+", "\n".join(line for line in text.splitlines() if line.startswith("#"))))
     assert advertised and all(flag in help_text for flag in advertised), advertised
 
 
@@ -292,9 +279,22 @@ def test_cpu_demo_script_runs_a_short_training_run(tmp_path):
     """README command 1 with its step count cut (later flags win): set-up, training, outputs."""
     out = tmp_path / "demo"
     result = subprocess.run(
-        ["bash", "scripts/cpu_demo.sh", "--total_episodes", "256", "--num_evals", "1", "--save_freq", "0",
-         "--output_dir", str(out)],
-        cwd=REPO, capture_output=True, text=True, timeout=900,
+        [
+            "bash",
+            "scripts/cpu_demo.sh",
+            "--total_episodes",
+            "256",
+            "--num_evals",
+            "1",
+            "--save_freq",
+            "0",
+            "--output_dir",
+            str(out),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=900,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
@@ -306,9 +306,28 @@ def test_cpu_demo_script_runs_a_short_training_run(tmp_path):
 @pytest.mark.slow
 def test_benchmark_generation_script_runs(tmp_path):
     result = subprocess.run(
-        ["bash", "scripts/benchmark_generation.sh", "--prompts", "4", "--samples", "2", "--concurrency", "4",
-         "--median_tokens", "8", "--max_tokens", "32", "--kv_cache_gib", "0.1", "--output", str(tmp_path / "g.json")],
-        cwd=REPO, capture_output=True, text=True, timeout=600,
+        [
+            "bash",
+            "scripts/benchmark_generation.sh",
+            "--prompts",
+            "4",
+            "--samples",
+            "2",
+            "--concurrency",
+            "4",
+            "--median_tokens",
+            "8",
+            "--max_tokens",
+            "32",
+            "--kv_cache_gib",
+            "0.1",
+            "--output",
+            str(tmp_path / "g.json"),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "streaming / batched" in result.stdout and (tmp_path / "g.json").exists()

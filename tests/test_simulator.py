@@ -9,8 +9,9 @@ import time
 
 import pytest
 
-from open_instruct import simulator as sim
-from open_instruct.simulator import (
+from open_instruct.benchmarks import simulator as sim
+from open_instruct.benchmarks.simulated_stack import SimEngines, SimLearners, SimWeightSync, SimWorld, VirtualClock
+from open_instruct.benchmarks.simulator import (
     GPU_H100_COST,
     MODES,
     SEED_CLUSTER,
@@ -22,6 +23,8 @@ from open_instruct.simulator import (
     fit_cost_model,
     simulate,
 )
+from open_instruct.orchestrator import TrainingLoop
+from open_instruct.tracking import MemoryLog
 
 ONE = Cluster(num_engines=1, num_learners=1)
 EXACT = {"rel": 1e-9, "abs": 1e-9}
@@ -29,15 +32,22 @@ EXACT = {"rel": 1e-9, "abs": 1e-9}
 # Fixed lengths, free prefill, decode time independent of the batch: a step of generation takes
 # exactly L * decode_base_s.
 L, BASE, SYNC_S = 100, 0.01, 0.2
-FIXED = Workload(prompts_per_step=2, samples_per_prompt=4, num_steps=4, prompt_tokens=10,
-                 median_tokens=L, sigma=0.0, max_tokens=1000)
+FIXED = Workload(
+    prompts_per_step=2, samples_per_prompt=4, num_steps=4, prompt_tokens=10, median_tokens=L, sigma=0.0, max_tokens=1000
+)
 BATCH = FIXED.prompts_per_step * FIXED.samples_per_prompt
 
 
 def fixed_cost(learner_base_s: float, learner_per_token_s: float = 0.0) -> CostModel:
-    return CostModel(decode_base_s=BASE, decode_per_seq_s=0.0, prefill_per_token_s=0.0, max_running=BATCH,
-                     weight_sync_pause_s=SYNC_S, learner_base_s=learner_base_s,
-                     learner_per_token_s=learner_per_token_s)
+    return CostModel(
+        decode_base_s=BASE,
+        decode_per_seq_s=0.0,
+        prefill_per_token_s=0.0,
+        max_running=BATCH,
+        weight_sync_pause_s=SYNC_S,
+        learner_base_s=learner_base_s,
+        learner_per_token_s=learner_per_token_s,
+    )
 
 
 def train_starts(result: sim.SimResult) -> list[float]:
@@ -102,10 +112,25 @@ def test_one_step_async_drains_before_the_transfer():
 # ----------------------------------------------------------------------------- heavy tails and tools
 
 # Seed-like shape scaled down: lognormal lengths capped at 4x the median.
-TAILED = Workload(prompts_per_step=16, samples_per_prompt=8, num_steps=10, prompt_tokens=100,
-                  median_tokens=250, sigma=0.8, max_tokens=1000, seed=1)
-SMALL_COST = CostModel(decode_base_s=0.01, decode_per_seq_s=0.0001, prefill_per_token_s=1e-5, max_running=64,
-                       weight_sync_pause_s=0.5, learner_base_s=1.0, learner_per_token_s=1e-5)
+TAILED = Workload(
+    prompts_per_step=16,
+    samples_per_prompt=8,
+    num_steps=10,
+    prompt_tokens=100,
+    median_tokens=250,
+    sigma=0.8,
+    max_tokens=1000,
+    seed=1,
+)
+SMALL_COST = CostModel(
+    decode_base_s=0.01,
+    decode_per_seq_s=0.0001,
+    prefill_per_token_s=1e-5,
+    max_running=64,
+    weight_sync_pause_s=0.5,
+    learner_base_s=1.0,
+    learner_per_token_s=1e-5,
+)
 FOUR = Cluster(num_engines=4, num_learners=1)
 
 
@@ -134,19 +159,36 @@ def test_tool_latency_costs_synchronous_more_than_streaming():
     assert lost_s["synchronous"] > lost_s["streaming"] > 0
 
 
+class RecordingLearners(SimLearners):
+    def __init__(self, *args):
+        super().__init__(*args)
+        self.trained = []
+
+    def train_step(self, groups, step):
+        self.trained += [c for g in groups for c in g.completions]
+        return super().train_step(groups, step)
+
+
 def test_version_spans_cover_every_response_exactly():
-    run = sim._Simulation("streaming", dataclasses.replace(TAILED, tool_latency_s=3.0), SMALL_COST, FOUR, 1, True)
-    taken = []
-    original = run.buffer.take
-
-    def take(num_groups, version):
-        groups = original(num_groups, version)
-        taken.extend(c for g in groups for c in g.completions)
-        return groups
-
-    run.buffer.take = take
-    run.run()
+    """The real loop on simulated collaborators, held by hand: every trained sample's spans tile its response."""
+    workload = dataclasses.replace(TAILED, tool_latency_s=3.0)
+    world = SimWorld()
+    engines = SimEngines(world, workload, SMALL_COST, FOUR.num_engines)
+    learners = RecordingLearners(world, SMALL_COST, FOUR.num_learners)
+    rows = [sim._SimPrompt(f"p{i}", (0,) * workload.prompt_tokens) for i in range(12 * 16)]
+    loop = TrainingLoop(
+        sim.loop_config(workload, async_steps=1, inflight=True),
+        engines=engines,
+        learners=learners,
+        weight_sync=SimWeightSync(world, engines, SMALL_COST, inflight=True),
+        clock=VirtualClock(world),
+        log=MemoryLog(),
+        train_rows=rows,
+    )
+    loop.run()
+    taken = learners.trained
     assert len(taken) == TAILED.num_steps * 16 * 8
+    assert engines.ledger.counts()["admitted_prompts"] == (TAILED.num_steps + 1) * 16  # the staleness bound
     for c in taken:
         spans = c.version_spans
         assert spans[0].start == 0 and spans[-1].end == len(c.response_token_ids)
@@ -205,8 +247,16 @@ def test_seed_cluster_projection_is_fast_and_reports_the_speedup():
     assert time.process_time() - started < 30
     assert report["speedup_streaming_vs_sync"] > 1
     assert report["streaming"]["trained_samples"] == 10 * 256 * 16
-    keys = {"mode", "trained_samples_per_s", "generated_tokens_per_s", "generation_idle_frac", "learner_wait_frac",
-            "weight_sync_pause_s_avg", "version_lag_avg", "version_lag_max"}
+    keys = {
+        "mode",
+        "trained_samples_per_s",
+        "generated_tokens_per_s",
+        "generation_idle_frac",
+        "learner_wait_frac",
+        "weight_sync_pause_s_avg",
+        "version_lag_avg",
+        "version_lag_max",
+    }
     assert keys <= report["streaming"].keys()
 
 

@@ -26,7 +26,9 @@ def free_port() -> int:
 def test_deepspeed_zero2_trains_one_step_on_cpu(model_path):
     result = subprocess.run(
         [sys.executable, str(REPO / "tests" / "helpers" / "deepspeed_one_step.py"), "2", model_path, str(free_port())],
-        capture_output=True, text=True, timeout=600,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads(result.stdout.strip().splitlines()[-1])
@@ -51,7 +53,7 @@ def test_vllm_async_engine_generates_inside_a_ray_actor(model_path):
             EngineSettings(model_path=model_path, max_model_len=256, kv_cache_gib=0.25), 1, RewardSettings()
         )
         info = ray.get(actor.start.remote(), timeout=300)
-        assert info["engine_id"] == 0
+        assert info.engine_id == 0 and info.target_concurrency >= 1
         requests = []
         for a, b in [(3, 4), (12, 7)]:
             ids = tokenizer.apply_chat_template(
@@ -59,9 +61,14 @@ def test_vllm_async_engine_generates_inside_a_ray_actor(model_path):
             )["input_ids"]
             requests.append(
                 PromptRequest(
-                    prompt_id=f"test:0:{a}+{b}", prompt_token_ids=tuple(ids), ground_truths=(str(a + b),),
-                    verifier_names=("gsm8k",), sampling=SamplingSettings(max_tokens=24, stop_strings=(STOP_STRING,)),
-                    num_samples=3, seed=5, admitted_version=0,
+                    prompt_id=f"test:0:{a}+{b}",
+                    prompt_token_ids=tuple(ids),
+                    ground_truths=(str(a + b),),
+                    verifier_names=("gsm8k",),
+                    sampling=SamplingSettings(max_tokens=24, stop_strings=(STOP_STRING,)),
+                    num_samples=3,
+                    seed=5,
+                    admitted_version=0,
                 )
             )
         completions = ray.get(actor.generate.remote(requests), timeout=300)

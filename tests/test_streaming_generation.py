@@ -73,7 +73,9 @@ def request(tokenizer, *, max_tokens=24, ignore_eos=False, samples=2, temperatur
         ground_truths=(str(a + b),),
         verifier_names=("gsm8k",),
         sampling=SamplingSettings(
-            max_tokens=max_tokens, temperature=temperature, ignore_eos=ignore_eos,
+            max_tokens=max_tokens,
+            temperature=temperature,
+            ignore_eos=ignore_eos,
             stop_strings=() if ignore_eos else (STOP_STRING,),
         ),
         num_samples=samples,
@@ -146,9 +148,15 @@ def test_behaviour_logprobs_match_a_transformers_recomputation(pool, tokenizer, 
 def test_staleness_bound_holds_when_the_learner_never_steps(pool, tokenizer):
     from open_instruct.data import PromptRow
 
-    rows = [PromptRow("stale:train", i, prompt_ids(tokenizer, i % 10, 1), (str(i % 10 + 1),), ("gsm8k",)) for i in range(50)]
+    rows = [
+        PromptRow("stale:train", i, prompt_ids(tokenizer, i % 10, 1), (str(i % 10 + 1),), ("gsm8k",)) for i in range(50)
+    ]
     feeder = PromptFeeder(
-        rows, prompts_per_step=3, samples_per_prompt=2, async_steps=1, sampling=SamplingSettings(max_tokens=8),
+        rows,
+        prompts_per_step=3,
+        samples_per_prompt=2,
+        async_steps=1,
+        sampling=SamplingSettings(max_tokens=8),
         seed=1,
     )
     admitted = []
@@ -188,12 +196,12 @@ def test_pause_keeps_requests_and_resume_finishes_them(pool, tokenizer):
     requests = [request(tokenizer, max_tokens=300, ignore_eos=True, samples=1) for _ in range(2)]
     pool.submit(requests)
     time.sleep(1.0)
-    paused = pool.pause()
+    paused = pool.call_all("pause", "keep")
     assert all(p.pause_s < 30 for p in paused)
     assert sum(p.kept_requests for p in paused) == 2  # both requests frozen mid-generation, not dropped
     paused_at = time.time()
     time.sleep(1.0)
-    pool.resume()
+    pool.call_all("resume")
     arrivals = collect(pool, requests)
     assert all(c.finish_reason == "length" and len(c.response_token_ids) == 300 for _, c in arrivals)
     assert all(c.finished_at > paused_at for _, c in arrivals)
@@ -202,8 +210,9 @@ def test_pause_keeps_requests_and_resume_finishes_them(pool, tokenizer):
 
 def test_stripped_stop_string_is_also_removed_from_the_trained_tokens(pool, tokenizer):
     kept = request(tokenizer, samples=4, temperature=0.0)
-    stripped = replace(kept, prompt_id=kept.prompt_id + "-stripped",
-                       sampling=replace(kept.sampling, include_stop_str_in_output=False))
+    stripped = replace(
+        kept, prompt_id=kept.prompt_id + "-stripped", sampling=replace(kept.sampling, include_stop_str_in_output=False)
+    )
     pool.submit([kept, stripped])
     arrivals = {(c.prompt_id, c.sample_index): c for _, c in collect(pool, [kept, stripped])}
     checked = 0

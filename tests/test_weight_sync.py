@@ -17,12 +17,14 @@ import time
 import pytest
 import ray
 import torch
-
 from helpers.batches import rewarded_groups
+
 from open_instruct import cluster
-from open_instruct.batching import BatchSettings, assemble
+from open_instruct.batching import BatchSettings
+from open_instruct.engine_pool import EnginePool
 from open_instruct.generation import EngineSettings
 from open_instruct.learner import LearnerSettings
+from open_instruct.learner_group import LearnerGroup
 from open_instruct.messages import PromptRequest, SamplingSettings
 from open_instruct.weight_sync import SyncSettings, WeightSync, WeightSyncError
 
@@ -42,9 +44,14 @@ def tokenizer(model_path):
 def greedy(tokenizer, text: str, max_tokens: int, prompt_id: str) -> PromptRequest:
     ids = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True)
     return PromptRequest(
-        prompt_id=prompt_id, prompt_token_ids=tuple(ids["input_ids"]), ground_truths=(), verifier_names=(),
-        sampling=SamplingSettings(max_tokens=max_tokens, temperature=0.0, ignore_eos=True), num_samples=1,
-        seed=0, admitted_version=0,
+        prompt_id=prompt_id,
+        prompt_token_ids=tuple(ids["input_ids"]),
+        ground_truths=(),
+        verifier_names=(),
+        sampling=SamplingSettings(max_tokens=max_tokens, temperature=0.0, ignore_eos=True),
+        num_samples=1,
+        seed=0,
+        admitted_version=0,
     )
 
 
@@ -53,24 +60,37 @@ def start_stack(model_path, tokenizer, engines: int, learners: int, stage: int, 
     settings = EngineSettings(
         model_path=model_path, max_model_len=MAX_MODEL_LEN, kv_cache_gib=0.25, enable_prefix_caching=True
     )
-    actors = cluster.create_generation_actors(settings, engines)
-    ray.get([a.start.remote() for a in actors], timeout=600)
-    group = cluster.create_learner_group(
-        LearnerSettings(model_path=model_path, deepspeed_stage=stage, learning_rate=2e-2, lr_scheduler_type="constant",
-                        importance_ratio_cap=0.0),
-        [learners],
+    pool = EnginePool(cluster.create_generation_actors(settings, engines), prompt_capacity=16)
+    pool.start_engines()
+    batch_settings = BatchSettings(
+        pack_length=128, pad_token_id=tokenizer.pad_token_id, world_size=learners, micro_batch_size=1
     )
-    cluster.setup_learner_group(group)
-    sync = WeightSync(group, actors, SyncSettings(backend="gloo", dtype_name="float32", inflight=inflight,
-                                                   bucket_bytes=1 << 20, timeout_s=timeout_s))
+    group = LearnerGroup(
+        cluster.create_learner_actors(
+            LearnerSettings(
+                model_path=model_path,
+                deepspeed_stage=stage,
+                learning_rate=2e-2,
+                lr_scheduler_type="constant",
+                importance_ratio_cap=0.0,
+            ),
+            [learners],
+        ),
+        batch_settings,
+    )
+    group.setup()
+    sync = WeightSync(
+        group,
+        pool,
+        SyncSettings(
+            backend="gloo", dtype_name="float32", inflight=inflight, bucket_bytes=1 << 20, timeout_s=timeout_s
+        ),
+    )
     connected = sync.connect()
     assert connected["weight_sync/group_size"] == engines + 1
-    batch_settings = BatchSettings(pack_length=128, pad_token_id=tokenizer.pad_token_id, world_size=learners,
-                                   micro_batch_size=1)
-    batches, _ = assemble(rewarded_groups(tokenizer), 0, batch_settings)
-    ray.get([learner.train_step.remote(b) for learner, b in zip(group, batches)], timeout=600)
-    weights_b = ray.get([learner.full_state_dict.remote() for learner in group], timeout=600)[0]
-    return actors, group, sync, weights_b
+    group.train_step(rewarded_groups(tokenizer), 0)
+    weights_b = group.full_state_dict()
+    return pool.actors, group.actors, sync, weights_b
 
 
 def hf_model(model_path, state=None):
@@ -87,7 +107,9 @@ def hf_model(model_path, state=None):
 @torch.no_grad()
 def continue_greedy(model_prefix, model_new, prompt_ids, generated, switch_at: int, count: int) -> list[int]:
     """KV of prompt + generated[:switch_at-1] from `model_prefix`, then `count` greedy tokens from `model_new`."""
-    past = model_prefix(torch.tensor([list(prompt_ids) + list(generated[: switch_at - 1])]), use_cache=True).past_key_values
+    past = model_prefix(
+        torch.tensor([list(prompt_ids) + list(generated[: switch_at - 1])]), use_cache=True
+    ).past_key_values
     token, out = generated[switch_at - 1], []
     for _ in range(count):
         logits = model_new(torch.tensor([[token]]), past_key_values=past, use_cache=True)
@@ -121,7 +143,7 @@ def wait_until_running(actor, count: int, min_tokens: int, timeout_s: float = 12
 
 def test_inflight_update_from_a_real_learner_keeps_the_kv_cache(model_path, tokenizer):
     try:
-        [engine], [learner], sync, weights_b = start_stack(model_path, tokenizer, 1, 1, stage=0, inflight=True)
+        [engine], [_learner], sync, weights_b = start_stack(model_path, tokenizer, 1, 1, stage=0, inflight=True)
         long_requests = [greedy(tokenizer, f"Count from {n} onwards, please.", LONG, f"long{n}") for n in (1, 7)]
         generating = engine.generate.remote(long_requests)
         at_trigger = wait_until_running(engine, count=2, min_tokens=SWITCH_AFTER)
@@ -146,8 +168,10 @@ def test_inflight_update_from_a_real_learner_keeps_the_kv_cache(model_path, toke
             kept = continue_greedy(model_a, model_b, c.prompt_token_ids, generated, switch, LONG - switch)
             assert generated[switch:] == kept  # old-weight KV prefix, new-weight decoding
             recomputed = continue_greedy(model_b, model_b, c.prompt_token_ids, generated, switch, LONG - switch)
-            print(f"{c.prompt_id}: switch at token {switch}; keep-KV reference matches; "
-                  f"recompute reference differs: {recomputed != kept}")
+            print(
+                f"{c.prompt_id}: switch at token {switch}; keep-KV reference matches; "
+                f"recompute reference differs: {recomputed != kept}"
+            )
             assert c.behaviour_logprobs and len(c.behaviour_logprobs) == LONG
 
         stats = ray.get(engine.stats.remote())
@@ -174,7 +198,7 @@ def test_inflight_update_from_a_real_learner_keeps_the_kv_cache(model_path, toke
 
 def test_zero3_learners_update_two_engines_after_draining(model_path, tokenizer):
     try:
-        engines, learners, sync, weights_b = start_stack(model_path, tokenizer, 2, 2, stage=3, inflight=False)
+        engines, _learners, sync, weights_b = start_stack(model_path, tokenizer, 2, 2, stage=3, inflight=False)
         long_requests = {i: greedy(tokenizer, f"Count from {i} onwards.", 200, f"drain{i}") for i in range(2)}
         generating = [engines[i].generate.remote([long_requests[i]]) for i in range(2)]
         for engine in engines:
@@ -193,7 +217,9 @@ def test_zero3_learners_update_two_engines_after_draining(model_path, tokenizer)
             [c] = ray.get(engine.generate.remote([probe]))
             assert list(c.response_token_ids) == expected
             assert [s.version for s in c.version_spans] == [1]
-        assert all(s.weight_version == 1 and s.preempted_requests == 0 for s in ray.get([e.stats.remote() for e in engines]))
+        assert all(
+            s.weight_version == 1 and s.preempted_requests == 0 for s in ray.get([e.stats.remote() for e in engines])
+        )
     finally:
         ray.shutdown()
 
@@ -207,7 +233,7 @@ def test_a_failed_transfer_names_the_step_and_leaves_no_engine_paused(model_path
         [engine], _, sync, _ = start_stack(model_path, tokenizer, 1, 1, stage=0, inflight=True, timeout_s=20)
         md = sync.metadata
         sync.metadata = dataclasses.replace(md, shapes=((1,),) + md.shapes[1:])
-        with pytest.raises(WeightSyncError, match="step 'transfer' failed on learner 0: .*embed_tokens"):
+        with pytest.raises(WeightSyncError, match=r"step 'transfer' failed on learner 0: .*embed_tokens"):
             sync.push(1)
         stats = ray.get(engine.stats.remote())
         assert stats.weight_version == 0  # the failed version was not committed

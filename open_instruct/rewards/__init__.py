@@ -26,6 +26,16 @@ class VerifierSettings:
     # ifeval: True -> 1 only when every constraint holds; False -> fraction satisfied.
     ifeval_require_all: bool = False
 
+    @classmethod
+    def from_config(cls, cfg) -> VerifierSettings:
+        r = cfg.reward
+        return cls(
+            code_api_url=r.code_api_url,
+            code_max_execution_time=r.code_max_execution_time,
+            code_pass_rate_reward_threshold=r.code_pass_rate_reward_threshold,
+            ifeval_require_all=r.ifeval_reward_mode == "all",
+        )
+
 
 @dataclass(frozen=True)
 class VerifierInput:

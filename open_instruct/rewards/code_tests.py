@@ -1,7 +1,7 @@
 """`code` and `code_stdio` verifiers: run the response's program against the row's tests over HTTP.
 
-The tests run in a code-execution service (open-instruct's API; `open_instruct.code_execution_server`
-is the local implementation), never in this process. Semantics follow open-instruct:
+The tests run in a code-execution service (open-instruct's API; the top-level `code_server` package is
+the local implementation), never in this process. Semantics follow open-instruct:
 
 * Program: the content of the **last** ```` ``` ```` fenced block, with an optional `python` right after
   the opening fence dropped (a `py` tag is kept and fails as a NameError); without a fence, the whole
@@ -102,15 +102,11 @@ def run_tests(url: str, program: str, tests: Any, max_execution_time: float) -> 
     try:
         reply = response.json()
     except ValueError as e:
-        raise CodeServiceError(
-            f"code execution service at {url} returned non-JSON: {response.text[:200]!r}"
-        ) from e
+        raise CodeServiceError(f"code execution service at {url} returned non-JSON: {response.text[:200]!r}") from e
     results = reply.get("results") if isinstance(reply, dict) else None
     runtimes = reply.get("runtimes", []) if isinstance(reply, dict) else None
     if not isinstance(results, list) or not isinstance(runtimes, list):
-        raise CodeServiceError(
-            f"code execution service at {url} returned no results list: {str(reply)[:200]}"
-        )
+        raise CodeServiceError(f"code execution service at {url} returned no results list: {str(reply)[:200]}")
     return reply
 
 
@@ -136,9 +132,7 @@ def _verify(inp: VerifierInput, settings: VerifierSettings, stdio: bool) -> Veri
     program = extract_program(inp.prediction)
     url = endpoint_url(settings.code_api_url, stdio)
     if isinstance(inp.ground_truth, list) and not inp.ground_truth:
-        return VerifierResult(
-            score=0.0, extracted=program, details={"results": [], "runtimes": [], "url": url}
-        )
+        return VerifierResult(score=0.0, extracted=program, details={"results": [], "runtimes": [], "url": url})
     reply = run_tests(url, program, inp.ground_truth, settings.code_max_execution_time)
     score, pass_rate = score_results(reply["results"], reply["runtimes"], settings)
     details = {

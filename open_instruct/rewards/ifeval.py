@@ -10,7 +10,10 @@ dropped). The score is the fraction of constraints satisfied, or 1/0 for all/any
 id raises `UnknownInstructionError` naming it (the reward pool turns that into a counted 0).
 
 `ifeval_old` labels are a JSON object `{"func_name": ..., <flat keys, unused ones null>}`; the
-named function below is called with the non-null keys it accepts and scores 1/0.
+named function below is called with the non-null keys it accepts and scores 1/0. Its quantifiers
+follow open-instruct's current code: "at least" / "at most" are inclusive; "around" allows
+`max(round(0.1 * N), 1)` for word and capital-word counts and a flat +-1 for sentence counts.
+The IFEvalG relations ("less than" / "at least") live in `ifeval_checks.compare`.
 
 Unlike open-instruct, `ifeval` recognises an old-format label (a `func_name` object) and scores it
 with the old functions instead of raising, so the mixed Tulu 3 set works without a remap.
@@ -38,17 +41,25 @@ class UnknownInstructionError(ValueError):
 # Old Tulu 3 functions (`ifeval_old`), named as in the dataset's `func_name`.
 
 
-def _quantified(actual: float, quantifier: str, n: float) -> bool:
-    q = quantifier.strip().lower()
-    if q == "at least":
+def around_tolerance(n: int) -> int:
+    """How far a word or capital-word count may be from N and still be "around" N.
+
+    open-instruct's rule (its PR #1646): 10% of N rounded with Python's `round`, whose ties go to the
+    even number (N = 25 allows 2, N = 35 allows 4), and never less than 1 (N = 5 allows 1).
+    """
+    return max(round(n * 0.1), 1)
+
+
+def _quantified(actual: int, quantifier: str, n: int, tolerance: int) -> bool:
+    # Spelled exactly as open-instruct compares them; it scores any other quantifier 0, and raising
+    # gives the same 0 through the reward pool while counting the bad label.
+    if quantifier == "at least":
         return actual >= n
-    if q == "at most":
+    if quantifier == "at most":
         return actual <= n
-    if q == "around":
-        return abs(actual - n) <= 0.1 * n
-    if q in ("exactly", "equal to"):
-        return actual == n
-    raise ValueError(f"unknown quantifier {quantifier!r}")
+    if quantifier == "around":
+        return abs(actual - n) <= tolerance
+    raise ValueError(f"unknown quantifier {quantifier!r}; expected 'at least', 'at most' or 'around'")
 
 
 def verify_keywords(text: str, keyword_list: list[str]) -> bool:
@@ -80,11 +91,12 @@ def verify_paragraph_count(text: str, N: int) -> bool:
 
 
 def validate_word_constraint(text: str, N: int, quantifier: str) -> bool:
-    return _quantified(len(text.split()), quantifier, N)
+    return _quantified(len(text.split()), quantifier, N, around_tolerance(N))
 
 
 def verify_sentence_constraint(text: str, N: int, quantifier: str) -> bool:
-    return _quantified(len(split_sentences(text)), quantifier, N)
+    # Sentences get a flat +-1 for "around" in open-instruct, whatever N is.
+    return _quantified(len(split_sentences(text)), quantifier, N, 1)
 
 
 def validate_paragraphs(text: str, N: int, first_word: str, i: int) -> bool:
@@ -161,7 +173,7 @@ def validate_lowercase(text: str) -> bool:
 
 
 def validate_frequency_capital_words(text: str, N: int, quantifier: str) -> bool:
-    return _quantified(len(re.findall(r"\b[A-Z]+\b", text)), quantifier, N)
+    return _quantified(len(re.findall(r"\b[A-Z]+\b", text)), quantifier, N, around_tolerance(N))
 
 
 def validate_end(text: str, end_phrase: str) -> bool:
@@ -273,7 +285,7 @@ def score_new(text: str, label: dict[str, Any], require_all: bool) -> VerifierRe
     if not text:
         return VerifierResult(score=0.0, extracted=text, details={"reason": "empty answer"})
     results: list[list[Any]] = []
-    for instruction_id, fn, kwargs in zip(ids, checks, all_kwargs):
+    for instruction_id, fn, kwargs in zip(ids, checks, all_kwargs, strict=True):
         kwargs = {k: v for k, v in (kwargs or {}).items() if v is not None}
         results.append([instruction_id, _call(fn, instruction_id, text, kwargs)])
     passed = sum(ok for _, ok in results)

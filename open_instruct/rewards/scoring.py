@@ -85,6 +85,21 @@ class RewardSettings:
     verifier_timeout_s: float = 10.0
     verifier: VerifierSettings = field(default_factory=VerifierSettings)
 
+    @classmethod
+    def from_config(cls, cfg) -> RewardSettings:
+        r = cfg.reward
+        return cls(
+            apply_verifiable_reward=r.apply_verifiable_reward,
+            verification_reward=r.verification_reward,
+            non_stop_penalty=r.non_stop_penalty,
+            non_stop_penalty_value=r.non_stop_penalty_value,
+            format_reward=r.format_reward,
+            remap_verifier=cfg.remap_verifier,
+            # A code verifier call may legitimately take its HTTP client's full timeout.
+            verifier_timeout_s=max(30.0, min(300.0, 10 * r.code_max_execution_time)) + 10,
+            verifier=VerifierSettings.from_config(cfg),
+        )
+
 
 @dataclass(frozen=True)
 class RewardOutcome:
@@ -142,7 +157,7 @@ def _warm_up() -> list[str]:
     for module in rewards._BUILTIN_MODULES:
         try:
             importlib.import_module(f"{rewards.__name__}.{module}")
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:
             failed.append(f"{module}: {type(e).__name__}: {e}")
     return failed
 
@@ -167,12 +182,12 @@ def worker_main() -> None:
             fn, inp, settings = _recv(requests)
         except EOFError:
             return
-        except Exception as e:  # noqa: BLE001 - e.g. the verifier's module cannot be imported here
+        except Exception as e:
             _send(replies, ("error", f"{type(e).__name__}: {e}"))
             continue
         try:
             reply = ("ok", fn(inp, settings).score)
-        except BaseException as e:  # noqa: BLE001 - includes a verifier calling sys.exit()
+        except BaseException as e:
             reply = ("error", f"{type(e).__name__}: {e}")
         try:
             _send(replies, reply)
@@ -302,7 +317,7 @@ class RewardScorer:
             if not 0.0 <= score <= 1.0:
                 raise ValueError(f"verifier returned score {score!r} outside [0, 1]")
             return name, float(score), None
-        except Exception as e:  # noqa: BLE001 - every verifier failure becomes a counted 0
+        except Exception as e:
             detail = (
                 str(e)
                 if isinstance(e, (_VerifierTimeout, _WorkerDied, _VerifierRaised))

@@ -20,9 +20,15 @@ def rewarded_groups(tokenizer, samples_per_prompt: int = 4):
             response = tuple(tokenizer.encode(f"{answer}</think><answer>{answer}</answer>")) + (tokenizer.eos_token_id,)
             buffer.add(
                 Completion(
-                    prompt_id=f"p{p}@0", sample_index=j, prompt_token_ids=prompt, response_token_ids=response,
-                    behaviour_logprobs=(-1.0,) * len(response), finish_reason="stop",
-                    version_spans=(VersionSpan(0, 0, len(response)),), admitted_version=0, engine_id=0,
+                    prompt_id=f"p{p}@0",
+                    sample_index=j,
+                    prompt_token_ids=prompt,
+                    response_token_ids=response,
+                    behaviour_logprobs=(-1.0,) * len(response),
+                    finish_reason="stop",
+                    version_spans=(VersionSpan(0, 0, len(response)),),
+                    admitted_version=0,
+                    engine_id=0,
                     reward=10.0 if answer == a + b else 0.0,
                 )
             )

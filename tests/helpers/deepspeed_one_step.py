@@ -20,7 +20,9 @@ def main(stage: int, model_path: str, port: int) -> None:
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
     optimizer = learner.make_optimizer(model, learning_rate=1e-3, weight_decay=0.0)
     engine = learner.initialize_engine(model, optimizer, learner.deepspeed_config(stage=stage, micro_batch_size=2))
-    batch = tokenizer(["12</think><answer>12</answer>", "7</think><answer>7</answer>"], return_tensors="pt", padding=True)
+    batch = tokenizer(
+        ["12</think><answer>12</answer>", "7</think><answer>7</answer>"], return_tensors="pt", padding=True
+    )
     labels = batch["input_ids"].masked_fill(batch["attention_mask"] == 0, -100)
     losses = []
     for _ in range(2):

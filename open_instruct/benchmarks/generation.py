@@ -10,7 +10,7 @@ Same engine, same prompts, same concurrency cap, one process, measured side by s
 Response lengths are drawn from a lognormal distribution (ignore_eos, so every sample has
 exactly its drawn length). Prints a table and the ratio; writes JSON to --output.
 
-    python -m open_instruct.benchmark_generation --prompts 64 --samples 4 --median_tokens 48
+    python -m open_instruct.benchmarks.generation --prompts 64 --samples 4 --median_tokens 48
 """
 
 from __future__ import annotations
@@ -18,22 +18,11 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import random
 import statistics
 import time
 from pathlib import Path
 
 logger = logging.getLogger(__name__)
-
-
-def capped_lognormal(rng: random.Random, median: float, sigma: float, cap: int) -> int:
-    """One heavy-tailed response length: lognormal around `median`, rounded, clamped to [1, cap]."""
-    return max(1, min(cap, round(median * rng.lognormvariate(0.0, sigma))))
-
-
-def lognormal_lengths(count: int, median: int, sigma: float, cap: int, seed: int) -> list[int]:
-    rng = random.Random(seed)
-    return [capped_lognormal(rng, median, sigma, cap) for _ in range(count)]
 
 
 def build_requests(tokenizer, lengths: list[int], samples: int, tag: str):
@@ -62,23 +51,18 @@ def build_requests(tokenizer, lengths: list[int], samples: int, tag: str):
 
 
 def run_batched(pool, requests, concurrency: int) -> dict:
-    import ray
-
-    actor = pool.actors[0]
     per_batch = max(1, concurrency // requests[0].num_samples)
-    ray.get(actor.reset_stats.remote())
+    pool.call_all("reset_stats")
     started = time.monotonic()
     tokens = 0
     for i in range(0, len(requests), per_batch):
-        completions = ray.get(actor.generate.remote(requests[i : i + per_batch]))
+        completions = pool.generate(requests[i : i + per_batch])
         tokens += sum(len(c.response_token_ids) for c in completions)
-    return _result("batched", tokens, time.monotonic() - started, ray.get(actor.stats.remote()))
+    return _result("batched", tokens, time.monotonic() - started, pool.stats()[0])
 
 
 def run_streaming(pool, requests) -> dict:
-    import ray
-
-    ray.get(pool.actors[0].reset_stats.remote())
+    pool.call_all("reset_stats")
     started = time.monotonic()
     pool.submit(requests)
     tokens = 0
@@ -115,6 +99,7 @@ def main(argv: list[str] | None = None) -> dict:
     from transformers import AutoTokenizer
 
     from open_instruct import cluster
+    from open_instruct.benchmarks.workloads import lognormal_lengths
     from open_instruct.embedded_default import ensure_embedded_model
     from open_instruct.engine_pool import EnginePool
     from open_instruct.generation import EngineSettings
@@ -122,10 +107,8 @@ def main(argv: list[str] | None = None) -> dict:
     model_path = str(ensure_embedded_model())
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     lengths = lognormal_lengths(args.prompts, args.median_tokens, args.sigma, args.max_tokens, args.seed)
-    settings = EngineSettings(
-        model_path=model_path, max_model_len=args.max_tokens + 64, kv_cache_gib=args.kv_cache_gib,
-        max_concurrency=args.concurrency,
-    )
+    settings = EngineSettings(model_path, args.max_tokens + 64, kv_cache_gib=args.kv_cache_gib,
+                              max_concurrency=args.concurrency)  # fmt: skip
     cluster.init_ray(min_logical_cpus=2)
     pool = EnginePool(cluster.create_generation_actors(settings, 1), prompt_capacity=args.prompts + 1)
     try:
@@ -136,24 +119,36 @@ def main(argv: list[str] | None = None) -> dict:
         streaming = run_streaming(pool, build_requests(tokenizer, lengths, args.samples, "streaming"))
     finally:
         pool.shutdown()
+    workload = {
+        "prompts": args.prompts,
+        "samples_per_prompt": args.samples,
+        "concurrency": args.concurrency,
+        "lengths_median": statistics.median(lengths),
+        "lengths_mean": statistics.mean(lengths),
+        "lengths_max": max(lengths),
+        "sigma": args.sigma,
+        "engine_target_concurrency": info.target_concurrency,
+    }
     report = {
-        "workload": {
-            "prompts": args.prompts, "samples_per_prompt": args.samples, "concurrency": args.concurrency,
-            "lengths_median": statistics.median(lengths), "lengths_mean": statistics.mean(lengths),
-            "lengths_max": max(lengths), "sigma": args.sigma, "engine_target_concurrency": info["target_concurrency"],
-        },
+        "workload": workload,
         "modes": [batched, streaming],
         "speedup_streaming_vs_batched": streaming["generated_tokens_per_s"] / batched["generated_tokens_per_s"],
     }
-    print(f"\n{'mode':<10} {'tokens/s':>10} {'idle':>7} {'underfilled':>12} {'wall s':>8}")
-    for m in report["modes"]:
-        print(f"{m['mode']:<10} {m['generated_tokens_per_s']:>10.0f} {m['generation_idle_frac']:>7.1%} "
-              f"{m['generation_underfilled_frac']:>12.1%} {m['wall_s']:>8.1f}")
-    print(f"streaming / batched tokens/s: {report['speedup_streaming_vs_batched']:.2f}x")
+    print_report(report)
     out = Path(args.output)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=1))
     return report
+
+
+def print_report(report: dict) -> None:
+    print(f"\n{'mode':<10} {'tokens/s':>10} {'idle':>7} {'underfilled':>12} {'wall s':>8}")
+    for m in report["modes"]:
+        print(
+            f"{m['mode']:<10} {m['generated_tokens_per_s']:>10.0f} {m['generation_idle_frac']:>7.1%} "
+            f"{m['generation_underfilled_frac']:>12.1%} {m['wall_s']:>8.1f}"
+        )
+    print(f"streaming / batched tokens/s: {report['speedup_streaming_vs_batched']:.2f}x")
 
 
 if __name__ == "__main__":

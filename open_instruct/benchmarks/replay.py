@@ -12,7 +12,7 @@ prompt file from the embedded dataset first.
 
 GPU runs also report MFU and MBU from the model's dimensions and the GPU's peak figures.
 
-    python -m open_instruct.benchmark_replay --response_lengths 256 512 1024 2048 4096 \
+    python -m open_instruct.benchmarks.replay --response_lengths 256 512 1024 2048 4096 \
         --output output/bench/replay
 """
 
@@ -47,14 +47,20 @@ def load_prompts(path: str) -> list:
         if not line.strip():
             continue
         row = json.loads(line)
-        sampling = dict(row["sampling"])
+        known = {f.name for f in dataclasses.fields(SamplingSettings)}
+        # Files recorded by older versions may carry fields SamplingSettings no longer has.
+        sampling = {k: v for k, v in row["sampling"].items() if k in known}
         sampling["stop_strings"] = tuple(sampling.get("stop_strings", ()))
-        sampling["per_sample_max_tokens"] = tuple(sampling.get("per_sample_max_tokens", ()))
         requests.append(
             PromptRequest(
-                prompt_id=row["prompt_id"], prompt_token_ids=tuple(row["prompt_token_ids"]), ground_truths=(),
-                verifier_names=(), sampling=SamplingSettings(**sampling), num_samples=row["num_samples"],
-                seed=row["seed"], admitted_version=0,
+                prompt_id=row["prompt_id"],
+                prompt_token_ids=tuple(row["prompt_token_ids"]),
+                ground_truths=(),
+                verifier_names=(),
+                sampling=SamplingSettings(**sampling),
+                num_samples=row["num_samples"],
+                seed=row["seed"],
+                admitted_version=0,
             )
         )
     return requests
@@ -66,8 +72,7 @@ def record_embedded_prompts(path: Path, count: int, samples: int) -> None:
 
     from open_instruct.embedded_default import STOP_STRING, ensure_embedded_dataset, ensure_embedded_model
     from open_instruct.messages import SamplingSettings
-    from open_instruct.orchestrator import record_prompts
-    from open_instruct.prompt_feeder import make_request
+    from open_instruct.prompt_feeder import make_request, record_prompts
 
     tokenizer = AutoTokenizer.from_pretrained(ensure_embedded_model())
     rows = [json.loads(line) for line in (ensure_embedded_dataset() / "train.jsonl").read_text().splitlines()][:count]
@@ -82,21 +87,25 @@ def record_embedded_prompts(path: Path, count: int, samples: int) -> None:
 
     requests = []
     for i, row in enumerate(rows):
-        ids = tuple(tokenizer.apply_chat_template(row["messages"], add_generation_prompt=True, tokenize=True)["input_ids"])
+        ids = tuple(
+            tokenizer.apply_chat_template(row["messages"], add_generation_prompt=True, tokenize=True)["input_ids"]
+        )
         requests.append(make_request(Row(ids), f"embedded:{i}@0", sampling, samples, 1, 0))
     record_prompts(str(path), requests)
 
 
 def with_length_cap(requests: list, cap: int, seed: int) -> list:
     """Heavy-tailed exact lengths under `cap`: lognormal, median cap / 4, sigma 0.8."""
-    from open_instruct.benchmark_generation import capped_lognormal
+    from open_instruct.benchmarks.workloads import capped_lognormal
 
     rng = random.Random(seed)
     out = []
     for r in requests:
         length = capped_lognormal(rng, cap / 4, 0.8, cap)
         sampling = dataclasses.replace(r.sampling, max_tokens=length, ignore_eos=True, stop_strings=())
-        out.append(dataclasses.replace(r, sampling=sampling, prompt_id=f"{r.prompt_id}/cap{cap}", queued_at=time.time()))
+        out.append(
+            dataclasses.replace(r, sampling=sampling, prompt_id=f"{r.prompt_id}/cap{cap}", queued_at=time.time())
+        )
     return out
 
 
@@ -116,8 +125,14 @@ def dense_params(hidden: int, layers: int, vocab: int) -> int:
     return layers * 12 * hidden * hidden + vocab * hidden
 
 
-def utilization(params: int, tokens_per_s: float, decode_steps_per_s: float, peak_flops: float,
-                peak_bytes_per_s: float, bytes_per_param: int = 2) -> dict[str, float]:
+def utilization(
+    params: int,
+    tokens_per_s: float,
+    decode_steps_per_s: float,
+    peak_flops: float,
+    peak_bytes_per_s: float,
+    bytes_per_param: int = 2,
+) -> dict[str, float]:
     """MFU: 2 FLOPs per parameter per generated token. MBU: every weight is read once per decode step
     (KV-cache reads ignored, so MBU is a lower bound)."""
     return {
@@ -144,9 +159,7 @@ def mfu_mbu(model_path: str, tokens_per_s: float, decode_steps_per_s: float) -> 
 
 
 def replay_once(pool, requests: list, kv_sample_s: float = 0.5) -> dict:
-    import ray
-
-    ray.get([actor.reset_stats.remote() for actor in pool.actors])
+    pool.call_all("reset_stats")
     started = time.monotonic()
     pool.submit(requests)
     completions, kv_samples = [], []
@@ -177,8 +190,12 @@ def replay_once(pool, requests: list, kv_sample_s: float = 0.5) -> dict:
         "completion_s": _quantiles([c.finished_at - c.started_at for c in completions]),
         "response_tokens": _quantiles([float(len(c.response_token_ids)) for c in completions]),
         "per_engine": [
-            {"engine_id": s.engine_id, "tokens_per_s": s.tokens_per_s, "idle_frac": s.idle_frac,
-             "underfilled_frac": s.underfilled_s / s.uptime_s if s.uptime_s else 0.0}
+            {
+                "engine_id": s.engine_id,
+                "tokens_per_s": s.tokens_per_s,
+                "idle_frac": s.idle_frac,
+                "underfilled_frac": s.underfilled_s / s.uptime_s if s.uptime_s else 0.0,
+            }
             for s in stats
         ],
     }
@@ -193,8 +210,12 @@ def plot_sweep(rows: list[dict], path: Path) -> None:
     caps = [r["response_length_cap"] for r in rows]
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
     left.plot(caps, [r["engine_busy_frac"] for r in rows], "o-", label="busy (>=1 sample running)")
-    left.plot(caps, [1 - r["engine_underfilled_frac"] - r["engine_idle_frac"] for r in rows], "o-",
-              label="full (running = target)")
+    left.plot(
+        caps,
+        [1 - r["engine_underfilled_frac"] - r["engine_idle_frac"] for r in rows],
+        "o-",
+        label="full (running = target)",
+    )
     left.plot(caps, [r["kv_cache_usage_avg"] for r in rows], "o-", label="KV cache used (avg)")
     left.set_xscale("log", base=2)
     left.set_xlabel("response length cap (tokens)")
@@ -232,7 +253,6 @@ def main(argv: list[str] | None = None) -> dict:
     from open_instruct.embedded_default import ensure_embedded_model
     from open_instruct.engine_pool import EnginePool
     from open_instruct.generation import EngineSettings
-    from open_instruct.prompt_feeder import DeliveryLedger
 
     out = Path(args.output)
     out.mkdir(parents=True, exist_ok=True)
@@ -242,43 +262,71 @@ def main(argv: list[str] | None = None) -> dict:
     recorded = load_prompts(str(prompt_file))[: args.max_prompts]
     model = args.model or str(ensure_embedded_model())
     longest_prompt = max(len(r.prompt_token_ids) for r in recorded)
-    settings = EngineSettings(model_path=model, max_model_len=longest_prompt + max(args.response_lengths) + 8,
-                              kv_cache_gib=args.kv_cache_gib, max_concurrency=args.max_concurrency)
+    settings = EngineSettings(
+        model_path=model,
+        max_model_len=longest_prompt + max(args.response_lengths) + 8,
+        kv_cache_gib=args.kv_cache_gib,
+        max_concurrency=args.max_concurrency,
+    )
     cluster.init_ray(min_logical_cpus=args.engines + 1)
     pool = EnginePool(cluster.create_generation_actors(settings, args.engines), prompt_capacity=len(recorded) + 8)
-    rows = []
     try:
-        pool.start()
-        # The first requests after start pay one-off costs (kernel selection, allocator growth).
-        replay_once(pool, with_length_cap(recorded[:2], 16, seed=0))
-        for cap in args.response_lengths:
-            pool.ledger = DeliveryLedger()
-            row = replay_once(pool, with_length_cap(recorded, cap, seed=cap))
-            row["response_length_cap"] = cap
-            row["gpu"] = mfu_mbu(model, row["generated_tokens_per_s"],
-                                 row["generated_tokens_per_s"] / max(1.0, row["avg_running"]))
-            rows.append(row)
-            logger.info("cap %d: %.0f tokens/s, busy %.0f%%", cap, row["generated_tokens_per_s"], 100 * row["engine_busy_frac"])
-        pool.stop("finish")
+        rows = sweep_caps(pool, recorded, args.response_lengths, model)
     finally:
         pool.shutdown()
-        import ray
-
-        ray.shutdown()
-    result = {"prompt_file": str(prompt_file), "prompts": len(recorded), "engines": args.engines,
-              "max_concurrency": args.max_concurrency, "cpu_count": os.cpu_count(), "sweep": rows}
+        cluster.shutdown_ray()
+    result = {
+        "prompt_file": str(prompt_file),
+        "prompts": len(recorded),
+        "engines": args.engines,
+        "max_concurrency": args.max_concurrency,
+        "cpu_count": os.cpu_count(),
+        "sweep": rows,
+    }
     (out / "replay.json").write_text(json.dumps(result, indent=1))
     plot_sweep(rows, out / "utilization_vs_length.png")
-    print(f"replay of {len(recorded)} prompts from {prompt_file} through {args.engines} engine(s):")
-    print(f"{'cap':>6} {'tokens/s':>9} {'busy':>6} {'full':>6} {'KV avg':>7} {'wait p90':>9} {'ttft p50':>9} "
-          f"{'done p50':>9} {'done p90':>9}")
-    for r in rows:
-        print(f"{r['response_length_cap']:>6} {r['generated_tokens_per_s']:>9.0f} {r['engine_busy_frac']:>6.0%} "
-              f"{1 - r['engine_underfilled_frac'] - r['engine_idle_frac']:>6.0%} {r['kv_cache_usage_avg']:>7.1%} "
-              f"{r['queue_wait_s']['p90']:>9.2f} {r['ttft_s']['p50']:>9.3f} {r['completion_s']['p50']:>9.2f} "
-              f"{r['completion_s']['p90']:>9.2f}")
+    print_sweep(result, prompt_file)
     print(f"wrote {out / 'replay.json'} and {out / 'utilization_vs_length.png'}")
     return result
+
+
+def sweep_caps(pool, recorded: list, caps: list[int], model: str) -> list[dict]:
+    """The recorded prompts once per response-length cap, on engines started once."""
+    from open_instruct.prompt_feeder import DeliveryLedger
+
+    pool.start()
+    # The first requests after start pay one-off costs (kernel selection, allocator growth).
+    replay_once(pool, with_length_cap(recorded[:2], 16, seed=0))
+    rows = []
+    for cap in caps:
+        pool.ledger = DeliveryLedger()
+        row = replay_once(pool, with_length_cap(recorded, cap, seed=cap))
+        row["response_length_cap"] = cap
+        row["gpu"] = mfu_mbu(
+            model, row["generated_tokens_per_s"], row["generated_tokens_per_s"] / max(1.0, row["avg_running"])
+        )
+        rows.append(row)
+        logger.info(
+            "cap %d: %.0f tokens/s, busy %.0f%%", cap, row["generated_tokens_per_s"], 100 * row["engine_busy_frac"]
+        )
+    pool.stop("finish")
+    return rows
+
+
+def print_sweep(result: dict, prompt_file: Path) -> None:
+    rows = result["sweep"]
+    print(f"replay of {result['prompts']} prompts from {prompt_file} through {result['engines']} engine(s):")
+    print(
+        f"{'cap':>6} {'tokens/s':>9} {'busy':>6} {'full':>6} {'KV avg':>7} {'wait p90':>9} {'ttft p50':>9} "
+        f"{'done p50':>9} {'done p90':>9}"
+    )
+    for r in rows:
+        print(
+            f"{r['response_length_cap']:>6} {r['generated_tokens_per_s']:>9.0f} {r['engine_busy_frac']:>6.0%} "
+            f"{1 - r['engine_underfilled_frac'] - r['engine_idle_frac']:>6.0%} {r['kv_cache_usage_avg']:>7.1%} "
+            f"{r['queue_wait_s']['p90']:>9.2f} {r['ttft_s']['p50']:>9.3f} {r['completion_s']['p50']:>9.2f} "
+            f"{r['completion_s']['p90']:>9.2f}"
+        )
 
 
 if __name__ == "__main__":

@@ -18,27 +18,26 @@ its id): `heavy_tail`, response lengths drawn from a lognormal (exact, ignore_eo
 Per mode: trained samples/s, generated tokens/s, generation idle fraction, learner wait
 fraction, weight-sync pause, staleness (version lag mean/max), and streaming / synchronous.
 Also measured: engine decode throughput vs running sequences, prefill speed and learner step
-time vs tokens, written as `measured.json`, the input `open_instruct.simulator` fits its cost
-model to. Writes `e2e.json` and `timeline_<workload>.png` (engine occupancy and learner steps
+time vs tokens, written as `measured.json`, the input `open_instruct.benchmarks.simulator` fits
+its cost model to. Writes `e2e.json` and `timeline_<workload>.png` (engine occupancy and learner steps
 over time, synchronous vs streaming) and prints a table.
 
-    python -m open_instruct.benchmark_e2e --output output/bench/e2e
+    python -m open_instruct.benchmarks.e2e --output output/bench/e2e
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
-import hashlib
 import json
 import logging
 import os
-import random
 import threading
 import time
 from pathlib import Path
 
-from open_instruct.benchmark_generation import capped_lognormal
+from open_instruct.benchmarks.workloads import ShapedGenerationActor, ShapedWorkload
 
 logger = logging.getLogger(__name__)
 
@@ -49,26 +48,31 @@ MODES = {  # name -> (async_steps, inflight_updates)
 }
 
 
-@dataclasses.dataclass(frozen=True)
-class Workload:
-    name: str
-    median_tokens: int
-    sigma: float
-    max_tokens: int
-    tool_latency_s: float = 0.0
+class TimedLearners:
+    """The learner group, recording each step and its samples' engine intervals for the timeline plot."""
 
-    def length(self, prompt_id: str) -> int:
-        seed = int.from_bytes(hashlib.blake2b(f"{self.name}/{prompt_id}".encode(), digest_size=4).digest(), "big")
-        return capped_lognormal(random.Random(seed), self.median_tokens, self.sigma, self.max_tokens)
+    def __init__(self, learners, timeline: list):
+        self.learners, self.timeline = learners, timeline
 
-    def shape(self, request):
-        """Exact heavy-tailed lengths per sample (samples of one prompt differ, as real ones do)."""
-        lengths = tuple(self.length(f"{request.prompt_id}/{j}") for j in range(request.num_samples))
-        sampling = dataclasses.replace(
-            request.sampling, max_tokens=max(lengths), per_sample_max_tokens=lengths, ignore_eos=True,
-            stop_strings=(), tool_call_latency_s=self.tool_latency_s,
-        )
-        return dataclasses.replace(request, sampling=sampling)
+    def train_step(self, groups, step: int):
+        report = self.learners.train_step(groups, step)
+        self.timeline.append(("learner", report.started_at, report.finished_at))
+        self.timeline += [(f"engine {c.engine_id}", c.started_at, c.finished_at) for g in groups for c in g.completions]
+        return report
+
+    def __getattr__(self, name: str):
+        return getattr(self.learners, name)
+
+
+class TimedSync:
+    def __init__(self, sync, timeline: list):
+        self.sync, self.timeline = sync, timeline
+
+    def push(self, version: int, step_end_time: float | None = None) -> dict[str, float]:
+        started = time.time()
+        metrics = self.sync.push(version, step_end_time=step_end_time)
+        self.timeline.append(("weight sync", started, time.time()))
+        return metrics
 
 
 class PeakMemory:
@@ -88,10 +92,8 @@ class PeakMemory:
         while not self._stop.is_set():
             total = 0
             for process in [self.root, *self.root.children(recursive=True)]:
-                try:
+                with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
                     total += process.memory_full_info().pss
-                except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-                    pass
             self.peak = max(self.peak, total)
             self._stop.wait(interval_s)
 
@@ -113,18 +115,26 @@ def mode_config(base, mode: str, output_dir: Path):
     )
 
 
-def run_mode(stack, cfg, mode: str, tokenizer, rows, workload: Workload) -> tuple[dict, list]:
-    import ray
-
-    from open_instruct.orchestrator import StopRequest, TrainingLoop
+def run_mode(stack, cfg, mode: str, tokenizer, rows) -> tuple[dict, list]:
+    from open_instruct.orchestrator import SystemClock, TrainingLoop
     from open_instruct.prompt_feeder import DeliveryLedger
+    from open_instruct.tracking import RunLog
 
-    stack.sync.settings = dataclasses.replace(stack.sync.settings, inflight=cfg.generation.inflight_updates)
+    sync = stack.sync.with_settings(inflight=cfg.generation.inflight_updates)
     stack.pool.ledger = DeliveryLedger()
-    ray.get([engine.reset_stats.remote() for engine in stack.pool.actors])
-    stack.sync.push(0)  # every mode starts at version 0, so staleness numbers compare across modes
-    loop = TrainingLoop(cfg, stack, tokenizer, rows, [], StopRequest(), shape_request=workload.shape)
-    loop.timeline = []
+    stack.pool.call_all("reset_stats")
+    sync.push(0)  # every mode starts at version 0, so staleness numbers compare across modes
+    timeline: list = []
+    loop = TrainingLoop(
+        cfg,
+        engines=stack.pool,
+        learners=TimedLearners(stack.learners, timeline),
+        weight_sync=TimedSync(sync, timeline),
+        clock=SystemClock(),
+        log=RunLog(cfg),
+        train_rows=rows,
+        tokenizer=tokenizer,
+    )
     loop.run()
     history = loop.log.history
     wall = sum(h["time/step_s"] for h in history)
@@ -150,33 +160,34 @@ def run_mode(stack, cfg, mode: str, tokenizer, rows, workload: Workload) -> tupl
         "buffer_cap_samples": (cfg.generation.async_steps + 2) * cfg.rollout_batch_size,
         "learner_steps": [{"tokens": h["perf/trained_tokens"], "step_s": h["learner/step_s"]} for h in history],
     }
-    return result, loop.timeline
+    return result, timeline
 
 
 def calibrate_engine(stack, tokenizer, rows, running_counts: list[int], tokens: int = 64) -> dict:
     """Decode tokens/s of engine 0 with exactly `running` sequences of equal length; prefill tokens/s."""
-    import ray
-
     from open_instruct.messages import SamplingSettings
     from open_instruct.prompt_feeder import make_request
 
-    engine = stack.pool.actors[0]
+    pool = stack.pool
+    pool.call_all("set_workload", None)  # calibration requests carry their own exact lengths
     # Warm-up: the first requests of a fresh engine are several times slower (one-off set-up).
     warm = SamplingSettings(max_tokens=tokens, ignore_eos=True)
-    ray.get(engine.generate.remote([make_request(rows[i], f"warmup:{i}", warm, 1, 1, 0) for i in range(8)]))
+    pool.generate([make_request(rows[i], f"warmup:{i}", warm, 1, 1, 0) for i in range(8)])
     decode = []
     for running in running_counts:
         sampling = SamplingSettings(max_tokens=tokens, ignore_eos=True)
         requests = [make_request(rows[i % len(rows)], f"calib{running}:{i}", sampling, 1, 1, 0) for i in range(running)]
         started = time.monotonic()
-        completions = ray.get(engine.generate.remote(requests))
+        completions = pool.generate(requests)
         elapsed = time.monotonic() - started
-        decode.append({"running": running, "tokens_per_s": sum(len(c.response_token_ids) for c in completions) / elapsed})
+        decode.append(
+            {"running": running, "tokens_per_s": sum(len(c.response_token_ids) for c in completions) / elapsed}
+        )
     long_prompt = dataclasses.replace(rows[0], prompt_token_ids=tuple(rows[0].prompt_token_ids) * 8)
     sampling = SamplingSettings(max_tokens=1, ignore_eos=True)
     requests = [make_request(long_prompt, f"prefill:{i}", sampling, 1, 1, 0) for i in range(32)]
     started = time.monotonic()
-    ray.get(engine.generate.remote(requests))
+    pool.generate(requests)
     prefill = sum(len(r.prompt_token_ids) for r in requests) / (time.monotonic() - started)
     return {"decode": decode, "prefill_tokens_per_s": prefill}
 
@@ -192,8 +203,10 @@ def plot_timeline(timelines: dict[str, list], path: Path, title: str) -> None:
     for ax, (mode, events) in zip(axes, timelines.items()):
         t0 = min(start for _, start, _ in events)
         engines = sorted({actor for actor, _, _ in events if actor.startswith("engine")})
-        for row, engine in enumerate(engines):
-            edges = sorted([(s - t0, 1) for a, s, _ in events if a == engine] + [(e - t0, -1) for a, _, e in events if a == engine])
+        for engine in engines:
+            edges = sorted(
+                [(s - t0, 1) for a, s, _ in events if a == engine] + [(e - t0, -1) for a, _, e in events if a == engine]
+            )
             xs, ys, running = [0.0], [0], 0
             for t, delta in edges:
                 xs += [t, t]
@@ -214,7 +227,7 @@ def plot_timeline(timelines: dict[str, list], path: Path, title: str) -> None:
     plt.close(fig)
 
 
-def main(argv: list[str] | None = None) -> dict:
+def parse_args(argv: list[str] | None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--prompts", type=int, default=8, help="prompts per step")
@@ -227,67 +240,98 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--workloads", nargs="+", default=["heavy_tail", "tool_latency"])
     parser.add_argument("--calibrate", type=int, nargs="*", default=[1, 4, 16, 64], help="running counts")
     parser.add_argument("--output", default="output/bench/e2e")
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
+
+
+def base_config(args, out: Path):
+    """The grpo_fast flags every mode shares; modes differ only in --async_steps and --inflight_updates."""
+    from open_instruct.config import parse_config
+
+    flags = {
+        "num_unique_prompts_rollout": args.prompts, "num_samples_per_prompt_rollout": args.samples,
+        "total_episodes": args.steps * args.prompts * args.samples, "response_length": args.max_tokens,
+        "max_prompt_token_length": 64, "pack_length": args.max_tokens + 64, "beta": 0, "learning_rate": 1e-5,
+        "lr_scheduler_type": "constant", "num_evals": 0, "save_freq": 0, "vllm_kv_cache_gib": 0.5,
+        "output_dir": out,
+    }  # fmt: skip
+    return parse_config([token for name, value in flags.items() for token in (f"--{name}", str(value))])
+
+
+def run_workload(stack, base, workload: ShapedWorkload, tokenizer, rows, out: Path) -> dict:
+    """The three modes, one after the other, on the same actors and prompts; draws the timeline."""
+    stack.pool.call_all("set_workload", workload)
+    modes, timelines = {}, {}
+    for mode in MODES:
+        logger.info("workload %s, mode %s", workload.name, mode)
+        cfg = mode_config(base, mode, out / workload.name / mode)
+        modes[mode], timelines[mode] = run_mode(stack, cfg, mode, tokenizer, rows)
+    plot_timeline(
+        {m: timelines[m] for m in ("synchronous", "streaming")},
+        out / f"timeline_{workload.name}.png",
+        f"{workload.name}: synchronous vs streaming (same prompts)",
+    )
+    speedup = modes["streaming"]["trained_samples_per_s"] / modes["synchronous"]["trained_samples_per_s"]
+    return {"workload": dataclasses.asdict(workload), "modes": modes, "speedup_streaming_vs_sync": speedup}
+
+
+def measured_for_simulator(args, calibration: dict, heavy: dict, max_running: int) -> dict:
+    """What `simulator.fit_cost_model` fits (see its docstring), from the heavy-tail workload's runs."""
+    return {
+        **calibration,
+        "learner": [s for m in heavy["modes"].values() for s in m["learner_steps"]],
+        "weight_sync_pause_s": heavy["modes"]["streaming"]["weight_sync_pause_s_avg"],
+        "max_running": max_running,
+        "num_learners": 1,
+        "workload": {
+            "prompts_per_step": args.prompts,
+            "samples_per_prompt": args.samples,
+            "num_steps": args.steps,
+            "prompt_tokens": 20,
+            "median_tokens": args.median_tokens,
+            "sigma": args.sigma,
+            "max_tokens": args.max_tokens,
+            "tool_latency_s": 0.0,
+        },
+        "cluster": {"num_engines": 1, "num_learners": 1},
+        "measured_speedup_streaming_vs_sync": heavy["speedup_streaming_vs_sync"],
+    }
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 
     from open_instruct import data
-    from open_instruct.config import parse_config
+    from open_instruct.cluster import Stack
     from open_instruct.models import load_tokenizer, resolve_model_path
-    from open_instruct.orchestrator import Stack, train_data_config
 
     workloads = {
-        "heavy_tail": Workload("heavy_tail", args.median_tokens, args.sigma, args.max_tokens),
-        "tool_latency": Workload("tool_latency", args.tool_median_tokens, 0.5, args.max_tokens, args.tool_latency_s),
+        "heavy_tail": ShapedWorkload("heavy_tail", args.median_tokens, args.sigma, args.max_tokens),
+        "tool_latency": ShapedWorkload(
+            "tool_latency", args.tool_median_tokens, 0.5, args.max_tokens, args.tool_latency_s
+        ),
     }
     out = Path(args.output)
     out.mkdir(parents=True, exist_ok=True)
-    base = parse_config([
-        "--num_unique_prompts_rollout", str(args.prompts), "--num_samples_per_prompt_rollout", str(args.samples),
-        "--total_episodes", str(args.steps * args.prompts * args.samples), "--response_length", str(args.max_tokens),
-        "--max_prompt_token_length", "64", "--pack_length", str(args.max_tokens + 64), "--beta", "0",
-        "--learning_rate", "1e-5", "--lr_scheduler_type", "constant", "--num_evals", "0", "--save_freq", "0",
-        "--vllm_kv_cache_gib", "0.5", "--output_dir", str(out),
-    ])
+    base = base_config(args, out)
     tokenizer = load_tokenizer(base.model)
-    rows = data.load_prompt_dataset(train_data_config(base), base.model, tokenizer, "train", {}, seed=1).prompts
+    rows = data.load_prompt_dataset(base.train_data, base.model, tokenizer, "train", {}, seed=1).prompts
     results: dict = {"machine": {"cpu_count": os.cpu_count()}, "workloads": {}}
     with PeakMemory() as memory:
-        stack = Stack(base, resolve_model_path(None))
+        stack = Stack(base, resolve_model_path(None), tokenizer.pad_token_id, ShapedGenerationActor, (None,))
         try:
             # Calibration first: it also warms the engine up before any mode is timed.
             calibration = calibrate_engine(stack, tokenizer, rows, args.calibrate) if args.calibrate else {}
-            max_running = stack.pool.start_info[0]["target_concurrency"]
+            max_running = stack.pool.start_info[0].target_concurrency
             for name in args.workloads:
-                workload, modes, timelines = workloads[name], {}, {}
-                for mode in MODES:
-                    logger.info("workload %s, mode %s", name, mode)
-                    cfg = mode_config(base, mode, out / name / mode)
-                    modes[mode], timelines[mode] = run_mode(stack, cfg, mode, tokenizer, rows, workload)
-                speedup = modes["streaming"]["trained_samples_per_s"] / modes["synchronous"]["trained_samples_per_s"]
-                results["workloads"][name] = {
-                    "workload": dataclasses.asdict(workload), "modes": modes, "speedup_streaming_vs_sync": speedup,
-                }
-                plot_timeline({m: timelines[m] for m in ("synchronous", "streaming")}, out / f"timeline_{name}.png",
-                              f"{name}: synchronous vs streaming (same prompts)")
+                results["workloads"][name] = run_workload(stack, base, workloads[name], tokenizer, rows, out)
         finally:
             stack.close()
     results["peak_memory_gib"] = memory.peak / 2**30
     (out / "e2e.json").write_text(json.dumps(results, indent=1))
     if calibration and "heavy_tail" in results["workloads"]:
-        heavy = results["workloads"]["heavy_tail"]
-        measured = {
-            **calibration,
-            "learner": [s for m in heavy["modes"].values() for s in m["learner_steps"]],
-            "weight_sync_pause_s": heavy["modes"]["streaming"]["weight_sync_pause_s_avg"],
-            "max_running": max_running,
-            "num_learners": 1,
-            "workload": {"prompts_per_step": args.prompts, "samples_per_prompt": args.samples, "num_steps": args.steps,
-                         "prompt_tokens": 20, "median_tokens": args.median_tokens, "sigma": args.sigma,
-                         "max_tokens": args.max_tokens, "tool_latency_s": 0.0},
-            "cluster": {"num_engines": 1, "num_learners": 1},
-            "measured_speedup_streaming_vs_sync": heavy["speedup_streaming_vs_sync"],
-        }
+        measured = measured_for_simulator(args, calibration, results["workloads"]["heavy_tail"], max_running)
         (out / "measured.json").write_text(json.dumps(measured, indent=1))
     print_table(results)
     print(f"peak memory (PSS, all processes): {results['peak_memory_gib']:.2f} GiB; wrote {out / 'e2e.json'}")
@@ -295,9 +339,26 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 def print_table(results: dict) -> None:
-    keys = ("trained_samples_per_s", "generated_tokens_per_s", "generation_idle_frac", "learner_wait_frac",
-            "weight_sync_pause_s_avg", "version_lag_avg", "version_lag_max", "trained_to_generated_length_ratio")
-    heads = ("samples/s", "tokens/s", "gen idle", "learner wait", "sync pause s", "lag avg", "lag max", "trained/gen len")
+    keys = (
+        "trained_samples_per_s",
+        "generated_tokens_per_s",
+        "generation_idle_frac",
+        "learner_wait_frac",
+        "weight_sync_pause_s_avg",
+        "version_lag_avg",
+        "version_lag_max",
+        "trained_to_generated_length_ratio",
+    )
+    heads = (
+        "samples/s",
+        "tokens/s",
+        "gen idle",
+        "learner wait",
+        "sync pause s",
+        "lag avg",
+        "lag max",
+        "trained/gen len",
+    )
     for name, workload in results["workloads"].items():
         print(f"\n{name}: {workload['workload']}")
         print(f"{'mode':<16}" + "".join(f"{h:>16}" for h in heads))

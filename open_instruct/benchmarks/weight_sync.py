@@ -7,14 +7,13 @@ size: bytes sent, how long the engine was frozen, the transfer alone, its bandwi
 bound `bytes / memory bandwidth` (one memory copy of the weights at the bandwidth measured
 here with a large tensor copy), so the overhead over the physical floor is visible.
 
-    python -m open_instruct.benchmark_weight_sync --sizes 128x4 512x6 1024x8 --output output/bench/weight_sync.json
+    python -m open_instruct.benchmarks.weight_sync --sizes 128x4 512x6 1024x8 --output output/bench/weight_sync.json
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import dataclasses
 import json
 import os
 import socket
@@ -51,61 +50,79 @@ def parse_size(text: str) -> tuple[int, int]:
     return int(hidden), int(layers)
 
 
-async def measure_size(hidden: int, layers: int, args, workdir: Path) -> dict:
-    import torch
-    from vllm import SamplingParams
-    from vllm.v1.engine.async_llm import AsyncLLM
-
+def build_model(hidden: int, layers: int, workdir: Path):
+    """A random tiny Qwen2 of the given size saved under `workdir`; returns (path, HF-named weights)."""
     from open_instruct import weight_transfer_gloo as wt
     from open_instruct.embedded_default import TinyModelSpec, build_tokenizer, build_untrained_model
-    from open_instruct.generation import EngineSettings, engine_args
 
     tokenizer = build_tokenizer()
-    spec = TinyModelSpec(hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=hidden // 64,
-                         num_key_value_heads=max(1, hidden // 128), intermediate_size=4 * hidden)
+    spec = TinyModelSpec(
+        hidden_size=hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=hidden // 64,
+        num_key_value_heads=max(1, hidden // 128),
+        intermediate_size=4 * hidden,
+    )
     model = build_untrained_model(tokenizer, spec)
     path = workdir / f"h{hidden}x{layers}"
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
-    weights = wt.hf_named_weights(model)
-    size_bytes = sum(t.numel() * t.element_size() for _, t in weights)
+    return path, wt.hf_named_weights(model)
 
+
+async def push_while_decoding(engine, weights, args) -> tuple[list[dict], list[int]]:
+    """`args.syncs` in-flight pushes while `args.running` requests decode; (timings, response lengths)."""
+    import torch
+    from vllm import SamplingParams
+
+    from open_instruct import weight_transfer_gloo as wt
+
+    group = await wt.init_engine_transfer(engine, "127.0.0.1", _free_port(), world_size=2, timeout_s=300)
+    params = SamplingParams(max_tokens=args.max_tokens, ignore_eos=True, temperature=1.0, seed=0)
+
+    async def decode(i: int) -> int:
+        final = None
+        async for out in engine.generate({"prompt_token_ids": [5 + i % 50] * 16}, params, request_id=f"r{i}"):
+            final = out
+        return len(final.outputs[0].token_ids)
+
+    running = [asyncio.create_task(decode(i)) for i in range(args.running)]
+    await asyncio.sleep(args.warmup_s)
+    timings = []
+    for version in range(1, args.syncs + 1):
+        for _, tensor in weights:  # new values each round, same shapes
+            tensor.data.add_(1e-3)
+        timings.append(
+            await wt.push_weights(
+                engine, group, weights, version, dtype=torch.float32, bucket_bytes=args.bucket_mb << 20
+            )
+        )
+        await asyncio.sleep(0.2)
+    return timings, list(await asyncio.gather(*running))
+
+
+async def measure_size(hidden: int, layers: int, args, workdir: Path) -> dict:
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    from open_instruct.generation import EngineSettings, engine_args
+
+    path, weights = build_model(hidden, layers, workdir)
     engine = AsyncLLM.from_engine_args(
         engine_args(EngineSettings(model_path=str(path), max_model_len=args.max_tokens + 64, kv_cache_gib=0.5))
     )
     try:
         await engine.update_weight_version("0")
-        group = await wt.init_engine_transfer(engine, "127.0.0.1", _free_port(), world_size=2, timeout_s=300)
-        params = SamplingParams(max_tokens=args.max_tokens, ignore_eos=True, temperature=1.0, seed=0)
-
-        async def decode(i: int) -> int:
-            final = None
-            async for out in engine.generate({"prompt_token_ids": [5 + i % 50] * 16}, params, request_id=f"r{i}"):
-                final = out
-            return len(final.outputs[0].token_ids)
-
-        running = [asyncio.create_task(decode(i)) for i in range(args.running)]
-        await asyncio.sleep(args.warmup_s)
-        timings = []
-        for version in range(1, args.syncs + 1):
-            for _, tensor in weights:  # new values each round, same shapes
-                tensor.data.add_(1e-3)
-            timings.append(
-                await wt.push_weights(engine, group, weights, version, dtype=torch.float32,
-                                      bucket_bytes=args.bucket_mb << 20)
-            )
-            await asyncio.sleep(0.2)
-        lengths = await asyncio.gather(*running)
-        group_bytes = timings[-1]["bytes"]
+        timings, lengths = await push_while_decoding(engine, weights, args)
     finally:
         engine.shutdown()
+    group_bytes = timings[-1]["bytes"]
     frozen = statistics.median(t["total_s"] for t in timings)
     transfer = statistics.median(t["transfer_s"] for t in timings)
     return {
         "hidden_size": hidden,
         "layers": layers,
         "params_m": sum(t.numel() for _, t in weights) / 1e6,
-        "weight_mb": size_bytes / 1e6,
+        "weight_mb": sum(t.numel() * t.element_size() for _, t in weights) / 1e6,
         "sent_mb": group_bytes / 1e6,
         "pause_call_s": statistics.median(t["pause_s"] for t in timings),
         "frozen_s": frozen,
@@ -118,8 +135,13 @@ async def measure_size(hidden: int, layers: int, args, workdir: Path) -> dict:
 
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--sizes", nargs="+", type=parse_size, default=[(128, 4), (512, 6), (1024, 8)],
-                        help="model sizes as HIDDENxLAYERS")
+    parser.add_argument(
+        "--sizes",
+        nargs="+",
+        type=parse_size,
+        default=[(128, 4), (512, 6), (1024, 8)],
+        help="model sizes as HIDDENxLAYERS",
+    )
     parser.add_argument("--syncs", type=int, default=3, help="weight pushes per size (median reported)")
     parser.add_argument("--running", type=int, default=8, help="requests decoding during the pushes")
     parser.add_argument("--max_tokens", type=int, default=384)
@@ -139,12 +161,16 @@ def main(argv: list[str] | None = None) -> dict:
             rows.append(row)
     result = {"memory_bandwidth_gb_s": bandwidth, "cpu_count": os.cpu_count(), "sizes": rows}
     print(f"memory copy bandwidth: {bandwidth:.1f} GB/s; {args.running} requests decoding during each push")
-    print(f"{'model':>10} {'params M':>9} {'MB sent':>8} {'frozen s':>9} {'transfer s':>10} {'MB/s':>8} "
-          f"{'bound s':>8} {'frozen/bound':>12} {'kept ok':>8}")
+    print(
+        f"{'model':>10} {'params M':>9} {'MB sent':>8} {'frozen s':>9} {'transfer s':>10} {'MB/s':>8} "
+        f"{'bound s':>8} {'frozen/bound':>12} {'kept ok':>8}"
+    )
     for r in rows:
-        print(f"{r['hidden_size']:>5}x{r['layers']:<4} {r['params_m']:>9.1f} {r['sent_mb']:>8.1f} {r['frozen_s']:>9.3f} "
-              f"{r['transfer_s']:>10.3f} {r['bandwidth_mb_s']:>8.0f} {r['bound_s']:>8.4f} {r['frozen_over_bound']:>12.0f} "
-              f"{r['requests_completed_full_length']:>4}/{r['requests_running']}")
+        print(
+            f"{r['hidden_size']:>5}x{r['layers']:<4} {r['params_m']:>9.1f} {r['sent_mb']:>8.1f} {r['frozen_s']:>9.3f} "
+            f"{r['transfer_s']:>10.3f} {r['bandwidth_mb_s']:>8.0f} {r['bound_s']:>8.4f} "
+            f"{r['frozen_over_bound']:>12.0f} {r['requests_completed_full_length']:>4}/{r['requests_running']}"
+        )
     out = Path(args.output)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1))

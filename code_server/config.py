@@ -1,0 +1,26 @@
+"""The service's limits and switches, shared by the request parser, the executor and the CLI."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class SandboxConfig:
+    max_concurrency: int = field(default_factory=lambda: 2 * (os.cpu_count() or 1))
+    memory_limit_mb: int = 2048  # RLIMIT_AS: address space, so it over-counts compared with RSS
+    max_output_bytes: int = 1 << 20  # stdout+stderr captured per test; beyond it the test fails
+    max_file_size_mb: int = 16  # RLIMIT_FSIZE
+    workdir_size_mb: int = 64  # tmpfs size of the work dir (kernel layers only)
+    max_processes: int = 16  # RLIMIT_NPROC per sandbox uid (kernel layers only)
+    max_open_files: int = 256
+    max_execution_time_cap: float = 60.0
+    startup_timeout_s: float = 10.0  # interpreter + sandbox set-up; beyond it the service is failing
+    kill_margin_s: float = 0.5
+    kernel_isolation: bool = True  # namespaces + uid drop, when running as root
+    python_guard: bool = True
+    sandbox_uid_base: int = 990_000
+    max_request_bytes: int = 64 << 20
+    max_tests: int = 4096
+    work_root: str | None = None  # default: a fresh directory under the system temp dir

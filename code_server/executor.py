@@ -1,0 +1,441 @@
+"""Runs a request's tests, each in a fresh sandboxed child interpreter (`code_server/sandbox.py`).
+
+At start-up the executor probes which sandbox layers work here (see `code_server.sandbox`) and from then
+on requires them for every job: a job whose layers fail to come up raises `SandboxError` (HTTP 500),
+never a silently weaker sandbox. At most `max_concurrency` test processes run at once (default 2 x CPUs);
+further work queues on a slot pool instead of fork-bombing the machine. A request's tests run in parallel.
+
+The program's clock starts when the runner reports "start" (so interpreter start-up is not charged to
+it); the child's whole process group is killed `kill_margin_s` after the program's time limit, and its
+output is captured up to a cap.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import math
+import os
+import queue
+import secrets
+import selectors
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import IO, Any
+
+from code_server import sandbox
+from code_server.config import SandboxConfig
+from code_server.protocol import TestRequest, outputs_match
+
+logger = logging.getLogger(__name__)
+
+_NOBODY_UID = 65534
+# By file path, not `-m`: `-I` ignores PYTHONPATH, and the runner needs nothing from the package.
+_RUNNER = os.path.abspath(sandbox.__file__)
+_EXIT_DRAIN_S = 0.5
+_READ_CHUNK = 1 << 16
+
+
+class SandboxError(RuntimeError):
+    """The sandbox itself failed (not the program under test); returned with HTTP 500."""
+
+
+@dataclass
+class RunOutcome:
+    status: str  # "ok", "error:<Exc>", "timeout", "output_limit", "killed:<SIG>", "exited:<code>"
+    runtime: float
+    stdout: bytes
+    stderr: bytes
+
+
+class CodeExecutor:
+    """Runs programs against tests in sandboxed subprocesses, at most `max_concurrency` at a time."""
+
+    def __init__(self, config: SandboxConfig | None = None):
+        self.config = config or SandboxConfig()
+        if self.config.max_concurrency < 1:
+            raise ValueError("max_concurrency must be >= 1")
+        # realpath: the child matches the work dir against /proc/self/mountinfo and resolved paths.
+        self._work_root = os.path.realpath(tempfile.mkdtemp(prefix="oi-code-exec-", dir=self.config.work_root))
+        # Children with a dropped uid must traverse it but not list or write it.
+        os.chmod(self._work_root, 0o711)
+        self._slots: queue.Queue[int] = queue.Queue()
+        for slot in range(self.config.max_concurrency):
+            self._slots.put(slot)
+        self._uid_for_slot: Any = lambda slot: None
+        self._kernel = False
+        self._expected: dict[str, bool] = {}
+        self._max_processes = self.config.max_processes
+        self.layers: dict[str, Any] = {}
+        try:
+            self._probe()
+        except BaseException:
+            self.close()
+            raise
+
+    def _probe(self) -> None:
+        """Find the strongest sandbox that works here, then require it for every later job."""
+        cfg = self.config
+        candidates: list[tuple[str, Any, bool]] = [("none", lambda slot: None, False)]
+        if cfg.kernel_isolation and os.geteuid() == 0:
+            candidates = [
+                ("per-slot", lambda slot: cfg.sandbox_uid_base + slot, True),
+                ("nobody", lambda slot: _NOBODY_UID, True),
+                *candidates,
+            ]
+        failures = []
+        for name, uid_for_slot, kernel in candidates:
+            self._uid_for_slot, self._kernel = uid_for_slot, kernel
+            try:
+                outcome, layers = self._run(
+                    "import heapq, fractions, decimal, json", "assert 1", None, 5.0, expected={}, slot=0
+                )
+            except SandboxError as e:
+                failures.append(f"uid {name}: {e}")
+                continue
+            if outcome.status == "ok" and (uid_for_slot(0) is None or layers.get("uid_drop")):
+                self.layers = {**layers, "uid": name if uid_for_slot(0) is not None else None}
+                self._expected = {k: bool(layers.get(k)) for k in sandbox.LAYERS}
+                if name == "nobody":  # RLIMIT_NPROC is per uid, and now all slots share one
+                    self._max_processes = cfg.max_processes * cfg.max_concurrency
+                break
+            failures.append(f"uid {name}: probe status {outcome.status}: {outcome.stderr[-500:]!r}")
+        else:
+            raise SandboxError("no working sandbox configuration: " + "; ".join(failures))
+        if failures:
+            logger.warning("code sandbox fell back: %s", "; ".join(failures))
+        logger.info("code sandbox layers: %s", self.layers)
+
+    def close(self) -> None:
+        shutil.rmtree(self._work_root, ignore_errors=True)
+
+    def run_request(self, request: TestRequest) -> dict[str, Any]:
+        if not request.tests:
+            return {"results": [], "runtimes": [], "statuses": []}
+        workers = min(len(request.tests), self.config.max_concurrency)
+        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="code-test") as pool:
+            verdicts = list(pool.map(lambda test: self._judge(request, test), request.tests))
+        return {
+            "results": [int(status == "passed") for status, _ in verdicts],
+            "runtimes": [runtime if status == "passed" else -1.0 for status, runtime in verdicts],
+            "statuses": [status for status, _ in verdicts],
+        }
+
+    def _judge(self, request: TestRequest, test: Any) -> tuple[str, float]:
+        limit = request.max_execution_time
+        if request.stdio:
+            expected = test["output"].encode()
+            output_cap = max(self.config.max_output_bytes, 2 * len(expected) + 4096)
+            outcome, _ = self._run(request.program, None, test["input"].encode(), limit, output_cap=output_cap)
+        else:
+            outcome, _ = self._run(request.program, test, None, limit)
+        status = outcome.status
+        if request.stdio and status == "exited:0":  # os._exit(0) after printing is a normal stdio exit
+            status = "ok"
+        if status == "ok" and outcome.runtime > limit:
+            status = "timeout"
+        if status == "ok":
+            if request.stdio and not outputs_match(outcome.stdout.decode(errors="replace"), test["output"]):
+                return "failed", outcome.runtime
+            return "passed", outcome.runtime
+        if status == "error:AssertionError":
+            return "failed", outcome.runtime
+        if status == "error:MemoryError":
+            return "memory_limit", outcome.runtime
+        return status, outcome.runtime
+
+    def _run(
+        self,
+        program: str,
+        test: str | None,
+        stdin_data: bytes | None,
+        limit: float,
+        *,
+        expected: dict[str, bool] | None = None,
+        slot: int | None = None,
+        output_cap: int | None = None,
+    ) -> tuple[RunOutcome, dict[str, Any]]:
+        """Run one program (+ assert, or + stdin) in a fresh sandbox; returns outcome and its layers."""
+        acquired = slot is None
+        if acquired:
+            slot = self._slots.get()
+        expected = self._expected if expected is None else expected
+        try:
+            return self._run_in_slot(
+                program, test, stdin_data, limit, slot, expected, output_cap or self.config.max_output_bytes
+            )
+        finally:
+            if acquired:
+                self._slots.put(slot)
+
+    def _run_in_slot(
+        self,
+        program: str,
+        test: str | None,
+        stdin_data: bytes | None,
+        limit: float,
+        slot: int,
+        expected: dict[str, bool],
+        output_cap: int,
+    ) -> tuple[RunOutcome, dict[str, Any]]:
+        uid = self._uid_for_slot(slot)
+        workdir = tempfile.mkdtemp(prefix=f"slot{slot}-", dir=self._work_root)
+        token = secrets.token_hex(16)
+        status_r, status_w = os.pipe()
+        proc: subprocess.Popen[bytes] | None = None
+        stdin_file = None
+        try:
+            if uid is not None:  # matters only without a mount namespace (its tmpfs has this owner)
+                os.chown(workdir, uid, uid)
+            job = self._job(token, status_w, workdir, program, test, stdin_data is not None, uid, expected, limit)
+            job_path = _write_job(workdir, job)
+            if stdin_data is not None:
+                # A file, not a pipe: no writer thread, no deadlock if the program never reads.
+                stdin_file = tempfile.TemporaryFile(dir=workdir)  # noqa: SIM115 - closed in finally
+                stdin_file.write(stdin_data)
+                stdin_file.seek(0)
+            proc = _spawn_runner(job_path, workdir, stdin_file, status_w)
+            # Our copy of the write end must go, or the status pipe never reaches EOF.
+            os.close(status_w)
+            status_w = -1
+            return self._supervise(proc, status_r, token, limit, output_cap)
+        finally:
+            if proc is not None:
+                _kill_group(proc)
+            for fd in (status_r, status_w):
+                if fd >= 0:
+                    os.close(fd)
+            if stdin_file is not None:
+                stdin_file.close()
+            shutil.rmtree(workdir, onerror=_force_remove)
+
+    def _job(
+        self,
+        token: str,
+        status_fd: int,
+        workdir: str,
+        program: str,
+        test: str | None,
+        stdio: bool,
+        uid: int | None,
+        expected: dict[str, bool],
+        limit: float,
+    ) -> dict[str, Any]:
+        """What `sandbox.main` reads from its job file."""
+        cfg = self.config
+        return {
+            "token": token,
+            "status_fd": status_fd,
+            "workdir": workdir,
+            "mode": "stdio" if stdio else "assert",
+            "program": program,
+            "test": test,
+            "kernel": self._kernel,
+            "guard": cfg.python_guard,
+            "uid": uid,
+            "expected_layers": expected,
+            "cpu_seconds": math.ceil(limit) + 1,
+            "memory_bytes": cfg.memory_limit_mb << 20,
+            "file_size_bytes": cfg.max_file_size_mb << 20,
+            "workdir_bytes": cfg.workdir_size_mb << 20,
+            "max_processes": self._max_processes,
+            "max_open_files": cfg.max_open_files,
+        }
+
+    def _supervise(
+        self, proc: subprocess.Popen[bytes], status_r: int, token: str, limit: float, output_cap: int
+    ) -> tuple[RunOutcome, dict[str, Any]]:
+        cfg = self.config
+        assert proc.stdout is not None and proc.stderr is not None
+        watch = _Watch(
+            token=token,
+            status_r=status_r,
+            out_fd=proc.stdout.fileno(),
+            err_fd=proc.stderr.fileno(),
+            output_cap=output_cap,
+            program_budget_s=limit + cfg.kill_margin_s,
+            deadline=time.monotonic() + cfg.startup_timeout_s,
+        )
+        _watch_until_done(proc, watch)
+        _kill_group(proc)
+        return _conclude(proc, watch)
+
+
+@dataclass
+class _Watch:
+    """What the supervisor has seen of one child so far, and until when it keeps watching."""
+
+    token: str
+    status_r: int
+    # Kept as numbers: the pipes are closed by the time the outcome is read.
+    out_fd: int
+    err_fd: int
+    output_cap: int
+    program_budget_s: float  # from the runner's "start": the time limit plus the kill margin
+    deadline: float  # the set-up deadline, until the program starts
+    status_buf: bytearray = field(default_factory=bytearray)
+    messages: list[dict[str, Any]] = field(default_factory=list)
+    started_at: float | None = None
+    ended_at: float | None = None
+    verdict: str | None = None  # "timeout" or "output_limit" when the supervisor cut the run short
+    output: dict[int, bytearray] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.output = {self.out_fd: bytearray(), self.err_fd: bytearray()}
+
+    def feed(self, fd: int, chunk: bytes) -> None:
+        if fd == self.status_r:
+            self._feed_status(chunk)
+            return
+        self.output[fd] += chunk
+        if sum(len(b) for b in self.output.values()) > self.output_cap:
+            self.verdict = "output_limit"
+
+    def _feed_status(self, chunk: bytes) -> None:
+        self.status_buf += chunk
+        *lines, rest = self.status_buf.split(b"\n")
+        self.status_buf = bytearray(rest)
+        for line in lines:
+            message = _parse_status(line, self.token)
+            if message is None:
+                continue
+            self.messages.append(message)
+            if message["kind"] == "start" and self.started_at is None:
+                self.started_at = time.monotonic()
+                self.deadline = self.started_at + self.program_budget_s
+
+
+def _watch_until_done(proc: subprocess.Popen[bytes], watch: _Watch) -> None:
+    """Read the child's pipes until they close, a deadline passes or the output cap is exceeded."""
+    selector = selectors.DefaultSelector()
+    for fd in (*watch.output, watch.status_r):
+        selector.register(fd, selectors.EVENT_READ)
+    try:
+        while selector.get_map() and watch.verdict is None:
+            now = time.monotonic()
+            if now >= watch.deadline:
+                watch.verdict = "timeout"
+                break
+            if watch.ended_at is None and _has_exited(proc):
+                watch.ended_at = now
+                # Descendants that escaped the group may hold the pipes open: drain briefly only.
+                watch.deadline = min(watch.deadline, now + _EXIT_DRAIN_S)
+            for key, _ in selector.select(timeout=min(watch.deadline - now, 0.25)):
+                chunk = os.read(key.fd, _READ_CHUNK)
+                if not chunk:
+                    selector.unregister(key.fd)
+                    continue
+                watch.feed(key.fd, chunk)
+                if watch.verdict is not None:
+                    break
+    finally:
+        selector.close()
+
+
+def _conclude(proc: subprocess.Popen[bytes], watch: _Watch) -> tuple[RunOutcome, dict[str, Any]]:
+    """Turn what was seen into an outcome; a sandbox that never started the program is a SandboxError."""
+    ended = watch.ended_at if watch.ended_at is not None else time.monotonic()
+    stdout, stderr = bytes(watch.output[watch.out_fd]), bytes(watch.output[watch.err_fd])
+    kinds = {m["kind"]: m for m in watch.messages}
+    if "setup_error" in kinds:
+        raise SandboxError(f"sandbox set-up failed: {kinds['setup_error'].get('error')}")
+    if watch.started_at is None:
+        what = "did not start in time" if watch.verdict == "timeout" else f"exited with code {proc.returncode}"
+        raise SandboxError(f"sandbox {what}; stderr: {stderr[-1000:].decode(errors='replace')}")
+    layers = kinds["start"].get("layers", {})
+    verdict, runtime = watch.verdict, ended - watch.started_at
+    if verdict is None:
+        if "done" in kinds:
+            verdict, runtime = "ok", float(kinds["done"].get("runtime", runtime))
+        elif "error" in kinds:
+            verdict, runtime = f"error:{kinds['error'].get('error')}", float(kinds["error"]["runtime"])
+        else:
+            verdict = _describe_exit(proc.returncode)
+    return RunOutcome(verdict, runtime, stdout, stderr), layers
+
+
+def _write_job(workdir: str, job: dict[str, Any]) -> str:
+    job_path = os.path.join(workdir, "job.json")
+    fd = os.open(job_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        json.dump(job, f)
+    return job_path
+
+
+def _spawn_runner(job_path: str, workdir: str, stdin_file: IO[bytes] | None, status_w: int) -> subprocess.Popen[bytes]:
+    # A minimal environment: nothing of the server's (credentials, proxies) reaches the program, and one
+    # thread per numeric library keeps a test from taking over the machine.
+    env = {
+        "PATH": "/usr/local/bin:/usr/bin:/bin",
+        "HOME": workdir,
+        "TMPDIR": workdir,
+        "LANG": "C.UTF-8",
+        "LC_ALL": "C.UTF-8",
+        "OMP_NUM_THREADS": "1",
+        "OPENBLAS_NUM_THREADS": "1",
+        "MKL_NUM_THREADS": "1",
+    }
+    return subprocess.Popen(
+        [sys.executable, "-I", "-X", "utf8", _RUNNER, job_path],
+        stdin=stdin_file if stdin_file is not None else subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        pass_fds=(status_w,),
+        cwd=workdir,
+        env=env,
+        # Its own process group, so one killpg also reaches whatever the program started.
+        start_new_session=True,
+    )
+
+
+def _parse_status(line: bytes, token: str) -> dict[str, Any] | None:
+    try:
+        message = json.loads(line)
+    except ValueError:
+        return None
+    if not isinstance(message, dict) or message.get("token") != token:
+        return None
+    return message
+
+
+def _describe_exit(returncode: int | None) -> str:
+    if returncode is None:
+        return "killed"
+    if returncode < 0 or returncode > 128:
+        signum = -returncode if returncode < 0 else returncode - 128
+        with contextlib.suppress(ValueError):
+            return f"killed:{signal.Signals(signum).name}"
+        return f"killed:{signum}"
+    if returncode == 0:
+        return "exited:0"  # e.g. os._exit(0) before the test ran: not a pass
+    return f"exited:{returncode}"
+
+
+def _has_exited(proc: subprocess.Popen[bytes]) -> bool:
+    # WNOWAIT leaves the zombie in place, so its pid (= the group id) cannot be reused before killpg.
+    return os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+
+
+def _kill_group(proc: subprocess.Popen[bytes]) -> None:
+    if proc.returncode is None:  # once reaped, the group id may belong to someone else
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    for stream in (proc.stdout, proc.stderr):
+        if stream is not None and not stream.closed:
+            stream.close()
+
+
+def _force_remove(func: Any, path: str, exc_info: Any) -> None:
+    # Without root a program may chmod its own files read-only; restore access and retry once.
+    with contextlib.suppress(OSError):
+        os.chmod(os.path.dirname(path), 0o700)
+        os.chmod(path, 0o700)
+        func(path)

@@ -1,0 +1,150 @@
+"""Request bodies of the HTTP API, decoded and validated, and the stdio output comparison.
+
+Apart from the HTTP handler because the executor needs `TestRequest` and `outputs_match` too. The API
+itself is described in `code_server.server`.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import io
+import json
+import math
+import pickle
+import zlib
+from dataclasses import dataclass
+from decimal import Decimal, InvalidOperation
+from typing import Any
+
+from code_server.config import SandboxConfig
+
+
+class BadRequestError(ValueError):
+    """The request body is malformed; the message is returned to the client with HTTP 400."""
+
+
+@dataclass(frozen=True)
+class TestRequest:
+    program: str
+    tests: list[Any]  # assert strings, or {"input": str, "output": str} dicts for stdio
+    max_execution_time: float
+    stdio: bool
+
+
+class _PlainUnpickler(pickle.Unpickler):
+    def find_class(self, module: str, name: str) -> Any:
+        raise pickle.UnpicklingError(
+            f"pickled tests reference {module}.{name}; only plain lists/dicts/strings/numbers are accepted"
+        )
+
+
+def _unpickle_plain(blob: bytes, max_bytes: int) -> Any:
+    # Capped decompression: a tiny zlib bomb must not exhaust the server's memory.
+    inflater = zlib.decompressobj()
+    data = inflater.decompress(blob, max_bytes)
+    if inflater.unconsumed_tail:
+        raise BadRequestError(f"'tests' decompresses to more than {max_bytes} bytes")
+    return _PlainUnpickler(io.BytesIO(data)).load()
+
+
+def decode_tests(raw: Any, max_bytes: int) -> Any:
+    """A list as is; a string as JSON, else as base64 -> zlib -> pickle (globals refused)."""
+    if not isinstance(raw, str):
+        return raw
+    try:
+        return json.loads(raw)
+    except json.JSONDecodeError as json_error:
+        try:
+            blob = base64.b64decode(raw, validate=True)
+        except (binascii.Error, ValueError):
+            raise BadRequestError(
+                f"'tests' is a string that is neither JSON ({json_error}) nor base64(zlib(pickle))"
+            ) from None
+    try:
+        value = _unpickle_plain(blob, max_bytes)
+    except BadRequestError:
+        raise
+    except Exception as e:
+        raise BadRequestError(f"'tests' base64 payload is not zlib-compressed plain pickle: {e}") from None
+    if isinstance(value, (str, bytes)):  # LiveCodeBench-style: the pickle holds a JSON string
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as e:
+            raise BadRequestError(f"'tests' pickle holds a string that is not JSON: {e}") from None
+    return value
+
+
+def _as_text(value: Any, where: str) -> str:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list) and all(isinstance(v, str) for v in value):
+        return "\n".join(value)
+    raise BadRequestError(f"{where} must be a string, got {type(value).__name__}")
+
+
+def _normalise_tests(tests: Any, stdio: bool) -> list[Any]:
+    if stdio and isinstance(tests, dict) and "inputs" in tests and "outputs" in tests:
+        ins, outs = tests["inputs"], tests["outputs"]
+        if not isinstance(ins, list) or not isinstance(outs, list) or len(ins) != len(outs):
+            raise BadRequestError("'tests' inputs/outputs must be lists of equal length")
+        tests = [{"input": i, "output": o} for i, o in zip(ins, outs, strict=True)]
+    if not isinstance(tests, list):
+        raise BadRequestError(f"'tests' must decode to a list, got {type(tests).__name__}")
+    if not stdio:
+        for i, test in enumerate(tests):
+            if not isinstance(test, str):
+                raise BadRequestError(f"'tests[{i}]' must be a string (an assert statement)")
+        return tests
+    normalised = []
+    for i, test in enumerate(tests):
+        if not isinstance(test, dict) or "input" not in test or "output" not in test:
+            raise BadRequestError(f"'tests[{i}]' must be an object with 'input' and 'output'")
+        normalised.append(
+            {
+                "input": _as_text(test["input"], f"'tests[{i}].input'"),
+                "output": _as_text(test["output"], f"'tests[{i}].output'"),
+            }
+        )
+    return normalised
+
+
+def parse_test_request(body: Any, stdio: bool, config: SandboxConfig) -> TestRequest:
+    if not isinstance(body, dict):
+        raise BadRequestError("request body must be a JSON object")
+    program = body.get("program")
+    if not isinstance(program, str):
+        raise BadRequestError("'program' must be a string")
+    if "tests" not in body:
+        raise BadRequestError("'tests' is missing")
+    tests = _normalise_tests(decode_tests(body["tests"], config.max_request_bytes), stdio)
+    if len(tests) > config.max_tests:
+        raise BadRequestError(f"'tests' has {len(tests)} entries; at most {config.max_tests} are accepted")
+    limit = body.get("max_execution_time", 1.0)
+    if isinstance(limit, bool) or not isinstance(limit, (int, float)) or not math.isfinite(limit):
+        raise BadRequestError("'max_execution_time' must be a number")
+    if not 0 < limit <= config.max_execution_time_cap:
+        raise BadRequestError(f"'max_execution_time' must be in (0, {config.max_execution_time_cap}]")
+    return TestRequest(program=program, tests=tests, max_execution_time=float(limit), stdio=stdio)
+
+
+def _decimals(line: str) -> list[Decimal] | None:
+    try:
+        return [Decimal(token) for token in line.split()]
+    except InvalidOperation:
+        return None
+
+
+def outputs_match(actual: str, expected: str) -> bool:
+    """The stdio verdict: as many lines after `strip()`, each equal as stripped text or as Decimals."""
+    got, want = actual.strip().splitlines(), expected.strip().splitlines()
+    if len(got) != len(want):
+        return False
+    for got_line, want_line in zip(got, want, strict=True):
+        got_line, want_line = got_line.strip(), want_line.strip()
+        if got_line == want_line:
+            continue
+        got_num, want_num = _decimals(got_line), _decimals(want_line)
+        if got_num is None or want_num is None or got_num != want_num:
+            return False
+    return True

@@ -1,0 +1,402 @@
+"""The in-sandbox runner: builds one test's sandbox, then runs the program (and its assert) inside it.
+
+The executor starts it by file path as `python -I -X utf8 .../code_server/sandbox.py JOB_PATH`, in a
+fresh single-threaded interpreter (never preexec_fn, which is unsafe in the threaded server). So this file
+is a script: stdlib only, importing nothing from `code_server` (`-I` keeps both the package and this
+file's directory off sys.path, so a program cannot import our modules either). It reads and deletes its
+job file, builds the sandbox, then reports on the status pipe (JSON lines carrying a per-job token, so a
+program cannot fake a pass by exiting early or printing): "start" right before the program runs (the
+server starts the program's clock on it), then "done" or "error" ("setup_error" if the sandbox failed).
+
+Sandbox layers, per test process (`python -I -X utf8` with a minimal environment, own session):
+
+* Always: RLIMIT_CPU/AS/FSIZE/NOFILE/CORE, a wall-clock kill of the whole process group, capped
+  stdout+stderr capture (the test fails with `output_limit` once exceeded), a fresh work directory
+  deleted afterwards, and a Python audit-hook guard installed before the program runs. The guard
+  blocks socket creation, process creation (fork/exec/subprocess/os.system), signals, ctypes foreign
+  calls, opening directories outside the work dir, and writes/renames/removals outside the work dir.
+  Audit hooks cannot be removed from Python, but they are not a security boundary on their own
+  (frame introspection, C extensions already loaded).
+* When the service runs as root (the normal case in containers), kernel layers on top, each verified
+  at start-up by a probe job and then required for every job (a job whose layers fail to come up is a
+  500, never a silently weaker sandbox):
+  - new network namespace: only a downed loopback exists, so nothing, not even 127.0.0.1, is reachable;
+  - new mount namespace: every mount is re-mounted read-only except the work dir, which is a private
+    size-capped tmpfs; directories the interpreter needs that sit below a non-world-searchable parent
+    (e.g. a pyenv under /root) are re-exposed by a read-only tmpfs over that parent plus bind mounts,
+    which also hides the rest of that parent (e.g. /root's other files);
+  - new PID and IPC namespaces: the program is PID 1 of its own namespace, so when it is killed every
+    process it started dies too, even ones that escaped the process group; a fresh /proc is mounted;
+  - an unprivileged uid/gid (one per concurrency slot, `sandbox_uid_base + slot`, falling back to
+    `nobody` when those uids are not usable) with no supplementary groups, `no_new_privs`, and
+    RLIMIT_NPROC (which root ignores, hence only here).
+  Without root only the "always" layers apply: no network or filesystem isolation beyond the guard.
+
+Every test pays this interpreter's start-up, so what only the kernel layers need (ctypes, re, signal) is
+imported where it is used.
+"""
+
+import builtins
+import contextlib
+import json
+import os
+import resource
+import sys
+import time
+import traceback
+import types
+
+CLONE_NEWNS, CLONE_NEWIPC, CLONE_NEWPID, CLONE_NEWNET = 0x00020000, 0x08000000, 0x20000000, 0x40000000
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT = 1, 2, 4, 8, 32
+MS_NOATIME, MS_NODIRATIME, MS_BIND, MS_REC = 1024, 2048, 4096, 16384
+MS_PRIVATE, MS_RELATIME = 1 << 18, 1 << 21
+PR_SET_PDEATHSIG, PR_SET_NO_NEW_PRIVS = 1, 38
+KEEP_FLAGS = {
+    "nosuid": MS_NOSUID,
+    "nodev": MS_NODEV,
+    "noexec": MS_NOEXEC,
+    "noatime": MS_NOATIME,
+    "nodiratime": MS_NODIRATIME,
+    "relatime": MS_RELATIME,
+}
+# Audit events the guard refuses outright (prefixes), and those whose path arguments (by position) must
+# lie inside the work dir.
+GUARD_BLOCKED_EVENTS = (
+    "socket.",
+    "subprocess.",
+    "os.system",
+    "os.exec",
+    "os.spawn",
+    "os.posix_spawn",
+    "os.fork",
+    "os.forkpty",
+    "pty.",
+    "os.kill",
+    "os.killpg",
+    "signal.pthread_kill",
+    "ctypes.dlopen",
+    "ctypes.dlsym",
+    "ctypes.call_function",
+    "ctypes.cdata",
+)
+GUARD_PATH_ARGS = {
+    "os.remove": (0,),
+    "os.rmdir": (0,),
+    "os.mkdir": (0,),
+    "os.rename": (0, 1),
+    "os.symlink": (1,),
+    "os.link": (1,),
+    "os.chmod": (0,),
+    "os.chown": (0,),
+    "os.truncate": (0,),
+    "os.utime": (0,),
+    "os.chflags": (0,),
+    "os.lchflags": (0,),
+}
+GUARD_DEVICES = {"/dev/null", "/dev/stdout", "/dev/stderr"}
+LAYERS = ("netns", "mountns", "readonly_fs", "pidns", "uid_drop", "no_new_privs", "python_guard")
+SETUP_FAILED = 70  # EX_SOFTWARE: the sandbox, not the program, failed
+
+
+class Libc:
+    def __init__(self):
+        import ctypes
+
+        self.ctypes = ctypes
+        self.lib = ctypes.CDLL(None, use_errno=True)
+        self.lib.mount.argtypes = [ctypes.c_char_p] * 3 + [ctypes.c_ulong, ctypes.c_char_p]
+        self.lib.unshare.argtypes = [ctypes.c_int]
+        self.lib.prctl.argtypes = [ctypes.c_int] + [ctypes.c_ulong] * 4
+
+    def check(self, rc, what):
+        if rc != 0:
+            err = self.ctypes.get_errno()
+            raise OSError(err, what + ": " + os.strerror(err))
+
+    def unshare(self, flags):
+        self.check(self.lib.unshare(flags), f"unshare({flags:#x})")
+
+    def mount(self, source, target, fstype, flags, data=None):
+        def enc(s):
+            return None if s is None else os.fsencode(s)
+
+        self.check(self.lib.mount(enc(source), enc(target), enc(fstype), flags, enc(data)), "mount " + target)
+
+    def prctl(self, option, arg):
+        self.check(self.lib.prctl(option, arg, 0, 0, 0), f"prctl({option})")
+
+
+def mount_points():
+    import re
+
+    def unescape(s):
+        return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), s)
+
+    with open("/proc/self/mountinfo") as f:
+        return [(unescape(p[4]), p[5].split(",")) for p in (line.split() for line in f)]
+
+
+def first_blocked_ancestor(path):
+    # The sandbox uid is neither owner nor group of anything, so only the "other" x bit matters.
+    parts = path.strip("/").split("/")[:-1]
+    for i in range(len(parts) + 1):
+        ancestor = "/" + "/".join(parts[:i])
+        if not os.stat(ancestor).st_mode & 0o001:
+            return ancestor
+    return None
+
+
+def same_file(path, fd):
+    try:
+        a, b = os.stat(path), os.fstat(fd)
+    except OSError:
+        return False
+    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
+
+
+def expose_interpreter(libc, notes):
+    needed = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix, *filter(None, sys.path)}
+    paths = sorted({os.path.realpath(p) for p in needed if os.path.isdir(p)})
+    # Take handles first: once a tmpfs hides a parent, the original paths no longer resolve.
+    fds = {p: os.open(p, os.O_PATH | os.O_DIRECTORY) for p in paths}
+    for path in paths:
+        blocked = first_blocked_ancestor(path)
+        if blocked == "/":
+            notes.append(f"cannot expose {path}: / is not world-searchable")
+            continue
+        if blocked is not None:
+            libc.mount("tmpfs", blocked, "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755,size=1m")
+        if not same_file(path, fds[path]):
+            os.makedirs(path, 0o755, exist_ok=True)
+            libc.mount(f"/proc/self/fd/{fds[path]}", path, None, MS_BIND | MS_REC)
+    for fd in fds.values():
+        os.close(fd)
+
+
+def remount_readonly(libc, workdir, notes):
+    root_ok = False
+    for point, opts in mount_points():
+        if point == workdir:
+            continue
+        flags = MS_REMOUNT | MS_BIND | MS_RDONLY
+        for opt in opts:
+            flags |= KEEP_FLAGS.get(opt, 0)
+        try:
+            libc.mount(None, point, None, flags)
+            root_ok = root_ok or point == "/"
+        except OSError as e:
+            notes.append(str(e))
+    return root_ok
+
+
+def relay_exit(pid):
+    # The parent outside the PID namespace runs no program code: it mirrors the child's fate.
+    _, status = os.waitpid(pid, 0)
+    if os.WIFEXITED(status):
+        os._exit(os.WEXITSTATUS(status))
+    os._exit(128 + os.WTERMSIG(status))
+
+
+def kernel_setup(job, layers, notes):
+    libc = Libc()
+    workdir = job["workdir"]
+    try:
+        libc.unshare(CLONE_NEWNET)
+        layers["netns"] = True
+    except OSError as e:
+        notes.append(str(e))
+    try:
+        libc.unshare(CLONE_NEWNS)
+        # Without private propagation our mounts could leak into the host namespace: stop if it fails.
+        libc.mount(None, "/", None, MS_REC | MS_PRIVATE)
+        layers["mountns"] = True
+    except OSError as e:
+        notes.append(str(e))
+    if layers["mountns"]:
+        uid = job["uid"] if job["uid"] is not None else 0
+        size = job["workdir_bytes"]
+        libc.mount("tmpfs", workdir, "tmpfs", MS_NOSUID | MS_NODEV, f"size={size},mode=0700,uid={uid},gid={uid}")
+        if job["uid"] is not None:
+            expose_interpreter(libc, notes)
+        layers["readonly_fs"] = remount_readonly(libc, workdir, notes)
+    try:
+        libc.unshare(CLONE_NEWPID | CLONE_NEWIPC)
+        layers["pidns"] = True
+    except OSError as e:
+        notes.append(str(e))
+    if layers["pidns"]:
+        pid = os.fork()
+        if pid:
+            relay_exit(pid)
+        if layers["mountns"]:
+            try:
+                libc.mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC | MS_RDONLY)
+            except OSError as e:
+                notes.append(str(e))
+    return libc
+
+
+def set_limits(job, uid_dropped):
+    def cap(which, soft, hard=None):
+        hard = soft if hard is None else hard
+        current = resource.getrlimit(which)[1]
+        if current != resource.RLIM_INFINITY:  # without root a hard limit can only go down
+            soft, hard = min(soft, current), min(hard, current)
+        resource.setrlimit(which, (soft, hard))
+
+    cap(resource.RLIMIT_CPU, job["cpu_seconds"], job["cpu_seconds"] + 1)
+    cap(resource.RLIMIT_AS, job["memory_bytes"])
+    cap(resource.RLIMIT_FSIZE, job["file_size_bytes"])
+    cap(resource.RLIMIT_NOFILE, job["max_open_files"])
+    cap(resource.RLIMIT_CORE, 0)
+    if uid_dropped:
+        cap(resource.RLIMIT_NPROC, job["max_processes"])
+
+
+def install_guard(workdir):
+    realpath, fsdecode, isdir = os.path.realpath, os.fsdecode, os.path.isdir
+    root = realpath(workdir)
+    write_flags = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
+    # Local copies: the program shares this interpreter, and in assert mode `import __main__` is this
+    # module, so a hook reading module globals could be switched off by rebinding them.
+    blocked, path_args, devices = GUARD_BLOCKED_EVENTS, dict(GUARD_PATH_ARGS), frozenset(GUARD_DEVICES)
+
+    def inside(path):
+        if isinstance(path, int):
+            return True
+        path = fsdecode(path)
+        if path in devices:
+            return True
+        path = realpath(path)
+        return path == root or path.startswith(root + "/")
+
+    def hook(event, args):
+        if event == "open":
+            path, mode, flags = args
+            if path is None or isinstance(path, int):
+                return
+            writing = (isinstance(mode, str) and any(c in mode for c in "wax+")) or (
+                isinstance(flags, int) and flags & write_flags
+            )
+            # A directory fd outside the work dir would let os.open(..., dir_fd=fd) write through it.
+            # Plain reads (every import) skip the realpath cost.
+            if (writing or (mode is None and isdir(fsdecode(path)))) and not inside(path):
+                raise PermissionError(f"sandbox: no writes outside the work directory: {path!r}")
+        elif event in path_args:
+            for i in path_args[event]:
+                if not inside(args[i]):
+                    raise PermissionError(f"sandbox: {event} outside the work directory: {args[i]!r}")
+        elif event.startswith(blocked):
+            raise PermissionError(f"sandbox: {event} is not allowed")
+
+    sys.addaudithook(hook)
+
+
+def status_sender(fd, token):
+    """`send(kind, **fields)` writes one JSON line to the status pipe, carrying the job's token so that a
+    program that prints or exits early cannot pass for the runner."""
+
+    # A closure, not a module-level function, for the same reason as the guard's local copies.
+    def send(kind, **fields):
+        os.write(fd, (json.dumps(dict(kind=kind, token=token, **fields)) + "\n").encode())
+
+    return send
+
+
+def read_job(job_path):
+    with open(job_path, encoding="utf-8") as f:
+        job = json.load(f)
+    # Gone before the program runs, so it cannot read the token from the work dir.
+    os.unlink(job_path)
+    return job
+
+
+def build_sandbox(job, layers, notes):
+    """Every layer except the Python guard, which must come last: it would block this set-up."""
+    os.umask(0o022)
+    libc = kernel_setup(job, layers, notes) if job["kernel"] and os.geteuid() == 0 else None
+    uid = job["uid"]
+    if uid is not None and os.geteuid() == 0:
+        os.setgroups([])
+        os.setresgid(uid, uid, uid)
+        os.setresuid(uid, uid, uid)
+        layers["uid_drop"] = True
+    if libc is not None:
+        libc.prctl(PR_SET_NO_NEW_PRIVS, 1)
+        layers["no_new_privs"] = True
+        if layers["pidns"]:
+            import signal
+
+            libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)  # after the uid change, which clears it
+    set_limits(job, layers["uid_drop"])
+    os.chdir(job["workdir"])
+    os.umask(0o077)
+
+
+def program_module(mode):
+    # Assert tests import the program as module `solution`, so its `if __name__ == "__main__":` block
+    # stays quiet; stdio programs are the main program.
+    sys.dont_write_bytecode = True
+    sys.argv = ["solution.py"]
+    name = "__main__" if mode == "stdio" else "solution"
+    module = types.ModuleType(name)
+    module.__builtins__ = builtins
+    sys.modules[name] = module
+    return module
+
+
+def run_program(module, program, test, mode):
+    """Run the program, then its assert; returns (name of the exception that failed it or None, seconds)."""
+    error = None
+    t0 = time.perf_counter()
+    try:
+        exec(compile(program, "<solution>", "exec"), module.__dict__)
+        if test is not None:
+            exec(compile(test, "<test>", "exec"), module.__dict__)
+    except SystemExit as e:
+        # A stdio program may end with sys.exit() / sys.exit(0); an assert test must reach its assert.
+        if mode != "stdio" or e.code not in (None, 0):
+            error = "SystemExit"
+    except BaseException as e:
+        error = type(e).__name__
+        with contextlib.suppress(BaseException):  # a broken stderr must not turn a verdict into a crash
+            traceback.print_exc()
+    runtime = time.perf_counter() - t0
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(BaseException):  # output lost to a closed stream only fails the comparison
+            stream.flush()
+    return error, runtime
+
+
+def main():
+    job = read_job(sys.argv[1])
+    send = status_sender(job["status_fd"], job.pop("token"))
+    layers = dict.fromkeys(LAYERS, False)
+    notes = []
+    try:
+        build_sandbox(job, layers, notes)
+    except Exception as e:
+        send("setup_error", error=f"{type(e).__name__}: {e}", layers=layers, notes=notes)
+        os._exit(SETUP_FAILED)
+
+    mode = job["mode"]
+    module = program_module(mode)
+    program, test = job.pop("program"), job.pop("test", None)
+    if job["guard"]:
+        install_guard(job["workdir"])
+        layers["python_guard"] = True
+    missing = [k for k, wanted in job["expected_layers"].items() if wanted and not layers.get(k)]
+    if missing:
+        send("setup_error", error="sandbox layers failed: " + ", ".join(missing), layers=layers, notes=notes)
+        os._exit(SETUP_FAILED)
+    send("start", layers=layers, notes=notes)
+    error, runtime = run_program(module, program, test, mode)
+    if error is None:
+        send("done", runtime=runtime)
+    else:
+        send("error", runtime=runtime, error=error)
+    os._exit(0 if error is None else 1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,7 @@
+"""Benchmarks and the cluster simulator: measured side by side on this machine, projected at cluster scale.
+
+Each module is a command (`python -m open_instruct.benchmarks.<name>`); `scripts/cpu_benchmarks.sh`
+runs them all. They use the core only through its public handles (`cluster.Stack`, `EnginePool`,
+`TrainingLoop` and its collaborators) and the engine's one benchmark hook,
+`GenerationActor.generate_sample` (see `workloads.py`).
+"""

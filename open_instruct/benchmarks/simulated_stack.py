@@ -1,0 +1,530 @@
+"""Simulated collaborators for `orchestrator.TrainingLoop`: engines, learners and weight sync on a virtual clock.
+
+The simulator (`simulator.py`) runs the real training loop; only what the loop talks to is
+replaced. A `SimWorld` holds a heap of events in virtual time; every blocking call the loop
+makes advances it: `SimEngines.poll` until a sample finishes (or its timeout), the learner's
+`train_step` by the step's cost, the weight sync until every engine has paused and then by the
+transfer's cost. So engines keep generating while the loop trains or syncs, exactly as real
+engines do while the driver waits on Ray, and nothing sleeps.
+
+Engine model (like `GenerationActor.run`): an engine pulls whole prompts from one shared FIFO
+(work stealing) while it holds fewer than `max_running` samples; engines with room take turns,
+one prompt each, as getters blocked on one queue do. The scheduler runs at most `max_running`
+samples (the rest of a prompt's samples wait in the engine). Decoding advances in steps: each
+running sample gains one token per step, a step takes `decode_base_s + decode_per_seq_s *
+running`, and the step in which samples start also pays `prefill_per_token_s` per prompt token
+of each. New work and pauses take effect at the next step boundary. Between two events an
+engine's running set is fixed, so it jumps k steps to the next finish (or to the next boundary
+after an interruption) instead of simulating every token. With a tool latency, a sample stops
+halfway, leaves its engine (freeing the slot) for the wait, then queues at the front of the same
+engine's waiting line (its context assumed prefix-cached).
+
+Weight sync: "keep" pauses each engine at its next step boundary and its running samples
+continue afterwards with the new version (they span two versions); "wait" lets each engine
+drain first (samples out on a tool call are parked until the resume). The transfer starts when
+the last engine has paused and takes `weight_sync_pause_s`.
+
+Completions carry `range(n)` as response token ids: an O(1)-size immutable int sequence whose
+`len()` is the simulated length, so the buffer's token accounting and length metrics are exact
+without materializing 16k-token tuples at cluster scale (prompts share one tuple of zeros).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import random
+from bisect import bisect_right
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+from open_instruct.benchmarks.workloads import capped_lognormal
+from open_instruct.messages import Completion, EngineStats, PromptRequest, StepReport, VersionSpan
+from open_instruct.prompt_feeder import DeliveryLedger
+from open_instruct.queues import LocalChannel
+from open_instruct.replay_buffer import sample_tokens
+
+_EPS = 1e-9  # seconds; float slack when locating step boundaries
+
+
+@dataclass(frozen=True)
+class Workload:
+    prompts_per_step: int
+    samples_per_prompt: int
+    num_steps: int
+    prompt_tokens: int
+    median_tokens: float  # lognormal response length: median ...
+    sigma: float  # ... and log-space standard deviation (0 = every response has median_tokens)
+    max_tokens: int  # response cap (finish_reason "length")
+    tool_latency_s: float = 0.0  # one tool call halfway through each sample; 0 = none
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class CostModel:
+    decode_base_s: float  # per engine step, whatever the batch
+    decode_per_seq_s: float  # per engine step, per running sample
+    prefill_per_token_s: float
+    max_running: int  # samples one engine runs at once (KV capacity)
+    weight_sync_pause_s: float  # engines frozen per sync (the transfer)
+    learner_base_s: float  # per train step
+    learner_per_token_s: float  # per trained token on one data-parallel rank
+
+    def step_s(self, running: int) -> float:
+        return self.decode_base_s + self.decode_per_seq_s * running
+
+    def learner_step_s(self, trained_tokens: int, num_learners: int) -> float:
+        return self.learner_base_s + self.learner_per_token_s * trained_tokens / num_learners
+
+
+@dataclass(frozen=True)
+class Cluster:
+    num_engines: int
+    num_learners: int
+
+
+class Segment(NamedTuple):
+    actor: str  # "learner" or "engine <i>"
+    start_s: float
+    end_s: float
+    kind: str  # engines: generate / idle / sync; learner: wait / train / sync
+
+
+# ---------------------------------------------------------------------------------------------------
+# Virtual time
+
+
+class SimWorld:
+    """A heap of (time, order, handler, args) events; `run` advances virtual time through them."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        self._events: list[tuple] = []
+        self._order = 0
+
+    def at(self, t: float, handler: Callable, *args: Any) -> None:
+        self._order += 1
+        heapq.heappush(self._events, (t, self._order, handler, args))
+
+    def run(self, until: float = math.inf, stop: Callable[[], bool] | None = None) -> None:
+        """Process events before `until` in time order; return early once `stop()` holds.
+
+        Events at exactly `until` stay queued: whatever the caller does at that instant (a learner
+        step ending, a sync starting) comes first, as a real driver acts before its next poll."""
+        while not (stop and stop()):
+            if not self._events or self._events[0][0] >= until:
+                if until == math.inf:
+                    raise RuntimeError(f"simulation stalled at t={self.now:.3f}s: nothing left to happen")
+                self.now = max(self.now, until)
+                return
+            t, _, handler, args = heapq.heappop(self._events)
+            self.now = t
+            handler(*args)
+
+
+class VirtualClock:
+    def __init__(self, world: SimWorld):
+        self.world = world
+
+    def time(self) -> float:
+        return self.world.now
+
+
+# ---------------------------------------------------------------------------------------------------
+# Engines
+
+
+class _Sample:
+    __slots__ = (
+        "engine",
+        "fresh",
+        "generated",
+        "index",
+        "joined_step",
+        "length",
+        "request",
+        "spans",
+        "started_at",
+        "tool_at",
+        "uid",
+    )
+
+    def __init__(self, uid: int, request: PromptRequest, index: int, length: int, tool_at: int, engine: _Engine):
+        self.uid = uid  # deterministic tie-break among samples finishing at the same step
+        self.request, self.index, self.length, self.tool_at = request, index, length, tool_at
+        self.generated = 0
+        self.joined_step = 0
+        self.spans: list[VersionSpan] = []
+        self.engine, self.started_at = engine, 0.0
+        self.fresh = True  # still needs its prefill
+
+    def stop_at(self) -> int:
+        return self.tool_at if self.generated < self.tool_at else self.length
+
+
+class _Engine:
+    """One engine's state. Between wakes its running set is fixed (a 'phase' of equal steps)."""
+
+    def __init__(self, engine_id: int):
+        self.id = engine_id
+        self.name = f"engine {engine_id}"
+        self.running: dict[int, _Sample] = {}
+        self.finish_heap: list[tuple[int, int, _Sample]] = []  # (engine step it stops at, uid, sample)
+        self.waiting: deque[_Sample] = deque()  # pulled, not yet scheduled (KV full)
+        self.parked: list[_Sample] = []  # back from a tool call during a sync
+        self.steps_done = 0
+        self.version_steps, self.versions = [0], [0]  # weight version in effect from engine step s on
+        self.paused = False
+        self.pause_mode: str | None = None  # "keep" / "wait" while a sync is pending
+        self.wake_token = 0
+        self.wake_at: float | None = None
+        self.phase_start = self.phase_prefill = self.phase_dt = 0.0
+        self.phase_steps = 0
+        self.unprefilled_tokens = 0
+        self.acc_t = 0.0
+        self.tokens = self.samples = self.pulled = 0
+        self.busy_s = self.idle_s = self.sync_s = self.underfilled_s = 0.0
+        self.segments: list[list] = []
+
+    @property
+    def launched(self) -> int:
+        return len(self.running) + len(self.waiting)
+
+
+class SimEngines:
+    """The engine pool (`orchestrator.Engines`) over simulated engines; prompts and results travel on
+    `LocalChannel`s and the real `DeliveryLedger` checks that every admitted sample is delivered once."""
+
+    def __init__(self, world: SimWorld, workload: Workload, cost: CostModel, num_engines: int):
+        self.world, self.w, self.cost = world, workload, cost
+        self.engines = [_Engine(i) for i in range(num_engines)]
+        self.prompts: LocalChannel[PromptRequest] = LocalChannel(name="prompt queue")
+        self.results: LocalChannel[Completion] = LocalChannel(name="result queue")
+        self.ledger = DeliveryLedger()
+        self.lengths_rng = random.Random(workload.seed)
+        self.lengths: dict[str, list[int]] = {}  # response lengths of admitted, not yet pulled prompts
+        self.cursor = 0  # the engine the shared queue serves next
+        self.paused_engines = 0
+        self._uid = 0
+
+    # -- the loop's side
+
+    def start_loops(self) -> None:
+        """Simulated engines run from time 0."""
+
+    def submit(self, requests: list[PromptRequest]) -> None:
+        w = self.w
+        for request in requests:
+            self.ledger.admit(request)
+            # Drawn in admission order: the k-th admitted prompt has the same lengths in every mode.
+            self.lengths[request.prompt_id] = [
+                capped_lognormal(self.lengths_rng, w.median_tokens, w.sigma, w.max_tokens)
+                for _ in range(request.num_samples)
+            ]
+            self.prompts.put(request)
+        if requests:
+            self._distribute(self.world.now)
+
+    def poll(self, timeout_s: float = 0.0) -> list[Completion]:
+        if timeout_s > 0 and not self.results.depth():
+            self.world.run(until=self.world.now + timeout_s, stop=self.results.depth)
+        return self.results.get_all()
+
+    def stats(self) -> list[EngineStats]:
+        now = self.world.now
+        out = []
+        for e in self.engines:
+            self._account(e, now)
+            out.append(
+                EngineStats(
+                    engine_id=e.id,
+                    target_concurrency=self.cost.max_running,
+                    running_samples=len(e.running),
+                    waiting_requests=len(e.waiting),
+                    kv_cache_usage=0.0,
+                    generated_tokens=e.tokens,
+                    completed_samples=e.samples,
+                    prompts_pulled=e.pulled,
+                    uptime_s=now,
+                    idle_s=e.idle_s,
+                    underfilled_s=e.underfilled_s,
+                    paused_s=e.sync_s,
+                    pauses=0,
+                    weight_version=e.versions[-1],
+                )
+            )
+        return out
+
+    def queue_depths(self) -> dict[str, int]:
+        return {"queue/prompt_depth": self.prompts.depth(), "queue/result_depth": self.results.depth()}
+
+    def stop(self, mode: str = "finish") -> list[Completion]:
+        """End of the run: close the books at the current instant (running samples are abandoned)."""
+        t = self.world.now
+        for e in self.engines:
+            self._account(e, t)
+            if e.wake_at is not None and e.running and e.phase_steps:
+                steps = math.floor((t - e.phase_start - e.phase_prefill) / e.phase_dt + _EPS)
+                e.tokens += len(e.running) * min(e.phase_steps, max(0, steps))
+        return self.results.get_all()
+
+    # -- the weight sync's side
+
+    def request_pause(self, mode: str) -> None:
+        t = self.world.now
+        for e in self.engines:
+            e.pause_mode = mode
+            if e.wake_at is None:
+                self._account(e, t)
+                self._pause(e)
+            elif mode == "keep":
+                self._poke(e, t)  # freeze at the next step boundary
+            # "wait": the engine drains; `_schedule` pauses it once nothing is left in it.
+
+    def all_paused(self) -> bool:
+        return self.paused_engines == len(self.engines)
+
+    def resume(self, version: int) -> None:
+        """Every engine continues with weight version `version`; kept samples span both versions."""
+        t = self.world.now
+        self.paused_engines = 0
+        for e in self.engines:
+            self._account(e, t)
+            e.paused, e.pause_mode = False, None
+            e.version_steps.append(e.steps_done)
+            e.versions.append(version)
+            e.waiting.extendleft(reversed(e.parked))
+            e.parked.clear()
+        for e in self.engines:
+            self._poke(e, t)
+
+    def _pause(self, e: _Engine) -> None:
+        e.paused = True
+        self.paused_engines += 1
+
+    # -- engine mechanics
+
+    def _account(self, e: _Engine, t: float) -> None:
+        d = t - e.acc_t
+        if d > 0:
+            if e.paused:
+                kind, e.sync_s = "sync", e.sync_s + d
+            elif not e.running:
+                kind, e.idle_s = "idle", e.idle_s + d
+            else:
+                kind, e.busy_s = "generate", e.busy_s + d
+            if e.paused or len(e.running) < self.cost.max_running:
+                e.underfilled_s += d
+            add_segment(e.segments, e.acc_t, t, kind)
+        e.acc_t = t
+
+    def _wake(self, e: _Engine, token: int, steps: int) -> None:
+        if token != e.wake_token:
+            return  # superseded by a later plan
+        t = self.world.now
+        self._account(e, t)
+        e.wake_at = None
+        if steps:
+            e.tokens += len(e.running) * steps
+            e.steps_done += steps
+            e.unprefilled_tokens = 0  # the phase's first step (which carried the prefill) is done
+        while e.finish_heap and e.finish_heap[0][0] <= e.steps_done:
+            _, uid, sample = heapq.heappop(e.finish_heap)
+            del e.running[uid]
+            self._leave(e, sample, t)
+        self._schedule(e, t)
+
+    def _schedule(self, e: _Engine, t: float) -> None:
+        """At a step boundary: pause if asked, pull work, plan the next phase."""
+        if e.paused:
+            return
+        if e.pause_mode == "keep" or (e.pause_mode == "wait" and not e.launched):
+            self._pause(e)
+            return
+        while self.prompts.depth() and self._can_pull(e):
+            self._pull(e)
+        while e.waiting and len(e.running) < self.cost.max_running:
+            sample = e.waiting.popleft()
+            sample.joined_step = e.steps_done
+            if sample.fresh:
+                sample.fresh, sample.started_at = False, t
+                e.unprefilled_tokens += len(sample.request.prompt_token_ids)
+            e.running[sample.uid] = sample
+            heapq.heappush(e.finish_heap, (e.steps_done + sample.stop_at() - sample.generated, sample.uid, sample))
+        if e.running:
+            k = e.finish_heap[0][0] - e.steps_done
+            e.phase_start, e.phase_steps = t, k
+            e.phase_prefill = e.unprefilled_tokens * self.cost.prefill_per_token_s
+            e.phase_dt = self.cost.step_s(len(e.running))
+            self._set_wake(e, t + e.phase_prefill + k * e.phase_dt, k)
+
+    def _set_wake(self, e: _Engine, at: float, steps: int) -> None:
+        e.wake_token += 1
+        e.wake_at = at
+        self.world.at(at, self._wake, e, e.wake_token, steps)
+
+    def _poke(self, e: _Engine, t: float) -> None:
+        """Something changed for `e` (new prompts, a sample back, a pause): act at the next boundary."""
+        if e.paused:
+            return
+        if e.wake_at is None:
+            e.phase_start, e.phase_steps, e.phase_prefill = t, 0, 0.0
+            self._set_wake(e, t, 0)
+            return
+        elapsed = t - e.phase_start
+        j = 0 if elapsed <= _EPS else max(1, math.ceil((elapsed - e.phase_prefill) / e.phase_dt - _EPS))
+        if j >= e.phase_steps:
+            return  # the planned wake is the next boundary anyway
+        at = e.phase_start + (e.phase_prefill + j * e.phase_dt if j else 0.0)
+        self._set_wake(e, max(at, t), j)  # max: float noise must not move time backwards
+
+    def _can_pull(self, e: _Engine) -> bool:
+        # As GenerationActor.run: pull while the engine holds fewer samples than its target.
+        return not e.paused and e.pause_mode is None and e.launched < self.cost.max_running
+
+    def _distribute(self, t: float) -> None:
+        """Hand queued prompts to engines with room, one prompt per engine per round.
+
+        Idle engines all block on the shared queue, which serves its getters in turn; letting the
+        first engine take all it can would leave the others idle (and understate synchronous mode).
+        """
+        order = self.engines[self.cursor :] + self.engines[: self.cursor]
+        ready = [e for e in order if self._can_pull(e)]
+        touched: dict[int, _Engine] = {}
+        while self.prompts.depth() and ready:
+            still = []
+            for e in ready:
+                if not self.prompts.depth():
+                    break
+                self._pull(e)
+                self.cursor = (e.id + 1) % len(self.engines)
+                touched[e.id] = e
+                if self._can_pull(e):
+                    still.append(e)
+            ready = still
+        for e in touched.values():
+            self._poke(e, t)  # the new samples join at the engine's next step boundary
+
+    def _pull(self, e: _Engine) -> None:
+        request = self.prompts.get()
+        e.pulled += 1
+        for j, length in enumerate(self.lengths.pop(request.prompt_id)):
+            tool_at = length // 2 if self.w.tool_latency_s > 0 and length >= 2 else length
+            self._uid += 1
+            e.waiting.append(_Sample(self._uid, request, j, length, tool_at, e))
+
+    def _leave(self, e: _Engine, sample: _Sample, t: float) -> None:
+        """A sample stops at a step boundary: finished, or off to its tool call."""
+        done = e.steps_done - sample.joined_step
+        extend_spans(sample.spans, e, sample.joined_step, e.steps_done, sample.generated)
+        sample.generated += done
+        if sample.generated < sample.length:
+            self.world.at(t + self.w.tool_latency_s, self._tool_return, sample)
+            return
+        request = sample.request
+        completion = Completion(
+            prompt_id=request.prompt_id,
+            sample_index=sample.index,
+            prompt_token_ids=request.prompt_token_ids,
+            response_token_ids=range(sample.length),  # type: ignore[arg-type]
+            behaviour_logprobs=(),
+            finish_reason="length" if sample.length >= self.w.max_tokens else "stop",
+            version_spans=tuple(sample.spans),
+            admitted_version=request.admitted_version,
+            engine_id=e.id,
+            queued_at=request.queued_at,
+            started_at=sample.started_at,
+            first_token_at=sample.started_at,
+            finished_at=t,
+        )
+        e.samples += 1
+        self.ledger.deliver(completion)
+        self.results.put(completion)
+
+    def _tool_return(self, sample: _Sample) -> None:
+        e = sample.engine
+        if e.paused or e.pause_mode is not None:
+            e.parked.append(sample)  # a paused (or draining) engine takes no new requests
+            return
+        e.waiting.appendleft(sample)  # a continuing sample goes before new prompts
+        if len(e.running) < self.cost.max_running:
+            self._poke(e, self.world.now)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Learners and weight sync
+
+
+class SimLearners:
+    """`num_learners` data-parallel ranks whose step costs `CostModel.learner_step_s` of the batch's tokens."""
+
+    def __init__(self, world: SimWorld, cost: CostModel, num_learners: int):
+        self.world, self.cost, self.num_learners = world, cost, num_learners
+        self.steps: list[tuple[float, float]] = []  # (start, end) of each train step
+
+    def train_step(self, groups, step: int) -> StepReport:
+        tokens = sum(sample_tokens(c) for g in groups for c in g.completions)
+        started = self.world.now
+        duration = self.cost.learner_step_s(tokens, self.num_learners)
+        self.world.run(until=started + duration)  # the engines keep generating meanwhile
+        self.steps.append((started, self.world.now))
+        return StepReport({"learner/step_s": duration}, tokens, started, self.world.now)
+
+    def save_model(self, path: str) -> None:
+        raise NotImplementedError("simulated runs have no weights to save")
+
+    save_state = load_state = save_model
+
+
+class SimWeightSync:
+    """Pause every engine ("keep" in flight, or "wait" to drain), transfer, resume with the new version."""
+
+    def __init__(self, world: SimWorld, engines: SimEngines, cost: CostModel, inflight: bool):
+        self.world, self.engines, self.cost, self.inflight = world, engines, cost, inflight
+        self.syncs: list[tuple[float, float]] = []  # (step end, engines resumed)
+
+    def push(self, version: int, step_end_time: float | None = None) -> dict[str, float]:
+        started = self.world.now
+        self.engines.request_pause("keep" if self.inflight else "wait")
+        self.world.run(stop=self.engines.all_paused)
+        drained = self.world.now
+        self.world.run(until=drained + self.cost.weight_sync_pause_s)
+        self.engines.resume(version)
+        self.syncs.append((started, self.world.now))
+        return {
+            "time/weight_sync_pause_s": self.world.now - started,
+            "time/weight_sync_drain_s": drained - started,
+            "weight_sync/version": float(version),
+        }
+
+
+# ---------------------------------------------------------------------------------------------------
+# Helpers
+
+
+def add_segment(segments: list[list], start: float, end: float, kind: str) -> None:
+    if end <= start:
+        return
+    if segments and segments[-1][2] == kind and abs(segments[-1][1] - start) <= _EPS:
+        segments[-1][1] = end
+    else:
+        segments.append([start, end, kind])
+
+
+def extend_spans(spans: list[VersionSpan], e: _Engine, first_step: int, end_step: int, offset: int) -> None:
+    """Version spans of the tokens an engine generated for a sample during steps [first, end)."""
+    i = bisect_right(e.version_steps, first_step) - 1
+    step = first_step
+    while step < end_step:
+        switch = e.version_steps[i + 1] if i + 1 < len(e.version_steps) else end_step
+        stop = min(end_step, switch)
+        if stop > step:
+            start, end, version = offset + step - first_step, offset + stop - first_step, e.versions[i]
+            if spans and spans[-1].version == version and spans[-1].end == start:
+                spans[-1] = VersionSpan(version, spans[-1].start, end)
+            else:
+                spans.append(VersionSpan(version, start, end))
+        step = stop
+        i += 1

@@ -1,0 +1,653 @@
+"""Discrete-event simulator of the training pipeline, for cluster-scale projections.
+
+What it answers: how much faster is streaming (in-flight weight sync, `async_steps` ahead) than
+synchronous GRPO, or one-step-async with a draining sync, on a cluster we do not have, given
+per-engine and per-learner costs measured on one we do (`fit_cost_model`). Time is virtual (no
+sleeping); a 32-engine x 256-running, 4096-samples-per-step run of 40 steps takes seconds.
+
+It runs the real training loop, `orchestrator.TrainingLoop`, with the real `PromptFeeder`,
+`ReplayBuffer` and metrics; only the loop's collaborators are simulated (`simulated_stack`):
+engines, learners and the weight sync, driven by cost models on a virtual clock. A change to
+the loop therefore shows up in projections without a second edit.
+
+Modes: `synchronous` is async_steps 0 with a draining sync (engines idle while the learner
+trains), `one_step_async` async_steps 1 with a draining sync, `streaming` any async_steps with
+in-flight updates.
+
+Metric definitions (`SimResult`)
+* `generation_idle_frac`: engine-time producing no tokens (no sample running, or paused for a
+  sync, kept samples or not) over `num_engines * wall_s`. Draining with samples running is busy.
+* `engine_underfilled_frac`: engine-time with fewer than `max_running` samples running, or
+  paused, over `num_engines * wall_s` (idle time is underfilled too).
+* `learner_wait_frac`: learner time waiting for a full batch (the loop's `time/learner_wait_s`),
+  over `wall_s`.
+* `weight_sync_pause_s_avg`: from the end of a train step to the engines' resume (drain +
+  transfer), the loop's `time/weight_sync_pause_s`.
+* `version_lag_*`, `multi_version_frac`, `token_lag_avg`, `group_latency_s_avg`: the loop's own
+  `staleness/*` and `time/group_latency_s_avg`, averaged over steps (max for `version_lag_max`).
+  The feeder bounds admissions, not age: a straggler group is trained whenever it completes,
+  so `version_lag_max` exceeds `async_steps + 1` once the longest sample outlasts a few steps.
+* `wall_s`: until the last step's sync ends; throughputs are per `wall_s`.
+  `steady_trained_samples_per_s` leaves out the first quarter of the steps (`warmup_steps`):
+  streaming's first batch waits for the pipeline to fill, which a run of thousands of steps pays
+  once. Cluster projections compare steady rates (`AsyncSweep`), the measured validation whole-run
+  rates (the CPU benchmark measured whole runs).
+
+Run: `python -m open_instruct.benchmarks.simulator --measured measured.json --output DIR` (see
+`main`): the measured setup's three modes (validation), then the seed's shape with streaming at
+each `--async_sweep` lookahead, against the learner-bound ceiling.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import json
+import logging
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from open_instruct.benchmarks.simulated_stack import (
+    Cluster,
+    CostModel,
+    Segment,
+    SimEngines,
+    SimLearners,
+    SimWeightSync,
+    SimWorld,
+    VirtualClock,
+    Workload,
+)
+from open_instruct.benchmarks.simulator_plots import plot_sweep, plot_timelines
+from open_instruct.config import Config, DataConfig, ExperimentConfig, GenerationConfig, LearnerConfig
+from open_instruct.metrics import async_steps_needed, mean
+from open_instruct.orchestrator import TrainingLoop
+from open_instruct.tracking import MemoryLog
+
+MODES = ("synchronous", "one_step_async", "streaming")
+
+__all__ = [
+    "GPU_H100_COST",
+    "MODES",
+    "SEED_CLUSTER",
+    "SEED_CLUSTER_WORKLOAD",
+    "AsyncSweep",
+    "Cluster",
+    "CostModel",
+    "Segment",
+    "SimResult",
+    "Workload",
+    "compare",
+    "fit_cost_model",
+    "simulate",
+    "sweep_async_steps",
+]
+
+
+# ---------------------------------------------------------------------------------------------------
+# Inputs
+
+
+# The original request's launch shape (scripts/long_generations_experiment.sh): 6 nodes x 8 GPUs,
+# 32 single-GPU engines and 16 learner ranks, 256 prompts x 16 samples per step, 16k responses.
+SEED_CLUSTER = Cluster(num_engines=32, num_learners=16)
+SEED_CLUSTER_WORKLOAD = Workload(
+    prompts_per_step=256,
+    samples_per_prompt=16,
+    num_steps=40,
+    prompt_tokens=512,
+    median_tokens=4000,
+    sigma=0.8,
+    max_tokens=16384,
+    seed=0,
+)
+
+# A 7B model, one H100 per engine and per learner rank. Assumptions, not measurements:
+# * decode: ~12 ms per step at small batch (weights streamed from HBM once per step), +0.12 ms per
+#   running sample (KV reads grow with the batch); 256 running -> ~43 ms/step, ~6k tokens/s.
+# * prefill ~20k tokens/s; max_running 256 (vLLM's default max_num_seqs; KV for 256 x 16.9k tokens
+#   of a GQA 7B fits an 80 GB card only partly, so this is optimistic for the longest samples).
+# * learner: 6 x 7e9 FLOPs per trained token at 40% of 989 TFLOP/s bf16 -> 1.06e-4 s per token per
+#   rank; 1 s per step for the optimizer and ZeRO collectives.
+# * weight sync: 1.5 s to broadcast 15 GB of bf16 weights over NCCL and reload them.
+GPU_H100_COST = CostModel(
+    decode_base_s=0.012,
+    decode_per_seq_s=0.00012,
+    prefill_per_token_s=1 / 20_000,
+    max_running=256,
+    weight_sync_pause_s=1.5,
+    learner_base_s=1.0,
+    learner_per_token_s=6 * 7e9 / (0.40 * 989e12),
+)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Output
+
+
+@dataclass(frozen=True)
+class SimResult:
+    mode: str
+    async_steps: int
+    num_steps: int
+    trained_samples: int
+    wall_s: float
+    trained_samples_per_s: float
+    generated_tokens_per_s: float
+    generation_idle_frac: float
+    engine_underfilled_frac: float
+    learner_wait_frac: float
+    learner_step_s_avg: float
+    weight_sync_pause_s_avg: float
+    version_lag_avg: float
+    version_lag_max: float
+    multi_version_frac: float
+    trained_length_avg: float  # response tokens per trained sample (streaming trains short ones first)
+    token_lag_avg: float  # per response token: learner version at training - the version that generated it
+    group_latency_s_avg: float  # per trained prompt: admission to its last sample's finish
+    warmup_steps: int  # steps left out of the steady-state rate (the pipeline filling up)
+    steady_trained_samples_per_s: float  # after the warm-up: what a long run sees
+    timeline: tuple[Segment, ...] = ()
+
+    def as_json(self) -> dict[str, Any]:
+        """Every field but the timeline (thousands of segments at cluster scale)."""
+        out = asdict(self)
+        del out["timeline"]
+        return out
+
+    def step_ends(self) -> list[float]:
+        """When each step's sync ended (the learner's sync segments)."""
+        return [s.end_s for s in self.timeline if s.actor == "learner" and s.kind == "sync"]
+
+
+# ---------------------------------------------------------------------------------------------------
+# The simulation: the real loop with simulated collaborators
+
+
+@dataclass(frozen=True, slots=True)
+class _SimPrompt:
+    """What `PromptFeeder` reads from a `data.PromptRow`."""
+
+    prompt_id: str
+    prompt_token_ids: tuple[int, ...]
+    ground_truths: tuple[Any, ...] = ()
+    verifier_names: tuple[str, ...] = ()
+
+
+def mode_settings(mode: str, async_steps: int) -> tuple[int, bool]:
+    """(async_steps, inflight) of a mode: synchronous and one_step_async drain before each sync."""
+    if mode == "synchronous":
+        return 0, False
+    if mode == "one_step_async":
+        return 1, False
+    if mode == "streaming":
+        return async_steps, True
+    raise ValueError(f"unknown mode {mode!r}; use one of {MODES}")
+
+
+def loop_config(workload: Workload, async_steps: int, inflight: bool) -> Config:
+    """The flags a real run of this workload would pass (one learner rank: the simulated learners
+    carry the data-parallel width in their cost model)."""
+    w = workload
+    prompt_tokens = max(1, w.prompt_tokens)
+    return Config(
+        experiment=ExperimentConfig(seed=w.seed, num_evals=0, save_freq=0),
+        data=DataConfig(max_prompt_token_length=prompt_tokens),
+        generation=GenerationConfig(
+            num_unique_prompts_rollout=w.prompts_per_step,
+            num_samples_per_prompt_rollout=w.samples_per_prompt,
+            response_length=w.max_tokens,
+            async_steps=async_steps,
+            inflight_updates=inflight,
+        ),
+        learner=LearnerConfig(
+            total_episodes=w.num_steps * w.prompts_per_step * w.samples_per_prompt,
+            pack_length=prompt_tokens + w.max_tokens,
+        ),
+    )
+
+
+@contextlib.contextmanager
+def _loop_warnings_silenced():
+    """The loop's one-time lookahead advice is for a user's run; a sweep prints the same numbers."""
+    loop_logger = logging.getLogger("open_instruct.orchestrator")
+    level = loop_logger.level
+    loop_logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        loop_logger.setLevel(level)
+
+
+def simulate(mode: str, workload: Workload, cost: CostModel, cluster: Cluster, async_steps: int = 1) -> SimResult:
+    """Simulate `workload.num_steps` training steps. `async_steps` applies to "streaming" only:
+    "synchronous" is async_steps=0 and "one_step_async" is async_steps=1, both with a draining sync."""
+    steps, inflight = mode_settings(mode, async_steps)
+    _validate(workload, cost, cluster, async_steps)
+    world = SimWorld()
+    engines = SimEngines(world, workload, cost, cluster.num_engines)
+    learners = SimLearners(world, cost, cluster.num_learners)
+    sync = SimWeightSync(world, engines, cost, inflight)
+    prompt_ids = (0,) * workload.prompt_tokens  # shared by every row: only its length matters
+    rows = [
+        _SimPrompt(f"sim:{i}", prompt_ids) for i in range((workload.num_steps + steps + 1) * workload.prompts_per_step)
+    ]
+    log = MemoryLog()
+    loop = TrainingLoop(
+        loop_config(workload, steps, inflight),
+        engines=engines,
+        learners=learners,
+        weight_sync=sync,
+        clock=VirtualClock(world),
+        log=log,
+        train_rows=rows,
+    )
+    with _loop_warnings_silenced():
+        loop.run()
+    return _result(mode, steps, workload, world.now, engines, learners, sync, log.history)
+
+
+def _result(
+    mode: str,
+    async_steps: int,
+    workload: Workload,
+    wall: float,
+    engines: SimEngines,
+    learners: SimLearners,
+    sync: SimWeightSync,
+    history: list[dict],
+) -> SimResult:
+    per_step = workload.prompts_per_step * workload.samples_per_prompt
+    timeline, waited = _learner_timeline(learners.steps, sync.syncs)
+    for e in engines.engines:
+        timeline += [Segment(e.name, *s) for s in e.segments]
+    ends = [end for _, end in sync.syncs]
+    warmup = warmup_steps(len(ends))
+    steady_s = ends[-1] - (ends[warmup - 1] if warmup else 0.0) if ends else 0.0
+    engine_s = wall * len(engines.engines)
+    trained = len(history) * per_step
+    return SimResult(
+        mode=mode,
+        async_steps=async_steps,
+        num_steps=len(history),
+        trained_samples=trained,
+        wall_s=wall,
+        trained_samples_per_s=trained / wall,
+        generated_tokens_per_s=sum(e.tokens for e in engines.engines) / wall,
+        generation_idle_frac=sum(e.idle_s + e.sync_s for e in engines.engines) / engine_s,
+        engine_underfilled_frac=sum(e.underfilled_s for e in engines.engines) / engine_s,
+        learner_wait_frac=waited / wall,
+        learner_step_s_avg=mean(end - start for start, end in learners.steps),
+        weight_sync_pause_s_avg=mean(h["time/weight_sync_pause_s"] for h in history),
+        version_lag_avg=mean(h["staleness/version_lag_avg"] for h in history),
+        version_lag_max=max((h["staleness/version_lag_max"] for h in history), default=0.0),
+        multi_version_frac=mean(h["staleness/multi_version_frac"] for h in history),
+        trained_length_avg=mean(h["val/sequence_lengths"] for h in history),
+        token_lag_avg=mean(h["staleness/token_lag_avg"] for h in history),
+        group_latency_s_avg=mean(h["time/group_latency_s_avg"] for h in history),
+        warmup_steps=warmup,
+        steady_trained_samples_per_s=per_step * (len(ends) - warmup) / steady_s if steady_s > 0 else 0.0,
+        timeline=tuple(timeline),
+    )
+
+
+def _learner_timeline(
+    steps: list[tuple[float, float]], syncs: list[tuple[float, float]]
+) -> tuple[list[Segment], float]:
+    """The learner's wait / train / sync segments (every step syncs), and its total wait."""
+    segments, waited, previous_end = [], 0.0, 0.0
+    for (train_start, train_end), (sync_start, sync_end) in zip(steps, syncs, strict=True):
+        if train_start > previous_end:
+            segments.append(Segment("learner", previous_end, train_start, "wait"))
+            waited += train_start - previous_end
+        segments.append(Segment("learner", train_start, train_end, "train"))
+        segments.append(Segment("learner", sync_start, sync_end, "sync"))
+        previous_end = sync_end
+    return segments, waited
+
+
+def warmup_steps(num_steps: int) -> int:
+    """The first quarter of a run (at least one step when there are two): streaming's first batch
+    waits for the pipeline to fill, a cost a run of thousands of steps pays once."""
+    return max(1, num_steps // 4) if num_steps >= 2 else 0
+
+
+def _validate(workload: Workload, cost: CostModel, cluster: Cluster, async_steps: int) -> None:
+    problems = [
+        name
+        for name, ok in (
+            ("async_steps >= 0", async_steps >= 0),
+            ("prompts_per_step >= 1", workload.prompts_per_step >= 1),
+            ("samples_per_prompt >= 2", workload.samples_per_prompt >= 2),
+            ("num_steps >= 1", workload.num_steps >= 1),
+            ("prompt_tokens >= 0", workload.prompt_tokens >= 0),
+            ("median_tokens > 0", workload.median_tokens > 0),
+            ("sigma >= 0", workload.sigma >= 0),
+            ("max_tokens >= 1", workload.max_tokens >= 1),
+            ("tool_latency_s >= 0", workload.tool_latency_s >= 0),
+            ("max_running >= 1", cost.max_running >= 1),
+            (
+                "decode step time > 0 and not shrinking with the batch",
+                cost.decode_base_s + cost.decode_per_seq_s > 0 and cost.decode_per_seq_s >= 0,
+            ),
+            ("num_engines >= 1", cluster.num_engines >= 1),
+            ("num_learners >= 1", cluster.num_learners >= 1),
+        )
+        if not ok
+    ]
+    if problems:
+        raise ValueError(f"simulator inputs violate: {', '.join(problems)}")
+
+
+def run_modes(workload: Workload, cost: CostModel, cluster: Cluster, async_steps: int = 1) -> dict[str, SimResult]:
+    return {mode: simulate(mode, workload, cost, cluster, async_steps) for mode in MODES}
+
+
+def summarize(results: dict[str, SimResult]) -> dict[str, Any]:
+    out: dict[str, Any] = {mode: r.as_json() for mode, r in results.items()}
+    sync = results["synchronous"].trained_samples_per_s
+    out["speedup_streaming_vs_sync"] = results["streaming"].trained_samples_per_s / sync
+    out["speedup_one_step_async_vs_sync"] = results["one_step_async"].trained_samples_per_s / sync
+    return out
+
+
+def compare(workload: Workload, cost: CostModel, cluster: Cluster, async_steps: int = 1) -> dict[str, Any]:
+    """The three modes' `as_json()` keyed by mode, plus `speedup_streaming_vs_sync` (and one-step-async's)."""
+    return summarize(run_modes(workload, cost, cluster, async_steps))
+
+
+def fit_cost_model(measured: dict[str, Any]) -> CostModel:
+    """Least-squares cost model from measurements on a real (small) setup.
+
+    Format (times in seconds):
+        {"decode": [{"running": 32, "tokens_per_s": 1800.0}, ...],  # one engine, fixed running samples
+         "prefill_tokens_per_s": 20000.0,
+         "learner": [{"tokens": 65536, "step_s": 4.2}, ...],  # tokens of the whole batch (all ranks)
+         "weight_sync_pause_s": 1.5,
+         "max_running": 256,
+         "num_learners": 2}  # the data-parallel ranks the learner points were measured on
+
+    Decode: step_s = running / tokens_per_s, fitted as decode_base_s + decode_per_seq_s * running.
+    Learner: step_s fitted as learner_base_s + learner_per_token_s * tokens / num_learners. With a
+    single distinct x a line cannot be fitted and goes through the origin; a negative intercept is
+    refitted through the origin, a negative slope becomes 0 (intercept = mean).
+    """
+    decode = measured["decode"]
+    base, per_seq = _fit_line([p["running"] for p in decode], [p["running"] / p["tokens_per_s"] for p in decode])
+    learners = measured.get("num_learners", 1)
+    learner = measured["learner"]
+    l_base, l_per_token = _fit_line([p["tokens"] / learners for p in learner], [p["step_s"] for p in learner])
+    return CostModel(
+        decode_base_s=base,
+        decode_per_seq_s=per_seq,
+        prefill_per_token_s=1.0 / measured["prefill_tokens_per_s"] if measured.get("prefill_tokens_per_s") else 0.0,
+        max_running=int(measured["max_running"]),
+        weight_sync_pause_s=float(measured["weight_sync_pause_s"]),
+        learner_base_s=l_base,
+        learner_per_token_s=l_per_token,
+    )
+
+
+def _fit_line(xs: list[float], ys: list[float]) -> tuple[float, float]:
+    """(intercept, slope) by least squares."""
+    if not xs or len(xs) != len(ys):
+        raise ValueError("need at least one (x, y) point to fit")
+    n = len(xs)
+    mx, my = sum(xs) / n, sum(ys) / n
+    sxx = sum((x - mx) ** 2 for x in xs)
+    if sxx == 0:
+        return 0.0, my / mx if mx else 0.0
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx
+    if slope < 0:
+        return my, 0.0
+    intercept = my - slope * mx
+    if intercept < 0:
+        return 0.0, sum(x * y for x, y in zip(xs, ys)) / sum(x * x for x in xs)
+    return intercept, slope
+
+
+def workload_from_json(d: dict[str, Any], num_steps: int | None = None) -> Workload:
+    return Workload(
+        prompts_per_step=int(d["prompts_per_step"]),
+        samples_per_prompt=int(d["samples_per_prompt"]),
+        num_steps=int(num_steps or d.get("num_steps", 10)),
+        prompt_tokens=int(d["prompt_tokens"]),
+        median_tokens=float(d["median_tokens"]),
+        sigma=float(d["sigma"]),
+        max_tokens=int(d["max_tokens"]),
+        tool_latency_s=float(d.get("tool_latency_s") or 0.0),
+        seed=int(d.get("seed", 0)),
+    )
+
+
+@dataclass(frozen=True)
+class AsyncSweep:
+    """Synchronous and one-step-async once, streaming at several async_steps, on one workload.
+
+    Rates are steady-state (`steady_trained_samples_per_s`): the seed's run is thousands of steps,
+    and streaming's pipeline fill is paid once. `learner_bound_samples_per_s` is the ceiling any
+    schedule can reach (the learner never waits: train + sync back to back)."""
+
+    synchronous: SimResult
+    one_step_async: SimResult
+    streaming: dict[int, SimResult]
+
+    @property
+    def learner_bound_samples_per_s(self) -> float:
+        r = self.synchronous
+        busy = r.learner_step_s_avg + r.weight_sync_pause_s_avg
+        return r.trained_samples / r.num_steps / busy
+
+    def speedup(self, result: SimResult) -> float:
+        return result.steady_trained_samples_per_s / self.synchronous.steady_trained_samples_per_s
+
+    @property
+    def chosen_async_steps(self) -> int:
+        """The least lookahead (least staleness) within 5% of the best streaming rate."""
+        best = max(self.speedup(r) for r in self.streaming.values())
+        return min(a for a, r in self.streaming.items() if self.speedup(r) >= 0.95 * best)
+
+    def as_json(self) -> dict[str, Any]:
+        chosen = self.streaming[self.chosen_async_steps]
+        return {
+            "synchronous": self.synchronous.as_json(),
+            "one_step_async": self.one_step_async.as_json(),
+            "streaming": chosen.as_json(),  # the contract's streaming mode: the chosen async_steps
+            "streaming_async_steps": self.chosen_async_steps,
+            "speedup_streaming_vs_sync": self.speedup(chosen),
+            "speedup_one_step_async_vs_sync": self.speedup(self.one_step_async),
+            "learner_bound_speedup": self.learner_bound_samples_per_s / self.synchronous.steady_trained_samples_per_s,
+            "streaming_by_async_steps": {str(a): r.as_json() for a, r in self.streaming.items()},
+            "speedup_streaming_vs_sync_by_async_steps": {str(a): self.speedup(r) for a, r in self.streaming.items()},
+            "async_steps_needed_by_async_steps": {str(a): needed(r) for a, r in self.streaming.items()},
+        }
+
+
+def needed(result: SimResult) -> int:
+    """The trainer's own advice (`scheduling/async_steps_needed`) from this run's group latency."""
+    return async_steps_needed(result.group_latency_s_avg, result.learner_step_s_avg + result.weight_sync_pause_s_avg)
+
+
+def sweep_async_steps(workload: Workload, cost: CostModel, cluster: Cluster, async_steps: list[int]) -> AsyncSweep:
+    return AsyncSweep(
+        synchronous=simulate("synchronous", workload, cost, cluster),
+        one_step_async=simulate("one_step_async", workload, cost, cluster),
+        streaming={a: simulate("streaming", workload, cost, cluster, a) for a in async_steps},
+    )
+
+
+def format_sweep(sweep: AsyncSweep) -> str:
+    header = (
+        "mode",
+        "async",
+        "samples/s",
+        "speedup",
+        "gen idle",
+        "learner wait",
+        "sync pause s",
+        "lag avg",
+        "lag max",
+        "token lag",
+        "group s",
+        "needed",
+    )
+    runs = [("synchronous", sweep.synchronous), ("one_step_async", sweep.one_step_async)]
+    runs += [("streaming", r) for r in sweep.streaming.values()]
+    rows = [header] + [
+        (
+            mode,
+            str(r.async_steps),
+            f"{r.steady_trained_samples_per_s:.2f}",
+            f"{sweep.speedup(r):.2f}x",
+            f"{r.generation_idle_frac:.1%}",
+            f"{r.learner_wait_frac:.1%}",
+            f"{r.weight_sync_pause_s_avg:.2f}",
+            f"{r.version_lag_avg:.2f}",
+            f"{r.version_lag_max:.0f}",
+            f"{r.token_lag_avg:.2f}",
+            f"{r.group_latency_s_avg:.0f}",
+            str(needed(r)),
+        )
+        for mode, r in runs
+    ]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+    lines = ["  ".join(cell.rjust(w) for cell, w in zip(row, widths)) for row in rows]
+    ceiling = sweep.learner_bound_samples_per_s
+    lines.append(
+        f"learner-bound ceiling: {ceiling:.2f} samples/s "
+        f"({ceiling / sweep.synchronous.steady_trained_samples_per_s:.2f}x synchronous); streaming reaches "
+        f"{sweep.speedup(sweep.streaming[sweep.chosen_async_steps]):.2f}x at async_steps "
+        f"{sweep.chosen_async_steps}"
+    )
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------------------
+# CLI
+
+
+_COLUMNS = (
+    ("mode", "mode", "{}"),
+    ("samples/s", "trained_samples_per_s", "{:.2f}"),
+    ("gen tok/s", "generated_tokens_per_s", "{:.0f}"),
+    ("gen idle", "generation_idle_frac", "{:.1%}"),
+    ("underfilled", "engine_underfilled_frac", "{:.1%}"),
+    ("learner wait", "learner_wait_frac", "{:.1%}"),
+    ("sync pause s", "weight_sync_pause_s_avg", "{:.2f}"),
+    ("lag avg", "version_lag_avg", "{:.2f}"),
+    ("lag max", "version_lag_max", "{:.0f}"),
+    ("multi-version", "multi_version_frac", "{:.1%}"),
+    ("step s", "step_s", "{:.1f}"),
+)
+
+
+def format_table(summary: dict[str, Any]) -> str:
+    rows = [[title for title, _, _ in _COLUMNS]]
+    for mode in MODES:
+        r = dict(summary[mode], step_s=summary[mode]["wall_s"] / max(1, summary[mode]["num_steps"]))
+        rows.append([fmt.format(r[key]) for _, key, fmt in _COLUMNS])
+    widths = [max(len(row[i]) for row in rows) for i in range(len(_COLUMNS))]
+    lines = ["  ".join(cell.rjust(w) for cell, w in zip(row, widths)) for row in rows]
+    lines.append(
+        f"speedup streaming vs synchronous: {summary['speedup_streaming_vs_sync']:.2f}x; "
+        f"one-step-async vs synchronous: {summary['speedup_one_step_async_vs_sync']:.2f}x"
+    )
+    return "\n".join(lines)
+
+
+def parse_args(argv: list[str] | None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--measured", type=Path, help="measurements, a workload and a cluster (see fit_cost_model)")
+    parser.add_argument("--output", type=Path, default=Path("output/simulator"), help="for simulator.json and PNGs")
+    parser.add_argument(
+        "--seed_steps", type=int, default=SEED_CLUSTER_WORKLOAD.num_steps,
+        help="steps of the seed-cluster projection (its first quarter is warm-up)",
+    )  # fmt: skip
+    parser.add_argument("--async_steps", type=int, default=1, help="streaming's async_steps on the measured setup")
+    parser.add_argument(
+        "--async_sweep",
+        default="1,2,3,4",
+        help="comma-separated async_steps of streaming projected at the seed's shape",
+    )
+    args = parser.parse_args(argv)
+    args.sweep_steps = sorted({int(a) for a in args.async_sweep.split(",") if a.strip()})
+    if not args.sweep_steps or min(args.sweep_steps) < 1:
+        parser.error(f"--async_sweep needs async_steps >= 1, got {args.async_sweep!r}")
+    return args
+
+
+def validate_on_measurements(path: Path, async_steps: int) -> tuple[dict[str, Any], dict[str, SimResult]]:
+    """The measured setup's three modes with the cost model fitted to it, against the measured speedup."""
+    data = json.loads(path.read_text())
+    cost = fit_cost_model(data)
+    workload = workload_from_json(data["workload"])
+    cluster = Cluster(int(data["cluster"]["num_engines"]), int(data["cluster"]["num_learners"]))
+    started = time.monotonic()
+    runs = run_modes(workload, cost, cluster, async_steps)
+    summary = summarize(runs)
+    entry: dict[str, Any] = {
+        "cost_model": asdict(cost), "workload": asdict(workload), "cluster": asdict(cluster), **summary,
+        "sim_s": time.monotonic() - started,
+    }  # fmt: skip
+    print(f"== measured setup ({path}): {cluster.num_engines} engines, {cluster.num_learners} learners")
+    print(f"fitted cost model: {cost}")
+    print(format_table(summary))
+    measured_speedup = data.get("measured_speedup_streaming_vs_sync")
+    if measured_speedup:
+        error = summary["speedup_streaming_vs_sync"] / measured_speedup - 1
+        entry["measured_speedup_streaming_vs_sync"] = measured_speedup
+        entry["speedup_relative_error"] = error
+        print(
+            f"streaming vs synchronous: predicted {summary['speedup_streaming_vs_sync']:.2f}x, "
+            f"measured {measured_speedup:.2f}x (relative error {error:+.1%})"
+        )
+    return entry, runs
+
+
+def project_seed_cluster(num_steps: int, sweep_steps: list[int]) -> tuple[dict[str, Any], AsyncSweep]:
+    seed = dataclasses.replace(SEED_CLUSTER_WORKLOAD, num_steps=num_steps)
+    started = time.monotonic()
+    sweep = sweep_async_steps(seed, GPU_H100_COST, SEED_CLUSTER, sweep_steps)
+    print(
+        f"== seed cluster projection: {SEED_CLUSTER.num_engines} engines x H100 (assumed costs), "
+        f"{SEED_CLUSTER.num_learners} learners, {seed.prompts_per_step}x{seed.samples_per_prompt} samples/step, "
+        f"responses lognormal(median {seed.median_tokens:.0f}, sigma {seed.sigma}) capped at {seed.max_tokens}, "
+        f"{seed.num_steps} steps (rates after {warmup_steps(seed.num_steps)} warm-up steps)"
+    )
+    print(format_sweep(sweep))
+    entry = {
+        "cost_model": asdict(GPU_H100_COST), "workload": asdict(seed), "cluster": asdict(SEED_CLUSTER),
+        **sweep.as_json(), "sim_s": time.monotonic() - started,
+    }  # fmt: skip
+    return entry, sweep
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    args.output.mkdir(parents=True, exist_ok=True)
+    report: dict[str, Any] = {}
+    if args.measured:
+        report["measured"], runs = validate_on_measurements(args.measured, args.async_steps)
+        panels = [("measured: synchronous", runs["synchronous"]), ("measured: streaming", runs["streaming"])]
+        plot_timelines(panels, args.output / "simulator_timeline_measured.png")
+    report["seed_projection"], sweep = project_seed_cluster(args.seed_steps, args.sweep_steps)
+    (args.output / "simulator.json").write_text(json.dumps(report, indent=2))
+    seed_panels = [
+        ("seed cluster: synchronous", sweep.synchronous),
+        (f"seed cluster: streaming, async_steps {sweep.chosen_async_steps}", sweep.streaming[sweep.chosen_async_steps]),
+    ]
+    plot_timelines(seed_panels, args.output / "simulator_timeline.png", steady=True)
+    plot_sweep(sweep, args.output / "simulator_async_sweep.png")
+    print(
+        f"wrote simulator.json, simulator_timeline.png (seed shape), simulator_async_sweep.png"
+        f"{' and simulator_timeline_measured.png' if args.measured else ''} to {args.output}"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

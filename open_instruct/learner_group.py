@@ -1,0 +1,110 @@
+"""Driver-side handle on the learner ranks: the only code that waits on learner actors.
+
+The training loop hands `LearnerGroup.train_step` the step's groups; the group turns them into
+one `TrainBatch` per rank (advantages, filters, packing, an even split: `batching.assemble`),
+runs every rank's step and reports one rank-averaged result. Checkpoints, weight metadata and
+the full state dict go through it too. Collective calls (ZeRO-3 gathers, DeepSpeed
+checkpoints) are issued on every rank at once, as they must be.
+
+`start_*` methods return Ray object refs instead of waiting, for the weight sync, which must
+run the learners' send concurrently with the engines' receive.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+
+from open_instruct.batching import BatchSettings, assemble
+from open_instruct.messages import LearnerReady, LearnerStepResult, StepReport, WeightMetadata
+
+
+def rank_mean(results: list[LearnerStepResult]) -> dict[str, float]:
+    keys = results[0].metrics.keys()
+    return {k: sum(r.metrics[k] for r in results) / len(results) for k in keys}
+
+
+class LearnerGroup:
+    def __init__(self, actors: list, batch_settings: BatchSettings, timeout_s: float = 900):
+        self.actors = actors  # in rank order
+        self.batch_settings = batch_settings
+        self.timeout_s = timeout_s
+
+    @property
+    def world_size(self) -> int:
+        return len(self.actors)
+
+    def _all(self, method: str, *args, timeout_s: float | None = None) -> list:
+        import ray
+
+        refs = [getattr(actor, method).remote(*args) for actor in self.actors]
+        return ray.get(refs, timeout=timeout_s or self.timeout_s)
+
+    def setup(self) -> list[LearnerReady]:
+        """Rendezvous all ranks at rank 0's node (the port is picked there) and build their engines."""
+        import ray
+
+        master_addr, master_port = ray.get(self.actors[0].rendezvous_address.remote(), timeout=self.timeout_s)
+        return self._all("setup", master_addr, master_port)
+
+    # -- training
+
+    def train_step(self, groups, step: int) -> StepReport:
+        """Assemble the groups into one batch per rank and train every rank on it (no timeout: a step
+        takes as long as it takes; a dead rank raises)."""
+        import ray
+
+        started = time.time()
+        batches, stats = assemble(groups, step, self.batch_settings)
+        results = ray.get([a.train_step.remote(b) for a, b in zip(self.actors, batches, strict=True)])
+        metrics = {
+            **rank_mean(results),
+            "batch/groups_filtered_zero_std": float(stats.groups_filtered_zero_std),
+            "batch/samples_masked": float(stats.samples_masked),
+            "batch/packed_rows": float(stats.packed_rows),
+        }
+        return StepReport(metrics, stats.trained_tokens, started, time.time())
+
+    # -- weights out (see weight_sync.py)
+
+    def rendezvous_address(self) -> tuple[str, int]:
+        import ray
+
+        return ray.get(self.actors[0].rendezvous_address.remote(), timeout=self.timeout_s)
+
+    def weight_metadata(self, dtype_name: str) -> WeightMetadata:
+        import ray
+
+        return ray.get(self.actors[0].weight_metadata.remote(dtype_name), timeout=self.timeout_s)
+
+    def start_open_weight_transport(self, backend: str, host: str, port: int, world_size: int, timeout_s: float):
+        """Rank 0 opens the trainer end of the engines' transfer group; returns its ref (it blocks on the engines)."""
+        return self.actors[0].open_weight_transport.remote(backend, host, port, world_size, timeout_s)
+
+    def start_send_weights(self, metadata: WeightMetadata, bucket_bytes: int) -> dict[str, object]:
+        """Every rank walks its parameters (ZeRO-3 gathers), rank 0 broadcasts; refs by actor name."""
+        return {f"learner {r}": a.send_weights.remote(metadata, bucket_bytes) for r, a in enumerate(self.actors)}
+
+    # -- checkpoints (collectives: every rank at once)
+
+    def full_state_dict(self) -> dict:
+        return self._all("full_state_dict")[0]
+
+    def save_model(self, path: str) -> None:
+        self._all("save_model", path)
+
+    def save_state(self, directory: str) -> None:
+        self._all("save_state", directory)
+
+    def load_state(self, directory: str) -> int:
+        versions = self._all("load_state", directory)
+        if len(set(versions)) != 1:
+            raise RuntimeError(f"learner ranks restored different versions: {versions}")
+        return versions[0]
+
+    def kill(self) -> None:
+        import ray
+
+        for actor in self.actors:
+            with contextlib.suppress(Exception):  # already gone with its node
+                ray.kill(actor)

@@ -1,0 +1,83 @@
+"""Per-step metrics the loop derives from what it trained and from the engines' counters (pure).
+
+* `rollout_metrics`: what the trained samples looked like (reward, length, stop rate) and how
+  stale they were (version lag per sample and per token, group latency).
+* `async_steps_needed`: the least lookahead that keeps the learner fed (Little's law).
+* `engine_window`: the engines' occupancy and throughput between two `EngineStats` snapshots.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+
+from open_instruct.messages import Completion, EngineStats
+
+
+def rollout_metrics(completions: Sequence[Completion], learner_version: int) -> dict[str, float]:
+    """What the trained samples looked like: reward, length, stop rate, staleness."""
+    n = max(1, len(completions))
+    lags = [learner_version - c.min_version for c in completions]
+    # Per token, a straggler updated in flight is mostly fresh even when its first tokens are old.
+    token_lag = sum(learner_version * len(c.response_token_ids) - version_token_sum(c) for c in completions)
+    tokens = sum(len(c.response_token_ids) for c in completions)
+    latencies = group_latencies(completions)
+    return {
+        "objective/verifiable_reward": sum(c.reward for c in completions) / n,
+        "objective/correct_rate": sum(1 for c in completions if c.reward > 0) / n,
+        "val/sequence_lengths": tokens / n,
+        "val/stop_rate": sum(1 for c in completions if c.finish_reason == "stop") / n,
+        "val/error_samples": float(sum(1 for c in completions if c.finish_reason == "error")),
+        "staleness/version_lag_avg": sum(lags) / n,
+        "staleness/version_lag_max": float(max(lags, default=0)),
+        "staleness/multi_version_frac": sum(1 for c in completions if c.spans_versions) / n,
+        "staleness/token_lag_avg": token_lag / tokens if tokens else 0.0,
+        "time/group_latency_s_avg": mean(latencies),
+        "time/group_latency_s_max": max(latencies, default=0.0),
+    }
+
+
+def version_token_sum(completion: Completion) -> int:
+    """Sum over response tokens of the weight version that generated each one."""
+    spans = completion.version_spans
+    covered = sum(s.end - s.start for s in spans)
+    uncovered = len(completion.response_token_ids) - covered  # no spans reported: the admission version
+    return sum(s.version * (s.end - s.start) for s in spans) + max(0, uncovered) * completion.admitted_version
+
+
+def group_latencies(completions: Iterable[Completion]) -> list[float]:
+    """Per prompt: from its admission to its last sample's finish (what the learner waits on)."""
+    spans: dict[str, tuple[float, float]] = {}
+    for c in completions:
+        queued, finished = spans.get(c.prompt_id, (math.inf, -math.inf))
+        spans[c.prompt_id] = (min(queued, c.queued_at), max(finished, c.finished_at))
+    return [finished - queued for queued, finished in spans.values()]
+
+
+def async_steps_needed(group_latency_s: float, busy_step_s: float) -> int:
+    """The least --async_steps that lets the learner train a batch every `busy_step_s`.
+
+    The feeder lets (async_steps + 1) batches of prompts be admitted and untrained. When the
+    learner takes a batch, one batch of them is complete and, by Little's law, latency / step
+    batches are still generating: async_steps + 1 >= latency / step + 1."""
+    if busy_step_s <= 0 or group_latency_s <= 0:
+        return 0
+    return math.ceil(group_latency_s / busy_step_s - 1e-9)
+
+
+def engine_window(now: list[EngineStats], before: list[EngineStats] | None, window_s: float) -> dict[str, float]:
+    """Idle fraction and generated tokens/s of all engines between two snapshots (`before` None: since start)."""
+    previous = before or [None] * len(now)
+    uptime = sum(s.uptime_s - (p.uptime_s if p else 0.0) for s, p in zip(now, previous))
+    idle = sum(s.idle_s - (p.idle_s if p else 0.0) for s, p in zip(now, previous))
+    tokens = sum(s.generated_tokens - (p.generated_tokens if p else 0) for s, p in zip(now, previous))
+    return {
+        "time/generation_idle_frac": idle / uptime if uptime > 0 else 0.0,
+        "perf/generated_tokens_per_s": tokens / window_s if window_s > 0 else 0.0,
+        "engines/preempted_requests_total": float(sum(s.preempted_requests for s in now)),
+    }
+
+
+def mean(values: Iterable[float]) -> float:
+    values = list(values)
+    return sum(values) / len(values) if values else 0.0

@@ -1,0 +1,155 @@
+"""The package's shape stays what the README promises: an acyclic import graph, pure numeric and
+scheduling modules, Ray waits only in the driver-side handles, and modules and functions that fit on
+a screen. Imports inside functions count (a lazy import is still a dependency); imports under
+`if TYPE_CHECKING:` do not (they never run)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+PACKAGE = REPO / "open_instruct"
+
+# Pure logic: no Ray, vLLM or DeepSpeed, and not the actors that own them, so each is tested on a
+# CPU in-process and reused by the simulator.
+PURE = (
+    "advantages", "loss", "packing", "replay_buffer", "replay_policies", "prompt_feeder", "messages", "config",
+    "metrics", "batching", "rewards",
+)  # fmt: skip
+FORBIDDEN_FOR_PURE = {"ray", "vllm", "deepspeed", "open_instruct.generation", "open_instruct.learner"}
+# The only modules that wait on actors: the driver-side handles.
+HANDLES = {"open_instruct.engine_pool", "open_instruct.learner_group", "open_instruct.weight_sync"}
+MAX_CORE_MODULE_LINES = 600
+MAX_FUNCTION_LINES = 60
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(REPO).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def modules() -> dict[str, Path]:
+    return {module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def _runtime_nodes(tree: ast.AST):
+    """Every node except those under `if TYPE_CHECKING:`."""
+    stack = [tree]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            stack.extend(node.orelse)
+            continue
+        yield node
+        stack.extend(ast.iter_child_nodes(node))
+
+
+def imports_of(name: str, path: Path, known: set[str]) -> set[str]:
+    """Modules `name` imports: package modules by full name, third-party packages by top-level name."""
+    found = set()
+    package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+    for node in _runtime_nodes(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {alias.name if alias.name in known else alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:  # relative: strip (level - 1) trailing parts of the importing package
+                parts = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(parts + ([base] if base else []))
+            for alias in node.names:  # `from package import module` imports the module
+                found.add(f"{base}.{alias.name}" if f"{base}.{alias.name}" in known else base)
+    return {m if m in known or not m.startswith("open_instruct") else _owner(m, known) for m in found}
+
+
+def _owner(name: str, known: set[str]) -> str:
+    while name not in known and "." in name:
+        name = name.rsplit(".", 1)[0]
+    return name
+
+
+def graph() -> dict[str, set[str]]:
+    mods = modules()
+    known = set(mods)
+    return {name: imports_of(name, path, known) - {name} for name, path in mods.items()}
+
+
+def test_the_import_graph_has_no_cycles():
+    edges = {m: {d for d in deps if d in graph_nodes} for graph_nodes in [set(graph())] for m, deps in graph().items()}
+    state: dict[str, int] = {}
+    cycle: list[str] = []
+
+    def visit(node: str, path: list[str]) -> bool:
+        state[node] = 1
+        for dep in sorted(edges[node]):
+            if state.get(dep) == 1:
+                cycle.extend(path[path.index(dep) :] + [dep] if dep in path else [node, dep])
+                return True
+            if dep not in state and visit(dep, [*path, dep]):
+                return True
+        state[node] = 2
+        return False
+
+    for node in sorted(edges):
+        if node not in state and visit(node, [node]):
+            break
+    assert not cycle, " -> ".join(cycle)
+
+
+def test_pure_modules_never_reach_ray_vllm_deepspeed_or_the_actors():
+    g = graph()
+    for pure in PURE:
+        name = f"open_instruct.{pure}"
+        roots = [m for m in g if m == name or m.startswith(name + ".")]
+        assert roots, f"{name} does not exist"
+        seen, todo = set(), list(roots)
+        while todo:  # transitively: a pure module must not import one that imports Ray
+            current = todo.pop()
+            if current in seen:
+                continue
+            seen.add(current)
+            todo.extend(d for d in g.get(current, ()) if d.startswith("open_instruct"))
+        reached = {dep for module in seen for dep in g[module]} & FORBIDDEN_FOR_PURE
+        assert not reached, f"{name} reaches {sorted(reached)}"
+
+
+def test_only_the_driver_side_handles_wait_on_ray():
+    for name, path in modules().items():
+        calls = [
+            node.lineno
+            for node in ast.walk(ast.parse(path.read_text()))
+            if isinstance(node, ast.Attribute)
+            and node.attr in ("get", "wait")
+            and isinstance(node.value, ast.Name)
+            and node.value.id == "ray"
+        ]
+        if name not in HANDLES:
+            assert not calls, f"{path.relative_to(REPO)} waits on Ray at lines {calls}; go through a handle"
+
+
+def test_the_orchestrator_does_not_import_ray():
+    assert not {"ray", "vllm", "deepspeed"} & graph()["open_instruct.orchestrator"]
+
+
+def test_core_modules_and_functions_fit_on_a_screen():
+    too_long = []
+    for name, path in modules().items():
+        lines = path.read_text().splitlines()
+        if not name.startswith("open_instruct.benchmarks") and len(lines) > MAX_CORE_MODULE_LINES:
+            too_long.append(f"{path.relative_to(REPO)}: {len(lines)} lines")
+    for path in [*PACKAGE.rglob("*.py"), *(REPO / "code_server").rglob("*.py")]:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                length = node.end_lineno - node.lineno + 1
+                if length > MAX_FUNCTION_LINES and node.name not in ("parse_args", "build_parser"):
+                    too_long.append(f"{path.relative_to(REPO)}:{node.lineno} {node.name}(): {length} lines")
+    assert not too_long, "\n".join(too_long)
+
+
+def test_the_graph_sees_lazy_imports_and_package_imports():
+    """The checks above are only as good as the import parser: it must see what actually runs."""
+    g = graph()
+    assert "open_instruct.learner" in g["open_instruct.cluster"]  # imported inside a function
+    assert "open_instruct.checkpoints" in g["open_instruct.orchestrator"]  # `from open_instruct import checkpoints`
+    assert "ray" in g["open_instruct.engine_pool"]
+    assert "open_instruct.benchmarks.simulator" not in g["open_instruct.benchmarks.simulator_plots"]  # TYPE_CHECKING
