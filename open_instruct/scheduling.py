@@ -1,0 +1,66 @@
+"""How far generation runs ahead of the learner: a fixed `--async_steps N`, or `--async_steps auto`.
+
+By Little's law (`metrics.async_steps_needed`) the learner never waits for a batch when the
+lookahead covers a group's admission-to-last-sample latency in units of learner steps. `auto`
+measures both every step and follows that need:
+
+* it smooths the measured need (an exponential moving average), so one slow group does not
+  swing the lookahead;
+* it moves by at most one step at a time, and only down after the need stayed lower for
+  `patience` steps in a row, so it does not oscillate between two values;
+* it stays within [1, max_off_policy_steps]: more lookahead than the staleness bound would only
+  produce samples the bound throws away.
+
+Pure logic; the training loop calls `update` once per step and logs `scheduling/async_steps`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+
+@dataclass
+class Lookahead:
+    """The current lookahead; `auto` adapts it, a fixed one never changes."""
+
+    current: int
+    auto: bool = False
+    maximum: int = 1
+    smoothing: float = 0.3  # weight of the newest measurement in the moving average
+    patience: int = 3  # steps the need must stay lower before the lookahead shrinks
+    _need: float | None = None
+    _lower_for: int = 0
+
+    @classmethod
+    def fixed(cls, steps: int) -> Lookahead:
+        return cls(current=steps, maximum=steps)
+
+    @classmethod
+    def adaptive(cls, maximum: int, start: int = 1) -> Lookahead:
+        if maximum < 1:
+            raise ValueError(f"an automatic lookahead needs a bound >= 1, got {maximum}")
+        return cls(current=max(1, min(start, maximum)), auto=True, maximum=maximum)
+
+    def update(self, group_latency_s: float, busy_step_s: float) -> int:
+        """Feed one step's measurements; returns the lookahead for the next admissions."""
+        if not self.auto or group_latency_s <= 0 or busy_step_s <= 0:
+            return self.current
+        need = group_latency_s / busy_step_s
+        self._need = need if self._need is None else self.smoothing * need + (1 - self.smoothing) * self._need
+        target = max(1, min(self.maximum, math.ceil(self._need - 1e-9)))
+        if target > self.current:
+            self.current += 1
+            self._lower_for = 0
+        elif target < self.current:
+            self._lower_for += 1
+            if self._lower_for >= self.patience:
+                self.current -= 1
+                self._lower_for = 0
+        else:
+            self._lower_for = 0
+        return self.current
+
+    @property
+    def smoothed_need(self) -> float:
+        return self._need or 0.0
