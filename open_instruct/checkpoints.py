@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import pickle
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from open_instruct.messages import PromptRequest
@@ -35,6 +35,7 @@ class DriverState:
     buffer: BufferState  # complete groups only; incomplete ones are re-queued whole
     requeue: tuple[PromptRequest, ...]  # admitted, untrained, not in a complete group
     episodes: int  # samples trained so far
+    outcomes: dict[str, int] = field(default_factory=dict)  # metrics.PromptOutcomes.totals()
 
 
 def _step_dirs(root: Path) -> list[Path]:

@@ -63,26 +63,18 @@ class ExperimentConfig:
     oe_eval_max_length: int = arg(4096, BEAKER_ONLY + "Max length for the oe-eval jobs.")
     hf_metadata_dataset: str | None = arg(None, BEAKER_ONLY + "HF dataset recording run metadata.")
     push_to_hub: bool = arg(False, "Push checkpoints to the HF hub (needs network).")
-    save_admitted_prompts: str | None = arg(
-        None,
-        "Append every admitted training prompt (id, token ids, sampling) to this JSONL file, to replay "
-        "the run's prompts in `python -m open_instruct.benchmarks.replay`.",
-    )
+    save_admitted_prompts: str | None = arg(None, "Append every admitted prompt to this JSONL (for benchmarks.replay).")
 
 
 @dataclass(frozen=True)
 class ModelConfig:
     _argument_group_name = "model and tokenizer"
 
-    model_name_or_path: str | None = arg(
-        None, "HF hub name or local path. Unset (with no --dataset_mixer_list) uses the embedded tiny model."
-    )
+    model_name_or_path: str | None = arg(None, "HF hub name or local path; unset: the embedded tiny model.")
     model_revision: str | None = arg(None, "Hub revision of the model.")
     tokenizer_name_or_path: str | None = arg(None, "Tokenizer; defaults to the model's.")
     tokenizer_revision: str | None = arg(None, "Hub revision of the tokenizer.")
-    chat_template_name: str = arg(
-        "tulu_thinker", "Chat template: tulu, tulu_thinker, r1_simple_chat, or 'tokenizer' for its own."
-    )
+    chat_template_name: str = arg("tulu_thinker", "tulu, tulu_thinker, r1_simple_chat, or 'tokenizer' (its own).")
     add_bos: bool = arg(False, "Prepend the tokenizer's BOS token to every prompt (OLMo-style models).")
     system_prompt_override: str | None = arg(None, "Replace (or add) the system message of every prompt.")
     gradient_checkpointing: bool = arg(False, "Recompute activations in the backward pass to save memory.")
@@ -103,9 +95,7 @@ class DataConfig:
     sft_messages_key: str = arg("messages", "Column holding the chat messages of the prompt.")
     ground_truths_key: str = arg("ground_truth", "Column holding the label handed to the verifier.")
     max_token_length: int = arg(
-        512,
-        "SFT-era length limit kept for open-instruct compatibility; GRPO filters prompts with "
-        "--max_prompt_token_length and bounds responses with --response_length.",
+        512, "Kept for open-instruct scripts; see --max_prompt_token_length, --response_length."
     )
     max_prompt_token_length: int = arg(256, "Prompts longer than this are filtered (counted and reported).")
     dataset_skip_bad_rows: bool = arg(False, "Skip malformed rows (counted and reported) instead of failing.")
@@ -123,7 +113,22 @@ class GenerationConfig:
     vllm_top_p: float = arg(1.0, "Nucleus sampling p.")
     stop_strings: list[str] = arg([], "Strings that end a sample (e.g. '</answer>').")
     include_stop_str_in_output: bool = arg(True, "Keep the stop string in the response (and train on it).")
-    async_steps: int = arg(1, "How many optimizer steps generation may run ahead of the learner (0 = synchronous).")
+    async_steps: str = arg(
+        "8",
+        "How many optimizer steps generation may run ahead of the learner: an integer (0 = synchronous), or "
+        "'auto' to follow the measured group latency and learner step time within [1, --max_off_policy_steps].",
+    )
+    max_off_policy_steps: int | None = arg(
+        None,
+        "Staleness bound: a group whose oldest token is more than K learner versions behind at training time "
+        "gets --off_policy_action. Default: --async_steps (open-instruct's bound); 8 with --async_steps auto.",
+    )
+    off_policy_action: Literal["requeue", "drop", "downweight"] = arg(
+        "requeue",
+        "For groups over --max_off_policy_steps: admit the prompt again, fresh (requeue); drop it and admit "
+        "another (drop); or train it at weight 0.5^(lag - K) (downweight). Requeue and drop also abort running "
+        "samples that can no longer finish within the bound.",
+    )
     inflight_updates: bool = arg(
         True,
         "Push new weights into running engines mid-generation (KV cache kept); False waits for running "
@@ -154,6 +159,16 @@ class AlgorithmConfig:
         "centered", "Group advantages: reward minus group mean, or also divided by the group std."
     )
     filter_zero_std_samples: bool = arg(True, "Drop groups whose rewards are all equal (no signal; counted).")
+    active_sampling: bool = arg(
+        False,
+        "Every step trains exactly --num_unique_prompts_rollout groups with reward spread: groups the filters drop "
+        "(zero std, over --max_off_policy_steps) are replaced by admitting more prompts.",
+    )
+    no_resampling_pass_rate: float | None = arg(
+        None,
+        "Prompts whose group mean reward / max possible reward reached this rate are not admitted again in later "
+        "epochs (kept in the resume state).",
+    )
     truncated_importance_sampling_ratio_cap: float = arg(
         2.0, "Cap of the learner/behaviour importance ratio for streamed, off-policy samples (0 disables)."
     )
@@ -214,6 +229,10 @@ GROUPS = (
     RewardConfig,
     LearnerConfig,
 )
+
+# The staleness bound of `--async_steps auto` when --max_off_policy_steps is not given: open-instruct's
+# default lookahead, so `auto` never runs further ahead than an unchanged open-instruct script would.
+DEFAULT_AUTO_BOUND = 8
 
 _KL_ESTIMATORS = {
     "kl1": "kl1",
@@ -325,17 +344,41 @@ class Config:
             dataset_mixer_eval_list_splits=["test"],
         )
 
-    # -- capacities derived from the staleness bound: async_steps + 1 batches may be admitted and
-    # untrained at once, plus one batch of slack for the groups completing while a step trains.
+    # -- the lookahead and the staleness bound
+
+    @property
+    def async_steps_auto(self) -> bool:
+        return self.generation.async_steps.strip().lower() == "auto"
+
+    @property
+    def max_off_policy_steps(self) -> int:
+        """K: the largest version lag a trained group may have (see --off_policy_action)."""
+        if self.generation.max_off_policy_steps is not None:
+            return self.generation.max_off_policy_steps
+        return DEFAULT_AUTO_BOUND if self.async_steps_auto else int(self.generation.async_steps)
+
+    @property
+    def lookahead_max(self) -> int:
+        """The most steps generation can run ahead: --async_steps, or K when it adapts (`auto`)."""
+        return self.max_off_policy_steps if self.async_steps_auto else int(self.generation.async_steps)
+
+    @property
+    def max_possible_reward(self) -> float:
+        """A perfect sample's reward, the denominator of pass rates (--no_resampling_pass_rate)."""
+        return self.reward.verification_reward + max(0.0, self.reward.format_reward)
+
+    # -- capacities derived from the lookahead: lookahead + 1 batches of live groups may be admitted
+    # and untrained at once (refills only replace dropped ones), plus one batch of slack for the
+    # groups completing while a step trains.
 
     @property
     def replay_buffer_max_samples(self) -> int:
-        return (self.generation.async_steps + 2) * self.rollout_batch_size
+        return (self.lookahead_max + 2) * self.rollout_batch_size
 
     @property
     def prompt_queue_capacity(self) -> int:
         """Admitted prompts never exceed this; an eval round (one prompt per eval row) shares the queue."""
-        return (self.generation.async_steps + 2) * self.generation.num_unique_prompts_rollout + 4096
+        return (self.lookahead_max + 2) * self.generation.num_unique_prompts_rollout + 4096
 
 
 def _validate(cfg: Config) -> list[str]:
@@ -370,9 +413,20 @@ def _generation_problems(cfg: Config) -> list[tuple[bool, str]]:
             g.num_samples_per_prompt_rollout >= 2,
             "--num_samples_per_prompt_rollout must be >= 2: group-relative advantages need at least two samples",
         ),
-        (g.temperature >= 0, "--temperature must be >= 0"),
+        (0 <= g.temperature <= 2, f"--temperature {g.temperature} must be in [0, 2] (vLLM refuses others)"),
         (0 < g.vllm_top_p <= 1, "--vllm_top_p must be in (0, 1]"),
-        (g.async_steps >= 0, "--async_steps must be >= 0 (0 = synchronous)"),
+        (
+            g.async_steps.strip().lower() == "auto" or g.async_steps.strip().isdigit(),
+            f"--async_steps {g.async_steps!r} must be an integer >= 0 (0 = synchronous) or 'auto'",
+        ),
+        (
+            g.max_off_policy_steps is None or g.max_off_policy_steps >= 0,
+            f"--max_off_policy_steps {g.max_off_policy_steps} must be >= 0",
+        ),
+        (
+            g.max_off_policy_steps != 0 or g.async_steps.strip().lower() != "auto",
+            "--async_steps auto adapts the lookahead within [1, --max_off_policy_steps]; give a bound >= 1",
+        ),
         (g.vllm_num_engines >= 1, "--vllm_num_engines must be >= 1"),
         (g.weight_sync_every_steps >= 1, "--weight_sync_every_steps must be >= 1"),
         (g.vllm_tensor_parallel_size >= 1, "--vllm_tensor_parallel_size must be >= 1"),
@@ -392,6 +446,15 @@ def _algorithm_problems(cfg: Config) -> list[tuple[bool, str]]:
         (a.clip_lower >= 0 and a.clip_higher >= 0, "--clip_lower and --clip_higher must be >= 0"),
         (a.num_epochs >= 1 and a.num_mini_batches >= 1, "--num_epochs and --num_mini_batches must be >= 1"),
         (a.truncated_importance_sampling_ratio_cap >= 0, "--truncated_importance_sampling_ratio_cap must be >= 0"),
+        (
+            not a.active_sampling or a.filter_zero_std_samples,
+            "--active_sampling replaces the groups --filter_zero_std_samples drops; it needs that filter on "
+            "(drop --no_filter_zero_std_samples or --active_sampling)",
+        ),
+        (
+            a.no_resampling_pass_rate is None or 0 < a.no_resampling_pass_rate <= 1,
+            f"--no_resampling_pass_rate {a.no_resampling_pass_rate} must be in (0, 1] (a fraction of the max reward)",
+        ),
     ]
 
 

@@ -159,6 +159,11 @@ class EnginePool:
     def stats(self) -> list[EngineStats]:
         return self.call_all("stats")
 
+    def abort_stale(self, min_version: int, prompt_ids: list[str]) -> int:
+        """Abort running samples whose first token predates `min_version`, and all samples of `prompt_ids`
+        (they come back through `poll` as finish_reason "abort"); returns how many were aborted."""
+        return sum(self.call_all("abort_stale", min_version, prompt_ids))
+
     def queue_depths(self) -> dict[str, int]:
         return {"queue/prompt_depth": self.prompts.depth(), "queue/result_depth": self.results.depth()}
 

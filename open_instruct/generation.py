@@ -186,6 +186,10 @@ class GenerationActor:
         self._resumed = asyncio.Event()
         self._resumed.set()
         self._progress: dict[str, int] = {}  # request id -> tokens generated so far
+        # (prompt id, sample index) of samples still generating -> their task, and the weight version
+        # of their first token: what `abort_stale` needs to stop samples the staleness bound dooms.
+        self._generating: dict[tuple[str, int], asyncio.Task] = {}
+        self._first_version: dict[tuple[str, int], int] = {}
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -278,11 +282,49 @@ class GenerationActor:
         task.add_done_callback(self._tasks.discard)
 
     async def _sample_to_channel(self, request: PromptRequest, sample_index: int) -> None:
+        from vllm.v1.engine.exceptions import EngineDeadError
+
+        key = (request.prompt_id, sample_index)
+        self._generating[key] = asyncio.current_task()
         try:
-            completion = await self._one_sample(request, sample_index)
+            try:
+                completion = await self._one_sample(request, sample_index)
+            except asyncio.CancelledError:  # cancelled outside a vLLM call (before it, or between two)
+                completion = self._aborted(request, sample_index)
+            except EngineDeadError:
+                raise
+            except Exception as error:  # e.g. sampling parameters vLLM refuses: delivered, never hung on
+                logger.warning("prompt %s sample %d failed: %s", request.prompt_id, sample_index, error)
+                completion = replace(
+                    self._aborted(request, sample_index),
+                    finish_reason="error",
+                    error=f"{type(error).__name__}: {error}",
+                )
             await self._results.put_async(completion)
         finally:
+            self._generating.pop(key, None)
+            self._first_version.pop(key, None)
             self._set_running(self._running - 1)
+
+    def _aborted(self, request: PromptRequest, sample_index: int) -> Completion:
+        return Completion(
+            prompt_id=request.prompt_id, sample_index=sample_index, prompt_token_ids=request.prompt_token_ids,
+            response_token_ids=(), behaviour_logprobs=(), finish_reason="abort", version_spans=(),
+            admitted_version=request.admitted_version, engine_id=self.engine_id, error="aborted before generating",
+            is_eval=request.is_eval, queued_at=request.queued_at,
+        )  # fmt: skip
+
+    async def abort_stale(self, min_version: int, prompt_ids: list[str]) -> int:
+        """Abort samples the staleness bound dooms: those whose first token is older than `min_version`, and
+        every sample of `prompt_ids`. Each is still delivered (finish_reason "abort", its tokens so far)."""
+        doomed = set(prompt_ids)
+        cancelled = 0
+        for key, task in list(self._generating.items()):
+            first = self._first_version.get(key)
+            if key[0] in doomed or (first is not None and first < min_version):
+                task.cancel()
+                cancelled += 1
+        return cancelled
 
     def _set_running(self, running: int) -> None:
         self._occupancy.account(self._running, self.target_concurrency, self._paused)
@@ -312,6 +354,8 @@ class GenerationActor:
 
     async def _one_sample(self, request: PromptRequest, sample_index: int) -> Completion:
         completion = await self.generate_sample(request, sample_index)
+        # Generation is over: from here on (scoring, delivery) an abort would only lose finished work.
+        self._generating.pop((request.prompt_id, sample_index), None)
         if completion.finish_reason in ("error", "abort"):
             return completion  # delivered as is: nothing to verify
         self._completed += 1
@@ -324,22 +368,10 @@ class GenerationActor:
 
     async def _generate_sample(self, request: PromptRequest, sample_index: int, part: str = "") -> Completion:
         """One vLLM request; the Completion is not scored yet."""
-        from vllm import SamplingParams
         from vllm.inputs import tokens_input
         from vllm.v1.engine.exceptions import EngineDeadError
 
-        sampling = request.sampling
-        params = SamplingParams(
-            n=1,
-            seed=request.seed + sample_index,
-            max_tokens=sampling.max_tokens,
-            temperature=sampling.temperature,
-            top_p=sampling.top_p,
-            stop=list(sampling.stop_strings) or None,
-            include_stop_str_in_output=sampling.include_stop_str_in_output,
-            ignore_eos=sampling.ignore_eos,
-            logprobs=0,  # the sampled token's own logprob at every position
-        )
+        params = _sampling_params(request, sample_index)
         request_id = f"{request.prompt_id}/{sample_index}/e{self.engine_id}{part}"
         # A request submitted during a weight sync would be salted with the outgoing version and
         # could then reuse prefix blocks computed with the old weights: submit after the resume.
@@ -365,13 +397,15 @@ class GenerationActor:
             async for output in self.engine.generate(prompt, params, request_id=request_id):
                 if not first_token_at and output.outputs and output.outputs[0].token_ids:
                     first_token_at = time.time()
+                    self._first_version.setdefault((request.prompt_id, sample_index), self.weight_version)
                 if output.outputs:
                     self._progress[request_id] = len(output.outputs[0].token_ids)
                 final = output
         except asyncio.CancelledError:
-            # Aborted at shutdown: still delivered (nothing is lost silently), marked as such.
+            # Aborted (at shutdown, or doomed by the staleness bound): still delivered, marked as such.
             completion = self._from_output(base, final, request, first_token_at, "abort")
-            return replace(completion, error="aborted: engine stopped with mode='abort'")
+            self._tokens += len(completion.response_token_ids)
+            return replace(completion, error="aborted")
         except EngineDeadError:
             raise
         except Exception as error:  # the engine rejected this prompt (too long, bad ids, ...)
@@ -538,6 +572,23 @@ class GenerationActor:
         self._prompt_tokens = self._weight_updates = 0
         for key in ("preempted", "prefill_tokens", "cache_hit_tokens"):
             self._probe.pop(key, None)
+
+
+def _sampling_params(request: PromptRequest, sample_index: int):
+    from vllm import SamplingParams
+
+    sampling = request.sampling
+    return SamplingParams(
+        n=1,
+        seed=request.seed + sample_index,
+        max_tokens=sampling.max_tokens,
+        temperature=sampling.temperature,
+        top_p=sampling.top_p,
+        stop=list(sampling.stop_strings) or None,
+        include_stop_str_in_output=sampling.include_stop_str_in_output,
+        ignore_eos=sampling.ignore_eos,
+        logprobs=0,  # the sampled token's own logprob at every position
+    )
 
 
 def _parse_version(raw: str | int | None, default: int) -> int:

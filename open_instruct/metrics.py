@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
 
 from open_instruct.messages import Completion, EngineStats
 
@@ -81,3 +82,52 @@ def engine_window(now: list[EngineStats], before: list[EngineStats] | None, wind
 def mean(values: Iterable[float]) -> float:
     values = list(values)
     return sum(values) / len(values) if values else 0.0
+
+
+@dataclass
+class PromptOutcomes:
+    """Admitted prompts that will not be trained, by fate, and the engine time spent on aborted samples.
+
+    Every admitted prompt ends trained, requeued (admitted again under a new id), dropped (stale),
+    filtered (zero reward spread, with --active_sampling) or untrained at the end of the run: the
+    per-step ids go to the run log, so admitted = trained + requeued + dropped + filtered + untrained
+    can be checked prompt by prompt.
+    """
+
+    requeued: int = 0
+    dropped: int = 0
+    filtered: int = 0
+    aborted_samples: int = 0
+    aborted_tokens: int = 0
+    step_ids: dict[str, list[str]] = field(default_factory=dict)  # this step's ids by fate, until logged
+
+    def record(self, fate: str, prompt_id: str) -> None:
+        setattr(self, fate, getattr(self, fate) + 1)
+        self.step_ids.setdefault(fate, []).append(prompt_id)
+
+    def count_abort(self, completion: Completion) -> None:
+        self.aborted_samples += 1
+        self.aborted_tokens += len(completion.response_token_ids)
+
+    def take_step_ids(self) -> dict[str, list[str]]:
+        ids, self.step_ids = self.step_ids, {}
+        return ids
+
+    def totals(self) -> dict[str, int]:
+        return {
+            "requeued": self.requeued,
+            "dropped": self.dropped,
+            "filtered": self.filtered,
+            "aborted_samples": self.aborted_samples,
+            "aborted_tokens": self.aborted_tokens,
+        }
+
+    def metrics(self) -> dict[str, float]:
+        return {
+            "offpolicy/requeued_prompts_total": float(self.requeued),
+            "offpolicy/dropped_prompts_total": float(self.dropped),
+            "batch/filtered_zero_std_prompts_total": float(self.filtered),
+            "batch/refilled_prompts_total": float(self.requeued + self.dropped + self.filtered),
+            "offpolicy/aborted_samples_total": float(self.aborted_samples),
+            "offpolicy/aborted_tokens_total": float(self.aborted_tokens),
+        }

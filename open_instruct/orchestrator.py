@@ -28,9 +28,10 @@ from open_instruct import checkpoints
 from open_instruct.config import Config
 from open_instruct.evaluation import EvalRound
 from open_instruct.messages import Completion, EngineStats, PromptRequest, SamplingSettings, StepReport
-from open_instruct.metrics import async_steps_needed, engine_window, mean, rollout_metrics
+from open_instruct.metrics import PromptOutcomes, async_steps_needed, engine_window, mean, rollout_metrics
 from open_instruct.prompt_feeder import FeederState, PromptFeeder, record_prompts
-from open_instruct.replay_buffer import AddResult, Group, ReplayBuffer
+from open_instruct.replay_buffer import AddResult, Group, MaxAge, ReplayBuffer
+from open_instruct.scheduling import Lookahead
 
 logger = logging.getLogger(__name__)
 
@@ -47,6 +48,9 @@ class Engines(Protocol):
     def stats(self) -> list[EngineStats]: ...
     def queue_depths(self) -> dict[str, int]: ...
     def stop(self, mode: str = "finish") -> list[Completion]: ...
+    # Abort running samples whose first token is older than `min_version`, and every sample of
+    # `prompt_ids`; they come back through `poll` as finish_reason "abort".
+    def abort_stale(self, min_version: int, prompt_ids: list[str]) -> None: ...
 
 
 class Learners(Protocol):
@@ -127,16 +131,21 @@ class TrainingLoop:
         self.num_steps, self.per_step = cfg.num_training_steps, g.num_unique_prompts_rollout
         self.sampling = SamplingSettings.from_config(cfg)
         self.step, self.version, self.episodes = 0, 0, 0
+        self.outcomes = PromptOutcomes()
         self.buffer = ReplayBuffer(**self._buffer_config())
         feeder_state, requeue = self._resume()
+        self.lookahead = (
+            Lookahead.adaptive(cfg.max_off_policy_steps) if cfg.async_steps_auto else Lookahead.fixed(cfg.lookahead_max)
+        )
         self.feeder = PromptFeeder(
             train_rows,
             prompts_per_step=self.per_step,
             samples_per_prompt=g.num_samples_per_prompt_rollout,
-            async_steps=g.async_steps,
+            async_steps=self.lookahead.current,
             sampling=self.sampling,
             seed=cfg.experiment.seed,
             state=feeder_state,
+            pass_rate_threshold=cfg.algorithm.no_resampling_pass_rate,
         )
         self.untrained: dict[str, PromptRequest] = {r.prompt_id: r for r in requeue}  # admitted, not trained yet
         self.held_back: list[Completion] = []  # rejected by a full buffer; offered again
@@ -145,10 +154,14 @@ class TrainingLoop:
         self._advised = False
 
     def _buffer_config(self) -> dict:
+        cfg = self.cfg
+        action = cfg.generation.off_policy_action
         return {
-            "samples_per_prompt": self.cfg.generation.num_samples_per_prompt_rollout,
-            "max_samples": self.cfg.replay_buffer_max_samples,
-            "seed": self.cfg.experiment.seed,
+            "samples_per_prompt": cfg.generation.num_samples_per_prompt_rollout,
+            "max_samples": cfg.replay_buffer_max_samples,
+            # requeue and drop both take the group out of training; the loop tells them apart.
+            "max_age": MaxAge(cfg.max_off_policy_steps, "downweight" if action == "downweight" else "drop"),
+            "drop_zero_std": cfg.algorithm.active_sampling,
         }
 
     def _resume(self) -> tuple[FeederState, tuple[PromptRequest, ...]]:
@@ -161,6 +174,7 @@ class TrainingLoop:
         if self.version != state.version:
             raise RuntimeError(f"{path}: learner version {self.version} != driver version {state.version}")
         self.step, self.episodes = state.next_step, state.episodes
+        self.outcomes = PromptOutcomes(**getattr(state, "outcomes", {}))  # states saved before outcomes existed
         self.buffer = ReplayBuffer.from_state(state.buffer, **self._buffer_config())
         logger.info(
             "resumed from %s: step %d, %d prompts re-queued, %d groups in the buffer",
@@ -190,12 +204,13 @@ class TrainingLoop:
             metrics.update(self.sync_if_due(step_end=self.clock.time()))
             metrics.update(self.evaluate_if_due())
             metrics.update(self.timing(step_started, waited, metrics["time/group_latency_s_avg"]))
-            self.log.step(self.step, metrics, [g.prompt_id for g in groups])
+            self.log.step(self.step, metrics, [g.prompt_id for g in groups], self.outcomes.take_step_ids())
             self.step += 1
             self.checkpoint_if_due()
         return self.finish(self.clock.time() - started)
 
     def admit(self) -> None:
+        self.feeder.async_steps = self.lookahead.current
         requests = self.feeder.admit(self.version, now=self.clock.time())
         for request in requests:
             self.untrained[request.prompt_id] = request
@@ -209,9 +224,10 @@ class TrainingLoop:
         while True:
             self.receive(self.engines.poll(timeout_s=0.0 if self.buffer.ready(self.per_step) else 0.5))
             self.buffer.evict(self.version)
+            self.settle_dropped()
             if self.buffer.ready(self.per_step):
                 return self.buffer.take(self.per_step, self.version), self.clock.time() - started
-            self.admit()  # evictions may have freed admission room
+            self.admit()  # replacements for dropped groups may be due
 
     def receive(self, completions: list[Completion]) -> None:
         offered, self.held_back = self.held_back + completions, []
@@ -220,6 +236,35 @@ class TrainingLoop:
                 self.eval_round.add(completion)
             elif self.buffer.add(completion) is AddResult.REJECTED_FULL:
                 self.held_back.append(completion)
+            elif completion.finish_reason == "abort":
+                self.outcomes.count_abort(completion)
+
+    def settle_dropped(self) -> None:
+        """Groups the buffer will not train: each is replaced (a refill) and its fate recorded, never lost."""
+        for group in self.buffer.pop_dropped():
+            self.untrained.pop(group.prompt_id, None)
+            if group.reason == "zero_std":
+                self._record_pass_rate(group.prompt_id, group.completions)
+                self.feeder.grant_refill()
+                self.outcomes.record("filtered", group.prompt_id)
+            elif self.cfg.generation.off_policy_action == "requeue":
+                self.feeder.requeue(group.prompt_id)
+                self.outcomes.record("requeued", group.prompt_id)
+            else:
+                self.feeder.grant_refill()
+                self.outcomes.record("dropped", group.prompt_id)
+
+    def abort_doomed(self) -> None:
+        """Stop spending engine time on samples whose group can no longer be trained within the bound."""
+        if self.cfg.generation.off_policy_action == "downweight":
+            return  # late groups are trained (down-weighted): let them finish
+        oldest_allowed = self.version - self.cfg.max_off_policy_steps
+        if oldest_allowed > 0:
+            self.engines.abort_stale(oldest_allowed, self.buffer.open_groups_older_than(oldest_allowed))
+
+    def _record_pass_rate(self, prompt_id: str, completions) -> None:
+        mean_reward = sum(c.reward for c in completions) / len(completions)
+        self.feeder.record_pass_rate(prompt_id, mean_reward / self.cfg.max_possible_reward)
 
     def train(self, groups: list[Group]) -> dict:
         report = self.learners.train_step(groups, self.step)
@@ -227,12 +272,16 @@ class TrainingLoop:
         self.version += 1
         for g in groups:
             self.untrained.pop(g.prompt_id, None)
+            self._record_pass_rate(g.prompt_id, g.completions)
+        self.abort_doomed()
         self.episodes += len(completions)
         self._trained_tokens = report.trained_tokens
         return {
             **report.metrics,
             **rollout_metrics(completions, self.version - 1),
             **self.buffer.metrics(),
+            **self.outcomes.metrics(),
+            "data/solved_prompts": float(len(self.feeder.state.solved)),
             "episode": self.episodes,
             "perf/trained_tokens": float(report.trained_tokens),
             "policy/version": self.version,
@@ -289,6 +338,7 @@ class TrainingLoop:
         self._advise_async_steps(needed, waited / step_s if step_s > 0 else 0.0)
         return {
             **window,
+            "scheduling/async_steps": float(self.lookahead.update(group_latency_s, step_s - waited)),
             "scheduling/async_steps_needed": float(needed),
             "time/step_s": step_s,
             "perf/trained_tokens_per_s": self._trained_tokens / step_s if step_s > 0 else 0.0,
@@ -298,13 +348,14 @@ class TrainingLoop:
 
     def _advise_async_steps(self, needed: int, wait_frac: float) -> None:
         """Once per run: say when the learner starves because groups outlast the lookahead."""
-        g = self.cfg.generation
+        lookahead = self.lookahead.current
         if (
             self._advised
-            or g.async_steps == 0
-            or self.step < g.async_steps + 2
+            or self.lookahead.auto
+            or lookahead == 0
+            or self.step < lookahead + 2
             or wait_frac < 0.25
-            or needed <= g.async_steps
+            or needed <= lookahead
         ):
             return
         self._advised = True
@@ -312,11 +363,12 @@ class TrainingLoop:
             "the learner waited %.0f%% of step %d: a group takes about %d training steps from admission "
             "to its last sample, more than --async_steps %d lets run ahead; at least --async_steps %d is "
             "needed to keep the learner fed (more samples in flight slow each group down, so check "
-            "scheduling/async_steps_needed again; the price is staleness: staleness/token_lag_avg)",
+            "scheduling/async_steps_needed again, or let --async_steps auto follow it; the price is staleness: "
+            "staleness/token_lag_avg)",
             100 * wait_frac,
             self.step,
             needed,
-            g.async_steps,
+            lookahead,
             needed,
         )
 
@@ -334,7 +386,9 @@ class TrainingLoop:
         complete = dataclasses.replace(buffer_state, groups=tuple(g for g in buffer_state.groups if g.seq is not None))
         in_buffer = {g.prompt_id for g in complete.groups}
         requeue = tuple(r for pid, r in self.untrained.items() if pid not in in_buffer)
-        return checkpoints.DriverState(self.step, self.version, self.feeder.state, complete, requeue, self.episodes)
+        return checkpoints.DriverState(
+            self.step, self.version, self.feeder.state, complete, requeue, self.episodes, self.outcomes.totals()
+        )
 
     def finish(self, elapsed: float) -> dict:
         e = self.cfg.experiment
@@ -355,6 +409,9 @@ class TrainingLoop:
             "first_eval_reward": evals[0]["eval/verifiable_reward"] if evals else None,
             "last_eval_reward": evals[-1]["eval/verifiable_reward"] if evals else None,
             "multi_version_frac": mean(h.get("staleness/multi_version_frac", 0.0) for h in self.log.history),
+            # < 1: training saw shorter samples than generation produced (dropping stragglers biases).
+            "trained_to_generated_length_ratio": self.buffer.metrics()["buffer/trained_to_generated_length_ratio"],
+            **{f"prompts_{name}": count for name, count in self.outcomes.totals().items()},
         }
         self.log.finish(summary, leftover)
         return summary
@@ -376,6 +433,20 @@ def describe_sources(cfg: Config) -> str:
     return f"model {model}; training mix {data}"
 
 
+def check_enough_prompts(cfg: Config, count: int) -> None:
+    """open-instruct's rule: the lookahead's prompts must exist at once, or one prompt would be in
+    flight twice under two ids (and the staleness bound would mean little)."""
+    from open_instruct.data import DatasetError
+
+    needed = cfg.lookahead_max * cfg.generation.num_unique_prompts_rollout
+    if count < needed:
+        raise DatasetError(
+            f"the training mix has {count} prompts after filtering, fewer than --async_steps "
+            f"{cfg.generation.async_steps} x --num_unique_prompts_rollout {cfg.generation.num_unique_prompts_rollout} "
+            f"= {needed} (with auto: --max_off_policy_steps); add data or lower --async_steps"
+        )
+
+
 def run(cfg: Config) -> dict:
     """Load the data, build the Ray-backed collaborators, train; every actor is gone when this returns."""
     from open_instruct import data
@@ -388,6 +459,7 @@ def run(cfg: Config) -> dict:
     seed = cfg.experiment.seed
     train = data.load_prompt_dataset(cfg.train_data, cfg.model, tokenizer, "train", cfg.remap_verifier, seed=seed)
     logger.info("training data:\n%s", train.report.summary())
+    check_enough_prompts(cfg, len(train.prompts))
     evaluation = data.load_prompt_dataset(cfg.eval_data, cfg.model, tokenizer, "eval", cfg.remap_verifier, seed=seed)
     logger.info("evaluation data:\n%s", evaluation.report.summary())
     stop = StopRequest()

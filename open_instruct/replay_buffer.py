@@ -2,14 +2,17 @@
 
 Engines push one `Completion` per finished sample; a prompt's `samples_per_prompt` samples form a GRPO
 group. The buffer holds samples until their group is complete (incomplete groups wait), then serves
-complete groups, `take(num_groups, learner_version)` at a time, under two pluggable policies:
+complete groups in the order they completed, `take(num_groups, learner_version)` at a time; each group
+is trained once. Two rules can keep a complete group out of training:
 
-* a **selection policy** decides which complete groups a batch gets and how often a group may be
-  trained: `StreamingFifo` (default: order of group completion, each group trained once) or
-  `Reuse(max_uses=k)` (fresh groups first, then replays of the least-used ones, for data-poor regimes);
-* an **age policy** decides what happens to stale groups (age = learner version minus the oldest
-  weight version in the group): `NoAgeLimit` (default), or `MaxAge(k)` which drops groups older than
-  `k` versions or down-weights them (`decay ** (age - k)`).
+* **zero reward spread** (`drop_zero_std`, on with --active_sampling): a group whose rewards are all
+  equal has zero advantage everywhere; it is dropped as it completes, so every batch has signal;
+* **staleness** (`max_age`, from --max_off_policy_steps and --off_policy_action): a group whose age
+  (learner version minus the oldest weight version of any of its tokens) exceeds `max_age.max_age`
+  is dropped, or, with `action="downweight"`, trained at weight `0.5 ** (age - max_age)`.
+
+Every dropped group is reported once through `pop_dropped()`, with its reason, so the caller can
+replace it (admit the prompt again, or another one) and account for it: nothing disappears silently.
 
 Memory is bounded in samples and in tokens (prompt + response). When a sample would not fit, `add`
 returns `AddResult.REJECTED_FULL` instead of growing: the caller keeps the completion (e.g. in the
@@ -27,7 +30,7 @@ head-of-line blocking), because those may be the samples that complete open grou
 
 Staleness: dropping stale samples biases training toward short completions (long ones finish late
 and are the stale ones), and streaming alone trains short samples first. `metrics()` reports the
-length distribution of what was generated (accepted), trained and evicted so that bias is visible.
+length distribution of what was generated (accepted), trained and dropped so that bias is visible.
 
 Pure logic: no Ray, no torch. `state()` / `from_state()` snapshot the contents for checkpoints.
 """
@@ -36,40 +39,15 @@ from __future__ import annotations
 
 import enum
 import math
-import random
 from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from open_instruct.messages import Completion
-from open_instruct.replay_policies import (
-    AgePolicy,
-    Candidate,
-    MaxAge,
-    NoAgeLimit,
-    Reuse,
-    SelectionPolicy,
-    StreamingFifo,
-)
-
-__all__ = [
-    "AddResult",
-    "AgePolicy",
-    "BufferState",
-    "Candidate",
-    "Group",
-    "GroupRecord",
-    "MaxAge",
-    "NoAgeLimit",
-    "ReplayBuffer",
-    "Reuse",
-    "SelectionPolicy",
-    "StreamingFifo",
-    "sample_tokens",
-]
 
 AGE_HISTOGRAM_BUCKETS = 4  # buckets 0 .. 3 versions old, then one for 4 or more
+DropReason = Literal["zero_std", "stale"]
 
 
 class AddResult(enum.Enum):
@@ -88,16 +66,14 @@ class Group:
     """One complete GRPO group as handed to a learner.
 
     `completions` are in sample order (index 0 .. n-1) whatever order they arrived in. `weights` holds
-    one loss weight per sample (1.0 unless the age policy down-weights the group; the whole group gets
-    the same weight so the group-relative advantage baseline is not tilted). `replay_count` is how many
-    times this group was trained before this batch (0 = fresh); `age` is the learner version minus the
-    group's oldest weight version, at the time it was taken.
+    one loss weight per sample (1.0 unless the age rule down-weights the group; the whole group gets
+    the same weight so the group-relative advantage baseline is not tilted). `age` is the learner
+    version minus the group's oldest weight version, at the time it was taken.
     """
 
     prompt_id: str
     completions: tuple[Completion, ...]
     weights: tuple[float, ...] = ()  # empty means 1.0 for every sample
-    replay_count: int = 0
     age: int = 0
 
     def __post_init__(self) -> None:
@@ -121,13 +97,58 @@ class Group:
         return min(c.min_version for c in self.completions)
 
     @property
+    def mean_reward(self) -> float:
+        return sum(c.reward for c in self.completions) / len(self.completions)
+
+    @property
     def response_lengths(self) -> tuple[int, ...]:
         return tuple(len(c.response_token_ids) for c in self.completions)
+
+
+@dataclass(frozen=True, slots=True)
+class DroppedGroup:
+    """A complete group that will not be trained, and why (`zero_std` or `stale`)."""
+
+    prompt_id: str
+    reason: DropReason
+    completions: tuple[Completion, ...]
+    age: int
 
 
 def sample_tokens(completion: Completion) -> int:
     """Tokens a sample occupies in the buffer (and in a packed batch): prompt plus response."""
     return len(completion.prompt_token_ids) + len(completion.response_token_ids)
+
+
+def has_reward_spread(completions: Iterable[Completion]) -> bool:
+    rewards = [c.reward for c in completions]
+    return max(rewards) > min(rewards)
+
+
+@dataclass(frozen=True, slots=True)
+class MaxAge:
+    """Groups more than `max_age` versions behind the learner are dropped or down-weighted
+    (--max_off_policy_steps, --off_policy_action).
+
+    `action="drop"`: such groups are dropped (reported by `pop_dropped`). Dropping biases training
+    toward short completions; `"downweight"` trains them at weight `0.5 ** (age - max_age)` instead
+    (counted in `buffer/downweighted_total`): halved per version over the bound.
+    """
+
+    max_age: int
+    action: Literal["drop", "downweight"] = "drop"
+
+    def __post_init__(self) -> None:
+        if self.max_age < 0:
+            raise ValueError(f"MaxAge.max_age must be >= 0, got {self.max_age}")
+        if self.action not in ("drop", "downweight"):
+            raise ValueError(f"MaxAge.action must be 'drop' or 'downweight', got {self.action!r}")
+
+    def weight(self, age: int) -> float | None:
+        """The group's loss weight at `age`, or None to drop it."""
+        if age <= self.max_age:
+            return 1.0
+        return None if self.action == "drop" else 0.5 ** (age - self.max_age)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -136,29 +157,27 @@ def sample_tokens(completion: Completion) -> int:
 
 @dataclass(frozen=True)
 class GroupRecord:
-    """One group in a snapshot: its samples so far (sample order), completion order and use count."""
+    """One group in a snapshot: its samples so far (sample order) and its completion order."""
 
     prompt_id: str
     completions: tuple[Completion, ...]
     seq: int | None  # None while incomplete
-    uses: int = 0
 
 
 @dataclass(frozen=True)
 class BufferState:
-    """Plain-data snapshot of a `ReplayBuffer` (contents, RNG, counters) for checkpoint/resume.
+    """Plain-data snapshot of a `ReplayBuffer` (contents, counters, length windows) for checkpoint/resume.
 
-    Policies and caps are configuration, not state: pass them again to `ReplayBuffer.from_state`.
+    Rules and caps are configuration, not state: pass them again to `ReplayBuffer.from_state`.
     """
 
     groups: tuple[GroupRecord, ...]  # open groups in opening order, then complete ones in completion order
     next_seq: int
     learner_version: int
-    rng_state: Any  # random.Random.getstate(): nested tuples of ints
     counters: dict[str, int]
     generated_lengths: tuple[int, ...]
     trained_lengths: tuple[int, ...]
-    evicted_lengths: tuple[int, ...]
+    dropped_lengths: tuple[int, ...]
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -171,7 +190,6 @@ class _Entry:
     samples: dict[int, Completion] = field(default_factory=dict)
     tokens: int = 0
     seq: int | None = None
-    uses: int = 0
     oldest_version: int | None = None  # set once complete: a complete group's samples never change
 
     def min_version(self) -> int:
@@ -190,13 +208,12 @@ class _Entry:
 _COUNTERS = (
     "accepted",
     "rejected_full",
-    "evicted_groups",
-    "evicted_samples",
+    "dropped_zero_std_groups",
+    "dropped_stale_groups",
+    "dropped_samples",
     "downweighted_groups",
-    "displaced_groups",
     "trained_groups",
     "trained_samples",
-    "replayed_groups",
 )
 
 
@@ -206,7 +223,7 @@ class ReplayBuffer:
     Driver pattern, once per step::
 
         for c in pending: (kept if buf.add(c) is AddResult.REJECTED_FULL)
-        buf.evict(version)
+        buf.evict(version); replace(buf.pop_dropped())
         if buf.ready(num_groups): batch = buf.take(num_groups, version)
 
     Caps: `max_samples` samples; optionally `max_tokens` tokens (prompt + response), which needs
@@ -221,9 +238,8 @@ class ReplayBuffer:
         max_samples: int,
         max_tokens: int | None = None,
         max_sample_tokens: int | None = None,
-        selection: SelectionPolicy | None = None,
-        age_policy: AgePolicy | None = None,
-        seed: int = 0,
+        max_age: MaxAge | None = None,
+        drop_zero_std: bool = False,
         length_window: int = 10_000,
     ):
         if samples_per_prompt < 1:
@@ -235,31 +251,30 @@ class ReplayBuffer:
                 raise ValueError("a token cap (max_tokens) needs max_sample_tokens >= 1 to reserve room for groups")
             if max_tokens < samples_per_prompt * max_sample_tokens:
                 raise ValueError(
-                    f"max_tokens={max_tokens} cannot hold one group of "
-                    f"{samples_per_prompt} x {max_sample_tokens} tokens"
+                    f"max_tokens={max_tokens} cannot hold one group of {samples_per_prompt} x "
+                    f"{max_sample_tokens} tokens"
                 )
         self.samples_per_prompt = samples_per_prompt
         self.max_samples = max_samples
         self.max_tokens = max_tokens
         self.max_sample_tokens = max_sample_tokens
-        self.selection: SelectionPolicy = selection if selection is not None else StreamingFifo()
-        self.age_policy: AgePolicy = age_policy if age_policy is not None else NoAgeLimit()
-        self.seed = seed
-        self._rng = random.Random(seed)
+        self.max_age = max_age
+        self.drop_zero_std = drop_zero_std
         self._open: dict[str, _Entry] = {}  # opening order
         self._complete: dict[int, _Entry] = {}  # keyed and ordered by completion seq
         self._by_prompt: dict[str, _Entry] = {}
+        self._dropped: list[DroppedGroup] = []  # not yet collected by `pop_dropped`
         self._next_seq = 0
         self._learner_version = 0
+        self._judged: tuple[int, int] | None = None  # (version, next_seq) of the last `evict` pass
         self._size_samples = 0
         self._size_tokens = 0
         self._reserved_tokens = 0  # actual tokens + max_sample_tokens per missing sample of open groups
         self._counters = dict.fromkeys(_COUNTERS, 0)
-        self._judged: tuple[int, int] | None = None  # (version, next_seq) of the last `evict` pass
         # Bounded windows of response lengths (the most recent `length_window` samples each).
         self._generated_lengths: deque[int] = deque(maxlen=length_window)
         self._trained_lengths: deque[int] = deque(maxlen=length_window)
-        self._evicted_lengths: deque[int] = deque(maxlen=length_window)
+        self._dropped_lengths: deque[int] = deque(maxlen=length_window)
 
     # ---- capacity
 
@@ -285,14 +300,14 @@ class ReplayBuffer:
         # Every group present, open or complete, holds room for all its samples.
         return len(self._by_prompt) * self.samples_per_prompt
 
-    def _fits_new_group(self, completion: Completion, freed_groups: int = 0, freed_tokens: int = 0) -> bool:
-        """Whether a group opened by `completion` fits whole, optionally after freeing some groups."""
-        if self.reserved_samples - freed_groups * self.samples_per_prompt + self.samples_per_prompt > self.max_samples:
+    def _fits_new_group(self, completion: Completion) -> bool:
+        """Whether a group opened by `completion` fits whole."""
+        if self.reserved_samples + self.samples_per_prompt > self.max_samples:
             return False
         if self.max_tokens is not None:
             assert self.max_sample_tokens is not None
             need = sample_tokens(completion) + (self.samples_per_prompt - 1) * self.max_sample_tokens
-            if self._reserved_tokens - freed_tokens + need > self.max_tokens:
+            if self._reserved_tokens + need > self.max_tokens:
                 return False
         return True
 
@@ -316,27 +331,11 @@ class ReplayBuffer:
         group already present are always accepted. Raises ValueError for eval completions, sample
         indices out of range, duplicate samples, and samples longer than `max_sample_tokens`.
         """
-        if completion.is_eval:
-            raise ValueError(
-                f"eval completion {completion.prompt_id}#{completion.sample_index} sent to the training "
-                "replay buffer; route is_eval completions to evaluation"
-            )
+        self._check_sample(completion)
         n = self.samples_per_prompt
-        if not 0 <= completion.sample_index < n:
-            raise ValueError(
-                f"sample_index {completion.sample_index} of {completion.prompt_id} out of range for "
-                f"samples_per_prompt={n}"
-            )
         tokens = sample_tokens(completion)
-        if self.max_sample_tokens is not None and tokens > self.max_sample_tokens:
-            raise ValueError(
-                f"{completion.prompt_id}#{completion.sample_index} has {tokens} tokens > max_sample_tokens="
-                f"{self.max_sample_tokens}; the token cap's room reservation would be wrong"
-            )
         entry = self._by_prompt.get(completion.prompt_id)
         if entry is None:
-            if not self._fits_new_group(completion):
-                self._displace_for(completion)
             if not self._fits_new_group(completion):
                 self._counters["rejected_full"] += 1
                 return AddResult.REJECTED_FULL
@@ -360,22 +359,30 @@ class ReplayBuffer:
             entry.complete(self._next_seq)
             self._next_seq += 1
             self._complete[entry.seq] = entry
+            # Staleness first: a doomed group's aborted samples score 0 and would pass for zero spread.
+            if self.max_age is not None and self.max_age.weight(self._age(entry)) is None:
+                self._drop(entry, "stale")
+            elif self.drop_zero_std and not has_reward_spread(entry.samples.values()):
+                self._drop(entry, "zero_std")
         return AddResult.ACCEPTED
 
-    def _displace_for(self, completion: Completion) -> None:
-        """Make room for a new group by dropping groups that were already trained (only with reuse).
-
-        Fresh data beats another replay; without this, fresh groups would wait until the learner
-        had replayed the buffer's contents to exhaustion. Most-used first, then oldest.
-        """
-        used = sorted((e for e in self._complete.values() if e.uses > 0), key=lambda e: (-e.uses, e.seq))
-        if not used or not self._fits_new_group(completion, len(used), sum(e.tokens for e in used)):
-            return  # open or fresh groups fill the buffer: displacing replays would not help
-        for entry in used:
-            if self._fits_new_group(completion):
-                return
-            self._remove(entry)
-            self._counters["displaced_groups"] += 1
+    def _check_sample(self, completion: Completion) -> None:
+        if completion.is_eval:
+            raise ValueError(
+                f"eval completion {completion.prompt_id}#{completion.sample_index} sent to the training "
+                "replay buffer; route is_eval completions to evaluation"
+            )
+        if not 0 <= completion.sample_index < self.samples_per_prompt:
+            raise ValueError(
+                f"sample_index {completion.sample_index} of {completion.prompt_id} out of range for "
+                f"samples_per_prompt={self.samples_per_prompt}"
+            )
+        tokens = sample_tokens(completion)
+        if self.max_sample_tokens is not None and tokens > self.max_sample_tokens:
+            raise ValueError(
+                f"{completion.prompt_id}#{completion.sample_index} has {tokens} tokens > max_sample_tokens="
+                f"{self.max_sample_tokens}; the token cap's room reservation would be wrong"
+            )
 
     def _remove(self, entry: _Entry) -> None:
         assert entry.seq is not None, "only complete groups leave the buffer"
@@ -385,6 +392,14 @@ class ReplayBuffer:
         self._size_tokens -= entry.tokens
         self._reserved_tokens -= entry.tokens
 
+    def _drop(self, entry: _Entry, reason: DropReason) -> None:
+        completions = entry.ordered()
+        self._dropped.append(DroppedGroup(entry.prompt_id, reason, completions, self._age(entry)))
+        self._dropped_lengths.extend(len(c.response_token_ids) for c in completions)
+        self._counters[f"dropped_{reason}_groups"] += 1
+        self._counters["dropped_samples"] += len(completions)
+        self._remove(entry)
+
     # ---- consumer side
 
     def ready(self, num_groups: int) -> bool:
@@ -393,7 +408,7 @@ class ReplayBuffer:
         return len(self._complete) >= num_groups
 
     def evict(self, learner_version: int) -> int:
-        """Apply the age policy to complete groups; return how many groups were dropped.
+        """Apply the age rule to complete groups; return how many groups were dropped.
 
         Incomplete groups are left alone: dropping one would strand its late samples (they would
         open a group that can never complete and hold reserved room forever). They are judged once
@@ -401,51 +416,48 @@ class ReplayBuffer:
         work unless the version changed or a group completed since the last call.
         """
         self._learner_version = learner_version
-        if isinstance(self.age_policy, NoAgeLimit) or self._judged == (learner_version, self._next_seq):
+        if self.max_age is None or self._judged == (learner_version, self._next_seq):
             return 0
         self._judged = (learner_version, self._next_seq)
-        dropped = 0
-        for entry in list(self._complete.values()):
-            if self.age_policy.weight(self._age(entry)) is None:
-                self._evicted_lengths.extend(len(c.response_token_ids) for c in entry.samples.values())
-                self._counters["evicted_samples"] += len(entry.samples)
-                self._remove(entry)
-                dropped += 1
-        self._counters["evicted_groups"] += dropped
+        stale = [e for e in self._complete.values() if self.max_age.weight(self._age(e)) is None]
+        for entry in stale:
+            self._drop(entry, "stale")
+        return len(stale)
+
+    def pop_dropped(self) -> list[DroppedGroup]:
+        """Groups dropped since the last call (zero reward spread, or stale), each reported once."""
+        dropped, self._dropped = self._dropped, []
         return dropped
 
     def take(self, num_groups: int, learner_version: int) -> list[Group]:
-        """Exactly `num_groups` complete groups, chosen by the selection policy, weighted by age.
+        """Exactly `num_groups` complete groups, oldest completion first, weighted by age.
 
         Applies `evict(learner_version)` first, so a stale group is never trained at full weight even
         if the caller skipped it; raises RuntimeError if fewer than `num_groups` groups remain
-        (check `ready` after `evict`). Groups that reached `max_uses` leave the buffer.
+        (check `ready` after `evict`). Taken groups leave the buffer.
         """
         self._check_batch_size(num_groups)
         self.evict(learner_version)
         if len(self._complete) < num_groups:
             raise RuntimeError(f"take({num_groups}) but only {len(self._complete)} complete groups; check ready()")
-        candidates = [Candidate(seq, e.uses, e.prompt_id) for seq, e in self._complete.items()]
-        chosen = self.selection.select(candidates, num_groups, self._rng)
-        if len(chosen) != num_groups or len(set(chosen)) != num_groups or not set(chosen) <= self._complete.keys():
-            raise RuntimeError(f"{type(self.selection).__name__} chose {chosen}, not {num_groups} distinct groups")
         batch = []
-        for seq in chosen:
+        for seq in list(self._complete)[:num_groups]:
             entry = self._complete[seq]
             age = self._age(entry)
-            weight = self.age_policy.weight(age)
-            assert weight is not None, "evict() just removed every group the age policy drops"
+            weight = self.max_age.weight(age) if self.max_age is not None else 1.0
+            assert weight is not None, "evict() just removed every group the age rule drops"
             completions = entry.ordered()
-            batch.append(Group(entry.prompt_id, completions, (weight,) * len(completions), entry.uses, age))
+            batch.append(Group(entry.prompt_id, completions, (weight,) * len(completions), age))
             self._counters["trained_groups"] += 1
             self._counters["trained_samples"] += len(completions)
-            self._counters["replayed_groups"] += entry.uses > 0
             self._counters["downweighted_groups"] += weight < 1.0
             self._trained_lengths.extend(len(c.response_token_ids) for c in completions)
-            entry.uses += 1
-            if entry.uses >= self.selection.max_uses:
-                self._remove(entry)
+            self._remove(entry)
         return batch
+
+    def open_groups_older_than(self, version: int) -> list[str]:
+        """Incomplete groups with a delivered token from before `version`: they cannot finish younger."""
+        return [pid for pid, e in self._open.items() if e.min_version() < version]
 
     def _age(self, entry: _Entry) -> int:
         return max(0, self._learner_version - entry.min_version())
@@ -467,16 +479,14 @@ class ReplayBuffer:
             "buffer/reserved_samples": float(self.reserved_samples),
             "buffer/groups_complete": float(len(self._complete)),
             "buffer/groups_incomplete": float(len(self._open)),
-            "buffer/groups_fresh": float(sum(e.uses == 0 for e in self._complete.values())),
             "buffer/accepted_total": float(c["accepted"]),
             "buffer/rejected_full_total": float(c["rejected_full"]),
-            "buffer/evicted_total": float(c["evicted_groups"]),
-            "buffer/evicted_samples_total": float(c["evicted_samples"]),
+            "buffer/dropped_zero_std_total": float(c["dropped_zero_std_groups"]),
+            "buffer/dropped_stale_total": float(c["dropped_stale_groups"]),
+            "buffer/dropped_samples_total": float(c["dropped_samples"]),
             "buffer/downweighted_total": float(c["downweighted_groups"]),
-            "buffer/displaced_total": float(c["displaced_groups"]),
             "buffer/trained_groups_total": float(c["trained_groups"]),
             "buffer/trained_samples_total": float(c["trained_samples"]),
-            "buffer/replayed_groups_total": float(c["replayed_groups"]),
             "buffer/age_avg": sum(ages) / len(ages) if ages else 0.0,
             "buffer/age_max": float(max(ages, default=0)),
         }
@@ -488,7 +498,7 @@ class ReplayBuffer:
         for name, window in (
             ("generated", self._generated_lengths),
             ("trained", self._trained_lengths),
-            ("evicted", self._evicted_lengths),
+            ("dropped", self._dropped_lengths),
         ):
             out.update(_length_stats(f"buffer/{name}_length", window))
         generated_avg = out["buffer/generated_length_avg"]
@@ -501,18 +511,19 @@ class ReplayBuffer:
     # ---- checkpoint
 
     def state(self) -> BufferState:
-        """Snapshot of the contents, RNG and counters (plain data: frozen dataclasses, tuples, ints)."""
-        groups = [GroupRecord(e.prompt_id, e.ordered(), None, e.uses) for e in self._open.values()]
-        groups += [GroupRecord(e.prompt_id, e.ordered(), e.seq, e.uses) for e in self._complete.values()]
+        """Snapshot of the contents and counters (plain data: frozen dataclasses, tuples, ints).
+
+        Dropped groups not yet collected by `pop_dropped` are the caller's to settle before saving."""
+        groups = [GroupRecord(e.prompt_id, e.ordered(), None) for e in self._open.values()]
+        groups += [GroupRecord(e.prompt_id, e.ordered(), e.seq) for e in self._complete.values()]
         return BufferState(
             groups=tuple(groups),
             next_seq=self._next_seq,
             learner_version=self._learner_version,
-            rng_state=self._rng.getstate(),
             counters=dict(self._counters),
             generated_lengths=tuple(self._generated_lengths),
             trained_lengths=tuple(self._trained_lengths),
-            evicted_lengths=tuple(self._evicted_lengths),
+            dropped_lengths=tuple(self._dropped_lengths),
         )
 
     @classmethod
@@ -523,44 +534,41 @@ class ReplayBuffer:
         then rejected until the learner drains the excess.
         """
         buf = cls(**config)
-        n = buf.samples_per_prompt
         for record in state.groups:
-            if record.prompt_id in buf._by_prompt:
-                raise ValueError(f"snapshot holds group {record.prompt_id} twice")
-            entry = _Entry(record.prompt_id, seq=record.seq, uses=record.uses)
-            for completion in record.completions:
-                if not 0 <= completion.sample_index < n or completion.sample_index in entry.samples:
-                    raise ValueError(f"snapshot group {record.prompt_id} does not fit samples_per_prompt={n}")
-                entry.samples[completion.sample_index] = completion
-                entry.tokens += sample_tokens(completion)
-            complete = len(entry.samples) == n
-            if complete != (record.seq is not None):
-                raise ValueError(f"snapshot group {record.prompt_id}: seq={record.seq} with {len(entry.samples)}/{n}")
-            if complete:
-                assert entry.seq is not None
-                entry.complete(entry.seq)
-                buf._complete[entry.seq] = entry
-            else:
-                buf._open[entry.prompt_id] = entry
-                buf._reserved_tokens += (n - len(entry.samples)) * (buf.max_sample_tokens or 0)
-            buf._by_prompt[entry.prompt_id] = entry
-            buf._size_samples += len(entry.samples)
-            buf._size_tokens += entry.tokens
-            buf._reserved_tokens += entry.tokens
+            buf._restore(record)
         buf._complete = dict(sorted(buf._complete.items()))
         buf._next_seq = state.next_seq
         buf._learner_version = state.learner_version
-        buf._rng.setstate(_as_rng_state(state.rng_state))
         buf._counters.update({k: int(v) for k, v in state.counters.items() if k in buf._counters})
         buf._generated_lengths.extend(state.generated_lengths)
         buf._trained_lengths.extend(state.trained_lengths)
-        buf._evicted_lengths.extend(state.evicted_lengths)
+        buf._dropped_lengths.extend(state.dropped_lengths)
         return buf
 
-
-def _as_rng_state(value: Any) -> Any:
-    """random.setstate wants nested tuples; a snapshot that went through JSON/msgpack has lists."""
-    return tuple(_as_rng_state(v) for v in value) if isinstance(value, (list, tuple)) else value
+    def _restore(self, record: GroupRecord) -> None:
+        n = self.samples_per_prompt
+        if record.prompt_id in self._by_prompt:
+            raise ValueError(f"snapshot holds group {record.prompt_id} twice")
+        entry = _Entry(record.prompt_id)
+        for completion in record.completions:
+            if not 0 <= completion.sample_index < n or completion.sample_index in entry.samples:
+                raise ValueError(f"snapshot group {record.prompt_id} does not fit samples_per_prompt={n}")
+            entry.samples[completion.sample_index] = completion
+            entry.tokens += sample_tokens(completion)
+        complete = len(entry.samples) == n
+        if complete != (record.seq is not None):
+            raise ValueError(f"snapshot group {record.prompt_id}: seq={record.seq} with {len(entry.samples)}/{n}")
+        if complete:
+            assert record.seq is not None
+            entry.complete(record.seq)
+            self._complete[record.seq] = entry
+        else:
+            self._open[entry.prompt_id] = entry
+            self._reserved_tokens += (n - len(entry.samples)) * (self.max_sample_tokens or 0)
+        self._by_prompt[entry.prompt_id] = entry
+        self._size_samples += len(entry.samples)
+        self._size_tokens += entry.tokens
+        self._reserved_tokens += entry.tokens
 
 
 def _percentile(ordered: Sequence[int], q: float) -> float:

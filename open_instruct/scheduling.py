@@ -6,8 +6,9 @@ measures both every step and follows that need:
 
 * it smooths the measured need (an exponential moving average), so one slow group does not
   swing the lookahead;
-* it moves by at most one step at a time, and only down after the need stayed lower for
-  `patience` steps in a row, so it does not oscillate between two values;
+* it moves by at most one step at a time; it grows as soon as the need exceeds it (a starving
+  learner costs throughput) but shrinks only when the need stayed clearly lower (by `margin`) for
+  `patience` steps in a row, so a need hovering at a boundary does not make it oscillate;
 * it stays within [1, max_off_policy_steps]: more lookahead than the staleness bound would only
   produce samples the bound throws away.
 
@@ -16,7 +17,6 @@ Pure logic; the training loop calls `update` once per step and logs `scheduling/
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 
@@ -29,6 +29,7 @@ class Lookahead:
     maximum: int = 1
     smoothing: float = 0.3  # weight of the newest measurement in the moving average
     patience: int = 3  # steps the need must stay lower before the lookahead shrinks
+    margin: float = 0.25  # how far below (current - 1) the need must be to count as lower
     _need: float | None = None
     _lower_for: int = 0
 
@@ -48,11 +49,10 @@ class Lookahead:
             return self.current
         need = group_latency_s / busy_step_s
         self._need = need if self._need is None else self.smoothing * need + (1 - self.smoothing) * self._need
-        target = max(1, min(self.maximum, math.ceil(self._need - 1e-9)))
-        if target > self.current:
+        if self._need > self.current + 1e-9 and self.current < self.maximum:
             self.current += 1
             self._lower_for = 0
-        elif target < self.current:
+        elif self._need <= self.current - 1 - self.margin and self.current > 1:
             self._lower_for += 1
             if self._lower_for >= self.patience:
                 self.current -= 1

@@ -39,13 +39,17 @@ class MemoryLog:
         self.evals: list[dict] = []
         self.summary: dict = {}
         self.untrained: list[str] = []
+        self.fates: dict[str, list[str]] = {}  # prompt ids by fate (trained, requeued, dropped, filtered)
 
     def start(self, num_steps: int, start_step: int = 0) -> None:
         """Called once the loop knows where it starts (after a resume)."""
 
-    def step(self, step: int, metrics: dict, trained_prompt_ids: list[str]) -> dict:
+    def step(self, step: int, metrics: dict, trained_prompt_ids: list[str], fates: dict | None = None) -> dict:
+        """`fates`: ids of prompts that left untrained this step, by fate (requeued, dropped, filtered)."""
         record = {"training_step": step, **{k: _plain(v) for k, v in metrics.items()}}
         self.history.append(record)
+        for fate, ids in {"trained": trained_prompt_ids, **(fates or {})}.items():
+            self.fates.setdefault(fate, []).extend(ids)
         return record
 
     def eval_round(self, step: int, metrics: dict, rows: list[dict]) -> dict:
@@ -108,12 +112,12 @@ class RunLog(MemoryLog):
             resume="allow",
         )
 
-    def step(self, step: int, metrics: dict, trained_prompt_ids: list[str]) -> dict:
-        record = super().step(step, metrics, trained_prompt_ids)
+    def step(self, step: int, metrics: dict, trained_prompt_ids: list[str], fates: dict | None = None) -> dict:
+        record = super().step(step, metrics, trained_prompt_ids, fates)
         with open(self.metrics_path, "a") as f:
             f.write(json.dumps(record) + "\n")
         with open(self.trained_path, "a") as f:
-            f.write(json.dumps({"step": step, "prompt_ids": trained_prompt_ids}) + "\n")
+            f.write(json.dumps({"step": step, "prompt_ids": trained_prompt_ids, **(fates or {})}) + "\n")
         if self.wandb is not None:
             self.wandb.log(record, step=step)
         postfix = {

@@ -6,9 +6,9 @@
 # Hardware: Beaker, 6 nodes x 8 GPUs per run (16 learner GPUs: --num_learners_per_node 8 8, and 32
 # single-GPU vLLM engines). The launching machine needs only Python with PyYAML (and the beaker CLI).
 # Usage: bash scripts/long_generations_experiment.sh [extra grpo_fast.py flags...]
-#   The flags are the seed's, token for token. With 16k-token tails a group outlasts ~3 learner steps,
-#   so the default --async_steps 1 starves the learner; append --async_steps 3 to keep it fed
-#   (README, "Cluster-scale simulator"; the run also logs this advice when it applies).
+#   The flags are the seed's, token for token. With 16k-token tails a group outlasts ~3 learner steps;
+#   the default --async_steps 8 (open-instruct's) covers that, and appending --async_steps auto lets the
+#   lookahead follow the measured need (about 3, so less staleness; README, "Cluster-scale simulator").
 #   DRY_RUN=1 bash scripts/long_generations_experiment.sh   # print the Beaker specs, submit nothing
 # Environment (all optional):
 #   MODELS   space-separated, from: qwen2_5 qwen3 olmo2_lc          (default: qwen2_5)

@@ -55,6 +55,7 @@ class ScriptedEngines:
         self.submitted: list[tuple[float, PromptRequest]] = []  # (clock, request) in submission order
         self.versions: list[tuple[float, int]] = [(-math.inf, 0)]  # (from time, weight version)
         self.stopped: str | None = None
+        self.aborts: list[tuple[float, int, list[str]]] = []  # (clock, min_version, prompt ids) per call
         self._running: list[tuple[float, int, PromptRequest, int, float, Script]] = []
         self._order = 0
 
@@ -95,6 +96,22 @@ class ScriptedEngines:
         self.stopped = mode
         return self.results.get_all()
 
+    def abort_stale(self, min_version: int, prompt_ids: list[str]) -> None:
+        """As the real engines: running samples whose first token is older than `min_version`, and every
+        sample of `prompt_ids`, end now with what they generated so far (finish_reason "abort")."""
+        doomed = set(prompt_ids)
+        self.aborts.append((self.clock.now, min_version, sorted(doomed)))
+        keep = []
+        for finished, order, request, j, started, script in self._running:
+            if self._version_at(started) < min_version or request.prompt_id in doomed:
+                done = int(script.length * (self.clock.now - started) / (finished - started))
+                partial = Script(done, script.latency_s, 0.0, "abort")
+                self._deliver(request, j, started, self.clock.now, partial)
+            else:
+                keep.append((finished, order, request, j, started, script))
+        heapq.heapify(keep)
+        self._running = keep
+
     # -- the weight sync's side
 
     def load_version(self, version: int) -> None:
@@ -109,29 +126,35 @@ class ScriptedEngines:
     def _deliver_due(self) -> None:
         while self._running and self._running[0][0] <= self.clock.now:
             finished, _, request, j, started, script = heapq.heappop(self._running)
-            completion = Completion(
-                prompt_id=request.prompt_id,
-                sample_index=j,
-                prompt_token_ids=request.prompt_token_ids,
-                response_token_ids=tuple(range(7, 7 + script.length)),
-                behaviour_logprobs=(-1.0,) * script.length,
-                finish_reason=script.finish_reason,  # type: ignore[arg-type]
-                version_spans=self._spans(started, finished, script.length),
-                admitted_version=request.admitted_version,
-                engine_id=0,
-                reward=script.reward,
-                is_eval=request.is_eval,
-                queued_at=request.queued_at,
-                started_at=started,
-                finished_at=finished,
-            )
-            self.ledger.deliver(completion)
-            self.results.put(completion)
+            self._deliver(request, j, started, finished, script)
+
+    def _deliver(self, request: PromptRequest, j: int, started: float, finished: float, script: Script) -> None:
+        completion = Completion(
+            prompt_id=request.prompt_id,
+            sample_index=j,
+            prompt_token_ids=request.prompt_token_ids,
+            response_token_ids=tuple(range(7, 7 + script.length)),
+            behaviour_logprobs=(-1.0,) * script.length,
+            finish_reason=script.finish_reason,  # type: ignore[arg-type]
+            version_spans=self._spans(started, finished, script.length),
+            admitted_version=request.admitted_version,
+            engine_id=0,
+            reward=script.reward,
+            is_eval=request.is_eval,
+            queued_at=request.queued_at,
+            started_at=started,
+            finished_at=finished,
+        )
+        self.ledger.deliver(completion)
+        self.results.put(completion)
+
+    def _version_at(self, t: float) -> int:
+        return max((v for at, v in self.versions if at <= t), default=0)
 
     def _spans(self, started: float, finished: float, length: int) -> tuple[VersionSpan, ...]:
         """Tokens are generated at an even pace; a weight push mid-sample splits its spans (in flight)."""
         spans, start = [], 0
-        version = max((v for t, v in self.versions if t <= started), default=0)
+        version = self._version_at(started)
         for t, v in self.versions:
             if started < t < finished:
                 cut = int(length * (t - started) / (finished - started))

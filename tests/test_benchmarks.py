@@ -74,10 +74,16 @@ def test_end_to_end_benchmark_reports_every_mode(quick_bench):
     result = json.loads((out / "e2e" / "e2e.json").read_text())
     assert set(result["workloads"]) == {"heavy_tail", "tool_latency"}
     for workload in result["workloads"].values():
-        assert set(workload["modes"]) == {"synchronous", "one_step_async", "streaming"}
+        assert set(workload["modes"]) == {
+            "synchronous", "one_step_async", "streaming", "streaming_drop", "streaming_downweight",
+        }  # fmt: skip
         for mode, r in workload["modes"].items():
             assert set(r) >= MODE_KEYS and r["mode"] == mode and r["steps"] == 2
             assert r["trained_samples_per_s"] > 0 and r["buffer_peak_samples"] <= r["buffer_cap_samples"]
+            assert r["max_off_policy_steps"] == 2 and r["off_policy_action"] in ("requeue", "drop", "downweight")
+            if r["off_policy_action"] != "downweight":
+                assert r["version_lag_max"] <= 2  # the bound holds, whatever the tail
+            assert r["trained_to_generated_length_ratio"] > 0
         assert workload["modes"]["synchronous"]["version_lag_max"] == 0  # nothing runs ahead when synchronous
         assert workload["speedup_streaming_vs_sync"] > 0
     assert result["peak_memory_gib"] > 0
@@ -97,6 +103,8 @@ def test_simulator_fits_the_measurements_and_projects_the_seed_cluster(quick_ben
     for mode in ("synchronous", "one_step_async", "streaming"):
         assert set(measured[mode]) >= MODE_KEYS and set(result["seed_projection"][mode]) >= MODE_KEYS
     assert result["seed_projection"]["speedup_streaming_vs_sync"] > 1
+    auto = result["seed_projection"]["streaming_auto"]
+    assert auto["async_steps"] == "auto" and 1 <= auto["lookahead_final"] <= 8
     assert (out / "simulator" / "simulator_timeline.png").stat().st_size > 0
 
 

@@ -7,6 +7,7 @@ re-queued prompts, and the "nothing lost, nothing trained twice" ledger.
 
 from __future__ import annotations
 
+import itertools
 import random
 
 import fakes
@@ -97,32 +98,139 @@ def test_in_flight_pushes_show_up_as_samples_spanning_versions_and_staleness():
     assert all(0 < h["staleness/token_lag_avg"] < h["staleness/version_lag_max"] <= 3 for h in late)
 
 
+def fates(run: fakes.Run) -> dict[str, list[str]]:
+    """Every admitted training prompt by fate: trained, requeued, dropped, filtered, or untrained at the end."""
+    return {**run.log.fates, "untrained": list(run.log.untrained)}
+
+
+def assert_every_admitted_prompt_has_exactly_one_fate(*runs: fakes.Run) -> dict[str, list[str]]:
+    """admitted = trained + requeued + dropped + filtered + untrained, prompt id by prompt id."""
+    merged: dict[str, list[str]] = {}
+    for run in runs:
+        for fate, ids in run.log.fates.items():
+            merged.setdefault(fate, []).extend(ids)
+    merged["untrained"] = list(runs[-1].log.untrained)
+    admitted = [pid for run in runs for pid in run.engines.admitted_ids]
+    resolved = [pid for ids in merged.values() for pid in ids]
+    assert sorted(set(admitted)) == sorted(resolved), "a prompt was lost or has two fates"
+    return merged
+
+
 def test_a_full_buffer_holds_completions_back_and_offers_them_again():
     run = fakes.build(fakes.config("--async_steps", "2", steps=6, prompts=2, samples=2))
     # Room for exactly one batch: groups beyond it are held back by the loop until a take frees room.
-    run.loop.buffer = ReplayBuffer(samples_per_prompt=2, max_samples=4, seed=1)
+    run.loop.buffer = ReplayBuffer(samples_per_prompt=2, max_samples=4, max_age=MaxAge(2))
     run.loop.run()
     history = run.log.history
     assert history[-1]["buffer/rejected_full_total"] > 0
     trained = run.learners.trained_ids
     assert len(trained) == len(set(trained)) == 12
-    assert set(trained) | set(run.log.untrained) == set(run.engines.admitted_ids)
+    assert_every_admitted_prompt_has_exactly_one_fate(run)
 
 
-def test_stale_groups_are_evicted_counted_and_never_trained():
-    # Every 4th prompt is a straggler: it completes long after its admission, older than max_age 0.
+def straggler_script(stragglers: set[str], slow_s: float = 30.0):
+    """Prompts whose row index is in `stragglers` take `slow_s`; the rest finish in half a second."""
+
     def script(request, j):
-        straggler = request.prompt_id.split(":")[1].split("@")[0] in {"0", "4", "8"}
-        return fakes.Script(latency_s=30.0 if straggler else 0.5, reward=float(j % 2))
+        index = request.prompt_id.split(":")[2].split("@")[0]
+        return fakes.Script(length=40, latency_s=slow_s if index in stragglers else 0.5, reward=float(j % 2))
 
-    run = fakes.build(fakes.config("--async_steps", "3", steps=5, prompts=1), train_rows=fakes.rows(12), script=script)
-    run.loop.buffer = ReplayBuffer(samples_per_prompt=2, max_samples=10, age_policy=MaxAge(0, "drop"), seed=1)
+    return script
+
+
+@pytest.mark.parametrize("action", ["requeue", "drop"])
+def test_groups_over_the_bound_never_train_are_replaced_and_their_samples_aborted(action):
+    flags = ("--async_steps", "3", "--max_off_policy_steps", "1", "--off_policy_action", action)
+    run = fakes.build(fakes.config(*flags, steps=8, prompts=1), train_rows=fakes.rows(6),
+                      script=straggler_script({"0", "4"}))  # fmt: skip
     run.loop.run()
-    assert run.log.history[-1]["buffer/evicted_total"] >= 1
-    assert all(h["staleness/version_lag_max"] == 0 for h in run.log.history)
-    trained = set(run.learners.trained_ids)
-    assert not trained & {"fake:train:0@0"}
-    assert trained | set(run.log.untrained) == set(run.engines.admitted_ids)
+    history = run.log.history
+    assert [len(groups) for groups in run.learners.trained] == [1] * 8  # replaced: every batch is full
+    assert all(h["staleness/version_lag_max"] <= 1 for h in history)  # the bound holds on every step
+    got = assert_every_admitted_prompt_has_exactly_one_fate(run)
+    late = {"fake:train:0@0", "fake:train:4@0"}
+    assert late & set(got[{"requeue": "requeued", "drop": "dropped"}[action]]) == late
+    assert not late & set(got["trained"])
+    # The stragglers were aborted in the engine once the bound made them useless, not run to the end.
+    assert run.engines.aborts and history[-1]["offpolicy/aborted_samples_total"] >= 2
+    assert history[-1]["offpolicy/aborted_tokens_total"] > 0
+    if action == "requeue":  # admitted again, fresh, under a new id (and still too slow: requeued again)
+        assert "fake:train:0@0+1" in run.engines.admitted_ids
+        assert history[-1]["offpolicy/requeued_prompts_total"] >= 2
+    else:
+        assert not any("+" in pid for pid in run.engines.admitted_ids)
+        assert history[-1]["offpolicy/dropped_prompts_total"] >= 2
+    # Refills are admitted on top of the lookahead, never beyond it plus what was dropped.
+    refills = history[-1]["batch/refilled_prompts_total"]
+    assert (8 - 1 + 3 + 1) < run.loop.feeder.state.admitted <= (8 - 1 + 3 + 1) + refills
+
+
+def test_downweight_trains_late_groups_at_a_lower_weight_without_aborting():
+    flags = ("--async_steps", "3", "--max_off_policy_steps", "1", "--off_policy_action", "downweight")
+    run = fakes.build(fakes.config(*flags, steps=8, prompts=1), train_rows=fakes.rows(6),
+                      script=straggler_script({"0"}, slow_s=6.0))  # fmt: skip
+    run.loop.run()
+    got = assert_every_admitted_prompt_has_exactly_one_fate(run)
+    assert "fake:train:0@0" in got["trained"] and not run.engines.aborts
+    [late] = [g for groups in run.learners.trained for g in groups if g.prompt_id == "fake:train:0@0"]
+    assert late.age > 1 and late.weights[0] == pytest.approx(0.5 ** (late.age - 1))
+    assert run.log.history[-1]["buffer/downweighted_total"] >= 1
+
+
+def test_active_sampling_trains_full_batches_of_groups_with_reward_spread():
+    def script(request, j):  # every third prompt is always right (no spread: nothing to learn)
+        solved = int(request.prompt_id.split(":")[2].split("@")[0]) % 3 == 0
+        return fakes.Script(reward=10.0 if solved else float(j % 2))
+
+    run = fakes.build(fakes.config("--async_steps", "2", "--active_sampling", steps=6, prompts=3), script=script)
+    run.loop.run()
+    assert [len(groups) for groups in run.learners.trained] == [3] * 6
+    for groups in run.learners.trained:
+        for g in groups:
+            assert max(c.reward for c in g.completions) > min(c.reward for c in g.completions)
+    got = assert_every_admitted_prompt_has_exactly_one_fate(run)
+    assert got["filtered"] and all(int(pid.split(":")[2].split("@")[0]) % 3 == 0 for pid in got["filtered"])
+    last = run.log.history[-1]
+    assert last["batch/filtered_zero_std_prompts_total"] == len(got["filtered"]) == last["batch/refilled_prompts_total"]
+
+
+def test_without_active_sampling_zero_spread_groups_count_toward_the_step():
+    run = fakes.build(fakes.config("--async_steps", "2", steps=4, prompts=2),
+                      script=lambda r, j: fakes.Script(reward=1.0))  # fmt: skip
+    run.loop.run()
+    # open-instruct's behaviour: the groups are taken (the learner group's filter shrinks the batch).
+    assert [len(groups) for groups in run.learners.trained] == [2] * 4
+    assert "filtered" not in run.log.fates
+
+
+def test_solved_prompts_are_not_admitted_again_in_later_epochs(tmp_path):
+    def script(request, j):  # rows 0 and 1 are always solved; the rest half right
+        solved = request.prompt_id.split(":")[2].split("@")[0] in {"0", "1"}
+        return fakes.Script(reward=10.0 if solved else float(j % 2) * 10.0)
+
+    flags = ("--async_steps", "0", "--no_resampling_pass_rate", "0.9")
+    run = fakes.build(fakes.config(*flags, steps=6, prompts=2), train_rows=fakes.rows(4), script=script)
+    run.loop.run()
+    admitted = run.engines.admitted_ids
+    assert {"fake:train:0@0", "fake:train:1@0"} <= set(admitted)  # epoch 0: everything once
+    later = [pid for pid in admitted if not pid.endswith("@0")]
+    assert later and not any(pid.split("@")[0] in {"fake:train:0", "fake:train:1"} for pid in later)
+    assert run.loop.feeder.state.solved == {"fake:train:0", "fake:train:1"}
+    assert run.log.history[-1]["data/solved_prompts"] == 2.0
+
+
+def test_auto_lookahead_converges_on_the_need_and_holds():
+    # Groups take 4.5 s from admission; a step is 1 s of training plus the push: about 4 steps of need.
+    run = fakes.build(fakes.config("--async_steps", "auto", "--max_off_policy_steps", "6", steps=40, prompts=2),
+                      script=lambda r, j: fakes.Script(latency_s=4.5, reward=float(j % 2)), step_s=1.0)  # fmt: skip
+    run.loop.run()
+    lookahead = [h["scheduling/async_steps"] for h in run.log.history]
+    assert lookahead[0] <= 2 and max(lookahead) <= 6
+    settled = lookahead[15:]
+    assert len(set(settled)) == 1 and settled[0] >= 4  # converged, and no oscillation
+    assert all(abs(b - a) <= 1 for a, b in itertools.pairwise(lookahead))  # changes smoothly
+    waits = [h["time/learner_wait_s"] for h in run.log.history[20:]]
+    assert max(waits) < 0.01  # the learner is fed once the lookahead covers the latency
 
 
 def test_resume_requeues_untrained_prompts_and_trains_none_twice(tmp_path):
@@ -155,8 +263,7 @@ def test_resume_requeues_untrained_prompts_and_trains_none_twice(tmp_path):
     assert all(r.seed == first_requests[r.prompt_id].seed for r in requeued)
     trained = first.learners.trained_ids + second.learners.trained_ids
     assert len(trained) == len(set(trained)) == 16  # none twice
-    admitted = set(first.engines.admitted_ids) | set(second.engines.admitted_ids)
-    assert set(trained) | set(second.log.untrained) == admitted  # none lost
+    assert_every_admitted_prompt_has_exactly_one_fate(first, second)  # none lost
     assert [h["training_step"] for h in second.log.history] == [3, 4, 5, 6, 7]
 
 
@@ -169,8 +276,10 @@ def test_heavy_tails_lose_nothing_and_train_nothing_twice():
     summary = run.loop.run()
     trained = run.learners.trained_ids
     assert len(trained) == len(set(trained)) == 80
-    assert set(trained) | set(run.log.untrained) == set(run.engines.admitted_ids)
-    assert summary["prompts_admitted"] == len(run.engines.admitted_ids) == (19 + 2 + 1) * 4
+    got = assert_every_admitted_prompt_has_exactly_one_fate(run)
+    refills = len(got.get("requeued", []))
+    assert summary["prompts_admitted"] == len(run.engines.admitted_ids) == (19 + 2 + 1) * 4 + refills
+    assert all(h["staleness/version_lag_max"] <= 2 for h in run.log.history)
     counts = run.engines.ledger.counts()
-    assert counts["admitted_prompts"] == 88 and counts["delivered_samples"] <= counts["expected_samples"]
+    assert counts["delivered_samples"] <= counts["expected_samples"]
     assert all(h["time/learner_wait_s"] >= 0 and h["time/step_s"] > 0 for h in run.log.history)

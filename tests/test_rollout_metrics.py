@@ -75,12 +75,13 @@ def test_async_steps_needed_is_littles_law(latency, step, needed):
     assert async_steps_needed(latency, step) == needed
 
 
-def advisor(async_steps: int, step: int):
+def advisor(async_steps: int | str, step: int):
     from types import SimpleNamespace
 
-    return SimpleNamespace(
-        cfg=SimpleNamespace(generation=SimpleNamespace(async_steps=async_steps)), step=step, _advised=False
-    )
+    from open_instruct.scheduling import Lookahead
+
+    lookahead = Lookahead.adaptive(8) if async_steps == "auto" else Lookahead.fixed(async_steps)
+    return SimpleNamespace(lookahead=lookahead, step=step, _advised=False)
 
 
 def test_a_starving_learner_gets_the_advice_once(caplog):
@@ -101,6 +102,7 @@ def test_a_starving_learner_gets_the_advice_once(caplog):
         (1, 5, 3, 0.1),  # barely waits
         (1, 2, 3, 0.9),  # the pipeline is still filling
         (0, 5, 3, 0.9),  # synchronous on purpose
+        ("auto", 5, 3, 0.9),  # the lookahead follows the need by itself
     ],
 )
 def test_no_advice_when_it_would_not_help(caplog, async_steps, step, needed, wait_frac):

@@ -14,8 +14,8 @@ PACKAGE = REPO / "open_instruct"
 # Pure logic: no Ray, vLLM or DeepSpeed, and not the actors that own them, so each is tested on a
 # CPU in-process and reused by the simulator.
 PURE = (
-    "advantages", "loss", "packing", "replay_buffer", "replay_policies", "prompt_feeder", "messages", "config",
-    "metrics", "batching", "rewards",
+    "advantages", "loss", "packing", "replay_buffer", "prompt_feeder", "messages", "config", "metrics",
+    "batching", "rewards", "scheduling",
 )  # fmt: skip
 FORBIDDEN_FOR_PURE = {"ray", "vllm", "deepspeed", "open_instruct.generation", "open_instruct.learner"}
 # The only modules that wait on actors: the driver-side handles.

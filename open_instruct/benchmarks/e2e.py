@@ -1,14 +1,17 @@
 """Benchmark: synchronous vs one-step-ahead async vs streaming training, one run, same machine, same prompts.
 
 One set of actors (vLLM engine(s), DeepSpeed learner(s), weight-sync group) runs the real
-training loop (`orchestrator.TrainingLoop`) in three modes, one after the other:
+training loop (`orchestrator.TrainingLoop`) in each mode, one after the other:
 
 * synchronous      `--async_steps 0 --inflight_updates False`: admit a batch, wait for its
                    longest sample, train, sync (engines idle while the learner trains);
 * one_step_async   `--async_steps 1 --inflight_updates False`: the next batch generates while
                    the learner trains; each sync waits for running samples to finish;
 * streaming        `--async_steps 1 --inflight_updates True`: this project's design; samples
-                   keep running through syncs with their KV cache.
+                   keep running through syncs with their KV cache; groups over
+                   `--max_off_policy_steps` are requeued (the default action);
+* streaming_drop, streaming_downweight: the same with `--off_policy_action drop` / `downweight`,
+                   to show what each action costs and how it biases trained lengths.
 
 Two workloads, each with the same prompts in every mode (a sample's length is a function of
 its id): `heavy_tail`, response lengths drawn from a lognormal (exact, ignore_eos), and
@@ -41,10 +44,12 @@ from open_instruct.benchmarks.workloads import ShapedGenerationActor, ShapedWork
 
 logger = logging.getLogger(__name__)
 
-MODES = {  # name -> (async_steps, inflight_updates)
-    "synchronous": (0, False),
-    "one_step_async": (1, False),
-    "streaming": (1, True),
+MODES = {  # name -> (async_steps, inflight_updates, off_policy_action)
+    "synchronous": (0, False, "requeue"),
+    "one_step_async": (1, False, "requeue"),
+    "streaming": (1, True, "requeue"),
+    "streaming_drop": (1, True, "drop"),
+    "streaming_downweight": (1, True, "downweight"),
 }
 
 
@@ -107,11 +112,12 @@ class PeakMemory:
 
 
 def mode_config(base, mode: str, output_dir: Path):
-    async_steps, inflight = MODES[mode]
+    async_steps, inflight, action = MODES[mode]
+    generation = dataclasses.replace(
+        base.generation, async_steps=str(async_steps), inflight_updates=inflight, off_policy_action=action
+    )
     return dataclasses.replace(
-        base,
-        generation=dataclasses.replace(base.generation, async_steps=async_steps, inflight_updates=inflight),
-        experiment=dataclasses.replace(base.experiment, output_dir=str(output_dir)),
+        base, generation=generation, experiment=dataclasses.replace(base.experiment, output_dir=str(output_dir))
     )
 
 
@@ -156,8 +162,13 @@ def run_mode(stack, cfg, mode: str, tokenizer, rows) -> tuple[dict, list]:
         "group_latency_s_avg": sum(h["time/group_latency_s_avg"] for h in history) / len(history),
         # < 1: the mode trained shorter samples than it generated (streaming trains stragglers late).
         "trained_to_generated_length_ratio": history[-1]["buffer/trained_to_generated_length_ratio"],
+        "max_off_policy_steps": cfg.max_off_policy_steps,
+        "off_policy_action": cfg.generation.off_policy_action,
+        "requeued_prompts": history[-1]["offpolicy/requeued_prompts_total"],
+        "dropped_prompts": history[-1]["offpolicy/dropped_prompts_total"],
+        "aborted_tokens": history[-1]["offpolicy/aborted_tokens_total"],
         "buffer_peak_samples": max(h["buffer/size_samples"] for h in history),
-        "buffer_cap_samples": (cfg.generation.async_steps + 2) * cfg.rollout_batch_size,
+        "buffer_cap_samples": cfg.replay_buffer_max_samples,
         "learner_steps": [{"tokens": h["perf/trained_tokens"], "step_s": h["learner/step_s"]} for h in history],
     }
     return result, timeline
@@ -238,9 +249,14 @@ def parse_args(argv: list[str] | None):
     parser.add_argument("--tool_latency_s", type=float, default=1.5)
     parser.add_argument("--tool_median_tokens", type=int, default=32)
     parser.add_argument("--workloads", nargs="+", default=["heavy_tail", "tool_latency"])
+    parser.add_argument("--modes", nargs="+", default=list(MODES), choices=list(MODES))
+    parser.add_argument("--max_off_policy_steps", type=int, default=2, help="the staleness bound of every mode")
     parser.add_argument("--calibrate", type=int, nargs="*", default=[1, 4, 16, 64], help="running counts")
     parser.add_argument("--output", default="output/bench/e2e")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if not {"synchronous", "streaming"} <= set(args.modes):
+        parser.error("--modes must include synchronous and streaming: the benchmark reports their ratio")
+    return args
 
 
 def base_config(args, out: Path):
@@ -252,16 +268,16 @@ def base_config(args, out: Path):
         "total_episodes": args.steps * args.prompts * args.samples, "response_length": args.max_tokens,
         "max_prompt_token_length": 64, "pack_length": args.max_tokens + 64, "beta": 0, "learning_rate": 1e-5,
         "lr_scheduler_type": "constant", "num_evals": 0, "save_freq": 0, "vllm_kv_cache_gib": 0.5,
-        "output_dir": out,
+        "max_off_policy_steps": args.max_off_policy_steps, "output_dir": out,
     }  # fmt: skip
     return parse_config([token for name, value in flags.items() for token in (f"--{name}", str(value))])
 
 
-def run_workload(stack, base, workload: ShapedWorkload, tokenizer, rows, out: Path) -> dict:
-    """The three modes, one after the other, on the same actors and prompts; draws the timeline."""
+def run_workload(stack, base, workload: ShapedWorkload, tokenizer, rows, out: Path, mode_names: list[str]) -> dict:
+    """The modes, one after the other, on the same actors and prompts; draws the timeline."""
     stack.pool.call_all("set_workload", workload)
     modes, timelines = {}, {}
-    for mode in MODES:
+    for mode in mode_names:
         logger.info("workload %s, mode %s", workload.name, mode)
         cfg = mode_config(base, mode, out / workload.name / mode)
         modes[mode], timelines[mode] = run_mode(stack, cfg, mode, tokenizer, rows)
@@ -293,6 +309,7 @@ def measured_for_simulator(args, calibration: dict, heavy: dict, max_running: in
             "tool_latency_s": 0.0,
         },
         "cluster": {"num_engines": 1, "num_learners": 1},
+        "max_off_policy_steps": args.max_off_policy_steps,
         "measured_speedup_streaming_vs_sync": heavy["speedup_streaming_vs_sync"],
     }
 
@@ -325,7 +342,9 @@ def main(argv: list[str] | None = None) -> dict:
             calibration = calibrate_engine(stack, tokenizer, rows, args.calibrate) if args.calibrate else {}
             max_running = stack.pool.start_info[0].target_concurrency
             for name in args.workloads:
-                results["workloads"][name] = run_workload(stack, base, workloads[name], tokenizer, rows, out)
+                results["workloads"][name] = run_workload(
+                    stack, base, workloads[name], tokenizer, rows, out, args.modes
+                )
         finally:
             stack.close()
     results["peak_memory_gib"] = memory.peak / 2**30
@@ -338,32 +357,27 @@ def main(argv: list[str] | None = None) -> dict:
     return results
 
 
+_COLUMNS = (  # (title, key, width, format)
+    ("samples/s", "trained_samples_per_s", 10, ".2f"),
+    ("tokens/s", "generated_tokens_per_s", 9, ".0f"),
+    ("gen idle", "generation_idle_frac", 9, ".3f"),
+    ("learner wait", "learner_wait_frac", 13, ".3f"),
+    ("sync pause s", "weight_sync_pause_s_avg", 13, ".3f"),
+    ("lag avg", "version_lag_avg", 8, ".2f"),
+    ("lag max", "version_lag_max", 8, ".0f"),
+    ("trained/gen len", "trained_to_generated_length_ratio", 16, ".3f"),
+    ("requeued", "requeued_prompts", 9, ".0f"),
+    ("dropped", "dropped_prompts", 8, ".0f"),
+    ("aborted tok", "aborted_tokens", 12, ".0f"),
+)
+
+
 def print_table(results: dict) -> None:
-    keys = (
-        "trained_samples_per_s",
-        "generated_tokens_per_s",
-        "generation_idle_frac",
-        "learner_wait_frac",
-        "weight_sync_pause_s_avg",
-        "version_lag_avg",
-        "version_lag_max",
-        "trained_to_generated_length_ratio",
-    )
-    heads = (
-        "samples/s",
-        "tokens/s",
-        "gen idle",
-        "learner wait",
-        "sync pause s",
-        "lag avg",
-        "lag max",
-        "trained/gen len",
-    )
     for name, workload in results["workloads"].items():
         print(f"\n{name}: {workload['workload']}")
-        print(f"{'mode':<16}" + "".join(f"{h:>16}" for h in heads))
+        print(f"{'mode':<21}" + "".join(f"{title:>{width}}" for title, _, width, _ in _COLUMNS))
         for mode, r in workload["modes"].items():
-            print(f"{mode:<16}" + "".join(f"{r[k]:>16.3f}" for k in keys))
+            print(f"{mode:<21}" + "".join(f"{r[key]:>{width}{fmt}}" for _, key, width, fmt in _COLUMNS))
         print(f"streaming / synchronous trained samples/s: {workload['speedup_streaming_vs_sync']:.2f}x")
 
 

@@ -138,6 +138,7 @@ class VirtualClock:
 
 class _Sample:
     __slots__ = (
+        "aborted",
         "engine",
         "fresh",
         "generated",
@@ -159,6 +160,7 @@ class _Sample:
         self.spans: list[VersionSpan] = []
         self.engine, self.started_at = engine, 0.0
         self.fresh = True  # still needs its prefill
+        self.aborted = False  # doomed by the staleness bound: leaves at the next step boundary
 
     def stop_at(self) -> int:
         return self.tool_at if self.generated < self.tool_at else self.length
@@ -300,6 +302,29 @@ class SimEngines:
         for e in self.engines:
             self._poke(e, t)
 
+    def abort_stale(self, min_version: int, prompt_ids: list[str]) -> None:
+        """As `GenerationActor.abort_stale`: samples whose first token predates `min_version`, and every
+        sample of `prompt_ids`, leave at their engine's next step boundary with what they generated."""
+        doomed, t = set(prompt_ids), self.world.now
+        for e in self.engines:
+            for sample in [*e.running.values(), *e.waiting, *e.parked]:
+                first = self._first_version(e, sample)
+                if sample.request.prompt_id in doomed or (first is not None and first < min_version):
+                    sample.aborted = True
+            for queue in (e.waiting, e.parked):
+                for sample in [s for s in queue if s.aborted]:
+                    queue.remove(sample)
+                    self._deliver(e, sample, sample.generated, "abort", t)
+            if any(s.aborted for s in e.running.values()):
+                self._poke(e, t)
+
+    def _first_version(self, e: _Engine, sample: _Sample) -> int | None:
+        if sample.spans:
+            return sample.spans[0].version
+        if sample.uid in e.running and not sample.fresh:  # decoding since `joined_step`
+            return e.versions[bisect_right(e.version_steps, sample.joined_step) - 1]
+        return None  # not started: its first token will be current
+
     def _pause(self, e: _Engine) -> None:
         e.paused = True
         self.paused_engines += 1
@@ -330,10 +355,16 @@ class SimEngines:
             e.tokens += len(e.running) * steps
             e.steps_done += steps
             e.unprefilled_tokens = 0  # the phase's first step (which carried the prefill) is done
+        for sample in [s for s in e.running.values() if s.aborted]:
+            del e.running[sample.uid]
+            extend_spans(sample.spans, e, sample.joined_step, e.steps_done, sample.generated)
+            self._deliver(e, sample, sample.generated + e.steps_done - sample.joined_step, "abort", t)
         while e.finish_heap and e.finish_heap[0][0] <= e.steps_done:
             _, uid, sample = heapq.heappop(e.finish_heap)
-            del e.running[uid]
-            self._leave(e, sample, t)
+            if e.running.pop(uid, None) is not None:  # aborted ones left already
+                self._leave(e, sample, t)
+        while e.finish_heap and e.finish_heap[0][1] not in e.running:
+            heapq.heappop(e.finish_heap)
         self._schedule(e, t)
 
     def _schedule(self, e: _Engine, t: float) -> None:
@@ -423,14 +454,17 @@ class SimEngines:
         if sample.generated < sample.length:
             self.world.at(t + self.w.tool_latency_s, self._tool_return, sample)
             return
+        self._deliver(e, sample, sample.length, "length" if sample.length >= self.w.max_tokens else "stop", t)
+
+    def _deliver(self, e: _Engine, sample: _Sample, length: int, reason: str, t: float) -> None:
         request = sample.request
         completion = Completion(
             prompt_id=request.prompt_id,
             sample_index=sample.index,
             prompt_token_ids=request.prompt_token_ids,
-            response_token_ids=range(sample.length),  # type: ignore[arg-type]
+            response_token_ids=range(length),  # type: ignore[arg-type]
             behaviour_logprobs=(),
-            finish_reason="length" if sample.length >= self.w.max_tokens else "stop",
+            finish_reason=reason,  # type: ignore[arg-type]
             version_spans=tuple(sample.spans),
             admitted_version=request.admitted_version,
             engine_id=e.id,
@@ -439,12 +473,15 @@ class SimEngines:
             first_token_at=sample.started_at,
             finished_at=t,
         )
-        e.samples += 1
+        e.samples += reason != "abort"
         self.ledger.deliver(completion)
         self.results.put(completion)
 
     def _tool_return(self, sample: _Sample) -> None:
         e = sample.engine
+        if sample.aborted:  # doomed while out on its tool call
+            self._deliver(e, sample, sample.generated, "abort", self.world.now)
+            return
         if e.paused or e.pause_mode is not None:
             e.parked.append(sample)  # a paused (or draining) engine takes no new requests
             return

@@ -132,7 +132,7 @@ GPU_H100_COST = CostModel(
 @dataclass(frozen=True)
 class SimResult:
     mode: str
-    async_steps: int
+    async_steps: int | str
     num_steps: int
     trained_samples: int
     wall_s: float
@@ -151,6 +151,11 @@ class SimResult:
     group_latency_s_avg: float  # per trained prompt: admission to its last sample's finish
     warmup_steps: int  # steps left out of the steady-state rate (the pipeline filling up)
     steady_trained_samples_per_s: float  # after the warm-up: what a long run sees
+    requeued_prompts: int = 0  # over --max_off_policy_steps: admitted again (requeue)
+    dropped_prompts: int = 0  # over --max_off_policy_steps: replaced by others (drop)
+    aborted_tokens: int = 0  # generated, then aborted when their group could no longer be trained in time
+    trained_to_generated_length_ratio: float = 1.0  # < 1: dropping stragglers trained shorter samples
+    lookahead_final: int = 0  # the lookahead at the end (where `auto` settled)
     timeline: tuple[Segment, ...] = ()
 
     def as_json(self) -> dict[str, Any]:
@@ -178,18 +183,24 @@ class _SimPrompt:
     verifier_names: tuple[str, ...] = ()
 
 
-def mode_settings(mode: str, async_steps: int) -> tuple[int, bool]:
-    """(async_steps, inflight) of a mode: synchronous and one_step_async drain before each sync."""
+def mode_settings(mode: str, async_steps: int | str) -> tuple[str, bool]:
+    """(--async_steps, inflight) of a mode: synchronous and one_step_async drain before each sync."""
     if mode == "synchronous":
-        return 0, False
+        return "0", False
     if mode == "one_step_async":
-        return 1, False
+        return "1", False
     if mode == "streaming":
-        return async_steps, True
+        return str(async_steps), True
     raise ValueError(f"unknown mode {mode!r}; use one of {MODES}")
 
 
-def loop_config(workload: Workload, async_steps: int, inflight: bool) -> Config:
+def loop_config(
+    workload: Workload,
+    async_steps: int | str,
+    inflight: bool,
+    max_off_policy_steps: int | None = None,
+    off_policy_action: str = "requeue",
+) -> Config:
     """The flags a real run of this workload would pass (one learner rank: the simulated learners
     carry the data-parallel width in their cost model)."""
     w = workload
@@ -201,8 +212,10 @@ def loop_config(workload: Workload, async_steps: int, inflight: bool) -> Config:
             num_unique_prompts_rollout=w.prompts_per_step,
             num_samples_per_prompt_rollout=w.samples_per_prompt,
             response_length=w.max_tokens,
-            async_steps=async_steps,
+            async_steps=str(async_steps),
             inflight_updates=inflight,
+            max_off_policy_steps=max_off_policy_steps,
+            off_policy_action=off_policy_action,
         ),
         learner=LearnerConfig(
             total_episodes=w.num_steps * w.prompts_per_step * w.samples_per_prompt,
@@ -223,22 +236,31 @@ def _loop_warnings_silenced():
         loop_logger.setLevel(level)
 
 
-def simulate(mode: str, workload: Workload, cost: CostModel, cluster: Cluster, async_steps: int = 1) -> SimResult:
-    """Simulate `workload.num_steps` training steps. `async_steps` applies to "streaming" only:
-    "synchronous" is async_steps=0 and "one_step_async" is async_steps=1, both with a draining sync."""
+def simulate(
+    mode: str,
+    workload: Workload,
+    cost: CostModel,
+    cluster: Cluster,
+    async_steps: int | str = 1,
+    max_off_policy_steps: int | None = None,
+    off_policy_action: str = "requeue",
+) -> SimResult:
+    """Simulate `workload.num_steps` training steps. `async_steps` (an int or "auto") applies to
+    "streaming" only: "synchronous" is async_steps=0 and "one_step_async" is async_steps=1, both with a
+    draining sync. The staleness bound defaults to the lookahead (--max_off_policy_steps)."""
     steps, inflight = mode_settings(mode, async_steps)
     _validate(workload, cost, cluster, async_steps)
+    cfg = loop_config(workload, steps, inflight, max_off_policy_steps, off_policy_action)
     world = SimWorld()
     engines = SimEngines(world, workload, cost, cluster.num_engines)
     learners = SimLearners(world, cost, cluster.num_learners)
     sync = SimWeightSync(world, engines, cost, inflight)
     prompt_ids = (0,) * workload.prompt_tokens  # shared by every row: only its length matters
-    rows = [
-        _SimPrompt(f"sim:{i}", prompt_ids) for i in range((workload.num_steps + steps + 1) * workload.prompts_per_step)
-    ]
+    epoch = (workload.num_steps + cfg.lookahead_max + 1) * workload.prompts_per_step
+    rows = [_SimPrompt(f"sim:{i}", prompt_ids) for i in range(epoch)]
     log = MemoryLog()
     loop = TrainingLoop(
-        loop_config(workload, steps, inflight),
+        cfg,
         engines=engines,
         learners=learners,
         weight_sync=sync,
@@ -247,13 +269,22 @@ def simulate(mode: str, workload: Workload, cost: CostModel, cluster: Cluster, a
         train_rows=rows,
     )
     with _loop_warnings_silenced():
-        loop.run()
-    return _result(mode, steps, workload, world.now, engines, learners, sync, log.history)
+        summary = loop.run()
+    lookahead = int(steps) if steps.isdigit() else steps
+    result = _result(mode, lookahead, workload, world.now, engines, learners, sync, log.history)
+    return dataclasses.replace(
+        result,
+        requeued_prompts=summary["prompts_requeued"],
+        dropped_prompts=summary["prompts_dropped"],
+        aborted_tokens=summary["prompts_aborted_tokens"],
+        trained_to_generated_length_ratio=summary["trained_to_generated_length_ratio"],
+        lookahead_final=loop.lookahead.current,
+    )
 
 
 def _result(
     mode: str,
-    async_steps: int,
+    async_steps: int | str,
     workload: Workload,
     wall: float,
     engines: SimEngines,
@@ -320,7 +351,10 @@ def _validate(workload: Workload, cost: CostModel, cluster: Cluster, async_steps
     problems = [
         name
         for name, ok in (
-            ("async_steps >= 0", async_steps >= 0),
+            (
+                "async_steps >= 0 or 'auto'",
+                async_steps == "auto" or (isinstance(async_steps, int) and async_steps >= 0),
+            ),
             ("prompts_per_step >= 1", workload.prompts_per_step >= 1),
             ("samples_per_prompt >= 2", workload.samples_per_prompt >= 2),
             ("num_steps >= 1", workload.num_steps >= 1),
@@ -343,8 +377,10 @@ def _validate(workload: Workload, cost: CostModel, cluster: Cluster, async_steps
         raise ValueError(f"simulator inputs violate: {', '.join(problems)}")
 
 
-def run_modes(workload: Workload, cost: CostModel, cluster: Cluster, async_steps: int = 1) -> dict[str, SimResult]:
-    return {mode: simulate(mode, workload, cost, cluster, async_steps) for mode in MODES}
+def run_modes(
+    workload: Workload, cost: CostModel, cluster: Cluster, async_steps: int = 1, max_off_policy_steps: int | None = None
+) -> dict[str, SimResult]:
+    return {mode: simulate(mode, workload, cost, cluster, async_steps, max_off_policy_steps) for mode in MODES}
 
 
 def summarize(results: dict[str, SimResult]) -> dict[str, Any]:
@@ -435,6 +471,7 @@ class AsyncSweep:
     synchronous: SimResult
     one_step_async: SimResult
     streaming: dict[int, SimResult]
+    auto: SimResult | None = None  # streaming with --async_steps auto
 
     @property
     def learner_bound_samples_per_s(self) -> float:
@@ -464,6 +501,16 @@ class AsyncSweep:
             "streaming_by_async_steps": {str(a): r.as_json() for a, r in self.streaming.items()},
             "speedup_streaming_vs_sync_by_async_steps": {str(a): self.speedup(r) for a, r in self.streaming.items()},
             "async_steps_needed_by_async_steps": {str(a): needed(r) for a, r in self.streaming.items()},
+            **(
+                {}
+                if self.auto is None
+                else {
+                    "streaming_auto": self.auto.as_json(),
+                    "speedup_streaming_auto_vs_sync": self.speedup(self.auto),
+                    "streaming_auto_of_ceiling": self.auto.steady_trained_samples_per_s
+                    / self.learner_bound_samples_per_s,
+                }
+            ),
         }
 
 
@@ -472,11 +519,14 @@ def needed(result: SimResult) -> int:
     return async_steps_needed(result.group_latency_s_avg, result.learner_step_s_avg + result.weight_sync_pause_s_avg)
 
 
-def sweep_async_steps(workload: Workload, cost: CostModel, cluster: Cluster, async_steps: list[int]) -> AsyncSweep:
+def sweep_async_steps(
+    workload: Workload, cost: CostModel, cluster: Cluster, async_steps: list[int], auto: bool = True
+) -> AsyncSweep:
     return AsyncSweep(
         synchronous=simulate("synchronous", workload, cost, cluster),
         one_step_async=simulate("one_step_async", workload, cost, cluster),
         streaming={a: simulate("streaming", workload, cost, cluster, a) for a in async_steps},
+        auto=simulate("streaming", workload, cost, cluster, "auto") if auto else None,
     )
 
 
@@ -497,10 +547,11 @@ def format_sweep(sweep: AsyncSweep) -> str:
     )
     runs = [("synchronous", sweep.synchronous), ("one_step_async", sweep.one_step_async)]
     runs += [("streaming", r) for r in sweep.streaming.values()]
+    runs += [] if sweep.auto is None else [("streaming", sweep.auto)]
     rows = [header] + [
         (
             mode,
-            str(r.async_steps),
+            f"auto->{r.lookahead_final}" if r.async_steps == "auto" else str(r.async_steps),
             f"{r.steady_trained_samples_per_s:.2f}",
             f"{sweep.speedup(r):.2f}x",
             f"{r.generation_idle_frac:.1%}",
@@ -523,6 +574,13 @@ def format_sweep(sweep: AsyncSweep) -> str:
         f"{sweep.speedup(sweep.streaming[sweep.chosen_async_steps]):.2f}x at async_steps "
         f"{sweep.chosen_async_steps}"
     )
+    if sweep.auto is not None:
+        a = sweep.auto
+        lines.append(
+            f"--async_steps auto: {sweep.speedup(a):.2f}x synchronous, "
+            f"{a.steady_trained_samples_per_s / ceiling:.1%} of the ceiling, settled at {a.lookahead_final}, "
+            f"lag max {a.version_lag_max:.0f}"
+        )
     return "\n".join(lines)
 
 
@@ -587,7 +645,8 @@ def validate_on_measurements(path: Path, async_steps: int) -> tuple[dict[str, An
     workload = workload_from_json(data["workload"])
     cluster = Cluster(int(data["cluster"]["num_engines"]), int(data["cluster"]["num_learners"]))
     started = time.monotonic()
-    runs = run_modes(workload, cost, cluster, async_steps)
+    # The same staleness bound as the measured run (older files have none: the lookahead's).
+    runs = run_modes(workload, cost, cluster, async_steps, data.get("max_off_policy_steps"))
     summary = summarize(runs)
     entry: dict[str, Any] = {
         "cost_model": asdict(cost), "workload": asdict(workload), "cluster": asdict(cluster), **summary,
