@@ -143,10 +143,21 @@ class EnginePool:
     # -- direct calls (benchmarks, calibration)
 
     def call_all(self, method: str, *args, timeout_s: float = 600) -> list:
-        """Call `method` on every engine and wait for all replies (e.g. `reset_stats`)."""
+        """Call `method` on every engine and wait for all replies (e.g. `reset_stats`).
+
+        An engine that died surfaces as `EngineFailure` naming it and its in-flight prompts, whichever
+        call notices first (a poll, a stats call, an abort)."""
         import ray
 
-        return ray.get([getattr(actor, method).remote(*args) for actor in self.actors], timeout=timeout_s)
+        refs = [getattr(actor, method).remote(*args) for actor in self.actors]
+        replies = []
+        for engine_id, ref in enumerate(refs):
+            try:
+                replies.append(ray.get(ref, timeout=timeout_s))
+            except ray.exceptions.RayActorError as error:  # the actor (or its process) is gone
+                self._drain_results()
+                raise EngineFailure(engine_id, error, self.ledger.in_flight(engine_id)) from error
+        return replies
 
     def generate(
         self, requests: list[PromptRequest], engine_index: int = 0, timeout_s: float = 600
