@@ -285,7 +285,8 @@ class GenerationActor:
         from vllm.v1.engine.exceptions import EngineDeadError
 
         key = (request.prompt_id, sample_index)
-        self._generating[key] = asyncio.current_task()
+        if not request.is_eval:  # the staleness bound is about training; an eval round always finishes
+            self._generating[key] = asyncio.current_task()
         try:
             try:
                 completion = await self._one_sample(request, sample_index)

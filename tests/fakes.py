@@ -103,7 +103,8 @@ class ScriptedEngines:
         self.aborts.append((self.clock.now, min_version, sorted(doomed)))
         keep = []
         for finished, order, request, j, started, script in self._running:
-            if self._version_at(started) < min_version or request.prompt_id in doomed:
+            stale = self._version_at(started) < min_version or request.prompt_id in doomed
+            if stale and not request.is_eval:
                 done = int(script.length * (self.clock.now - started) / (finished - started))
                 partial = Script(done, script.latency_s, 0.0, "abort")
                 self._deliver(request, j, started, self.clock.now, partial)

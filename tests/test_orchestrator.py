@@ -165,6 +165,17 @@ def test_groups_over_the_bound_never_train_are_replaced_and_their_samples_aborte
     assert (8 - 1 + 3 + 1) < run.loop.feeder.state.admitted <= (8 - 1 + 3 + 1) + refills
 
 
+def test_eval_samples_are_never_aborted_by_the_training_staleness_bound():
+    def script(request, j):  # eval samples outlive several steps; training ones are quick
+        return fakes.Script(latency_s=9.0 if request.is_eval else 0.5, reward=10.0 if request.is_eval else float(j % 2))
+
+    flags = ("--async_steps", "2", "--max_off_policy_steps", "1", "--num_evals", "2", "--eval_on_step_0")
+    run = fakes.build(fakes.config(*flags, steps=8), eval_rows=fakes.rows(3, "test"), script=script)
+    run.loop.run()
+    assert run.engines.aborts  # the bound was enforced on every step after the first ones
+    assert run.log.evals and all(e["eval/verifiable_reward"] == 10.0 for e in run.log.evals)  # no aborted eval
+
+
 def test_downweight_trains_late_groups_at_a_lower_weight_without_aborting():
     flags = ("--async_steps", "3", "--max_off_policy_steps", "1", "--off_policy_action", "downweight")
     run = fakes.build(fakes.config(*flags, steps=8, prompts=1), train_rows=fakes.rows(6),
