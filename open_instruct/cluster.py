@@ -189,10 +189,8 @@ class Stack:
         logger.info("weight transfer group ready: %s", self.sync.connect())
 
     def close(self) -> None:
-        import ray
-
         if self.pool is not None:
             self.pool.shutdown()
         if self.learners is not None:
             self.learners.kill()
-        ray.shutdown()
+        shutdown_ray()

@@ -291,27 +291,24 @@ class GenerationActor:
             try:
                 completion = await self._one_sample(request, sample_index)
             except asyncio.CancelledError:  # cancelled outside a vLLM call (before it, or between two)
-                completion = self._aborted(request, sample_index)
+                completion = self._empty(request, sample_index, "abort", "aborted before generating")
             except EngineDeadError:
                 raise
             except Exception as error:  # e.g. sampling parameters vLLM refuses: delivered, never hung on
                 logger.warning("prompt %s sample %d failed: %s", request.prompt_id, sample_index, error)
-                completion = replace(
-                    self._aborted(request, sample_index),
-                    finish_reason="error",
-                    error=f"{type(error).__name__}: {error}",
-                )
+                completion = self._empty(request, sample_index, "error", f"{type(error).__name__}: {error}")
             await self._results.put_async(completion)
         finally:
             self._generating.pop(key, None)
             self._first_version.pop(key, None)
             self._set_running(self._running - 1)
 
-    def _aborted(self, request: PromptRequest, sample_index: int) -> Completion:
+    def _empty(self, request: PromptRequest, sample_index: int, reason: str, error: str) -> Completion:
+        """A sample that ended without a vLLM result: still delivered, so its group completes."""
         return Completion(
             prompt_id=request.prompt_id, sample_index=sample_index, prompt_token_ids=request.prompt_token_ids,
-            response_token_ids=(), behaviour_logprobs=(), finish_reason="abort", version_spans=(),
-            admitted_version=request.admitted_version, engine_id=self.engine_id, error="aborted before generating",
+            response_token_ids=(), behaviour_logprobs=(), finish_reason=reason, version_spans=(),  # type: ignore[arg-type]
+            admitted_version=request.admitted_version, engine_id=self.engine_id, error=error,
             is_eval=request.is_eval, queued_at=request.queued_at,
         )  # fmt: skip
 

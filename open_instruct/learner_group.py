@@ -30,10 +30,6 @@ class LearnerGroup:
         self.batch_settings = batch_settings
         self.timeout_s = timeout_s
 
-    @property
-    def world_size(self) -> int:
-        return len(self.actors)
-
     def _all(self, method: str, *args, timeout_s: float | None = None) -> list:
         import ray
 
@@ -42,10 +38,7 @@ class LearnerGroup:
 
     def setup(self) -> list[LearnerReady]:
         """Rendezvous all ranks at rank 0's node (the port is picked there) and build their engines."""
-        import ray
-
-        master_addr, master_port = ray.get(self.actors[0].rendezvous_address.remote(), timeout=self.timeout_s)
-        return self._all("setup", master_addr, master_port)
+        return self._all("setup", *self.rendezvous_address())
 
     # -- training
 
@@ -68,6 +61,7 @@ class LearnerGroup:
     # -- weights out (see weight_sync.py)
 
     def rendezvous_address(self) -> tuple[str, int]:
+        """Rank 0's node address and a port free on it."""
         import ray
 
         return ray.get(self.actors[0].rendezvous_address.remote(), timeout=self.timeout_s)

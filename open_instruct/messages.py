@@ -245,12 +245,12 @@ class PackedRow:
     """One row of `pack_length` tokens holding whole documents, then padding at the end.
 
     Built by `packing.pack`. Every tensor has shape [pack_length]; all per-token values are
-    target-aligned (see the packing module). `doc_ids` is 0 on padding and k >= 1 on the k-th document of the row, whose
-    sample id is `sample_ids[k - 1]`. Padding carries `position_ids` 0, 1, 2, ... (one
-    pseudo-document, so it never attends to a real one), `response_mask` False, zeros for
-    advantages and logprobs, and `packing.PAD_VERSION` as version. `advantages` holds the document's
-    advantage on *all* its tokens (query included) so unpacking is exact even when nothing is
-    trained; the loss only ever reads it under `response_mask`.
+    target-aligned (see the packing module). `doc_ids` is 0 on padding and k >= 1 on the k-th
+    document of the row, whose sample id is `sample_ids[k - 1]`. Padding carries `position_ids`
+    0, 1, 2, ... (one pseudo-document, so it never attends to a real one), `response_mask` False,
+    zeros for advantages and logprobs, and `packing.PAD_VERSION` as version. `advantages` holds the
+    document's advantage on *all* its tokens (query included) so unpacking is exact even when
+    nothing is trained; the loss only ever reads it under `response_mask`.
     """
 
     input_ids: torch.Tensor  # int64

@@ -46,10 +46,14 @@ class MemoryLog:
 
     def step(self, step: int, metrics: dict, trained_prompt_ids: list[str], fates: dict | None = None) -> dict:
         """`fates`: ids of prompts that left untrained this step, by fate (requeued, dropped, filtered)."""
-        record = {"training_step": step, **{k: _plain(v) for k, v in metrics.items()}}
-        self.history.append(record)
+        record = self._record(step, metrics)
         for fate, ids in {"trained": trained_prompt_ids, **(fates or {})}.items():
             self.fates.setdefault(fate, []).extend(ids)
+        return record
+
+    def _record(self, step: int, metrics: dict) -> dict:
+        record = {"training_step": step, **{k: _plain(v) for k, v in metrics.items()}}
+        self.history.append(record)
         return record
 
     def eval_round(self, step: int, metrics: dict, rows: list[dict]) -> dict:
@@ -113,7 +117,8 @@ class RunLog(MemoryLog):
         )
 
     def step(self, step: int, metrics: dict, trained_prompt_ids: list[str], fates: dict | None = None) -> dict:
-        record = super().step(step, metrics, trained_prompt_ids, fates)
+        # The ids go to trained_prompts.jsonl, not into memory: a long run admits millions of prompts.
+        record = self._record(step, metrics)
         with open(self.metrics_path, "a") as f:
             f.write(json.dumps(record) + "\n")
         with open(self.trained_path, "a") as f:

@@ -271,15 +271,8 @@ def simulate(
     with _loop_warnings_silenced():
         summary = loop.run()
     lookahead = int(steps) if steps.isdigit() else steps
-    result = _result(mode, lookahead, workload, world.now, engines, learners, sync, log.history)
-    return dataclasses.replace(
-        result,
-        requeued_prompts=summary["prompts_requeued"],
-        dropped_prompts=summary["prompts_dropped"],
-        aborted_tokens=summary["prompts_aborted_tokens"],
-        trained_to_generated_length_ratio=summary["trained_to_generated_length_ratio"],
-        lookahead_final=loop.lookahead.current,
-    )
+    return _result(mode, lookahead, workload, world.now, engines, learners, sync, log.history, summary,
+                   loop.lookahead.current)  # fmt: skip
 
 
 def _result(
@@ -291,6 +284,8 @@ def _result(
     learners: SimLearners,
     sync: SimWeightSync,
     history: list[dict],
+    summary: dict,
+    lookahead_final: int,
 ) -> SimResult:
     per_step = workload.prompts_per_step * workload.samples_per_prompt
     timeline, waited = _learner_timeline(learners.steps, sync.syncs)
@@ -322,6 +317,11 @@ def _result(
         group_latency_s_avg=mean(h["time/group_latency_s_avg"] for h in history),
         warmup_steps=warmup,
         steady_trained_samples_per_s=per_step * (len(ends) - warmup) / steady_s if steady_s > 0 else 0.0,
+        requeued_prompts=summary["prompts_requeued"],
+        dropped_prompts=summary["prompts_dropped"],
+        aborted_tokens=summary["prompts_aborted_tokens"],
+        trained_to_generated_length_ratio=summary["trained_to_generated_length_ratio"],
+        lookahead_final=lookahead_final,
         timeline=tuple(timeline),
     )
 
