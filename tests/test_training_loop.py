@@ -76,6 +76,10 @@ COMMON = [
     "0",
     "--async_steps",
     "1",
+    # No staleness bound here: which groups a bound would requeue depends on timing, and these tests
+    # compare admissions across runs (the bound's own runs are in test_staleness_bound.py).
+    "--max_off_policy_steps",
+    "100",
     "--vllm_kv_cache_gib",
     "0.25",
     "--seed",
