@@ -18,6 +18,7 @@ import logging
 import math
 import os
 import queue
+import re
 import secrets
 import selectors
 import shutil
@@ -32,7 +33,7 @@ from typing import IO, Any
 
 from code_server import sandbox
 from code_server.config import SandboxConfig
-from code_server.protocol import TestRequest, outputs_match
+from code_server.protocol import ExecuteRequest, TestRequest, outputs_match
 
 logger = logging.getLogger(__name__)
 
@@ -41,6 +42,9 @@ _NOBODY_UID = 65534
 _RUNNER = os.path.abspath(sandbox.__file__)
 _EXIT_DRAIN_S = 0.5
 _READ_CHUNK = 1 << 16
+
+
+_SANDBOX_FRAME = re.compile(r'  File "[^"]*code_server/sandbox\.py", line \d+, in \w+\n(    .*\n)?')
 
 
 class SandboxError(RuntimeError):
@@ -126,6 +130,30 @@ class CodeExecutor:
             "results": [int(status == "passed") for status, _ in verdicts],
             "runtimes": [runtime if status == "passed" else -1.0 for status, runtime in verdicts],
             "statuses": [status for status, _ in verdicts],
+        }
+
+    def execute(self, request: ExecuteRequest) -> dict[str, Any]:
+        """The `python` tool: what the snippet printed, what went wrong, and whether it ran cleanly.
+
+        Unlike open-instruct's tool server, stdout is kept when the snippet fails: what it printed
+        before the exception is what the model needs to debug it."""
+        outcome, _ = self._run(request.code, None, b"", request.timeout)
+        status = "ok" if outcome.status == "exited:0" else outcome.status
+        if status == "ok" and outcome.runtime > request.timeout:
+            status = "timeout"
+        # The sandbox's own frame would only confuse the model reading the traceback.
+        stderr = _SANDBOX_FRAME.sub("", outcome.stderr.decode(errors="replace"))
+        error = {
+            "ok": stderr,
+            "timeout": f"Timeout after {request.timeout:g} seconds",
+            "output_limit": f"output exceeded {self.config.max_output_bytes} bytes",
+        }.get(status, stderr or status)
+        return {
+            "output": outcome.stdout.decode(errors="replace"),
+            "error": error,
+            "success": status == "ok" and not stderr,
+            "status": status,
+            "runtime": outcome.runtime,
         }
 
     def _judge(self, request: TestRequest, test: Any) -> tuple[str, float]:

@@ -128,6 +128,28 @@ def parse_test_request(body: Any, stdio: bool, config: SandboxConfig) -> TestReq
     return TestRequest(program=program, tests=tests, max_execution_time=float(limit), stdio=stdio)
 
 
+@dataclass(frozen=True)
+class ExecuteRequest:
+    """`POST /execute`: one snippet for the `python` tool, run as `__main__` with empty stdin."""
+
+    code: str
+    timeout: float
+
+
+def parse_execute_request(body: Any, config: SandboxConfig) -> ExecuteRequest:
+    if not isinstance(body, dict):
+        raise BadRequestError("request body must be a JSON object")
+    code = body.get("code")
+    if not isinstance(code, str):
+        raise BadRequestError("'code' must be a string")
+    timeout = body.get("timeout", 3.0)
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not math.isfinite(timeout):
+        raise BadRequestError("'timeout' must be a number")
+    if not 0 < timeout <= config.max_execution_time_cap:
+        raise BadRequestError(f"'timeout' must be in (0, {config.max_execution_time_cap}]")
+    return ExecuteRequest(code=code, timeout=float(timeout))
+
+
 def _decimals(line: str) -> list[Decimal] | None:
     try:
         return [Decimal(token) for token in line.split()]

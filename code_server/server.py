@@ -28,6 +28,9 @@ HTTP API (compatible with open-instruct's `code_utils/api.py`):
 * `max_execution_time` (default 1.0 s, at most `max_execution_time_cap`) bounds the program's own run
   time, measured from just before the program starts, so interpreter start-up is not charged to it.
   A passing test must finish within it; the process is killed `kill_margin_s` later.
+* `POST /execute` `{"code", "timeout"}` -> `{"output", "error", "success", "status", "runtime"}`: the
+  `python` tool's endpoint (open-instruct's tool-server contract). The snippet runs as `__main__` in the
+  same sandbox, with empty stdin; nothing is echoed, so code must `print`.
 * HTTP 500 means the service itself failed (e.g. a sandbox could not start), never a wrong program.
 
 The sandbox each test runs in is described in `code_server.sandbox`; concurrency in `code_server.executor`.
@@ -49,7 +52,13 @@ from urllib.parse import urlsplit
 
 from code_server.config import SandboxConfig
 from code_server.executor import CodeExecutor, SandboxError
-from code_server.protocol import BadRequestError, outputs_match, parse_test_request
+from code_server.protocol import (
+    BadRequestError,
+    ExecuteRequest,
+    outputs_match,
+    parse_execute_request,
+    parse_test_request,
+)
 
 __all__ = [
     "CodeExecutionServer",
@@ -64,6 +73,7 @@ logger = logging.getLogger(__name__)
 
 _ASSERT_PATH = "/test_program"
 _STDIO_PATH = "/test_program_stdio"
+_EXECUTE_PATH = "/execute"
 
 
 class CodeExecutionServer(ThreadingHTTPServer):
@@ -114,20 +124,27 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:
         path = urlsplit(self.path).path.rstrip("/")
-        if path not in (_ASSERT_PATH, _STDIO_PATH):
+        if path not in (_ASSERT_PATH, _STDIO_PATH, _EXECUTE_PATH):
             # The unread body would otherwise be parsed as the next request on this connection.
             self.close_connection = True
-            self._send_json(404, {"error": f"unknown path {self.path!r}; use {_ASSERT_PATH} or {_STDIO_PATH}"})
+            paths = f"{_ASSERT_PATH}, {_STDIO_PATH} or {_EXECUTE_PATH}"
+            self._send_json(404, {"error": f"unknown path {self.path!r}; use {paths}"})
             return
         executor = self.server.executor
         try:
             body = self._read_json(executor.config.max_request_bytes)
-            request = parse_test_request(body, stdio=path == _STDIO_PATH, config=executor.config)
+            if path == _EXECUTE_PATH:
+                request = parse_execute_request(body, executor.config)
+            else:
+                request = parse_test_request(body, stdio=path == _STDIO_PATH, config=executor.config)
         except BadRequestError as e:
             self._send_json(400, {"error": str(e)})
             return
         try:
-            result = executor.run_request(request)
+            if isinstance(request, ExecuteRequest):
+                result = executor.execute(request)
+            else:
+                result = executor.run_request(request)
         except SandboxError as e:
             logger.error("code sandbox failure: %s", e)
             self._send_json(500, {"error": f"sandbox failure: {e}"})

@@ -27,6 +27,7 @@ class BatchSettings:
     advantage_normalization: str = "centered"
     filter_zero_std: bool = True
     mask_truncated: bool = False
+    mask_tool_use: bool = True
 
     @classmethod
     def from_config(cls, cfg, pad_token_id: int) -> BatchSettings:
@@ -40,6 +41,7 @@ class BatchSettings:
             advantage_normalization=a.advantage_normalization_type,
             filter_zero_std=a.filter_zero_std_samples,
             mask_truncated=a.mask_truncated_completions,
+            mask_tool_use=cfg.tools.mask_tool_use,
         )
 
 
@@ -51,6 +53,19 @@ class BatchStats:
     samples_masked: int  # truncated (with mask_truncated) or failed samples kept out of the loss
     trained_tokens: int
     packed_rows: int
+
+
+def _trained_tokens(completion, trains: bool, mask_tool_use: bool) -> tuple[int, ...] | None:
+    """The loss mask of one sample: None (every token), all zeros, or zeros on tool/environment output."""
+    length = len(completion.response_token_ids)
+    if not trains:
+        return (0,) * length
+    if completion.agent is None or not mask_tool_use or not completion.agent.observation_spans:
+        return None
+    mask = [1] * length
+    for start, end in completion.agent.observation_spans:
+        mask[start:end] = [0] * (end - start)
+    return tuple(mask)
 
 
 def assemble(groups, step: int, settings: BatchSettings) -> tuple[list[TrainBatch], BatchStats]:
@@ -75,7 +90,7 @@ def assemble(groups, step: int, settings: BatchSettings) -> tuple[list[TrainBatc
                     response_ids=completion.response_token_ids,
                     behaviour_logprobs=completion.behaviour_logprobs,
                     advantage=float(advantages_GN[g_index, j]) * weight,
-                    response_mask=None if trains else (0,) * len(completion.response_token_ids),
+                    response_mask=_trained_tokens(completion, trains, settings.mask_tool_use),
                     version=completion.min_version,
                     sample_id=f"{completion.prompt_id}/{completion.sample_index}",
                 )
@@ -95,7 +110,7 @@ def assemble(groups, step: int, settings: BatchSettings) -> tuple[list[TrainBatc
     stats = BatchStats(
         groups=len(groups),
         groups_filtered_zero_std=kept.num_filtered,
-        samples_trained=sum(1 for item in items if item.response_mask is None),
+        samples_trained=sum(1 for item in items if item.response_mask is None or any(item.response_mask)),
         samples_masked=masked,
         trained_tokens=sum(mini_tokens),
         packed_rows=len(rows),

@@ -151,7 +151,7 @@ class Stack:
 
         from open_instruct.batching import BatchSettings
         from open_instruct.engine_pool import EnginePool
-        from open_instruct.generation import EngineSettings, transfer_backend
+        from open_instruct.engine_setup import EngineSettings, transfer_backend
         from open_instruct.learner import LearnerSettings
         from open_instruct.learner_group import LearnerGroup
         from open_instruct.rewards.scoring import RewardSettings

@@ -16,21 +16,10 @@ import math
 import os
 import sys
 from dataclasses import dataclass, field, fields, replace
-from typing import Any, Literal
+from typing import Literal
 
-BEAKER_ONLY = "[Beaker only: accepted for compatibility with open-instruct scripts; no effect here] "
-
-
-class ConfigError(ValueError):
-    """A flag value or combination that cannot run; the message names the flag and the fix."""
-
-
-def arg(default: Any = None, help: str = "", **kwargs) -> Any:
-    """A dataclass field whose `help` is the single documentation source of its flag."""
-    if isinstance(default, list):
-        return field(default_factory=lambda: list(default), metadata={"help": help, **kwargs})
-    return field(default=default, metadata={"help": help, **kwargs})
-
+from open_instruct.agents.settings import ToolsConfig, tool_problems
+from open_instruct.config_fields import BEAKER_ONLY, ConfigError, arg
 
 # ----------------------------------------------------------------------------- groups
 
@@ -228,6 +217,7 @@ GROUPS = (
     AlgorithmConfig,
     RewardConfig,
     LearnerConfig,
+    ToolsConfig,
 )
 
 # The staleness bound of `--async_steps auto` when --max_off_policy_steps is not given: open-instruct's
@@ -257,6 +247,7 @@ class Config:
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
     learner: LearnerConfig = field(default_factory=LearnerConfig)
+    tools: ToolsConfig = field(default_factory=ToolsConfig)
     # Flags the user wrote on the command line (defaults excluded), to refuse ones not built yet.
     explicit_flags: frozenset[str] = frozenset()
 
@@ -386,6 +377,7 @@ def _validate(cfg: Config) -> list[str]:
     problems: list[str] = []
     for group_problems in (_generation_problems, _algorithm_problems, _learner_problems, _other_problems):
         problems.extend(message for ok, message in group_problems(cfg) if not ok)
+    problems.extend(tool_problems(cfg.tools))
     d = cfg.data
     for flag, mix in (
         ("--dataset_mixer_list", d.dataset_mixer_list),
@@ -572,6 +564,7 @@ def parse_config(argv: list[str] | None = None) -> Config:
         algorithm=by_type[AlgorithmConfig],
         reward=by_type[RewardConfig],
         learner=by_type[LearnerConfig],
+        tools=by_type[ToolsConfig],
     )
 
 

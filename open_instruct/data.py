@@ -23,16 +23,20 @@ from typing import Any, Literal
 
 from open_instruct import data_cache
 from open_instruct.data_rows import (
+    ENV_CONFIG_KEY,
     TEMPLATE_ERROR,
+    TOOLS_KEY,
     VERIFIER_KEY,
     BadRow,
     RowSettings,
     encode_texts,
     parse_row,
     render_prompt,
+    row_tool_schemas,
 )
 from open_instruct.data_sources import DatasetError, RawRows, Source, open_source
 from open_instruct.embedded_default import EMBEDDED_DATASET_NAME
+from open_instruct.messages import AgentRequest
 
 __all__ = [
     "DatasetError",
@@ -57,6 +61,7 @@ class PromptRow:
     ground_truths: tuple[Any, ...]  # one label per verifier
     verifier_names: tuple[str, ...]  # as written in the row; the reward side lower-cases and remaps
     copy: int = 0  # k-th repeat of this row when a row count above the dataset size upsamples it
+    agent: AgentRequest | None = None  # tools it may call, environments it plays in (multi-turn rows)
 
     @property
     def prompt_id(self) -> str:
@@ -210,7 +215,7 @@ class _Pending:
     cache_path: Any
     rows_read: int
     selection: list[tuple[int, int]]
-    parsed: dict[int, tuple[list[dict], list[Any], list[str]]]
+    parsed: dict[int, tuple[list[dict], list[Any], list[str], AgentRequest | None]]
     bad: dict[int, tuple[str, str]] = field(default_factory=dict)  # row index -> (reason, message)
 
 
@@ -239,7 +244,9 @@ def _tokenize(pending: _Pending, tokenizer, t: RowSettings) -> tuple[list[dict],
     texts: dict[int, str] = {}
     for index in sorted(pending.parsed):  # render row by row so a template error names its row
         try:
-            texts[index] = render_prompt(tokenizer, pending.parsed[index][0])
+            messages, _, _, agent = pending.parsed[index]
+            tools = row_tool_schemas(agent, t) if t.pass_tools_to_chat_template else None
+            texts[index] = render_prompt(tokenizer, messages, tools)
         except Exception as error:
             bad = BadRow(TEMPLATE_ERROR, f"the chat template failed ({type(error).__name__}: {error})")
             _record_bad(pending, index, bad, "", t.skip_bad_rows)
@@ -256,7 +263,7 @@ def _tokenize(pending: _Pending, tokenizer, t: RowSettings) -> tuple[list[dict],
             too_long += 1
             shortest_too_long = min(len(ids), shortest_too_long or len(ids))
             continue
-        _, truths, verifiers = pending.parsed[index]
+        _, truths, verifiers, agent = pending.parsed[index]
         records.append(
             {
                 "index": index,
@@ -264,6 +271,7 @@ def _tokenize(pending: _Pending, tokenizer, t: RowSettings) -> tuple[list[dict],
                 "prompt_token_ids": tuple(ids),
                 "ground_truths": tuple(truths),
                 "verifier_names": tuple(verifiers),
+                "agent": agent,
             }
         )
     label = pending.entry.label
@@ -309,17 +317,19 @@ def load_prompt_dataset(
     verifier_remap: dict[str, str] | None = None,
     *,
     seed: int = 1,
+    tools_cfg=None,
 ) -> PromptDataset:
     """Load, mix, validate, tokenize (or read from cache) and length-filter the train or eval mix.
 
     `tokenizer` must already carry the chat template (models.load_tokenizer installs it).
-    `verifier_remap` is Config.remap_verifier ({old: new}); `seed` is --seed (row selection).
+    `verifier_remap` is Config.remap_verifier ({old: new}); `seed` is --seed (row selection); `tools_cfg`
+    (the tools flag group) says which tools rows may name and whether their schemas go into the prompt.
     An empty eval mix gives an empty dataset; an empty train mix means the embedded dataset.
     Raises DatasetError naming the dataset, row and fix for anything unusable.
     """
-    t = _row_settings(data_cfg, model_cfg, tokenizer, verifier_remap)
+    t = _row_settings(data_cfg, model_cfg, tokenizer, verifier_remap, tools_cfg)
     identity = data_cache.tokenizer_identity(tokenizer)
-    keys = (t.messages_key, t.ground_truths_key, VERIFIER_KEY)
+    keys = (t.messages_key, t.ground_truths_key, VERIFIER_KEY, TOOLS_KEY, ENV_CONFIG_KEY)
     results: list[tuple[MixEntry, list[dict], SourceReport] | _Pending] = []
     # Phase 1: every source is read and validated (or found in the cache) before anything is tokenized.
     for entry in mixer_entries(data_cfg, which):
@@ -346,8 +356,15 @@ def load_prompt_dataset(
     return PromptDataset(prompts=prompts, report=DatasetReport(which=which, sources=tuple(reports)))
 
 
-def _row_settings(data_cfg, model_cfg, tokenizer, verifier_remap: dict[str, str] | None) -> RowSettings:
+def _row_settings(data_cfg, model_cfg, tokenizer, verifier_remap: dict[str, str] | None, tools_cfg) -> RowSettings:
+    from open_instruct.agents.environments import ENVIRONMENTS
+    from open_instruct.agents.settings import ToolsConfig, tool_specs
+    from open_instruct.agents.tools import TOOLS, make_tool
     from open_instruct.rewards import available_verifiers
+
+    tools_cfg = tools_cfg or ToolsConfig()
+    specs = tool_specs(tools_cfg)
+    schemas = tuple((s.call_name, make_tool(s).definition.to_json()) for s in specs if s.kind in TOOLS)
 
     known = tuple(available_verifiers())
     remap = tuple(sorted((k.lower(), v.lower()) for k, v in (verifier_remap or {}).items()))
@@ -365,6 +382,10 @@ def _row_settings(data_cfg, model_cfg, tokenizer, verifier_remap: dict[str, str]
         system_prompt=model_cfg.system_prompt_override,
         remap=remap,
         known_verifiers=known,
+        tool_names=tuple(s.call_name for s in specs),
+        known_environments=tuple(ENVIRONMENTS),
+        tool_schemas=schemas,
+        pass_tools_to_chat_template=tools_cfg.pass_tools_to_chat_template,
     )
 
 

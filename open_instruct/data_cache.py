@@ -59,6 +59,24 @@ def entry_path(cache_dir: str | os.PathLike, label: str, key: str) -> Path:
     return Path(cache_dir) / f"{slug}-{key}"
 
 
+def agent_to_json(agent) -> str:
+    """A row's AgentRequest as one JSON string ("" when the row has none)."""
+    if agent is None:
+        return ""
+    envs = [[env.name, [list(kv) for kv in env.reset_kwargs]] for env in agent.envs]
+    return json.dumps({"tools": list(agent.tools), "envs": envs, "max_steps": agent.max_steps})
+
+
+def agent_from_json(text: str):
+    from open_instruct.messages import AgentRequest, EnvSpec
+
+    if not text:
+        return None
+    raw = json.loads(text)
+    envs = tuple(EnvSpec(name, tuple((k, v) for k, v in kwargs)) for name, kwargs in raw["envs"])
+    return AgentRequest(tools=tuple(raw["tools"]), envs=envs, max_steps=raw["max_steps"])
+
+
 def load_entry(path: Path) -> tuple[list[dict[str, Any]], dict[str, Any]] | None:
     """(prompt records, stored report fields), or None when absent or unreadable (then it is rebuilt)."""
     if not (path / "report.json").exists():
@@ -76,13 +94,15 @@ def load_entry(path: Path) -> tuple[list[dict[str, Any]], dict[str, Any]] | None
                 "prompt_token_ids": tuple(ids),
                 "ground_truths": tuple(json.loads(truths)),
                 "verifier_names": tuple(names),
+                "agent": agent_from_json(agent),
             }
-            for index, copy, ids, truths, names in zip(
+            for index, copy, ids, truths, names, agent in zip(
                 columns["index"],
                 columns["copy"],
                 columns["prompt_token_ids"],
                 columns["ground_truths"],
                 columns["verifier_names"],
+                columns["agent"],
             )
         ]
         return records, json.loads((path / "report.json").read_text())
@@ -106,6 +126,7 @@ def store_entry(path: Path, records: list[dict[str, Any]], report: dict[str, Any
             "prompt_token_ids": pa.array([list(r["prompt_token_ids"]) for r in records], pa.list_(pa.int32())),
             "ground_truths": pa.array(truths, pa.string()),
             "verifier_names": pa.array([list(r["verifier_names"]) for r in records], pa.list_(pa.string())),
+            "agent": pa.array([agent_to_json(r.get("agent")) for r in records], pa.string()),
         }
     )
     staging = None

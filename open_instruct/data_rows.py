@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from open_instruct.data_sources import ROW_ERROR_KEY, ROW_KEYS_KEY
+from open_instruct.messages import AgentRequest, EnvSpec
 
 VERIFIER_KEY = "dataset"  # fixed by the RLVR format: the verifier name(s) of the row
 # Malformed-row reasons; the report counts skipped rows per reason.
@@ -27,6 +28,8 @@ BAD_MESSAGE = "bad message"
 UNKNOWN_VERIFIER = "unknown verifier"
 LENGTH_MISMATCH = "label/verifier length mismatch"
 TEMPLATE_ERROR = "chat template error"
+BAD_AGENT_COLUMN = "bad tools/env_config"
+TOOLS_KEY, ENV_CONFIG_KEY = "tools", "env_config"  # optional columns of multi-turn rows
 SKIP_HINT = "; fix the row or pass --dataset_skip_bad_rows to skip (and count) such rows"
 ENCODE_BATCH = 512
 
@@ -43,6 +46,10 @@ class RowSettings:
     system_prompt: str | None
     remap: tuple[tuple[str, str], ...]
     known_verifiers: tuple[str, ...]
+    tool_names: tuple[str, ...] = ()  # call names of --tools, what a row's `tools` column may list
+    known_environments: tuple[str, ...] = ()
+    tool_schemas: tuple[tuple[str, str], ...] = ()  # call name -> JSON schema, for the chat template
+    pass_tools_to_chat_template: bool = True
 
 
 class BadRow(Exception):
@@ -51,8 +58,8 @@ class BadRow(Exception):
         self.reason, self.message, self.hint = reason, message, hint
 
 
-def parse_row(row: dict[str, Any], t: RowSettings) -> tuple[list[dict], list[Any], list[str]]:
-    """(prompt messages, labels, verifier names) of a valid row; raises BadRow naming the problem."""
+def parse_row(row: dict[str, Any], t: RowSettings) -> tuple[list[dict], list[Any], list[str], AgentRequest | None]:
+    """(prompt messages, labels, verifier names, multi-turn part) of a valid row; raises BadRow naming the problem."""
     if ROW_ERROR_KEY in row:
         raise BadRow(UNREADABLE, row[ROW_ERROR_KEY])
     for key, flag in ((t.messages_key, "--sft_messages_key"), (t.ground_truths_key, "--ground_truths_key")):
@@ -98,7 +105,56 @@ def parse_row(row: dict[str, Any], t: RowSettings) -> tuple[list[dict], list[Any
     if t.system_prompt is not None:
         system = {"role": "system", "content": t.system_prompt}
         messages = [system, *messages[1:]] if messages[0]["role"] == "system" else [system, *messages]
-    return messages, truths, verifiers
+    return messages, truths, verifiers, parse_agent_columns(row.get(TOOLS_KEY), row.get(ENV_CONFIG_KEY), t)
+
+
+def parse_agent_columns(tools: Any, env_config: Any, t: RowSettings) -> AgentRequest | None:
+    """A row's `tools` (call names it may use) and `env_config` (the environments it plays in).
+
+    `env_config` takes open-instruct's three shapes: one {"env_name", ...reset kwargs} dict (a `max_steps`
+    inside it is the row's call limit), a list of such dicts, or {"max_steps"?, "env_configs": [...]}.
+    Anything else is a bad row here, where open-instruct silently plays no environment."""
+    if tools is None and env_config is None:
+        return None
+    if tools is not None and not (isinstance(tools, list) and all(isinstance(name, str) for name in tools)):
+        raise BadRow(BAD_AGENT_COLUMN, f"{TOOLS_KEY!r} must be a list of tool call names, got {tools!r}")
+    for name in tools or ():
+        if name not in t.tool_names:
+            configured = ", ".join(t.tool_names) or "none"
+            raise BadRow(BAD_AGENT_COLUMN, f"tool {name!r} in {TOOLS_KEY!r} is not configured (--tools: {configured})")
+    entries, max_steps = _env_entries(env_config)
+    envs = []
+    for entry in entries:
+        if not isinstance(entry, dict) or not isinstance(entry.get("env_name"), str):
+            raise BadRow(BAD_AGENT_COLUMN, f'{ENV_CONFIG_KEY!r} entry {entry!r} has no "env_name"')
+        if entry["env_name"] not in t.known_environments:
+            known = ", ".join(t.known_environments)
+            raise BadRow(BAD_AGENT_COLUMN, f"unknown environment {entry['env_name']!r} (known: {known})")
+        kwargs = tuple(
+            sorted((k, v) for k, v in entry.items() if k not in ("env_name", "is_text_env") and v is not None)
+        )
+        envs.append(EnvSpec(entry["env_name"], kwargs))
+    if max_steps is not None and not (isinstance(max_steps, int) and max_steps >= 1):
+        raise BadRow(BAD_AGENT_COLUMN, f"{ENV_CONFIG_KEY!r} max_steps must be an integer >= 1, got {max_steps!r}")
+    return AgentRequest(tools=tuple(tools or ()), envs=tuple(envs), max_steps=max_steps)
+
+
+def _env_entries(env_config: Any) -> tuple[list[Any], Any]:
+    if env_config is None:
+        return [], None
+    if isinstance(env_config, list):
+        return env_config, None
+    if isinstance(env_config, dict) and "env_configs" in env_config:
+        entries = env_config["env_configs"]
+        if not isinstance(entries, list):
+            raise BadRow(BAD_AGENT_COLUMN, f"{ENV_CONFIG_KEY!r} env_configs must be a list, got {entries!r}")
+        return entries, env_config.get("max_steps")
+    if isinstance(env_config, dict) and "env_name" in env_config:
+        entry = dict(env_config)
+        return [entry], entry.pop("max_steps", None)
+    raise BadRow(
+        BAD_AGENT_COLUMN, f"{ENV_CONFIG_KEY!r} must name an env_name (or list env_configs), got {env_config!r}"
+    )
 
 
 def _check_messages(messages: Any, key: str) -> list[dict]:
@@ -123,8 +179,21 @@ def _check_messages(messages: Any, key: str) -> list[dict]:
     return messages
 
 
-def render_prompt(tokenizer, messages: list[dict]) -> str:
-    return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+def render_prompt(tokenizer, messages: list[dict], tools: list[dict] | None = None) -> str:
+    return tokenizer.apply_chat_template(messages, tools=tools or None, add_generation_prompt=True, tokenize=False)
+
+
+def row_tool_schemas(agent: AgentRequest | None, t: RowSettings) -> list[dict]:
+    """The schemas the chat template renders for one row: its allowed tools, then its environments' functions."""
+    import json
+
+    from open_instruct.agents.environments import ENVIRONMENTS
+
+    allowed = agent.tools if agent is not None and agent.tools else tuple(name for name, _ in t.tool_schemas)
+    schemas = [json.loads(schema) for name, schema in t.tool_schemas if name in allowed]
+    for env in agent.envs if agent is not None else ():
+        schemas += [d.as_openai() for d in ENVIRONMENTS[env.name].tool_definitions()]
+    return schemas
 
 
 def encode_texts(tokenizer, texts: list[str], add_bos: bool) -> list[list[int]]:

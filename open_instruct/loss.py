@@ -249,6 +249,9 @@ def importance_weights(
         raise ValueError(f"mode {mode!r} keeps rho in [1/cap, cap], which is empty for cap {cap} < 1")
     mask_BT = _bool_mask(mask_BT)
     dtype = _work_dtype(old_logprobs_BT)
+    # NaN behaviour logprob: a token the engine did not sample (tool or environment output trained with
+    # --mask_tool_use False). There is no behaviour policy to correct for, so its ratio is 1.
+    behaviour_logprobs_BT = torch.where(torch.isnan(behaviour_logprobs_BT), old_logprobs_BT, behaviour_logprobs_BT)
     # where() before exp: padding may hold -inf/garbage logprobs.
     log_rho_BT = torch.where(mask_BT, (old_logprobs_BT - behaviour_logprobs_BT).to(dtype), 0.0)
     rho_BT = torch.exp(log_rho_BT.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))

@@ -41,6 +41,24 @@ class SamplingSettings:
 
 
 @dataclass(frozen=True, slots=True)
+class EnvSpec:
+    """One environment a row asks for (its `env_config`): registry name and `reset` kwargs."""
+
+    name: str
+    reset_kwargs: tuple[tuple[str, Any], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class AgentRequest:
+    """A row's multi-turn part: the tools it may call (its `tools` column; empty = every configured
+    tool), the environments it plays in, and its own call limit."""
+
+    tools: tuple[str, ...] = ()
+    envs: tuple[EnvSpec, ...] = ()
+    max_steps: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class PromptRequest:
     """One prompt admitted for generation; the engine turns it into `num_samples` requests."""
 
@@ -54,6 +72,7 @@ class PromptRequest:
     admitted_version: int  # policy version when admitted; also salts the prefix cache
     is_eval: bool = False
     queued_at: float = field(default_factory=time.time)
+    agent: AgentRequest | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +82,37 @@ class VersionSpan:
     version: int
     start: int
     end: int
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCallRecord:
+    """One tool or environment call inside a rollout."""
+
+    name: str
+    ok: bool
+    timed_out: bool
+    runtime_s: float
+    output_chars: int
+    error: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class AgentTrace:
+    """How a multi-turn sample unfolded. `observation_spans` are the response positions [start, end) of
+    tool/environment output: no behaviour logprob (NaN), no version span, out of the loss with
+    --mask_tool_use."""
+
+    turns: int
+    calls: tuple[ToolCallRecord, ...]
+    observation_spans: tuple[tuple[int, int], ...]
+    step_rewards: tuple[float, ...]
+    env_metrics: dict[str, float]
+    tool_wait_s: float
+    done: bool
+
+    @property
+    def observation_tokens(self) -> int:
+        return sum(end - start for start, end in self.observation_spans)
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,6 +138,13 @@ class Completion:
     started_at: float = 0.0
     first_token_at: float = 0.0
     finished_at: float = field(default_factory=time.time)
+    agent: AgentTrace | None = None  # multi-turn samples only
+
+    @property
+    def model_token_count(self) -> int:
+        """Response tokens the model sampled (tool and environment output excluded)."""
+        observed = self.agent.observation_tokens if self.agent is not None else 0
+        return len(self.response_token_ids) - observed
 
     @property
     def min_version(self) -> int:
@@ -129,6 +186,8 @@ class EngineStats:
     paused_s: float
     pauses: int
     weight_version: int
+    sample_s: float = 0.0  # sample-seconds in flight (generating or parked)
+    parked_sample_s: float = 0.0  # sample-seconds parked on a tool or environment
     weight_updates: int = 0
     preempted_requests: int = 0  # vLLM preemptions (a weight sync must cause none)
     prefill_tokens: int = 0  # prompt tokens the engine prefilled, cached or not

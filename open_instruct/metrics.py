@@ -19,14 +19,15 @@ def rollout_metrics(completions: Sequence[Completion], learner_version: int) -> 
     """What the trained samples looked like: reward, length, stop rate, staleness."""
     n = max(1, len(completions))
     lags = [learner_version - c.min_version for c in completions]
-    # Per token, a straggler updated in flight is mostly fresh even when its first tokens are old.
-    token_lag = sum(learner_version * len(c.response_token_ids) - version_token_sum(c) for c in completions)
-    tokens = sum(len(c.response_token_ids) for c in completions)
+    # Per token, a straggler updated in flight is mostly fresh even when its first tokens are old. Only
+    # sampled tokens have a version: tool and environment output does not.
+    token_lag = sum(learner_version * c.model_token_count - version_token_sum(c) for c in completions)
+    tokens = sum(c.model_token_count for c in completions)
     latencies = group_latencies(completions)
     return {
         "objective/verifiable_reward": sum(c.reward for c in completions) / n,
         "objective/correct_rate": sum(1 for c in completions if c.reward > 0) / n,
-        "val/sequence_lengths": tokens / n,
+        "val/sequence_lengths": sum(len(c.response_token_ids) for c in completions) / n,
         "val/stop_rate": sum(1 for c in completions if c.finish_reason == "stop") / n,
         "val/error_samples": float(sum(1 for c in completions if c.finish_reason == "error")),
         "staleness/version_lag_avg": sum(lags) / n,
@@ -38,11 +39,39 @@ def rollout_metrics(completions: Sequence[Completion], learner_version: int) -> 
     }
 
 
+def agent_metrics(completions: Sequence[Completion]) -> dict[str, float]:
+    """Tool calls, errors, timeouts and runtime per tool, turns per sample, tool wait, environment metrics."""
+    traces = [c.agent for c in completions if c.agent is not None]
+    if not traces:
+        return {}
+    n = len(traces)
+    calls = [call for trace in traces for call in trace.calls]
+    out = {
+        "agent/turns_per_sample": sum(t.turns for t in traces) / n,
+        "agent/tool_wait_s_per_sample": sum(t.tool_wait_s for t in traces) / n,
+        "agent/observation_tokens_per_sample": sum(t.observation_tokens for t in traces) / n,
+        "agent/done_rate": sum(1 for t in traces if t.done) / n,
+    }
+    for name in sorted({call.name for call in calls}) + ["aggregate"]:
+        mine = [call for call in calls if name in ("aggregate", call.name)]
+        out |= {
+            f"tools/{name}/calls_per_sample": len(mine) / n,
+            f"tools/{name}/errors": float(sum(1 for call in mine if call.error is not None and not call.timed_out)),
+            f"tools/{name}/timeouts": float(sum(1 for call in mine if call.timed_out)),
+            f"tools/{name}/failure_rate": sum(1 for call in mine if not call.ok) / max(1, len(mine)),
+            f"tools/{name}/runtime_s_avg": mean([call.runtime_s for call in mine]),
+        }
+    for key in sorted({key for t in traces for key in t.env_metrics}):
+        values = [t.env_metrics[key] for t in traces if key in t.env_metrics]
+        out[f"env/{key}"] = sum(values) / len(values)
+    return out
+
+
 def version_token_sum(completion: Completion) -> int:
     """Sum over response tokens of the weight version that generated each one."""
     spans = completion.version_spans
     covered = sum(s.end - s.start for s in spans)
-    uncovered = len(completion.response_token_ids) - covered  # no spans reported: the admission version
+    uncovered = completion.model_token_count - covered  # no spans reported: the admission version
     return sum(s.version * (s.end - s.start) for s in spans) + max(0, uncovered) * completion.admitted_version
 
 
@@ -72,7 +101,11 @@ def engine_window(now: list[EngineStats], before: list[EngineStats] | None, wind
     uptime = sum(s.uptime_s - (p.uptime_s if p else 0.0) for s, p in zip(now, previous))
     idle = sum(s.idle_s - (p.idle_s if p else 0.0) for s, p in zip(now, previous))
     tokens = sum(s.generated_tokens - (p.generated_tokens if p else 0) for s, p in zip(now, previous))
+    sample_s = sum(s.sample_s - (p.sample_s if p else 0.0) for s, p in zip(now, previous))
+    parked_s = sum(s.parked_sample_s - (p.parked_sample_s if p else 0.0) for s, p in zip(now, previous))
     return {
+        # Of the time samples spent in flight, the share they waited on tools (no engine slot held).
+        "time/parked_on_tools_frac": parked_s / sample_s if sample_s > 0 else 0.0,
         "time/generation_idle_frac": idle / uptime if uptime > 0 else 0.0,
         "perf/generated_tokens_per_s": tokens / window_s if window_s > 0 else 0.0,
         "engines/preempted_requests_total": float(sum(s.preempted_requests for s in now)),

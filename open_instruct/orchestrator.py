@@ -28,7 +28,14 @@ from open_instruct import checkpoints
 from open_instruct.config import Config
 from open_instruct.evaluation import EvalRound
 from open_instruct.messages import Completion, EngineStats, PromptRequest, SamplingSettings, StepReport
-from open_instruct.metrics import PromptOutcomes, async_steps_needed, engine_window, mean, rollout_metrics
+from open_instruct.metrics import (
+    PromptOutcomes,
+    agent_metrics,
+    async_steps_needed,
+    engine_window,
+    mean,
+    rollout_metrics,
+)
 from open_instruct.prompt_feeder import FeederState, PromptFeeder, record_prompts
 from open_instruct.replay_buffer import AddResult, Group, MaxAge, ReplayBuffer
 from open_instruct.scheduling import Lookahead
@@ -279,6 +286,7 @@ class TrainingLoop:
         return {
             **report.metrics,
             **rollout_metrics(completions, self.version - 1),
+            **agent_metrics(completions),
             **self.buffer.metrics(),
             **self.outcomes.metrics(),
             "data/solved_prompts": float(len(self.feeder.state.solved)),
@@ -447,8 +455,9 @@ def check_enough_prompts(cfg: Config, count: int) -> None:
         )
 
 
-def run(cfg: Config) -> dict:
-    """Load the data, build the Ray-backed collaborators, train; every actor is gone when this returns."""
+def run(cfg: Config, engine_class=None, engine_args: tuple = ()) -> dict:
+    """Load the data, build the Ray-backed collaborators, train; every actor is gone when this returns.
+    `engine_class`/`engine_args`: a GenerationActor subclass (benchmarks and tests shape or force samples)."""
     from open_instruct import data
     from open_instruct.cluster import Stack
     from open_instruct.models import load_tokenizer, resolve_model_path
@@ -457,15 +466,19 @@ def run(cfg: Config) -> dict:
     model_path = resolve_model_path(cfg.model.model_name_or_path)
     tokenizer = load_tokenizer(cfg.model)
     seed = cfg.experiment.seed
-    train = data.load_prompt_dataset(cfg.train_data, cfg.model, tokenizer, "train", cfg.remap_verifier, seed=seed)
+    train = data.load_prompt_dataset(
+        cfg.train_data, cfg.model, tokenizer, "train", cfg.remap_verifier, seed=seed, tools_cfg=cfg.tools
+    )
     logger.info("training data:\n%s", train.report.summary())
     check_enough_prompts(cfg, len(train.prompts))
-    evaluation = data.load_prompt_dataset(cfg.eval_data, cfg.model, tokenizer, "eval", cfg.remap_verifier, seed=seed)
+    evaluation = data.load_prompt_dataset(
+        cfg.eval_data, cfg.model, tokenizer, "eval", cfg.remap_verifier, seed=seed, tools_cfg=cfg.tools
+    )
     logger.info("evaluation data:\n%s", evaluation.report.summary())
     stop = StopRequest()
     stack = None
     try:
-        stack = Stack(cfg, model_path, tokenizer.pad_token_id)
+        stack = Stack(cfg, model_path, tokenizer.pad_token_id, engine_class, engine_args)
         stop.install()  # after ray.init, whose core worker installs its own (fatal) SIGTERM handler
         loop = TrainingLoop(
             cfg,

@@ -174,6 +174,7 @@ def make_request(
         admitted_version=version,
         is_eval=is_eval,
         queued_at=time.time() if queued_at is None else queued_at,
+        agent=getattr(row, "agent", None),
     )
 
 

@@ -69,7 +69,7 @@ async def main(args) -> dict:
         build_untrained_model,
         ensure_embedded_model,
     )
-    from open_instruct.generation import EngineSettings, engine_args
+    from open_instruct.engine_setup import EngineSettings, engine_args
 
     path = str(ensure_embedded_model())
     tok = build_tokenizer()

@@ -42,7 +42,7 @@ def test_vllm_async_engine_generates_inside_a_ray_actor(model_path):
     from transformers import AutoTokenizer
 
     from open_instruct import cluster
-    from open_instruct.generation import EngineSettings
+    from open_instruct.engine_setup import EngineSettings
     from open_instruct.messages import PromptRequest, SamplingSettings
     from open_instruct.rewards.scoring import RewardSettings
 

@@ -40,7 +40,7 @@ def ray_cluster():
 def make_pool(model_path, engines: int):
     from open_instruct import cluster
     from open_instruct.engine_pool import EnginePool
-    from open_instruct.generation import EngineSettings
+    from open_instruct.engine_setup import EngineSettings
     from open_instruct.rewards.scoring import RewardSettings
 
     settings = EngineSettings(model_path=model_path, max_model_len=MAX_MODEL_LEN, kv_cache_gib=0.25)

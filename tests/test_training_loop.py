@@ -196,7 +196,7 @@ def test_checkpoints_load_in_transformers(uninterrupted):
         from vllm import SamplingParams
         from vllm.v1.engine.async_llm import AsyncLLM
 
-        from open_instruct.generation import EngineSettings, engine_args
+        from open_instruct.engine_setup import EngineSettings, engine_args
 
         engine = AsyncLLM.from_engine_args(
             engine_args(EngineSettings(str(saved[-1]), max_model_len=128, kv_cache_gib=0.1))

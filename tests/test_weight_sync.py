@@ -22,7 +22,7 @@ from helpers.batches import rewarded_groups
 from open_instruct import cluster
 from open_instruct.batching import BatchSettings
 from open_instruct.engine_pool import EnginePool
-from open_instruct.generation import EngineSettings
+from open_instruct.engine_setup import EngineSettings
 from open_instruct.learner import LearnerSettings
 from open_instruct.learner_group import LearnerGroup
 from open_instruct.messages import PromptRequest, SamplingSettings

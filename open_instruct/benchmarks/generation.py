@@ -102,7 +102,7 @@ def main(argv: list[str] | None = None) -> dict:
     from open_instruct.benchmarks.workloads import lognormal_lengths
     from open_instruct.embedded_default import ensure_embedded_model
     from open_instruct.engine_pool import EnginePool
-    from open_instruct.generation import EngineSettings
+    from open_instruct.engine_setup import EngineSettings
 
     model_path = str(ensure_embedded_model())
     tokenizer = AutoTokenizer.from_pretrained(model_path)

@@ -252,7 +252,7 @@ def main(argv: list[str] | None = None) -> dict:
     from open_instruct import cluster
     from open_instruct.embedded_default import ensure_embedded_model
     from open_instruct.engine_pool import EnginePool
-    from open_instruct.generation import EngineSettings
+    from open_instruct.engine_setup import EngineSettings
 
     out = Path(args.output)
     out.mkdir(parents=True, exist_ok=True)

@@ -104,7 +104,7 @@ async def push_while_decoding(engine, weights, args) -> tuple[list[dict], list[i
 async def measure_size(hidden: int, layers: int, args, workdir: Path) -> dict:
     from vllm.v1.engine.async_llm import AsyncLLM
 
-    from open_instruct.generation import EngineSettings, engine_args
+    from open_instruct.engine_setup import EngineSettings, engine_args
 
     path, weights = build_model(hidden, layers, workdir)
     engine = AsyncLLM.from_engine_args(

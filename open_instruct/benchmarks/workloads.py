@@ -94,3 +94,26 @@ class ShapedGenerationActor(GenerationActor):
             started_at=first.started_at,
             first_token_at=first.first_token_at,
         )
+
+
+class ForcedTurnsActor(GenerationActor):
+    """GenerationActor whose first turns of every multi-turn sample are forced to match given regexes.
+
+    A random tiny model never writes a tool call by itself; structured outputs (a regex such as
+    `<code>print\\(1\\)</code>`) make turn k write a match of `forced_turns[k]`, through the real
+    sampler, parser, tools and observation path. Later turns sample freely."""
+
+    def __init__(self, engine_id, settings, reward_settings=None, reward_workers=1, forced_turns=()):
+        super().__init__(engine_id, settings, reward_settings, reward_workers)
+        self.forced_turns: tuple[str, ...] = tuple(forced_turns)
+
+    def set_forced_turns(self, forced_turns: tuple[str, ...]) -> None:
+        self.forced_turns = tuple(forced_turns)
+
+    def sampling_params(self, request: PromptRequest, sample_index: int, turn: int):
+        from vllm.sampling_params import StructuredOutputsParams
+
+        params = super().sampling_params(request, sample_index, turn)
+        if turn < len(self.forced_turns):
+            params.structured_outputs = StructuredOutputsParams(regex=self.forced_turns[turn])
+        return params

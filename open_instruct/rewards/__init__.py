@@ -66,7 +66,7 @@ class UnknownVerifierError(KeyError):
 _REGISTRY: dict[str, Verifier] = {}
 
 # Modules that register the built-in verifiers, imported on first lookup.
-_BUILTIN_MODULES = ("gsm8k", "math_answer", "string_match", "length", "ifeval", "code_tests")
+_BUILTIN_MODULES = ("gsm8k", "math_answer", "string_match", "length", "ifeval", "code_tests", "passthrough")
 _builtins_loaded = False
 
 

@@ -1,0 +1,6 @@
+"""Agent rollouts: tool calls and environments inside one streamed sample.
+
+`base` holds the shared vocabulary (calls, step results, tool definitions), `parsers` finds calls in
+model text and formats observations, `tools` and `environments` answer calls, `rollout` runs the
+multi-turn loop for one sample inside a generation actor, and `settings` is the flag group.
+"""

@@ -1,0 +1,89 @@
+"""The vocabulary shared by parsers, tools, environments and the rollout loop.
+
+A model turn is parsed into `ToolCall`s; whatever answers a call (a stateless tool or a stateful
+environment) returns a `StepResult`. `result` is the only text the model sees; `reward` and `done`
+matter only for environments; `error`/`timed_out` feed the statistics (the rollout never raises on
+them). `ToolDefinition` is the OpenAI-style function schema that chat templates render.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
+
+Role = Literal["tool", "user"]
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """One call the model made: the function name it wrote and its arguments."""
+
+    name: str
+    args: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class StepResult:
+    result: str
+    reward: float = 0.0
+    done: bool = False
+    error: str | None = None
+    timed_out: bool = False
+    runtime_s: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None and not self.timed_out
+
+
+@dataclass(frozen=True)
+class ToolDefinition:
+    """An OpenAI-style function schema: name, description and JSON-schema parameters."""
+
+    name: str
+    description: str
+    parameters: dict[str, Any]
+
+    @property
+    def required(self) -> tuple[str, ...]:
+        return tuple(self.parameters.get("required", ()))
+
+    def as_openai(self) -> dict[str, Any]:
+        return {
+            "type": "function",
+            "function": {"name": self.name, "description": self.description, "parameters": self.parameters},
+        }
+
+    def to_json(self) -> str:
+        return json.dumps(self.as_openai(), sort_keys=True)
+
+
+def string_tool(name: str, description: str, argument: str, argument_help: str) -> ToolDefinition:
+    """A tool with one required string argument (the only shape the legacy parser can call)."""
+    return ToolDefinition(
+        name,
+        description,
+        {
+            "type": "object",
+            "properties": {argument: {"type": "string", "description": argument_help}},
+            "required": [argument],
+        },
+    )
+
+
+class Environment(Protocol):
+    """What answers calls within one rollout. A fresh instance serves each sample, so no state leaks
+    between rollouts. `reset` receives the row's per-environment kwargs; a missing required kwarg
+    raises `ValueError` naming it."""
+
+    response_role: Role  # "tool" for function-call environments, "user" for text environments
+
+    async def reset(self, **kwargs: Any) -> None: ...
+
+    async def step(self, call: ToolCall) -> StepResult: ...
+
+    def metrics(self) -> dict[str, float]: ...
+
+    @classmethod
+    def tool_definitions(cls) -> tuple[ToolDefinition, ...]: ...

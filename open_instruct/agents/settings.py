@@ -1,0 +1,147 @@
+"""The tool and environment flags (open-instruct's names, types and defaults) and what crosses into the engines.
+
+`ToolsConfig` is one argument group of the CLI; `tool_problems` is its share of the parse-time validation
+(every message names the flag and the fix). `AgentSettings` is the frozen, picklable form a generation
+actor receives: resolved call names, parsed JSON configs, limits.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from open_instruct.config_fields import arg
+
+# Registry names of open-instruct that need infrastructure we do not ship; each is refused at parse time
+# with its reason instead of failing mid-run.
+UNSUPPORTED_TOOLS = {
+    "jina_browse": "needs Jina's hosted reader API (JINA_API_KEY); use 'http' with --tool_configs '{\"url\": ...}'",
+    "s2_search": "needs the Semantic Scholar API (S2_API_KEY); use 'http' with --tool_configs '{\"url\": ...}'",
+    "serper_search": "needs the Serper API (SERPER_API_KEY); use 'http' with --tool_configs '{\"url\": ...}'",
+    "crawl4ai_browse": "needs a Crawl4AI deployment; use 'http' with --tool_configs '{\"url\": ...}'",
+    "generic_mcp": "MCP client sessions are not built yet; expose the tool over HTTP and use 'http'",
+    "dr_agent_mcp": "needs the dr_agent package and its MCP backend",
+    "generic_sandbox": "needs a Docker daemon per sample; use 'python' (our sandboxed code service)",
+}
+SHIPPED_TOOLS = ("python", "http")
+SHIPPED_ENVIRONMENTS = ("counter", "guess_number", "wordle")
+
+
+@dataclass(frozen=True)
+class ToolsConfig:
+    _argument_group_name = "tools and environments (multi-turn rollouts)"
+
+    tools: list[str] = arg(
+        [],
+        "Tools and environments the model may call: python (our code-execution service), http (any JSON "
+        "endpoint), counter, guess_number, wordle. Environments named by a row's env_config need not be listed.",
+    )
+    tool_call_names: list[str] = arg([], "Function name the model writes for each --tools entry (default: the tool's).")
+    tool_configs: list[str] = arg(
+        [], 'One JSON object per --tools entry: the tool\'s settings, e.g. \'{"api_endpoint": URL, "timeout": 3}\'.'
+    )
+    tool_parser_type: str = arg(
+        "legacy",
+        "How calls are written and observations appended: legacy (<name>payload</name>), vllm_hermes, "
+        "vllm_llama3_json, vllm_olmo3, vllm_qwen3_xml.",
+    )
+    max_steps: int = arg(5, "Tool/environment calls per sample (a row's env_config max_steps wins).")
+    per_turn_max_tokens: int | None = arg(None, "Token cap per generation turn (None: what is left of the budget).")
+    pool_size: int | None = arg(
+        None, "Concurrent calls per tool and engine (default: prompts x samples, i.e. never the bottleneck)."
+    )
+    pass_tools_to_chat_template: bool = arg(True, "Render the tool schemas into the prompt via the chat template.")
+    only_reward_good_outputs: bool = arg(
+        False, "A sample gets its verifier reward only if it made a tool call that returned output without error."
+    )
+    mask_tool_use: bool = arg(True, "Keep tool and environment output tokens out of the loss.")
+    reward_aggregator: Literal["last", "sum"] = arg(
+        "last", "Per-step environment rewards -> sample reward: the last step's (plus the verifier's) or their sum."
+    )
+
+
+@dataclass(frozen=True)
+class ToolSpec:
+    """One --tools entry, resolved: registry kind, the name the model calls, its JSON config."""
+
+    kind: str
+    call_name: str
+    config: dict[str, Any] = field(default_factory=dict)
+
+
+def tool_specs(t: ToolsConfig) -> tuple[ToolSpec, ...]:
+    """--tools / --tool_call_names / --tool_configs zipped; assumes `tool_problems` found nothing."""
+    names = t.tool_call_names or t.tools
+    configs = t.tool_configs or ["{}"] * len(t.tools)
+    return tuple(ToolSpec(kind, name, json.loads(raw)) for kind, name, raw in zip(t.tools, names, configs))
+
+
+def tool_problems(t: ToolsConfig) -> list[str]:
+    """Everything wrong with the tool flags, each in one line naming the flag and the fix."""
+    from open_instruct.agents.parsers import PARSER_ALIASES, PARSER_TYPES, UNSUPPORTED_PARSERS
+
+    problems = []
+    if t.max_steps < 1:
+        problems.append(f"--max_steps {t.max_steps} must be >= 1")
+    if t.per_turn_max_tokens is not None and t.per_turn_max_tokens < 1:
+        problems.append(f"--per_turn_max_tokens {t.per_turn_max_tokens} must be >= 1 (or unset)")
+    if t.pool_size is not None and t.pool_size < 1:
+        problems.append(f"--pool_size {t.pool_size} must be >= 1 (or unset)")
+    parser = PARSER_ALIASES.get(t.tool_parser_type, t.tool_parser_type)
+    if parser in UNSUPPORTED_PARSERS:
+        problems.append(f"--tool_parser_type {parser} is not supported yet: {UNSUPPORTED_PARSERS[parser]}")
+    elif parser not in PARSER_TYPES:
+        problems.append(f"--tool_parser_type {t.tool_parser_type!r} is not one of {', '.join(PARSER_TYPES)}")
+    for flag, values in (("--tool_call_names", t.tool_call_names), ("--tool_configs", t.tool_configs)):
+        if values and len(values) != len(t.tools):
+            problems.append(f"{flag} has {len(values)} entries for {len(t.tools)} --tools; give one per tool")
+    for kind in t.tools:
+        if kind in UNSUPPORTED_TOOLS:
+            problems.append(f"--tools {kind} is not supported yet: {UNSUPPORTED_TOOLS[kind]}")
+        elif kind not in SHIPPED_TOOLS + SHIPPED_ENVIRONMENTS:
+            known = ", ".join(SHIPPED_TOOLS + SHIPPED_ENVIRONMENTS)
+            problems.append(f"--tools {kind!r} is not a known tool or environment (known: {known})")
+    for position, raw in enumerate(t.tool_configs):
+        try:
+            if not isinstance(json.loads(raw), dict):
+                raise ValueError("not an object")
+        except ValueError as error:
+            problems.append(f"--tool_configs entry {position + 1} ({raw!r}) is not a JSON object ({error})")
+    names = t.tool_call_names or t.tools
+    duplicates = sorted({name for name in names if names.count(name) > 1})
+    if duplicates:
+        problems.append(f"--tool_call_names: {', '.join(duplicates)} used twice; give each tool its own name")
+    return problems
+
+
+@dataclass(frozen=True)
+class AgentSettings:
+    """What a generation actor needs for multi-turn rollouts; crosses into the actor process."""
+
+    tools: tuple[ToolSpec, ...] = ()
+    parser_type: str = "legacy"
+    max_steps: int = 5
+    per_turn_max_tokens: int | None = None
+    pool_size: int = 64
+    response_length: int = 256
+    max_model_len: int = 512
+    reward_aggregator: str = "last"
+    only_reward_good_outputs: bool = False
+
+    @classmethod
+    def from_config(cls, cfg) -> AgentSettings:
+        from open_instruct.agents.parsers import PARSER_ALIASES
+
+        t = cfg.tools
+        return cls(
+            tools=tool_specs(t),
+            parser_type=PARSER_ALIASES.get(t.tool_parser_type, t.tool_parser_type),
+            max_steps=t.max_steps,
+            per_turn_max_tokens=t.per_turn_max_tokens,
+            pool_size=t.pool_size or cfg.rollout_batch_size,
+            response_length=cfg.generation.response_length,
+            max_model_len=cfg.data.max_prompt_token_length + cfg.generation.response_length,
+            reward_aggregator=t.reward_aggregator,
+            only_reward_good_outputs=t.only_reward_good_outputs,
+        )

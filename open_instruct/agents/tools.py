@@ -1,0 +1,205 @@
+"""Stateless tools the model calls mid-rollout, and the `Toolbox` one generation actor shares among its samples.
+
+Every call is a coroutine on the actor's event loop, so a sample waiting on a slow tool parks only
+itself: the engine keeps decoding every other sample meanwhile. A call never raises into the rollout:
+errors and timeouts become observation text (`StepResult.error` / `timed_out`) and are counted.
+
+Timeouts are not retried (the call already used its budget, and re-running code would double its
+effects); connection errors, 429 and 5xx are retried with back-off.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from open_instruct.agents.base import StepResult, ToolDefinition, string_tool
+from open_instruct.agents.settings import AgentSettings, ToolSpec
+
+_RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
+_GUARD_MARGIN_S = 2.0  # the outer timeout leaves the tool's own timeout room to report itself (at most 2x)
+
+
+def _default_execute_url() -> str:
+    """code_api_setup.sh exports CODE_API_URL (the code service's base URL) for the job it starts."""
+    base = os.environ.get("CODE_API_URL", "http://localhost:1234").rstrip("/")
+    return base.removesuffix("/test_program") + "/execute"
+
+
+@dataclass(frozen=True)
+class PythonToolConfig:
+    api_endpoint: str = field(default_factory=_default_execute_url)
+    timeout: float = 3.0
+    max_retries: int = 3
+
+
+@dataclass(frozen=True)
+class HttpToolConfig:
+    url: str = ""
+    timeout: float = 10.0
+    method: str = "POST"
+    headers: dict[str, str] = field(default_factory=dict)
+    result_key: str | None = None  # read this key of a JSON reply; None: the whole reply text
+    description: str = "Call a web service with JSON arguments."
+    parameters: dict[str, Any] = field(
+        default_factory=lambda: {"type": "object", "properties": {"query": {"type": "string"}}, "required": ["query"]}
+    )
+    max_retries: int = 3
+
+
+def _parse_config(config_class, kind: str, config: dict[str, Any]):
+    known = {f.name for f in dataclasses.fields(config_class)}
+    unknown = sorted(set(config) - known - {"pool_size"})
+    if unknown:
+        raise ValueError(f"--tool_configs for {kind!r}: unknown key {unknown[0]!r} (known: {', '.join(sorted(known))})")
+    return config_class(**{k: v for k, v in config.items() if k in known})
+
+
+class _Http:
+    """One aiohttp session per tool and actor, opened on first use (it must be made inside the event loop)."""
+
+    def __init__(self) -> None:
+        self._session = None
+
+    async def request(self, method: str, url: str, payload: Any, timeout: float, headers: dict, retries: int):
+        """(status, body text); raises asyncio.TimeoutError or the last connection error."""
+        import aiohttp
+
+        if self._session is None:
+            self._session = aiohttp.ClientSession()
+        attempt = 0
+        while True:
+            try:
+                async with self._session.request(
+                    method, url, json=payload, headers=headers, timeout=aiohttp.ClientTimeout(total=timeout)
+                ) as response:
+                    text = await response.text()
+                    if response.status not in _RETRY_STATUSES or attempt >= retries:
+                        return response.status, response.reason or "", text
+            except aiohttp.ClientConnectionError:
+                if attempt >= retries:
+                    raise
+            attempt += 1
+            await asyncio.sleep(0.25 * 2**attempt)
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+
+class PythonTool:
+    """Runs a snippet in our sandboxed code-execution service (`POST /execute`, code_server)."""
+
+    def __init__(self, call_name: str, config: dict[str, Any]):
+        self.settings = _parse_config(PythonToolConfig, "python", config)
+        self.call_name = call_name
+        self.timeout_s = float(self.settings.timeout)
+        self.definition = string_tool(call_name, "Run Python code; what it prints comes back.", "code", "the code")
+        self._http = _Http()
+
+    async def call(self, args: dict[str, Any]) -> StepResult:
+        code = str(next(iter(args.values()), "") if "code" not in args else args["code"])
+        if not code.strip():
+            return StepResult("", error="empty code")
+        s = self.settings
+        payload = {"code": code, "timeout": s.timeout}
+        status, reason, text = await self._http.request(
+            "POST", s.api_endpoint, payload, s.timeout + 5, {}, s.max_retries
+        )
+        if status != 200:
+            return StepResult(f"HTTP error: {status} {reason}", error=f"HTTP {status}: {text[:200]}")
+        import json
+
+        reply = json.loads(text)
+        output, error = reply.get("output", ""), reply.get("error", "")
+        observation = output + (("\n" if output and not output.endswith("\n") else "") + error if error else "")
+        timed_out = reply.get("status") == "timeout"
+        return StepResult(observation, error=error or None, timed_out=timed_out)
+
+    async def close(self) -> None:
+        await self._http.close()
+
+
+class HttpTool:
+    """Any JSON web service: the call's arguments are the request body, the reply (or one key of it) the result."""
+
+    def __init__(self, call_name: str, config: dict[str, Any]):
+        self.settings = _parse_config(HttpToolConfig, "http", config)
+        if not self.settings.url:
+            raise ValueError("--tool_configs for 'http' needs a \"url\"")
+        self.call_name = call_name
+        self.timeout_s = float(self.settings.timeout)
+        self.definition = ToolDefinition(call_name, self.settings.description, self.settings.parameters)
+        self._http = _Http()
+
+    async def call(self, args: dict[str, Any]) -> StepResult:
+        s = self.settings
+        status, reason, text = await self._http.request(s.method, s.url, args, s.timeout, s.headers, s.max_retries)
+        if not 200 <= status < 300:
+            return StepResult(f"HTTP error: {status} {reason}", error=f"HTTP {status}: {text[:200]}")
+        if s.result_key is None:
+            return StepResult(text)
+        import json
+
+        try:
+            value = json.loads(text)[s.result_key]
+        except (ValueError, KeyError, TypeError) as error:
+            return StepResult(f"Bad reply: no {s.result_key!r} in it", error=f"{type(error).__name__}: {error}")
+        return StepResult(value if isinstance(value, str) else json.dumps(value))
+
+    async def close(self) -> None:
+        await self._http.close()
+
+
+TOOLS = {"python": PythonTool, "http": HttpTool}
+
+
+def make_tool(spec: ToolSpec):
+    return TOOLS[spec.kind](spec.call_name, spec.config)
+
+
+async def call_guarded(name: str, call, timeout_s: float) -> StepResult:
+    """Run one tool or environment step; a timeout or an exception becomes an error observation."""
+    started = time.monotonic()
+    try:
+        result = await asyncio.wait_for(call, timeout_s)
+    except TimeoutError:
+        message = f"Step '{name}' timed out after {timeout_s:g}s"
+        result = StepResult(message, error=message, timed_out=True)
+    except asyncio.CancelledError:
+        raise
+    except Exception as error:
+        message = f"Step '{name}' failed: {type(error).__name__}: {error}"
+        result = StepResult(message, error=message)
+    return dataclasses.replace(result, runtime_s=time.monotonic() - started)
+
+
+class Toolbox:
+    """The configured tools of one generation actor, each behind a `--pool_size` concurrency limit."""
+
+    def __init__(self, settings: AgentSettings):
+        self.settings = settings
+        self.tools = {spec.call_name: make_tool(spec) for spec in settings.tools if spec.kind in TOOLS}
+        self.env_configs = {spec.kind: spec.config for spec in settings.tools if spec.kind not in TOOLS}
+        self.env_call_names = {spec.kind: spec.call_name for spec in settings.tools if spec.kind not in TOOLS}
+        pool = {spec.call_name: int(spec.config.get("pool_size", settings.pool_size)) for spec in settings.tools}
+        self._limits = {name: asyncio.Semaphore(size) for name, size in pool.items()}
+
+    def definitions(self, allowed: tuple[str, ...] = ()) -> tuple[ToolDefinition, ...]:
+        """Schemas of the configured tools, filtered by a row's `tools` column (empty: all)."""
+        return tuple(tool.definition for name, tool in self.tools.items() if not allowed or name in allowed)
+
+    async def call(self, name: str, args: dict[str, Any]) -> StepResult:
+        tool = self.tools[name]
+        async with self._limits[name]:
+            guard_s = tool.timeout_s + min(_GUARD_MARGIN_S, tool.timeout_s)
+            return await call_guarded(name, tool.call(args), guard_s)
+
+    async def close(self) -> None:
+        for tool in self.tools.values():
+            await tool.close()

