@@ -19,6 +19,7 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Literal
 
 from open_instruct.agents.settings import ToolsConfig, tool_problems
+from open_instruct.agents.tools import config_problems
 from open_instruct.config_fields import BEAKER_ONLY, ConfigError, arg
 
 # ----------------------------------------------------------------------------- groups
@@ -377,7 +378,7 @@ def _validate(cfg: Config) -> list[str]:
     problems: list[str] = []
     for group_problems in (_generation_problems, _algorithm_problems, _learner_problems, _other_problems):
         problems.extend(message for ok, message in group_problems(cfg) if not ok)
-    problems.extend(tool_problems(cfg.tools))
+    problems.extend(tool_problems(cfg.tools) or config_problems(cfg.tools))
     d = cfg.data
     for flag, mix in (
         ("--dataset_mixer_list", d.dataset_mixer_list),

@@ -117,10 +117,11 @@ def test_untrained_observation_tokens_get_ratio_one_in_the_importance_weights():
     assert result.weights_BT[0, 1] == 1.0 and result.weights_BT[0, 0] == pytest.approx(math.exp(0.5))
 
 
-def test_max_steps_ends_the_rollout_on_an_observation_as_truncated():
+def test_after_its_last_allowed_call_the_model_answers_once_more_without_running_calls():
     engine = ScriptedEngine(["<code>1</code>"] * 5)
     out, trace = rollout(engine, toolbox(EchoTool("code"), max_steps=2))
-    assert len(trace.calls) == 2 and trace.turns == 2 and out.finish_reason == "length"
+    assert len(trace.calls) == 2 and trace.turns == 3 and out.finish_reason == "stop"
+    assert decode(out.response_ids).endswith("</output>\n<code>1</code>")
     # A row's own max_steps wins over the flag.
     out, trace = rollout(ScriptedEngine(["<code>1</code>"] * 5), toolbox(EchoTool("code")), AgentRequest(max_steps=1))
     assert len(trace.calls) == 1

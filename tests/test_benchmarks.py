@@ -72,7 +72,7 @@ def test_replay_benchmark_sweeps_response_lengths(quick_bench):
 def test_end_to_end_benchmark_reports_every_mode(quick_bench):
     out, stdout = quick_bench
     result = json.loads((out / "e2e" / "e2e.json").read_text())
-    assert set(result["workloads"]) == {"heavy_tail", "tool_latency"}
+    assert set(result["workloads"]) == {"heavy_tail", "tool_latency", "env_turns"}
     for workload in result["workloads"].values():
         assert set(workload["modes"]) == {
             "synchronous", "one_step_async", "streaming", "streaming_drop", "streaming_downweight",
@@ -86,10 +86,16 @@ def test_end_to_end_benchmark_reports_every_mode(quick_bench):
             assert r["trained_to_generated_length_ratio"] > 0
         assert workload["modes"]["synchronous"]["version_lag_max"] == 0  # nothing runs ahead when synchronous
         assert workload["speedup_streaming_vs_sync"] > 0
+    # The multi-turn workloads go through the real path: a tool call over HTTP, environment turns.
+    for r in result["workloads"]["tool_latency"]["modes"].values():
+        assert r["tool_calls_per_sample"] == 1 and r["turns_per_sample"] == 2 and r["tool_failures"] == 0
+        assert r["tool_runtime_s_avg"] > 0 and 0 < r["parked_on_tools_frac"] < 1
+    for r in result["workloads"]["env_turns"]["modes"].values():
+        assert r["tool_calls_per_sample"] == 2 and r["turns_per_sample"] == 3 and r["tool_failures"] == 0
     assert result["peak_memory_gib"] > 0
     measured = json.loads((out / "e2e" / "measured.json").read_text())
     assert [d["running"] for d in measured["decode"]] == [1, 4] and measured["prefill_tokens_per_s"] > 0
-    for name in ("heavy_tail", "tool_latency"):
+    for name in ("heavy_tail", "tool_latency", "env_turns"):
         assert (out / "e2e" / f"timeline_{name}.png").stat().st_size > 0
     assert "streaming / synchronous trained samples/s" in stdout
 

@@ -15,7 +15,8 @@ PACKAGE = REPO / "open_instruct"
 # CPU in-process and reused by the simulator.
 PURE = (
     "advantages", "loss", "packing", "replay_buffer", "prompt_feeder", "messages", "config", "metrics",
-    "batching", "rewards", "scheduling",
+    "batching", "rewards", "scheduling", "agents.base", "agents.parsers", "agents.environments", "agents.settings",
+    "agents.tools", "agents.rollout", "data_rows",
 )  # fmt: skip
 FORBIDDEN_FOR_PURE = {"ray", "vllm", "deepspeed", "open_instruct.generation", "open_instruct.learner"}
 # The only modules that wait on actors: the driver-side handles.

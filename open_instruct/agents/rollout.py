@@ -10,8 +10,10 @@ previous tool answered, so a weight update during a tool wait applies to the nex
 Differences from open-instruct's loop, on purpose:
 * only the environments a row's `env_config` names are started for it, each as a fresh instance;
 * several results of one turn are appended as one observation block (one role header, not one each);
-* a rollout cut after an observation (by --max_steps or the token budget) ends "length", not with the
-  last model turn's "stop": the model never answered, so it counts as truncated.
+* after its last allowed call (--max_steps) the model gets one more turn to answer; calls in that turn
+  are not run. open-instruct ends the sample on the observation instead, unanswered;
+* a rollout cut after an observation (by the token budget) ends "length", not with the last model
+  turn's "stop": the model never answered, so it counts as truncated.
 """
 
 from __future__ import annotations
@@ -131,8 +133,8 @@ async def run_rollout(
         closed = turn.finish_reason == "stop" and not any(turn.response_text.endswith(s) for s in parser.stop_strings)
         if not _append_observation(out, tokenize(parser.format_observation(text, role, closed)), prompt_ids, settings):
             break
-        if out.done or steps >= max_steps:
-            out.finish_reason = "stop" if out.done else "length"
+        if out.done:
+            out.finish_reason = "stop"
             break
     env_metrics = {
         f"{name}/{key}": float(value) for name, env in dispatch.envs.items() for key, value in env.metrics().items()

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from open_instruct.agents.base import StepResult, ToolDefinition, string_tool
-from open_instruct.agents.settings import AgentSettings, ToolSpec
+from open_instruct.agents.settings import AgentSettings, ToolsConfig, ToolSpec, tool_specs
 
 _RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
 _GUARD_MARGIN_S = 2.0  # the outer timeout leaves the tool's own timeout room to report itself (at most 2x)
@@ -163,6 +163,22 @@ def make_tool(spec: ToolSpec):
     return TOOLS[spec.kind](spec.call_name, spec.config)
 
 
+def config_problems(t: ToolsConfig) -> list[str]:
+    """Build each tool and environment once (no I/O), so a bad --tool_configs key fails before any actor starts."""
+    from open_instruct.agents.environments import make_environment
+
+    problems = []
+    for spec in tool_specs(t):
+        try:
+            if spec.kind in TOOLS:
+                make_tool(spec)
+            else:
+                make_environment(spec.kind, {k: v for k, v in spec.config.items() if k != "pool_size"})
+        except (TypeError, ValueError) as error:
+            problems.append(str(error))
+    return problems
+
+
 async def call_guarded(name: str, call, timeout_s: float) -> StepResult:
     """Run one tool or environment step; a timeout or an exception becomes an error observation."""
     started = time.monotonic()
@@ -185,8 +201,11 @@ class Toolbox:
     def __init__(self, settings: AgentSettings):
         self.settings = settings
         self.tools = {spec.call_name: make_tool(spec) for spec in settings.tools if spec.kind in TOOLS}
-        self.env_configs = {spec.kind: spec.config for spec in settings.tools if spec.kind not in TOOLS}
-        self.env_call_names = {spec.kind: spec.call_name for spec in settings.tools if spec.kind not in TOOLS}
+        self.env_configs = {  # `pool_size` is ours (a concurrency limit), not an environment setting
+            spec.kind: {k: v for k, v in spec.config.items() if k != "pool_size"}
+            for spec in settings.tools
+            if spec.kind not in TOOLS
+        }
         pool = {spec.call_name: int(spec.config.get("pool_size", settings.pool_size)) for spec in settings.tools}
         self._limits = {name: asyncio.Semaphore(size) for name, size in pool.items()}
 

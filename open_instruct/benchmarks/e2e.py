@@ -13,10 +13,12 @@ training loop (`orchestrator.TrainingLoop`) in each mode, one after the other:
 * streaming_drop, streaming_downweight: the same with `--off_policy_action drop` / `downweight`,
                    to show what each action costs and how it biases trained lengths.
 
-Two workloads, each with the same prompts in every mode (a sample's length is a function of
-its id): `heavy_tail`, response lengths drawn from a lognormal (exact, ignore_eos), and
-`tool_latency`, shorter responses with a simulated tool call halfway through each sample
-(the request leaves the engine for an exponentially distributed wait, as agents do).
+Three workloads, each with the same prompts in every mode (a sample's shape is a function of
+its id): `heavy_tail`, response lengths drawn from a lognormal (exact, ignore_eos); `tool_latency`,
+shorter responses with a real tool call halfway through each sample (the production multi-turn
+path: parser, http tool, observation tokens, next turn; the tool server answers after an
+exponentially distributed wait, as APIs do); and `env_turns`, samples that play guess_number for
+`--env_calls` turns through the real environment.
 
 Per mode: trained samples/s, generated tokens/s, generation idle fraction, learner wait
 fraction, weight-sync pause, staleness (version lag mean/max), and streaming / synchronous.
@@ -40,7 +42,7 @@ import threading
 import time
 from pathlib import Path
 
-from open_instruct.benchmarks.workloads import ShapedGenerationActor, ShapedWorkload
+from open_instruct.benchmarks.workloads import LatencyToolServer, ShapedGenerationActor, ShapedWorkload
 
 logger = logging.getLogger(__name__)
 
@@ -170,8 +172,28 @@ def run_mode(stack, cfg, mode: str, tokenizer, rows) -> tuple[dict, list]:
         "buffer_peak_samples": max(h["buffer/size_samples"] for h in history),
         "buffer_cap_samples": cfg.replay_buffer_max_samples,
         "learner_steps": [{"tokens": h["perf/trained_tokens"], "step_s": h["learner/step_s"]} for h in history],
+        **_agent_columns(history),
     }
     return result, timeline
+
+
+def _agent_columns(history: list[dict]) -> dict:
+    """Multi-turn workloads: calls and turns per sample, tool wait, and the share of sample time parked on tools."""
+    if "agent/turns_per_sample" not in history[-1]:
+        return {}
+
+    def average(key: str) -> float:
+        return sum(h.get(key, 0.0) for h in history) / len(history)
+
+    return {
+        "turns_per_sample": average("agent/turns_per_sample"),
+        "tool_calls_per_sample": average("tools/aggregate/calls_per_sample"),
+        "tool_runtime_s_avg": average("tools/aggregate/runtime_s_avg"),
+        "tool_failures": sum(
+            h.get("tools/aggregate/errors", 0.0) + h.get("tools/aggregate/timeouts", 0.0) for h in history
+        ),
+        "parked_on_tools_frac": average("time/parked_on_tools_frac"),
+    }
 
 
 def calibrate_engine(stack, tokenizer, rows, running_counts: list[int], tokens: int = 64) -> dict:
@@ -248,7 +270,8 @@ def parse_args(argv: list[str] | None):
     parser.add_argument("--max_tokens", type=int, default=1024)
     parser.add_argument("--tool_latency_s", type=float, default=1.5)
     parser.add_argument("--tool_median_tokens", type=int, default=32)
-    parser.add_argument("--workloads", nargs="+", default=["heavy_tail", "tool_latency"])
+    parser.add_argument("--env_calls", type=int, default=2, help="guess_number turns per sample in env_turns")
+    parser.add_argument("--workloads", nargs="+", default=["heavy_tail", "tool_latency", "env_turns"])
     parser.add_argument("--modes", nargs="+", default=list(MODES), choices=list(MODES))
     parser.add_argument("--max_off_policy_steps", type=int, default=2, help="the staleness bound of every mode")
     parser.add_argument("--calibrate", type=int, nargs="*", default=[1, 4, 16, 64], help="running counts")
@@ -259,18 +282,24 @@ def parse_args(argv: list[str] | None):
     return args
 
 
-def base_config(args, out: Path):
+# Response tokens beyond a workload's model tokens: call texts and observations of the multi-turn workloads.
+CALL_HEADROOM_TOKENS = 128
+
+
+def base_config(args, out: Path, tool_flags: list[str]):
     """The grpo_fast flags every mode shares; modes differ only in --async_steps and --inflight_updates."""
     from open_instruct.config import parse_config
 
+    response_length = args.max_tokens + CALL_HEADROOM_TOKENS
     flags = {
         "num_unique_prompts_rollout": args.prompts, "num_samples_per_prompt_rollout": args.samples,
-        "total_episodes": args.steps * args.prompts * args.samples, "response_length": args.max_tokens,
-        "max_prompt_token_length": 64, "pack_length": args.max_tokens + 64, "beta": 0, "learning_rate": 1e-5,
+        "total_episodes": args.steps * args.prompts * args.samples, "response_length": response_length,
+        "max_prompt_token_length": 64, "pack_length": response_length + 64, "beta": 0, "learning_rate": 1e-5,
         "lr_scheduler_type": "constant", "num_evals": 0, "save_freq": 0, "vllm_kv_cache_gib": 0.5,
         "max_off_policy_steps": args.max_off_policy_steps, "output_dir": out,
     }  # fmt: skip
-    return parse_config([token for name, value in flags.items() for token in (f"--{name}", str(value))])
+    argv = [token for name, value in flags.items() for token in (f"--{name}", str(value))]
+    return parse_config(argv + tool_flags)
 
 
 def run_workload(stack, base, workload: ShapedWorkload, tokenizer, rows, out: Path, mode_names: list[str]) -> dict:
@@ -328,10 +357,14 @@ def main(argv: list[str] | None = None) -> dict:
         "tool_latency": ShapedWorkload(
             "tool_latency", args.tool_median_tokens, 0.5, args.max_tokens, args.tool_latency_s
         ),
+        "env_turns": ShapedWorkload(
+            "env_turns", args.tool_median_tokens, 0.5, args.max_tokens, env_calls=args.env_calls
+        ),
     }
     out = Path(args.output)
     out.mkdir(parents=True, exist_ok=True)
-    base = base_config(args, out)
+    tool_server = LatencyToolServer(args.tool_latency_s)
+    base = base_config(args, out, tool_server.tool_flags())
     tokenizer = load_tokenizer(base.model)
     rows = data.load_prompt_dataset(base.train_data, base.model, tokenizer, "train", {}, seed=1).prompts
     results: dict = {"machine": {"cpu_count": os.cpu_count()}, "workloads": {}}
@@ -347,6 +380,7 @@ def main(argv: list[str] | None = None) -> dict:
                 )
         finally:
             stack.close()
+            tool_server.close()
     results["peak_memory_gib"] = memory.peak / 2**30
     (out / "e2e.json").write_text(json.dumps(results, indent=1))
     if calibration and "heavy_tail" in results["workloads"]:
@@ -378,6 +412,13 @@ def print_table(results: dict) -> None:
         print(f"{'mode':<21}" + "".join(f"{title:>{width}}" for title, _, width, _ in _COLUMNS))
         for mode, r in workload["modes"].items():
             print(f"{mode:<21}" + "".join(f"{r[key]:>{width}{fmt}}" for _, key, width, fmt in _COLUMNS))
+        streaming = workload["modes"]["streaming"]
+        if "turns_per_sample" in streaming:
+            print(
+                f"streaming: {streaming['turns_per_sample']:.2f} turns and {streaming['tool_calls_per_sample']:.2f} "
+                f"calls per sample, {streaming['tool_runtime_s_avg']:.2f} s per call, "
+                f"{streaming['parked_on_tools_frac']:.2f} of sample time parked on tools"
+            )
         print(f"streaming / synchronous trained samples/s: {workload['speedup_streaming_vs_sync']:.2f}x")
 
 

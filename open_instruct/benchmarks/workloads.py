@@ -1,22 +1,34 @@
-"""Benchmark workloads: heavy-tailed response lengths and simulated tool calls, applied inside the engines.
+"""Benchmark workloads: heavy-tailed response lengths, tool calls and environment turns, applied inside the engines.
 
-A benchmark must compare modes on the *same* samples, so a sample's length is a function of its
-id (`ShapedWorkload.length`), not of the random model. `ShapedGenerationActor` is the engine
-actor with the workload applied through `GenerationActor.generate_sample`, the core's one hook
-for benchmarks: each sample gets its exact length (ignore_eos) and, with `tool_latency_s`, leaves
-the engine halfway for an exponentially distributed wait, as an agent waiting on an API does.
+A benchmark must compare modes on the *same* samples, so a sample's shape is a function of its
+id (`ShapedWorkload`), not of the random model. `ShapedGenerationActor` is the engine actor with the
+workload applied through `GenerationActor.generate_sample` and its `sampling_params` hook:
+
+* every sample gets its exact length (ignore_eos);
+* with `tool_latency_s`, turn one ends halfway with a real `<wait>ID</wait>` call (forced through
+  structured outputs) that the production multi-turn path sends to `LatencyToolServer` over HTTP; the
+  server answers after an exponentially distributed wait seeded by the sample id, as an API would;
+* with `env_calls`, the sample plays guess_number: that many forced `<guess>N</guess>` turns, each
+  answered by the real environment, then the rest of its length.
+
 Nothing about workloads travels on the core's messages.
 """
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import hashlib
+import json
 import random
+import re
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from open_instruct.generation import GenerationActor
-from open_instruct.messages import Completion, PromptRequest, VersionSpan
+from open_instruct.messages import AgentRequest, Completion, EnvSpec, PromptRequest
+
+WAIT_TOOL = "wait"  # the call name the tool workload's http tool is configured with
 
 
 def capped_lognormal(rng: random.Random, median: float, sigma: float, cap: int) -> int:
@@ -29,20 +41,36 @@ def lognormal_lengths(count: int, median: int, sigma: float, cap: int, seed: int
     return [capped_lognormal(rng, median, sigma, cap) for _ in range(count)]
 
 
+def _seeded(key: str) -> random.Random:
+    return random.Random(int.from_bytes(hashlib.blake2b(key.encode(), digest_size=4).digest(), "big"))
+
+
 @dataclasses.dataclass(frozen=True)
 class ShapedWorkload:
     name: str
     median_tokens: int
     sigma: float
     max_tokens: int
-    tool_latency_s: float = 0.0  # mean of the exponential wait at each sample's halfway point; 0 = none
+    tool_latency_s: float = 0.0  # mean wait of one real tool call at each sample's halfway point; 0 = none
+    env_calls: int = 0  # guess_number turns per sample; 0 = none
 
     def length(self, sample_id: str) -> int:
-        """The exact response length of sample `sample_id` ("<prompt id>/<sample index>")."""
-        digest = hashlib.blake2b(f"{self.name}/{sample_id}".encode(), digest_size=4).digest()
-        return capped_lognormal(
-            random.Random(int.from_bytes(digest, "big")), self.median_tokens, self.sigma, self.max_tokens
-        )
+        """The exact response length (model tokens) of sample `sample_id` ("<prompt id>/<sample index>")."""
+        return capped_lognormal(_seeded(f"{self.name}/{sample_id}"), self.median_tokens, self.sigma, self.max_tokens)
+
+    @property
+    def calls(self) -> int:
+        return self.env_calls or int(self.tool_latency_s > 0)
+
+    def segments(self, sample_id: str) -> list[int]:
+        """Model tokens of each turn before its call (and of the last turn): the length split evenly."""
+        total, parts = self.length(sample_id), self.calls + 1
+        return [total // parts + (1 if k < total % parts else 0) for k in range(parts)]
+
+    def call_text(self, sample_id: str, turn: int) -> str:
+        if self.env_calls:
+            return f"<guess>{100 - turn}</guess>"  # the secret is <= 50: every guess misses, every sample plays on
+        return f"<{WAIT_TOOL}>{sample_id}</{WAIT_TOOL}>"
 
 
 class ShapedGenerationActor(GenerationActor):
@@ -56,44 +84,75 @@ class ShapedGenerationActor(GenerationActor):
         self.workload = workload
 
     async def generate_sample(self, request: PromptRequest, sample_index: int) -> Completion:
-        if self.workload is None:
+        w = self.workload
+        if w is None:
             return await super().generate_sample(request, sample_index)
-        total = self.workload.length(f"{request.prompt_id}/{sample_index}")
-        exact = dataclasses.replace(request.sampling, max_tokens=total, ignore_eos=True, stop_strings=())
+        sample_id = f"{request.prompt_id}/{sample_index}"
+        exact = dataclasses.replace(request.sampling, max_tokens=w.length(sample_id), ignore_eos=True, stop_strings=())
         request = dataclasses.replace(request, sampling=exact)
-        if self.workload.tool_latency_s <= 0 or total < 2:
-            return await self._generate_sample(request, sample_index)
-        return await self._with_tool_call(request, sample_index, total)
+        if w.env_calls:
+            secret = 1 + w.length(sample_id) % 50
+            env = EnvSpec("guess_number", (("number", secret),))
+            request = dataclasses.replace(request, agent=AgentRequest(envs=(env,), max_steps=w.env_calls))
+        # After its last call the sample answers in one more turn: the rest of its length.
+        if w.calls and min(w.segments(sample_id)) > 0:
+            return await self._agent_sample(request, sample_index)
+        return await self._generate_sample(request, sample_index)
 
-    async def _with_tool_call(self, request: PromptRequest, sample_index: int, total: int) -> Completion:
-        """First half of the response, a wait (the simulated tool), then the rest as a continuation."""
-        half = total // 2
-        first_part = dataclasses.replace(request.sampling, max_tokens=half)
-        first = await self._generate_sample(dataclasses.replace(request, sampling=first_part), sample_index)
-        if first.finish_reason != "length" or first.error:
-            return first
-        rng = random.Random(request.seed * 7919 + sample_index)
-        await asyncio.sleep(rng.expovariate(1.0 / self.workload.tool_latency_s))
-        rest = dataclasses.replace(
-            request,
-            prompt_token_ids=request.prompt_token_ids + first.response_token_ids,
-            sampling=dataclasses.replace(request.sampling, max_tokens=total - half),
-        )
-        second = await self._generate_sample(rest, sample_index, part="/after-tool")
-        offset = len(first.response_token_ids)
-        spans = first.version_spans + tuple(
-            VersionSpan(s.version, s.start + offset, s.end + offset) for s in second.version_spans
-        )
-        return dataclasses.replace(
-            second,
-            prompt_token_ids=request.prompt_token_ids,
-            response_token_ids=first.response_token_ids + second.response_token_ids,
-            behaviour_logprobs=first.behaviour_logprobs + second.behaviour_logprobs,
-            version_spans=spans,
-            response_text=first.response_text + second.response_text,
-            started_at=first.started_at,
-            first_token_at=first.first_token_at,
-        )
+    def sampling_params(self, request: PromptRequest, sample_index: int, turn: int):
+        from vllm.sampling_params import StructuredOutputsParams
+
+        params = super().sampling_params(request, sample_index, turn)
+        w = self.workload
+        if w is None or not w.calls:
+            return params
+        sample_id = f"{request.prompt_id}/{sample_index}"
+        segments = w.segments(sample_id)
+        if turn >= len(segments) - 1:
+            params.max_tokens = min(params.max_tokens, segments[-1])
+            return params
+        # Filler of the exact length (the tokenizer spells a-z one token per letter), then the call; the
+        # grammar ends the turn with EOS, so ignore_eos must be off for it.
+        regex = f"[a-z]{{{segments[turn]}}}" + re.escape(w.call_text(sample_id, turn))
+        params.ignore_eos = False
+        params.structured_outputs = StructuredOutputsParams(regex=regex)
+        return params
+
+
+class LatencyToolServer:
+    """An HTTP JSON service that answers `{"query": sample id}` after an exponential wait seeded by the id."""
+
+    def __init__(self, mean_s: float):
+        mean = mean_s
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):
+                query = json.loads(self.rfile.read(int(self.headers["Content-Length"]))).get("query", "")
+                wait = _seeded(query).expovariate(1.0 / mean) if mean > 0 else 0.0
+                time.sleep(wait)
+                body = json.dumps({"result": f"waited {wait:.2f} s"}).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def tool_flags(self) -> list[str]:
+        """grpo_fast flags that configure the `wait` tool against this server."""
+        config = {"url": self.url, "result_key": "result", "timeout": 600, "max_retries": 0}
+        return ["--tools", "http", "--tool_call_names", WAIT_TOOL, "--tool_configs", json.dumps(config)]
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
 
 
 class ForcedTurnsActor(GenerationActor):
