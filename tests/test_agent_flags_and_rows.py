@@ -147,3 +147,47 @@ def test_the_python_tools_endpoint_runs_code_and_reports_errors():
         assert slow["status"] == "timeout" and slow["error"] == "Timeout after 0.5 seconds"
         bad = requests.post(url + "/execute", data=json.dumps({"code": 1}))
         assert bad.status_code == 400 and bad.json()["error"] == "'code' must be a string"
+
+
+def test_multi_turn_rows_load_render_their_tool_schemas_and_survive_the_cache(tmp_path, model_path):
+    from transformers import AutoTokenizer
+
+    from open_instruct.agents.settings import ToolsConfig
+    from open_instruct.config import DataConfig, ModelConfig
+    from open_instruct.data import load_prompt_dataset
+
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    # A template that renders the tool names it is given, so the test sees what reached it.
+    tokenizer.chat_template = (
+        "{% if tools %}[{{ tools | map(attribute='function.name') | join(',') }}]{% endif %}"
+        "{% for m in messages %}{{ m.content }}{% endfor %}"
+    )
+    rows = [
+        {"messages": [{"role": "user", "content": "a"}], "ground_truth": "1", "dataset": "gsm8k", "tools": ["code"]},
+        {"messages": [{"role": "user", "content": "b"}], "ground_truth": "", "dataset": "passthrough",
+         "env_config": {"env_name": "counter", "target": "3", "max_steps": 7}},
+        {"messages": [{"role": "user", "content": "c"}], "ground_truth": "2", "dataset": "gsm8k"},
+    ]  # fmt: skip
+    path = tmp_path / "rows.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    data = DataConfig(dataset_mixer_list=[str(path), "1.0"], dataset_local_cache_dir=str(tmp_path / "cache"))
+    tools = ToolsConfig(
+        tools=["python", "http"], tool_call_names=["code", "search"], tool_configs=["{}", '{"url": "x"}']
+    )
+    loads = [load_prompt_dataset(data, ModelConfig(), tokenizer, "train", tools_cfg=tools) for _ in range(2)]
+    assert [r.cache for r in loads[0].report.sources] == ["miss"] and loads[1].report.sources[0].cache == "hit"
+    for dataset in loads:
+        by_text = {
+            tokenizer.decode(p.prompt_token_ids): p.agent for p in sorted(dataset.prompts, key=lambda p: p.index)
+        }
+        assert by_text == {
+            "[code]a": AgentRequest(tools=("code",)),
+            "[code,search,increment,decrement,submit]b": AgentRequest(
+                envs=(EnvSpec("counter", (("target", "3"),)),), max_steps=7
+            ),
+            "[code,search]c": None,
+        }
+    quiet = ToolsConfig(tools=["python"], tool_call_names=["code"], pass_tools_to_chat_template=False)
+    plain = load_prompt_dataset(data, ModelConfig(), tokenizer, "train", tools_cfg=quiet)
+    assert plain.report.sources[0].cache == "miss"  # the flag is part of the cache key
+    assert sorted(tokenizer.decode(p.prompt_token_ids) for p in plain.prompts) == ["a", "b", "c"]

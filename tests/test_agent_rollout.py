@@ -147,6 +147,20 @@ def test_tool_errors_and_timeouts_become_text_and_the_sample_continues():
     assert text.endswith("fine") and trace.turns == 3
 
 
+def test_tool_calls_of_one_turn_run_concurrently():
+    box = toolbox(EchoTool("a", delay_s=0.3), EchoTool("b", delay_s=0.3))
+    out, trace = rollout(ScriptedEngine(["<a>1</a><b>2</b>", "x"]), box)
+    assert [c.name for c in trace.calls] == ["a", "b"] and "echo:1\necho:2" in decode(out.response_ids)
+    assert 0.3 <= trace.tool_wait_s < 0.55  # one wait, not two
+
+
+def test_an_environment_step_that_ends_the_episode_skips_the_calls_after_it():
+    call = "<guess>{}</guess>"
+    engine = ScriptedEngine([call.format(37) + call.format(50)])
+    _, trace = rollout(engine, toolbox(), AgentRequest(envs=(EnvSpec("guess_number", (("number", "37"),)),)))
+    assert len(trace.calls) == 1 and trace.done and trace.step_rewards == (1.0,)
+
+
 def test_calls_outside_the_rows_tools_are_not_run():
     _, trace = rollout(
         ScriptedEngine(["<a>1</a><b>2</b>", "x"]), toolbox(EchoTool("a"), EchoTool("b")), AgentRequest(tools=("b",))

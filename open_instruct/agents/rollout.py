@@ -18,8 +18,10 @@ Differences from open-instruct's loop, on purpose:
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import math
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -125,8 +127,10 @@ async def run_rollout(
         if not calls:
             break
         steps += len(calls)
+        waited_from = time.monotonic()
         async with parked():
-            results = [await _answer(call, dispatch, toolbox) for call in calls]
+            results = await _answer_all(calls, dispatch, toolbox)
+        out.tool_wait_s += time.monotonic() - waited_from
         _record(out, calls, results)
         role: Role = "user" if any(c.name in dispatch.text_envs for c in calls) else "tool"
         text = "\n".join(result.result for result in results)
@@ -158,6 +162,19 @@ def _append_turn(out: Rollout, turn: Completion) -> None:
     out.version_spans += [VersionSpan(s.version, s.start + offset, s.end + offset) for s in turn.version_spans]
 
 
+async def _answer_all(calls: list[ToolCall], dispatch: _Dispatch, toolbox: Toolbox) -> list[StepResult]:
+    """Stateless tool calls of one turn run concurrently; environment steps run in order, and one that
+    ends the episode skips the calls after it."""
+    if all(call.name in dispatch.tools for call in calls):
+        return list(await asyncio.gather(*(_answer(call, dispatch, toolbox) for call in calls)))
+    results = []
+    for call in calls:
+        results.append(await _answer(call, dispatch, toolbox))
+        if results[-1].done:
+            break
+    return results
+
+
 async def _answer(call: ToolCall, dispatch: _Dispatch, toolbox: Toolbox) -> StepResult:
     if call.name in dispatch.tools:
         return await toolbox.call(call.name, call.args)
@@ -170,7 +187,6 @@ def _record(out: Rollout, calls: list[ToolCall], results: list[StepResult]) -> N
         out.calls.append(
             ToolCallRecord(call.name, result.ok, result.timed_out, result.runtime_s, len(result.result), result.error)
         )
-        out.tool_wait_s += result.runtime_s
         out.step_rewards.append(result.reward)
         if result.done:
             out.done = True
