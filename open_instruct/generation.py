@@ -296,7 +296,13 @@ class GenerationActor:
 
         try:
             out, trace = await run_rollout(
-                request.prompt_token_ids, request.agent or AgentRequest(), self.toolbox, turn, encode, self._parking
+                request.prompt_token_ids,
+                request.agent or AgentRequest(),
+                self.toolbox,
+                turn,
+                encode,
+                request.sampling.max_tokens,
+                self._parking,
             )
         except ValueError as error:  # a row's env_config its environment refuses (a missing reset key, ...)
             return self._empty(request, sample_index, "error", f"env_config of {request.prompt_id}: {error}")

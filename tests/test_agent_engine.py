@@ -73,7 +73,7 @@ def pool(model_path, services):
         ToolSpec("http", "late", {"url": web_url + "/slow", "timeout": 0.5}),
         ToolSpec("http", "broken", {"url": web_url + "/broken", "max_retries": 0}),
     )
-    agent = AgentSettings(tools=tools, response_length=RESPONSE_LENGTH, max_model_len=512)
+    agent = AgentSettings(tools=tools, max_model_len=512)
     settings = EngineSettings(model_path=model_path, max_model_len=512, kv_cache_gib=0.25, agent=agent)
     cluster.init_ray(min_logical_cpus=3)
     actors = cluster.create_generation_actors(settings, 1, RewardSettings(), actor_class=ForcedTurnsActor)

@@ -67,7 +67,7 @@ class EchoTool:
 
 
 def toolbox(*tools: EchoTool, **settings) -> Toolbox:
-    defaults = {"response_length": 200, "max_model_len": 400, "max_steps": 5}
+    defaults = {"max_model_len": 400, "max_steps": 5}
     box = Toolbox(AgentSettings(**{**defaults, **settings}))
     for tool in tools:
         box.tools[tool.call_name] = tool
@@ -75,8 +75,8 @@ def toolbox(*tools: EchoTool, **settings) -> Toolbox:
     return box
 
 
-def rollout(engine, box, request: AgentRequest | None = None):
-    return asyncio.run(run_rollout(PROMPT, request or AgentRequest(), box, engine, tokenize))
+def rollout(engine, box, request: AgentRequest | None = None, response_length: int = 200):
+    return asyncio.run(run_rollout(PROMPT, request or AgentRequest(), box, engine, tokenize, response_length))
 
 
 def test_two_calls_outputs_in_place_masked_and_without_logprobs():
@@ -129,11 +129,11 @@ def test_after_its_last_allowed_call_the_model_answers_once_more_without_running
 
 def test_budgets_per_turn_and_overall():
     engine = ScriptedEngine(["<code>x</code>", "y" * 100])
-    out, _ = rollout(engine, toolbox(EchoTool("code"), per_turn_max_tokens=40, response_length=60))
+    out, _ = rollout(engine, toolbox(EchoTool("code"), per_turn_max_tokens=40), response_length=60)
     assert [asked[1] for asked in engine.asked] == [40, 60 - len("<code>x</code><output>\necho:x\n</output>\n")]
     assert len(out.response_ids) == 60 and out.finish_reason == "length"
     # An observation that does not fit is cut and ends the rollout.
-    out, trace = rollout(ScriptedEngine(["<code>x</code>"]), toolbox(EchoTool("code"), response_length=20))
+    out, trace = rollout(ScriptedEngine(["<code>x</code>"]), toolbox(EchoTool("code")), response_length=20)
     assert len(out.response_ids) == 20 and out.finish_reason == "length" and trace.observation_spans == ((14, 20),)
 
 
@@ -172,7 +172,7 @@ def test_guess_number_environment_with_the_hermes_parser():
     call = '<tool_call>{{"name": "guess", "arguments": {{"number": {}}}}}</tool_call><|im_end|>'
     engine = ScriptedEngine([call.format(50), call.format(37), "never"])
     request = AgentRequest(envs=(EnvSpec("guess_number", (("number", "37"),)),))
-    out, trace = rollout(engine, toolbox(parser_type="vllm_hermes", response_length=400, max_model_len=600), request)
+    out, trace = rollout(engine, toolbox(parser_type="vllm_hermes", max_model_len=600), request, response_length=400)
     assert trace.step_rewards == pytest.approx((1 - 13 / 99, 1.0)) and trace.done and out.finish_reason == "stop"
     assert trace.turns == 2 and trace.env_metrics["guess_number/solved"] == 1.0
     assert "<|im_start|>tool\n<tool_response>\n" in decode(out.response_ids)
@@ -202,7 +202,7 @@ def test_parked_context_wraps_each_tool_wait():
             events.append("unpark")
 
     engine = ScriptedEngine(["<code>x</code>", "<code>y</code>", "z"])
-    asyncio.run(run_rollout(PROMPT, AgentRequest(), toolbox(EchoTool("code")), engine, tokenize, Parking))
+    asyncio.run(run_rollout(PROMPT, AgentRequest(), toolbox(EchoTool("code")), engine, tokenize, 200, Parking))
     assert events == ["park", "unpark", "park", "unpark"]
 
 

@@ -98,12 +98,15 @@ async def run_rollout(
     toolbox: Toolbox,
     generate_turn: GenerateTurn,
     tokenize: Callable[[str], list[int]],
+    response_length: int,
     parked: Callable[[], contextlib.AbstractAsyncContextManager] = contextlib.nullcontext,
 ) -> tuple[Rollout, AgentTrace]:
-    """One sample's whole trajectory. `parked` wraps every tool wait (the actor counts parked samples)."""
+    """One sample's whole trajectory within `response_length` tokens (model and observation tokens together:
+    the request's max_tokens). `parked` wraps every tool wait (the actor counts parked samples)."""
     from open_instruct.agents.parsers import make_parser
 
     settings = toolbox.settings
+    budget = _Budget(response_length, settings.max_model_len - len(prompt_ids), settings.per_turn_max_tokens)
     dispatch = _Dispatch(toolbox, request)
     for spec in request.envs:
         await dispatch.envs[spec.name].reset(**dict(spec.reset_kwargs))
@@ -111,11 +114,11 @@ async def run_rollout(
     max_steps = request.max_steps or settings.max_steps
     out, steps = Rollout(), 0
     while True:
-        budget = _turn_budget(len(prompt_ids), len(out.response_ids), settings)
-        if budget <= 0:
+        max_tokens = budget.next_turn(len(out.response_ids))
+        if max_tokens <= 0:
             out.finish_reason = "length"
             break
-        turn = await generate_turn(prompt_ids + tuple(out.response_ids), budget, parser.stop_strings, out.turns)
+        turn = await generate_turn(prompt_ids + tuple(out.response_ids), max_tokens, parser.stop_strings, out.turns)
         _append_turn(out, turn)
         if turn.finish_reason in ("abort", "error"):
             out.finish_reason, out.error = turn.finish_reason, turn.error
@@ -135,7 +138,7 @@ async def run_rollout(
         role: Role = "user" if any(c.name in dispatch.text_envs for c in calls) else "tool"
         text = "\n".join(result.result for result in results)
         closed = turn.finish_reason == "stop" and not any(turn.response_text.endswith(s) for s in parser.stop_strings)
-        if not _append_observation(out, tokenize(parser.format_observation(text, role, closed)), prompt_ids, settings):
+        if not _append_observation(out, tokenize(parser.format_observation(text, role, closed)), budget):
             break
         if out.done:
             out.finish_reason = "stop"
@@ -146,11 +149,19 @@ async def run_rollout(
     return out, out.trace(env_metrics)
 
 
-def _turn_budget(prompt_len: int, response_len: int, settings) -> int:
-    remaining = settings.response_length - response_len
-    room = settings.max_model_len - prompt_len - response_len
-    cap = settings.per_turn_max_tokens or math.inf
-    return int(min(remaining, room, cap))
+@dataclass(frozen=True)
+class _Budget:
+    """Token limits of one rollout: the response (model + observation tokens), the context, each turn."""
+
+    response_length: int
+    context_room: int  # max_model_len - prompt length
+    per_turn: int | None
+
+    def left(self, used: int) -> int:
+        return min(self.response_length, self.context_room) - used
+
+    def next_turn(self, used: int) -> int:
+        return min(self.left(used), self.per_turn or math.inf)  # type: ignore[return-value]
 
 
 def _append_turn(out: Rollout, turn: Completion) -> None:
@@ -192,19 +203,15 @@ def _record(out: Rollout, calls: list[ToolCall], results: list[StepResult]) -> N
             out.done = True
 
 
-def _append_observation(out: Rollout, ids: list[int], prompt_ids: tuple[int, ...], settings) -> bool:
+def _append_observation(out: Rollout, ids: list[int], budget: _Budget) -> bool:
     """Append observation tokens (cut to the budget); False when the cut ends the rollout."""
-    fits = min(
-        settings.response_length - len(out.response_ids),
-        settings.max_model_len - len(prompt_ids) - len(out.response_ids),
-    )
-    kept = ids[: max(0, fits)]
+    kept = ids[: max(0, budget.left(len(out.response_ids)))]
     start = len(out.response_ids)
     out.response_ids += kept
     out.logprobs += [math.nan] * len(kept)
     if kept:
         out.observation_spans.append((start, start + len(kept)))
-    if len(kept) < len(ids) or len(out.response_ids) >= settings.response_length:
+    if len(kept) < len(ids) or budget.left(len(out.response_ids)) <= 0:
         out.finish_reason = "length"
         return False
     return True

@@ -124,7 +124,6 @@ class AgentSettings:
     max_steps: int = 5
     per_turn_max_tokens: int | None = None
     pool_size: int = 64
-    response_length: int = 256
     max_model_len: int = 512
     reward_aggregator: str = "last"
     only_reward_good_outputs: bool = False
@@ -140,7 +139,6 @@ class AgentSettings:
             max_steps=t.max_steps,
             per_turn_max_tokens=t.per_turn_max_tokens,
             pool_size=t.pool_size or cfg.rollout_batch_size,
-            response_length=cfg.generation.response_length,
             max_model_len=cfg.data.max_prompt_token_length + cfg.generation.response_length,
             reward_aggregator=t.reward_aggregator,
             only_reward_good_outputs=t.only_reward_good_outputs,

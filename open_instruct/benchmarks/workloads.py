@@ -88,16 +88,20 @@ class ShapedGenerationActor(GenerationActor):
         if w is None:
             return await super().generate_sample(request, sample_index)
         sample_id = f"{request.prompt_id}/{sample_index}"
-        exact = dataclasses.replace(request.sampling, max_tokens=w.length(sample_id), ignore_eos=True, stop_strings=())
+        multi_turn = w.calls > 0 and min(w.segments(sample_id)) > 0
+        # Multi-turn samples keep --response_length as their budget (calls and observations take room too);
+        # `sampling_params` gives each turn its exact length.
+        max_tokens = request.sampling.max_tokens if multi_turn else w.length(sample_id)
+        exact = dataclasses.replace(request.sampling, max_tokens=max_tokens, ignore_eos=True, stop_strings=())
         request = dataclasses.replace(request, sampling=exact)
+        if not multi_turn:
+            return await self._generate_sample(request, sample_index)
         if w.env_calls:
             secret = 1 + w.length(sample_id) % 50
             env = EnvSpec("guess_number", (("number", secret),))
+            # After its last call the sample answers in one more turn: the rest of its length.
             request = dataclasses.replace(request, agent=AgentRequest(envs=(env,), max_steps=w.env_calls))
-        # After its last call the sample answers in one more turn: the rest of its length.
-        if w.calls and min(w.segments(sample_id)) > 0:
-            return await self._agent_sample(request, sample_index)
-        return await self._generate_sample(request, sample_index)
+        return await self._agent_sample(request, sample_index)
 
     def sampling_params(self, request: PromptRequest, sample_index: int, turn: int):
         from vllm.sampling_params import StructuredOutputsParams
@@ -108,6 +112,8 @@ class ShapedGenerationActor(GenerationActor):
             return params
         sample_id = f"{request.prompt_id}/{sample_index}"
         segments = w.segments(sample_id)
+        if min(segments) == 0:  # too short to split: generate_sample made it a single-turn sample
+            return params
         if turn >= len(segments) - 1:
             params.max_tokens = min(params.max_tokens, segments[-1])
             return params
