@@ -3,7 +3,7 @@
 # (default output/bench): weight_sync.json (pause vs model size), replay/ (engines-only replay,
 # response-length sweep), e2e/ (sync vs one-step vs streaming, + measured.json), simulator/ (cost
 # model fitted to e2e/measured.json, validation, seed-cluster projection).
-# Hardware: a 2-core x86_64 Linux machine, no GPU: about 25 minutes; QUICK=1 shrinks every
+# Hardware: a 2-core x86_64 Linux machine, no GPU: about 35 minutes; QUICK=1 shrinks every
 # benchmark to a smoke run (about 4 minutes; the tests use it). Sets up .venv first when needed.
 # Usage: bash scripts/cpu_benchmarks.sh    or    QUICK=1 OUT=/tmp/bench bash scripts/cpu_benchmarks.sh
 set -euo pipefail
