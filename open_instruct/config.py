@@ -11,7 +11,6 @@ unchanged, and say so in their help.
 
 from __future__ import annotations
 
-import difflib
 import math
 import os
 import sys
@@ -20,7 +19,21 @@ from typing import Literal
 
 from open_instruct.agents.settings import ToolsConfig, tool_problems
 from open_instruct.agents.tools import config_problems
-from open_instruct.config_fields import BEAKER_ONLY, ConfigError, arg
+from open_instruct.config_fields import BEAKER_ONLY, ConfigError, arg, mixer_problems, unknown_flags_message
+from open_instruct.config_parity import (
+    PARITY_GROUPS,
+    DataExtrasConfig,
+    EvalExtrasConfig,
+    InfraConfig,
+    LoggingConfig,
+    LossExtrasConfig,
+    ResourceConfig,
+    RewardExtrasConfig,
+    ScheduleConfig,
+    TokenizerModelConfig,
+    parity_problems,
+    pending_problems,
+)
 
 # ----------------------------------------------------------------------------- groups
 
@@ -219,6 +232,7 @@ GROUPS = (
     RewardConfig,
     LearnerConfig,
     ToolsConfig,
+    *PARITY_GROUPS,
 )
 
 # The staleness bound of `--async_steps auto` when --max_off_policy_steps is not given: open-instruct's
@@ -249,6 +263,15 @@ class Config:
     reward: RewardConfig = field(default_factory=RewardConfig)
     learner: LearnerConfig = field(default_factory=LearnerConfig)
     tools: ToolsConfig = field(default_factory=ToolsConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+    schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
+    loss_extras: LossExtrasConfig = field(default_factory=LossExtrasConfig)
+    resources: ResourceConfig = field(default_factory=ResourceConfig)
+    infra: InfraConfig = field(default_factory=InfraConfig)
+    tokenizer_model: TokenizerModelConfig = field(default_factory=TokenizerModelConfig)
+    data_extras: DataExtrasConfig = field(default_factory=DataExtrasConfig)
+    eval_extras: EvalExtrasConfig = field(default_factory=EvalExtrasConfig)
+    reward_extras: RewardExtrasConfig = field(default_factory=RewardExtrasConfig)
     # Flags the user wrote on the command line (defaults excluded), to refuse ones not built yet.
     explicit_flags: frozenset[str] = frozenset()
 
@@ -274,7 +297,8 @@ class Config:
 
     @property
     def num_training_steps(self) -> int:
-        return self.learner.total_episodes // self.rollout_batch_size
+        steps = self.learner.total_episodes // self.rollout_batch_size
+        return min(steps, self.schedule.max_train_steps) if self.schedule.max_train_steps else steps
 
     @property
     def kl_estimator(self) -> str:
@@ -302,8 +326,18 @@ class Config:
         return {old.strip().lower(): new.strip().lower()}
 
     @property
+    def eval_response_length(self) -> int:
+        return self.eval_extras.eval_response_length or self.generation.response_length
+
+    @property
+    def tracking_enabled(self) -> bool:
+        """--with_tracking, or open-instruct's --report_to naming wandb (or all)."""
+        report_to = {name.lower() for name in self.logging.report_to or ()}
+        return self.experiment.with_tracking or bool(report_to & {"wandb", "all"})
+
+    @property
     def run_name(self) -> str:
-        return f"{self.experiment.exp_name}__{self.experiment.seed}"
+        return self.logging.run_name or f"{self.experiment.exp_name}__{self.experiment.seed}"
 
     @property
     def stop_strings(self) -> tuple[str, ...]:
@@ -357,7 +391,9 @@ class Config:
     @property
     def max_possible_reward(self) -> float:
         """A perfect sample's reward, the denominator of pass rates (--no_resampling_pass_rate)."""
-        return self.reward.verification_reward + max(0.0, self.reward.format_reward)
+        r = self.reward_extras
+        format_score = r.r1_style_format_reward if r.apply_r1_style_format_reward and r.additive_format_reward else 0.0
+        return self.reward.verification_reward + max(0.0, self.reward.format_reward) + max(0.0, format_score)
 
     # -- capacities derived from the lookahead: lookahead + 1 batches of live groups may be admitted
     # and untrained at once (refills only replace dropped ones), plus one batch of slack for the
@@ -379,12 +415,13 @@ def _validate(cfg: Config) -> list[str]:
     for group_problems in (_generation_problems, _algorithm_problems, _learner_problems, _other_problems):
         problems.extend(message for ok, message in group_problems(cfg) if not ok)
     problems.extend(tool_problems(cfg.tools) or config_problems(cfg.tools))
+    problems.extend(parity_problems(cfg))
     d = cfg.data
     for flag, mix in (
         ("--dataset_mixer_list", d.dataset_mixer_list),
         ("--dataset_mixer_eval_list", d.dataset_mixer_eval_list),
     ):
-        problems.extend(_mixer_problems(flag, mix))
+        problems.extend(mixer_problems(flag, mix))
     if cfg.algorithm.loss_denominator != "token":
         try:
             if float(cfg.algorithm.loss_denominator) <= 0:
@@ -495,19 +532,6 @@ def _other_problems(cfg: Config) -> list[tuple[bool, str]]:
     ]
 
 
-def _mixer_problems(flag: str, mix: list[str]) -> list[str]:
-    if len(mix) % 2:
-        return [f"{flag} takes NAME WEIGHT pairs; got an odd number of values: {' '.join(mix)}"]
-    problems = []
-    for name, weight in zip(mix[::2], mix[1::2]):
-        try:
-            if float(weight) <= 0:
-                problems.append(f"{flag}: weight of {name} must be > 0, got {weight}")
-        except ValueError:
-            problems.append(f"{flag}: weight of {name} must be a number (fraction or row count), got {weight!r}")
-    return problems
-
-
 # ----------------------------------------------------------------------------- features not built yet
 
 # Features that do not exist yet, and the flags that configure them: a run that sets one of
@@ -519,7 +543,7 @@ _PENDING_FEATURES: dict[str, tuple[str, ...]] = {
 
 
 def unsupported_features(cfg: Config) -> list[str]:
-    problems = []
+    problems = pending_problems([getattr(cfg, f.name) for f in fields(Config) if f.name != "explicit_flags"])
     for feature, flags in _PENDING_FEATURES.items():
         given = sorted(f"--{flag}" for flag in flags if flag in cfg.explicit_flags)
         if given:
@@ -546,43 +570,19 @@ def parse_config(argv: list[str] | None = None) -> Config:
     parser = build_parser()
     *groups, remaining = parser.parse_args_into_dataclasses(args=argv, return_remaining_strings=True)
     if remaining:
-        raise ConfigError(_unknown_flags_message(parser, remaining))
+        raise ConfigError(unknown_flags_message(parser, remaining))
     by_type = {type(group): group for group in groups}
     known = set(flag_names())
     explicit = {
         name.removeprefix("no_")
         for token in argv
         if token.startswith("--")
-        for name in [token[2:].split("=")[0]]
+        for name in [token[2:].split("=")[0].replace("-", "_")]
         if name in known or name.removeprefix("no_") in known
     }
-    return Config(
-        explicit_flags=frozenset(explicit),
-        experiment=by_type[ExperimentConfig],
-        model=by_type[ModelConfig],
-        data=by_type[DataConfig],
-        generation=by_type[GenerationConfig],
-        algorithm=by_type[AlgorithmConfig],
-        reward=by_type[RewardConfig],
-        learner=by_type[LearnerConfig],
-        tools=by_type[ToolsConfig],
-    )
-
-
-def _unknown_flags_message(parser, remaining: list[str]) -> str:
-    known = [opt for action in parser._actions for opt in action.option_strings]
-    lines = []
-    after_unknown_flag = False
-    for token in remaining:
-        if not token.startswith("-"):
-            if not after_unknown_flag:  # values of an unknown flag are part of that one complaint
-                lines.append(f"unexpected value {token!r} (does the flag before it take fewer values?)")
-            continue
-        after_unknown_flag = True
-        flag = token.split("=")[0]
-        close = difflib.get_close_matches(flag, known, n=1)
-        lines.append(f"unknown flag {flag}" + (f" (did you mean {close[0]}?)" if close else ""))
-    return "; ".join(lines) + ". Run with --help for the full list."
+    # Each group field of Config defaults to its group class: that is how a parsed group finds its field.
+    groups_by_field = {f.name: by_type[f.default_factory] for f in fields(Config) if f.name != "explicit_flags"}
+    return Config(explicit_flags=frozenset(explicit), **groups_by_field)
 
 
 def flag_names() -> list[str]:

@@ -5,6 +5,7 @@ A flag is a dataclass field whose `help` metadata is its only documentation (wha
 
 from __future__ import annotations
 
+import difflib
 from dataclasses import field
 from typing import Any
 
@@ -20,3 +21,32 @@ def arg(default: Any = None, help: str = "", **kwargs) -> Any:
     if isinstance(default, list):
         return field(default_factory=lambda: list(default), metadata={"help": help, **kwargs})
     return field(default=default, metadata={"help": help, **kwargs})
+
+
+def mixer_problems(flag: str, mix: list[str]) -> list[str]:
+    if len(mix) % 2:
+        return [f"{flag} takes NAME WEIGHT pairs; got an odd number of values: {' '.join(mix)}"]
+    problems = []
+    for name, weight in zip(mix[::2], mix[1::2]):
+        try:
+            if float(weight) <= 0:
+                problems.append(f"{flag}: weight of {name} must be > 0, got {weight}")
+        except ValueError:
+            problems.append(f"{flag}: weight of {name} must be a number (fraction or row count), got {weight!r}")
+    return problems
+
+
+def unknown_flags_message(parser, remaining: list[str]) -> str:
+    known = [opt for action in parser._actions for opt in action.option_strings]
+    lines = []
+    after_unknown_flag = False
+    for token in remaining:
+        if not token.startswith("-"):
+            if not after_unknown_flag:  # values of an unknown flag are part of that one complaint
+                lines.append(f"unexpected value {token!r} (does the flag before it take fewer values?)")
+            continue
+        after_unknown_flag = True
+        flag = token.split("=")[0]
+        close = difflib.get_close_matches(flag, known, n=1)
+        lines.append(f"unknown flag {flag}" + (f" (did you mean {close[0]}?)" if close else ""))
+    return "; ".join(lines) + ". Run with --help for the full list."

@@ -32,7 +32,7 @@ class EngineSettings:
         g = cfg.generation
         return cls(
             model_path=model_path,
-            max_model_len=cfg.data.max_prompt_token_length + g.response_length,
+            max_model_len=cfg.data.max_prompt_token_length + max(g.response_length, cfg.eval_response_length),
             seed=cfg.experiment.seed,
             tensor_parallel_size=g.vllm_tensor_parallel_size,
             gpu_memory_utilization=g.vllm_gpu_memory_utilization,

@@ -14,12 +14,13 @@ import sys
 def main(argv: list[str] | None = None) -> int:
     from open_instruct.config import ConfigError, parse_config, unsupported_features
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         cfg = parse_config(argv)
     except ConfigError as error:
         print(f"grpo_fast.py: {error}", file=sys.stderr)
         return 2
+    level = logging.DEBUG if cfg.logging.verbose else logging.INFO
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     missing = unsupported_features(cfg)
     if missing:
         print("grpo_fast.py: " + "; ".join(missing), file=sys.stderr)

@@ -143,13 +143,16 @@ class LearnerSettings:
 
     @classmethod
     def from_config(cls, cfg, model_path: str) -> LearnerSettings:
+        from open_instruct.config_parity import importance_ratio_cap
+
         a, lr = cfg.algorithm, cfg.learner
         return cls(
             model_path=model_path,
             deepspeed_stage=lr.deepspeed_stage,
             learning_rate=lr.learning_rate,
             lr_scheduler_type=lr.lr_scheduler_type,
-            warm_up_steps=lr.warm_up_steps,
+            # --warmup_ratio (open-instruct's) applies when --warm_up_steps is not given.
+            warm_up_steps=lr.warm_up_steps or int(cfg.schedule.warmup_ratio * max(1, cfg.num_training_steps)),
             total_steps=max(1, cfg.num_training_steps),
             weight_decay=lr.weight_decay,
             max_grad_norm=lr.max_grad_norm,
@@ -162,7 +165,7 @@ class LearnerSettings:
             clip_lower=a.clip_lower,
             clip_higher=a.clip_higher,
             loss_denominator=cfg.loss_denominator,
-            importance_ratio_cap=a.truncated_importance_sampling_ratio_cap,
+            importance_ratio_cap=importance_ratio_cap(cfg),
             importance_sampling_mode=a.importance_sampling_mode,
             temperature=cfg.generation.temperature or 1.0,
             seed=cfg.experiment.seed,

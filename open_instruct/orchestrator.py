@@ -153,6 +153,7 @@ class TrainingLoop:
             seed=cfg.experiment.seed,
             state=feeder_state,
             pass_rate_threshold=cfg.algorithm.no_resampling_pass_rate,
+            order_seed=cfg.logging.data_loader_seed,
         )
         self.untrained: dict[str, PromptRequest] = {r.prompt_id: r for r in requeue}  # admitted, not trained yet
         self.held_back: list[Completion] = []  # rejected by a full buffer; offered again
@@ -308,8 +309,9 @@ class TrainingLoop:
         return bool(self.eval_rows) and every > 0 and ((self.step + 1) % every == 0 or self.step + 1 == self.num_steps)
 
     def start_eval(self) -> None:
+        sampling = dataclasses.replace(self.sampling, max_tokens=self.cfg.eval_response_length)
         self.eval_round = EvalRound.build(
-            self.eval_rows, self.step, self.sampling, self.cfg.experiment.seed, self.version, self.clock.time()
+            self.eval_rows, self.step, sampling, self.cfg.experiment.seed, self.version, self.clock.time()
         )
         self.engines.submit(self.eval_round.requests)
 
@@ -455,6 +457,18 @@ def check_enough_prompts(cfg: Config, count: int) -> None:
         )
 
 
+def data_inputs(cfg: Config):
+    """(model, train data, eval data) configs as the data loader sees them: --system_prompt_override_file read
+    into the system prompt, --dataset_skip_cache as a disabled cache."""
+    model, train, evaluation = cfg.model, cfg.train_data, cfg.eval_data
+    if cfg.data_extras.system_prompt_override_file:
+        with open(cfg.data_extras.system_prompt_override_file) as f:
+            model = dataclasses.replace(model, system_prompt_override=f.read().strip())
+    if cfg.data_extras.dataset_skip_cache:
+        train, evaluation = (dataclasses.replace(d, dataset_local_cache_dir="") for d in (train, evaluation))
+    return model, train, evaluation
+
+
 def run(cfg: Config, engine_class=None, engine_args: tuple = ()) -> dict:
     """Load the data, build the Ray-backed collaborators, train; every actor is gone when this returns.
     `engine_class`/`engine_args`: a GenerationActor subclass (benchmarks and tests shape or force samples)."""
@@ -466,13 +480,14 @@ def run(cfg: Config, engine_class=None, engine_args: tuple = ()) -> dict:
     model_path = resolve_model_path(cfg.model.model_name_or_path)
     tokenizer = load_tokenizer(cfg.model)
     seed = cfg.experiment.seed
+    model_cfg, train_data, eval_data = data_inputs(cfg)
     train = data.load_prompt_dataset(
-        cfg.train_data, cfg.model, tokenizer, "train", cfg.remap_verifier, seed=seed, tools_cfg=cfg.tools
+        train_data, model_cfg, tokenizer, "train", cfg.remap_verifier, seed=seed, tools_cfg=cfg.tools
     )
     logger.info("training data:\n%s", train.report.summary())
     check_enough_prompts(cfg, len(train.prompts))
     evaluation = data.load_prompt_dataset(
-        cfg.eval_data, cfg.model, tokenizer, "eval", cfg.remap_verifier, seed=seed, tools_cfg=cfg.tools
+        eval_data, model_cfg, tokenizer, "eval", cfg.remap_verifier, seed=seed, tools_cfg=cfg.tools
     )
     logger.info("evaluation data:\n%s", evaluation.report.summary())
     stop = StopRequest()

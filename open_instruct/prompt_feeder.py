@@ -66,6 +66,7 @@ class PromptFeeder:
         seed: int,
         state: FeederState | None = None,
         pass_rate_threshold: float | None = None,
+        order_seed: int | None = None,
     ):
         if not prompts:
             raise ValueError("no training prompts to feed")
@@ -76,13 +77,14 @@ class PromptFeeder:
         self.async_steps = async_steps  # the loop moves it with `--async_steps auto`
         self.sampling = sampling
         self.seed = seed
+        self.order_seed = seed if order_seed is None else order_seed  # --data_loader_seed
         self.pass_rate_threshold = pass_rate_threshold
         self.state = state or FeederState()
         self._order = self._epoch_order(self.state.epoch, self.state.excluded)
 
     def _epoch_order(self, epoch: int, excluded: frozenset[str]) -> list[int]:
         order = list(range(len(self.prompts)))
-        random.Random(self.seed * 1_000_003 + epoch).shuffle(order)
+        random.Random(self.order_seed * 1_000_003 + epoch).shuffle(order)
         kept = [i for i in order if self.prompts[i].prompt_id not in excluded]
         if not kept:
             raise RuntimeError(

@@ -92,7 +92,7 @@ class RunLog(MemoryLog):
                 self.out / "eval.jsonl",
             ):
                 path.unlink(missing_ok=True)
-        self.wandb = self._start_wandb() if self.cfg.experiment.with_tracking else None
+        self.wandb = self._start_wandb() if self.cfg.tracking_enabled else None
         self.bar = tqdm(total=num_steps, initial=start_step, desc="training", unit="step", dynamic_ncols=True)
 
     def _start_wandb(self):
@@ -108,8 +108,9 @@ class RunLog(MemoryLog):
             if dataclasses.is_dataclass(getattr(self.cfg, group.name))
         }
         return wandb.init(
-            project=self.cfg.experiment.wandb_project_name,
+            project=self.cfg.logging.wandb_project or self.cfg.experiment.wandb_project_name,
             entity=self.cfg.experiment.wandb_entity,
+            group=self.cfg.logging.wandb_group_name,
             name=self.cfg.run_name,
             config=config,
             dir=str(self.out),

@@ -139,7 +139,8 @@ class AgentSettings:
             max_steps=t.max_steps,
             per_turn_max_tokens=t.per_turn_max_tokens,
             pool_size=t.pool_size or cfg.rollout_batch_size,
-            max_model_len=cfg.data.max_prompt_token_length + cfg.generation.response_length,
+            max_model_len=cfg.data.max_prompt_token_length
+            + max(cfg.generation.response_length, cfg.eval_response_length),
             reward_aggregator=t.reward_aggregator,
             only_reward_good_outputs=t.only_reward_good_outputs,
         )

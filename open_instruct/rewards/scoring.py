@@ -81,19 +81,26 @@ class RewardSettings:
     non_stop_penalty: bool = False
     non_stop_penalty_value: float = 0.0
     format_reward: float = 0.0
+    # open-instruct's R1 format reward: added (additive) or a gate on the verifier reward (not additive).
+    r1_format_reward: float = 0.0
+    r1_format_gate: bool = False
     remap_verifier: dict[str, str] = field(default_factory=dict)
     verifier_timeout_s: float = 10.0
     verifier: VerifierSettings = field(default_factory=VerifierSettings)
 
     @classmethod
     def from_config(cls, cfg) -> RewardSettings:
-        r = cfg.reward
+        r, r1 = cfg.reward, cfg.reward_extras
         return cls(
             apply_verifiable_reward=r.apply_verifiable_reward,
             verification_reward=r.verification_reward,
             non_stop_penalty=r.non_stop_penalty,
             non_stop_penalty_value=r.non_stop_penalty_value,
             format_reward=r.format_reward,
+            r1_format_reward=r1.r1_style_format_reward
+            if r1.apply_r1_style_format_reward and r1.additive_format_reward
+            else 0.0,
+            r1_format_gate=r1.apply_r1_style_format_reward and not r1.additive_format_reward,
             remap_verifier=cfg.remap_verifier,
             # A code verifier call may legitimately take its HTTP client's full timeout.
             verifier_timeout_s=max(30.0, min(300.0, 10 * r.code_max_execution_time)) + 10,
@@ -106,6 +113,14 @@ class RewardOutcome:
     reward: float
     per_verifier: dict[str, float]  # verifier name (after remap) -> raw score in [0, 1]; mean if repeated
     errors: list[str]
+
+
+_R1_FORMAT = re.compile(r".*?</think>\s*<answer>.*?</answer>", re.DOTALL)
+
+
+def r1_format_matches(text: str) -> bool:
+    """open-instruct's R1 format check: from the start, a closed think block, then an answer block."""
+    return _R1_FORMAT.match(text) is not None
 
 
 def has_think_answer_format(text: str) -> bool:
@@ -377,6 +392,10 @@ class RewardScorer:
                 reward += self.settings.verification_reward * score
                 if error is not None:
                     errors.append(error)
+        if self.settings.r1_format_gate and not r1_format_matches(prediction):
+            reward = 0.0  # the verifier's reward counts only for well-formed responses
+        if self.settings.r1_format_reward and r1_format_matches(prediction):
+            reward += self.settings.r1_format_reward
         if self.settings.format_reward and has_think_answer_format(prediction):
             reward += self.settings.format_reward
         if self.settings.non_stop_penalty and finish_reason != "stop":

@@ -1,0 +1,307 @@
+"""The rest of open-instruct's grpo_fast flags, so that existing launch scripts parse unchanged.
+
+Each flag has open-instruct's name, type and default, and is one of three kinds, said in its help:
+
+* it works here (its help says what it does);
+* `[Beaker only ...]`: Ai2 infrastructure (Beaker eval jobs, GCS, the Hub, Slack); accepted, no effect;
+* `[not supported yet: <reason>]`: a feature not built yet. The default value is accepted (scripts pass
+  `--vllm_sync_backend nccl` or `--load_ref_policy True` all the time); any other value stops the run
+  at parse time with that reason, instead of being silently ignored.
+
+Flags move from the third kind to the first as their features land (`pending` metadata).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any, Literal
+
+from open_instruct.config_fields import BEAKER_ONLY, arg
+
+LEARNER_ISSUE = "learner and resource flags land with the learner-speed work"
+
+
+_PENDING = "[not supported yet: "
+
+
+def pending(default: Any, reason: str, help: str = "", **kwargs) -> Any:
+    """A flag whose feature is not built yet: its default parses, any other value is refused with `reason`.
+
+    The reason lives in the help text (argparse receives every metadata key, so there is no other place)."""
+    return arg(default, f"{_PENDING}{reason}] {help}".strip(), **kwargs)
+
+
+def pending_reason(f) -> str | None:
+    text = f.metadata.get("help", "")
+    return text[len(_PENDING) : text.index("]")] if text.startswith(_PENDING) else None
+
+
+@dataclass(frozen=True)
+class LoggingConfig:
+    _argument_group_name = "logging and run naming (open-instruct)"
+
+    run_name: str | None = arg(None, "Name of the run (W&B run, summary); default: <exp_name>__<seed>.")
+    wandb_project: str | None = arg(None, "W&B project; open-instruct's name for --wandb_project_name (wins if both).")
+    wandb_group_name: str | None = arg(None, "W&B run group.")
+    report_to: list[str] | None = arg(
+        None, "Trackers: 'wandb' or 'all' turns on W&B (like --with_tracking); 'none' none."
+    )
+    verbose: bool = arg(False, "DEBUG logging.")
+    data_loader_seed: int | None = arg(None, "Seed of the prompt order (shuffling per epoch); default: --seed.")
+    logging_steps: int = pending(1, "metrics are written every step", "Log every N steps.")
+    save_traces: bool = pending(False, "rollout traces on disk are not built yet", "Write every trained rollout.")
+    rollouts_save_path: str = arg("/weka/oe-adapt-default/allennlp/deletable_rollouts/", "Directory of --save_traces.")
+
+
+@dataclass(frozen=True)
+class ScheduleConfig:
+    _argument_group_name = "run length and schedule (open-instruct)"
+
+    warmup_ratio: float = arg(0.0, "Warm-up as a fraction of all optimizer steps (used when --warm_up_steps is 0).")
+    max_train_steps: int | None = arg(None, "Stop after this many training steps (fewer than --total_episodes gives).")
+    checkpointing_steps: int = pending(500, "use --checkpoint_state_freq (resumable state) or --save_freq (HF model)")
+    ephemeral_save_interval: int | None = pending(None, "use --checkpoint_state_freq")
+    resume_from_checkpoint: str | None = pending(None, "a run resumes from --checkpoint_state_dir")
+    world_size: int | None = arg(None, "[internal in open-instruct: derived from --num_learners_per_node; ignored]")
+    num_training_steps: int | None = arg(None, "[internal in open-instruct: derived from --total_episodes; ignored]")
+
+
+@dataclass(frozen=True)
+class LossExtrasConfig:
+    _argument_group_name = "loss, off-policy correction and reference policy (open-instruct)"
+
+    loss_fn: Literal["dapo", "cispo"] = pending("dapo", "cispo is not built yet", "dapo or cispo.")
+    record_entropy: bool = pending(False, "entropy logging is not built yet")
+    use_vllm_logprobs: bool = pending(False, "the engines' logprobs as pi_old are not built yet")
+    use_rho_correction: bool = arg(True, "Weight each token by its truncated importance ratio; False only logs it.")
+    rho_clamp_lower_bound: float = pending(0.0, "a lower clamp on the importance ratio is not built yet")
+    rho_clamp_upper_bound: float = arg(
+        2.0, "Cap of the importance ratio (TIS): the same as --truncated_importance_sampling_ratio_cap; 0 disables."
+    )
+    rho_mask_lower_bound: float = pending(0.0, "use --importance_sampling_mode mask_token")
+    rho_mask_upper_bound: float = pending(0.0, "use --importance_sampling_mode mask_token")
+    rho_mask_sequence_level: bool = pending(False, "use --importance_sampling_mode mask_sequence")
+    rho_mask_tv_divergence: bool = pending(False, "TV-divergence masking is not built yet")
+    load_ref_policy: bool = arg(True, "Keep a frozen reference policy for the KL term; False requires --beta 0.")
+    ref_policy_update_freq: int | None = pending(None, "Polyak updates of the reference are not built yet")
+    alpha: float = arg(0.6, "Polyak weight of --ref_policy_update_freq: ref <- (1 - alpha) ref + alpha policy.")
+
+
+@dataclass(frozen=True)
+class ResourceConfig:
+    _argument_group_name = "resources, DeepSpeed and optimizer (open-instruct)"
+
+    single_gpu_mode: bool = pending(False, LEARNER_ISSUE)
+    num_nodes: int = arg(1, "Informational (open-instruct prints it); nodes come from --num_learners_per_node.")
+    sequence_parallel_size: int = pending(1, LEARNER_ISSUE)
+    deepspeed_zpg: int = pending(8, LEARNER_ISSUE)
+    deepspeed_offload_param: bool = pending(False, LEARNER_ISSUE)
+    deepspeed_offload_optimizer: bool = pending(False, LEARNER_ISSUE)
+    deepspeed_checkpoint_load_universal: bool = pending(False, LEARNER_ISSUE)
+    gather_whole_model: bool = pending(True, LEARNER_ISSUE)
+    backend_timeout: int = pending(120, LEARNER_ISSUE)
+    fused_optimizer: bool = pending(True, LEARNER_ISSUE)
+    vllm_sync_backend: str = pending("nccl", LEARNER_ISSUE, "nccl or gloo.")
+    vllm_attention_backend: str | None = pending(None, "the engines let vLLM choose")
+    model_dtype: str = pending("bfloat16", "dtypes are fixed: bf16 on GPU, fp32 on CPU")
+    gradient_accumulation_steps: int = pending(1, "accumulation comes from --num_mini_batches")
+    max_seq_length: int = pending(4096, "lengths come from --pack_length and --response_length")
+    set_weight_decay_on_bias_and_norm: bool = pending(True, LEARNER_ISSUE)
+    fsdp_shard_degree: int | None = pending(None, "FSDP is OLMo-core only; the learners run DeepSpeed")
+    fsdp_num_replicas: int | None = pending(None, "FSDP is OLMo-core only; the learners run DeepSpeed")
+    compile_model: bool = pending(True, "OLMo-core only")
+    activation_memory_budget: float = pending(1.0, "OLMo-core only")
+    activation_checkpointing_mode: Literal["budget", "selected_modules"] = pending("budget", "OLMo-core only")
+    activation_checkpointing_modules: list[str] = pending(
+        [
+            "blocks.*.attention_norm", "blocks.*.attention", "blocks.*.attention_residual_stream",
+            "blocks.*.feed_forward_norm", "blocks.*.feed_forward", "blocks.*.feed_forward_residual_stream",
+        ],
+        "OLMo-core only",
+    )  # fmt: skip
+    cp_degree: int | None = pending(None, "OLMo-core context parallelism; see --sequence_parallel_size")
+    cp_strategy: Literal["llama3", "zig_zag", "ulysses"] = pending("llama3", "OLMo-core only")
+    enable_queue_dashboard: bool = arg(True, "open-instruct's FastAPI queue dashboard; here metrics.jsonl and W&B.")
+    queue_dashboard_port: int | None = arg(None, "Port of that dashboard (unused here).")
+
+
+@dataclass(frozen=True)
+class InfraConfig:
+    _argument_group_name = "Ai2 infrastructure (open-instruct)"
+
+    hf_entity: str | None = arg(None, BEAKER_ONLY + "Hub user/org for --push_to_hub.")
+    hf_repo_id: str | None = arg(None, BEAKER_ONLY + "Hub repo for --push_to_hub.")
+    hf_repo_revision: str | None = arg(None, BEAKER_ONLY + "Hub branch for --push_to_hub.")
+    hf_repo_url: str | None = arg(None, BEAKER_ONLY + "[internal] Set when pushing.")
+    gs_bucket_path: str | None = arg(None, BEAKER_ONLY + "GCS bucket for state checkpoints.")
+    gs_checkpoint_state_dir: str | None = arg(None, BEAKER_ONLY + "GCS copy of --checkpoint_state_dir.")
+    try_auto_save_to_beaker: bool = arg(True, BEAKER_ONLY + "Copy --output_dir into Beaker's result dataset.")
+    oe_eval_beaker_image: str | None = arg(None, BEAKER_ONLY + "Image of the oe-eval jobs.")
+    oe_eval_gpu_multiplier: int | None = arg(None, BEAKER_ONLY + "GPU multiplier of the oe-eval jobs.")
+    eval_priority: Literal["low", "normal", "high", "urgent"] = arg("normal", BEAKER_ONLY + "oe-eval job priority.")
+    eval_workspace: str = arg("ai2/tulu-3-results", BEAKER_ONLY + "Beaker workspace of the oe-eval jobs.")
+    send_slack_alerts: bool = arg(False, BEAKER_ONLY + "Slack messages on crashes (needs SLACK_WEBHOOK_URL).")
+
+
+@dataclass(frozen=True)
+class TokenizerModelConfig:
+    _argument_group_name = "tokenizer and model loading (open-instruct)"
+
+    tokenizer_name: str | None = pending(None, "use --tokenizer_name_or_path", "Deprecated alias.")
+    trust_remote_code: bool = pending(False, "custom model code is not loaded")
+    use_fast: bool = pending(True, "tokenizers always load fast", "Fast (Rust) tokenizer.")
+    use_slow_tokenizer: bool = pending(False, "tokenizers always load fast", "Load the slow tokenizer.")
+    get_tokenizer_fn: str = pending("get_tokenizer_tulu_v2_2", "tokenizers load with --chat_template_name")
+    tokenizer_files_hash: list[str] | None = arg(None, "[internal in open-instruct; ignored]")
+    dtype: str | None = pending(None, "dtypes are fixed: bf16 on GPU, fp32 on CPU")
+    attn_implementation: Literal["torch", "flash_2", "flash_3", "flash_4", "te"] | None = pending(
+        None, "the learners use transformers' default attention"
+    )
+    use_cache: bool | None = arg(None, "The KV cache is always off in training (accepted for compatibility).")
+    use_peft: bool = pending(False, "LoRA/PEFT training is not built")
+    lora_r: int | None = arg(16, "LoRA rank (with --use_peft).")
+    lora_alpha: int | None = arg(32, "LoRA alpha (with --use_peft).")
+    lora_dropout: float | None = arg(0.05, "LoRA dropout (with --use_peft).")
+    lora_target_modules: list[str] | None = arg(None, "LoRA target modules (with --use_peft).")
+    lora_modules_to_save: list[str] | None = arg(None, "Modules trained fully (with --use_peft).")
+    lora_task_type: str = arg("CAUSAL_LM", "PEFT task type (with --use_peft).")
+    load_in_8bit: bool = pending(False, "quantized training is not built")
+    load_in_4bit: bool = pending(False, "quantized training is not built")
+    bnb_4bit_quant_type: str | None = arg("nf4", "bitsandbytes 4-bit type (with --load_in_4bit).")
+    use_bnb_nested_quant: bool = arg(False, "bitsandbytes nested quantization (with --load_in_4bit).")
+
+
+@dataclass(frozen=True)
+class DataExtrasConfig:
+    _argument_group_name = "data loading and cache (open-instruct)"
+
+    system_prompt_override_file: str | None = arg(
+        None, "A text file (stripped) whose text replaces or adds the system message of every prompt."
+    )
+    dataset_skip_cache: bool = arg(False, "Always re-tokenize and never write the dataset cache.")
+    dataset_cache_mode: Literal["hf", "local"] = pending("local", "the Hub dataset cache needs Hub credentials")
+    dataset_transform_fn: list[str] = pending(
+        ["rlvr_tokenize_v1", "rlvr_max_length_filter_v1"], "rows are always tokenized and length-filtered this way"
+    )
+    dataset_config_hash: str | None = pending(None, "cache keys are always computed from the inputs")
+    dataset_config_eval_hash: str | None = pending(None, "cache keys are always computed from the inputs")
+    cache_dataset_only: bool = pending(False, "building the cache without training is not built yet")
+
+
+@dataclass(frozen=True)
+class EvalExtrasConfig:
+    _argument_group_name = "evaluation (open-instruct)"
+
+    eval_pass_at_k: int = pending(1, "pass@k evaluation is not built yet (eval decodes greedily, once)")
+    eval_top_p: float | None = pending(None, "eval decodes greedily")
+    eval_response_length: int | None = arg(None, "Max new tokens of eval samples (default: --response_length).")
+
+
+@dataclass(frozen=True)
+class RewardExtrasConfig:
+    _argument_group_name = "reward shaping and verifiers (open-instruct)"
+
+    apply_r1_style_format_reward: bool = arg(
+        False, "Reward responses that close </think> and then answer in <answer>...</answer>."
+    )
+    r1_style_format_reward: float = arg(1.0, "The format score given on a match.")
+    additive_format_reward: bool = arg(
+        False, "True: format score + verifier reward. False: the verifier reward counts only when the format matches."
+    )
+    max_possible_score: float = arg(1.0, "[internal in open-instruct: recomputed; ignored]")
+    llm_judge_model: str = pending("azure/gpt-4o-mini-standard", "the general-* LLM-judge verifiers are not built yet")
+    llm_judge_max_tokens: int = arg(2048, "Judge completion tokens (general-* verifiers).")
+    llm_judge_max_context_length: int = arg(8192, "Judge context length (general-* verifiers).")
+    llm_judge_temperature: float = arg(1.0, "Judge temperature (general-* verifiers).")
+    llm_judge_timeout: int = arg(60, "Judge request timeout in seconds (general-* verifiers).")
+    code_apply_perf_penalty: bool = pending(False, "the code verifier scores pass rates only")
+    max_length_verifier_max_length: int = pending(
+        32768, "max_length verifiers normalise by the target length (see rewards/length.py)"
+    )
+    apply_evolving_rubric_reward: bool = pending(False, "evolving rubrics are not built")
+    max_active_rubrics: int = arg(5, "Active evolving rubrics per query (with --apply_evolving_rubric_reward).")
+    cache_evolving_rubric_data_dir: str | None = arg(None, "Rubric dump directory (with evolving rubrics).")
+
+
+PARITY_GROUPS = (
+    LoggingConfig,
+    ScheduleConfig,
+    LossExtrasConfig,
+    ResourceConfig,
+    InfraConfig,
+    TokenizerModelConfig,
+    DataExtrasConfig,
+    EvalExtrasConfig,
+    RewardExtrasConfig,
+)
+
+
+def pending_problems(groups: list[Any]) -> list[str]:
+    """A flag whose feature is pending and whose value is not its default: one line each."""
+    problems = []
+    for group in groups:
+        for f in fields(group):
+            reason = pending_reason(f)
+            if reason is None:
+                continue
+            default = f.default_factory() if callable(f.default_factory) else f.default  # type: ignore[misc]
+            value = getattr(group, f.name)
+            if value != default:
+                problems.append(f"--{f.name} {_show(value)}: not supported yet: {reason}")
+    return problems
+
+
+def _show(value: Any) -> str:
+    return " ".join(map(str, value)) if isinstance(value, list) else str(value)
+
+
+def importance_ratio_cap(cfg) -> float:
+    """The TIS cap the learner uses: open-instruct's --use_rho_correction / --rho_clamp_upper_bound, or ours."""
+    x = cfg.loss_extras
+    if not x.use_rho_correction:
+        return 0.0
+    if x.rho_clamp_upper_bound != 2.0:
+        return x.rho_clamp_upper_bound
+    return cfg.algorithm.truncated_importance_sampling_ratio_cap
+
+
+def parity_problems(cfg) -> list[str]:
+    """Contradictions among these flags (and with the core ones), each naming the flags and the fix."""
+    import os
+
+    checks = [
+        (
+            cfg.loss_extras.load_ref_policy or cfg.algorithm.beta == 0,
+            f"--load_ref_policy False leaves the KL term (--beta {cfg.algorithm.beta}) without a reference; "
+            "pass --beta 0 or drop --load_ref_policy False",
+        ),
+        (0 <= cfg.loss_extras.alpha <= 1, f"--alpha {cfg.loss_extras.alpha} must be in [0, 1]"),
+        (
+            cfg.loss_extras.rho_clamp_upper_bound == 0 or cfg.loss_extras.rho_clamp_upper_bound > 1,
+            f"--rho_clamp_upper_bound {cfg.loss_extras.rho_clamp_upper_bound} must be 0 (off) or > 1",
+        ),
+        (
+            cfg.loss_extras.rho_clamp_upper_bound == 2.0
+            or cfg.algorithm.truncated_importance_sampling_ratio_cap in (2.0, cfg.loss_extras.rho_clamp_upper_bound),
+            "--rho_clamp_upper_bound and --truncated_importance_sampling_ratio_cap are the same cap; give one",
+        ),
+        (0 <= cfg.schedule.warmup_ratio < 1, f"--warmup_ratio {cfg.schedule.warmup_ratio} must be in [0, 1)"),
+        (
+            cfg.schedule.max_train_steps is None or cfg.schedule.max_train_steps >= 1,
+            f"--max_train_steps {cfg.schedule.max_train_steps} must be >= 1",
+        ),
+        (
+            cfg.eval_extras.eval_response_length is None or cfg.eval_extras.eval_response_length >= 1,
+            f"--eval_response_length {cfg.eval_extras.eval_response_length} must be >= 1",
+        ),
+    ]
+    path = cfg.data_extras.system_prompt_override_file
+    if path is not None:
+        checks += [
+            (os.path.isfile(path), f"--system_prompt_override_file {path}: no such file"),
+            (
+                cfg.model.system_prompt_override is None,
+                "--system_prompt_override and --system_prompt_override_file both set the system prompt; give one",
+            ),
+        ]
+    return [message for ok, message in checks if not ok]
