@@ -49,8 +49,10 @@ class LoggingConfig:
     verbose: bool = arg(False, "DEBUG logging.")
     data_loader_seed: int | None = arg(None, "Seed of the prompt order (shuffling per epoch); default: --seed.")
     logging_steps: int = pending(1, "metrics are written every step", "Log every N steps.")
-    save_traces: bool = pending(False, "rollout traces on disk are not built yet", "Write every trained rollout.")
-    rollouts_save_path: str = arg("/weka/oe-adapt-default/allennlp/deletable_rollouts/", "Directory of --save_traces.")
+    save_traces: bool = arg(False, "Write every trained rollout to JSONL in --rollouts_save_path (see traces.py).")
+    rollouts_save_path: str = arg(
+        "/weka/oe-adapt-default/allennlp/deletable_rollouts/", "Directory of --save_traces (an Ai2 path by default)."
+    )
 
 
 @dataclass(frozen=True)
@@ -70,20 +72,30 @@ class ScheduleConfig:
 class LossExtrasConfig:
     _argument_group_name = "loss, off-policy correction and reference policy (open-instruct)"
 
-    loss_fn: Literal["dapo", "cispo"] = pending("dapo", "cispo is not built yet", "dapo or cispo.")
-    record_entropy: bool = pending(False, "entropy logging is not built yet")
-    use_vllm_logprobs: bool = pending(False, "the engines' logprobs as pi_old are not built yet")
+    loss_fn: Literal["dapo", "cispo"] = arg(
+        "dapo", "dapo: clipped surrogate. cispo: REINFORCE with a stop-gradient weight min(ratio, 1 + clip_higher)."
+    )
+    record_entropy: bool = arg(False, "Log policy/entropy_avg: the policy's per-token entropy on trained tokens.")
+    use_vllm_logprobs: bool = arg(
+        False, "Anchor the PPO ratio at the engines' sampling logprobs instead of the learner's."
+    )
     use_rho_correction: bool = arg(True, "Weight each token by its truncated importance ratio; False only logs it.")
-    rho_clamp_lower_bound: float = pending(0.0, "a lower clamp on the importance ratio is not built yet")
+    rho_clamp_lower_bound: float = arg(0.0, "Lower clamp on the importance weight (0 disables; else < 1).")
     rho_clamp_upper_bound: float = arg(
         2.0, "Cap of the importance ratio (TIS): the same as --truncated_importance_sampling_ratio_cap; 0 disables."
     )
-    rho_mask_lower_bound: float = pending(0.0, "use --importance_sampling_mode mask_token")
-    rho_mask_upper_bound: float = pending(0.0, "use --importance_sampling_mode mask_token")
-    rho_mask_sequence_level: bool = pending(False, "use --importance_sampling_mode mask_sequence")
-    rho_mask_tv_divergence: bool = pending(False, "TV-divergence masking is not built yet")
+    rho_mask_lower_bound: float = arg(0.0, "Drop tokens whose importance ratio is below this (0 disables; else < 1).")
+    rho_mask_upper_bound: float = arg(0.0, "Drop tokens whose importance ratio is above this (0 disables; else > 1).")
+    rho_mask_sequence_level: bool = arg(
+        False, "Mask and clamp with each sample's geometric-mean ratio instead of each token's."
+    )
+    rho_mask_tv_divergence: bool = arg(
+        False, "VACO: mask by each sample's mean |ratio - 1| against the mask bounds, only tokens that push it further."
+    )
     load_ref_policy: bool = arg(True, "Keep a frozen reference policy for the KL term; False requires --beta 0.")
-    ref_policy_update_freq: int | None = pending(None, "Polyak updates of the reference are not built yet")
+    ref_policy_update_freq: int | None = arg(
+        None, "Every N training steps the reference moves toward the policy by --alpha (Polyak); None keeps it fixed."
+    )
     alpha: float = arg(0.6, "Polyak weight of --ref_policy_update_freq: ref <- (1 - alpha) ref + alpha policy.")
 
 
@@ -147,10 +159,10 @@ class InfraConfig:
 class TokenizerModelConfig:
     _argument_group_name = "tokenizer and model loading (open-instruct)"
 
-    tokenizer_name: str | None = pending(None, "use --tokenizer_name_or_path", "Deprecated alias.")
-    trust_remote_code: bool = pending(False, "custom model code is not loaded")
-    use_fast: bool = pending(True, "tokenizers always load fast", "Fast (Rust) tokenizer.")
-    use_slow_tokenizer: bool = pending(False, "tokenizers always load fast", "Load the slow tokenizer.")
+    tokenizer_name: str | None = arg(None, "Alias of --tokenizer_name_or_path (which wins when both are given).")
+    trust_remote_code: bool = arg(False, "Let the tokenizer run its repository's code (tokenizer only, as there).")
+    use_fast: bool = pending(True, "tokenizers load with transformers' default (fast) backend", "Fast tokenizer.")
+    use_slow_tokenizer: bool = pending(False, "tokenizers load with transformers' default (fast) backend")
     get_tokenizer_fn: str = pending("get_tokenizer_tulu_v2_2", "tokenizers load with --chat_template_name")
     tokenizer_files_hash: list[str] | None = arg(None, "[internal in open-instruct; ignored]")
     dtype: str | None = pending(None, "dtypes are fixed: bf16 on GPU, fp32 on CPU")
@@ -185,15 +197,21 @@ class DataExtrasConfig:
     )
     dataset_config_hash: str | None = pending(None, "cache keys are always computed from the inputs")
     dataset_config_eval_hash: str | None = pending(None, "cache keys are always computed from the inputs")
-    cache_dataset_only: bool = pending(False, "building the cache without training is not built yet")
+    cache_dataset_only: bool = arg(
+        False, "Build (and cache) the tokenized datasets, report them, and exit without training."
+    )
 
 
 @dataclass(frozen=True)
 class EvalExtrasConfig:
     _argument_group_name = "evaluation (open-instruct)"
 
-    eval_pass_at_k: int = pending(1, "pass@k evaluation is not built yet (eval decodes greedily, once)")
-    eval_top_p: float | None = pending(None, "eval decodes greedily")
+    eval_pass_at_k: int = arg(
+        1, "Samples per eval prompt; > 1 samples at the training temperature and logs unbiased eval/pass_at_{k}."
+    )
+    eval_top_p: float | None = arg(
+        None, "Eval top_p; given, eval samples at the training temperature instead of greedily."
+    )
     eval_response_length: int | None = arg(None, "Max new tokens of eval samples (default: --response_length).")
 
 
@@ -209,12 +227,18 @@ class RewardExtrasConfig:
         False, "True: format score + verifier reward. False: the verifier reward counts only when the format matches."
     )
     max_possible_score: float = arg(1.0, "[internal in open-instruct: recomputed; ignored]")
-    llm_judge_model: str = pending("azure/gpt-4o-mini-standard", "the general-* LLM-judge verifiers are not built yet")
+    llm_judge_model: str = arg(
+        "azure/gpt-4o-mini-standard",
+        "Model of the general-* judge verifiers, on the OpenAI-compatible endpoint $LLM_JUDGE_BASE_URL (or "
+        "$OPENAI_BASE_URL); a 'provider/' prefix is dropped.",
+    )
     llm_judge_max_tokens: int = arg(2048, "Judge completion tokens (general-* verifiers).")
     llm_judge_max_context_length: int = arg(8192, "Judge context length (general-* verifiers).")
     llm_judge_temperature: float = arg(1.0, "Judge temperature (general-* verifiers).")
     llm_judge_timeout: int = arg(60, "Judge request timeout in seconds (general-* verifiers).")
-    code_apply_perf_penalty: bool = pending(False, "the code verifier scores pass rates only")
+    code_apply_perf_penalty: bool = arg(
+        False, "code verifiers: weight each passed test by the unused share of its time limit."
+    )
     max_length_verifier_max_length: int = pending(
         32768, "max_length verifiers normalise by the target length (see rewards/length.py)"
     )
@@ -255,6 +279,21 @@ def _show(value: Any) -> str:
     return " ".join(map(str, value)) if isinstance(value, list) else str(value)
 
 
+def rho_bounds(cfg):
+    """open-instruct's --rho_* bounds as a loss.RhoBounds, or None when none is set."""
+    from open_instruct.loss import RhoBounds
+
+    x = cfg.loss_extras
+    bounds = RhoBounds(
+        x.rho_clamp_lower_bound,
+        x.rho_mask_lower_bound,
+        x.rho_mask_upper_bound,
+        x.rho_mask_sequence_level,
+        x.rho_mask_tv_divergence,
+    )
+    return None if bounds == RhoBounds() else bounds
+
+
 def importance_ratio_cap(cfg) -> float:
     """The TIS cap the learner uses: open-instruct's --use_rho_correction / --rho_clamp_upper_bound, or ours."""
     x = cfg.loss_extras
@@ -269,31 +308,34 @@ def parity_problems(cfg) -> list[str]:
     """Contradictions among these flags (and with the core ones), each naming the flags and the fix."""
     import os
 
+    x, e = cfg.loss_extras, cfg.eval_extras
     checks = [
         (
-            cfg.loss_extras.load_ref_policy or cfg.algorithm.beta == 0,
+            x.load_ref_policy or cfg.algorithm.beta == 0,
             f"--load_ref_policy False leaves the KL term (--beta {cfg.algorithm.beta}) without a reference; "
             "pass --beta 0 or drop --load_ref_policy False",
         ),
-        (0 <= cfg.loss_extras.alpha <= 1, f"--alpha {cfg.loss_extras.alpha} must be in [0, 1]"),
+        (0 <= x.alpha <= 1, f"--alpha {x.alpha} must be in [0, 1]"),
         (
-            cfg.loss_extras.rho_clamp_upper_bound == 0 or cfg.loss_extras.rho_clamp_upper_bound > 1,
-            f"--rho_clamp_upper_bound {cfg.loss_extras.rho_clamp_upper_bound} must be 0 (off) or > 1",
+            x.ref_policy_update_freq is None or x.ref_policy_update_freq >= 1,
+            f"--ref_policy_update_freq {x.ref_policy_update_freq} must be >= 1",
         ),
         (
-            cfg.loss_extras.rho_clamp_upper_bound == 2.0
-            or cfg.algorithm.truncated_importance_sampling_ratio_cap in (2.0, cfg.loss_extras.rho_clamp_upper_bound),
-            "--rho_clamp_upper_bound and --truncated_importance_sampling_ratio_cap are the same cap; give one",
+            not cfg.logging.save_traces or bool(cfg.logging.rollouts_save_path),
+            "--save_traces needs a --rollouts_save_path",
         ),
         (0 <= cfg.schedule.warmup_ratio < 1, f"--warmup_ratio {cfg.schedule.warmup_ratio} must be in [0, 1)"),
         (
             cfg.schedule.max_train_steps is None or cfg.schedule.max_train_steps >= 1,
             f"--max_train_steps {cfg.schedule.max_train_steps} must be >= 1",
         ),
+        (e.eval_pass_at_k >= 1, f"--eval_pass_at_k {e.eval_pass_at_k} must be >= 1"),
+        (e.eval_top_p is None or 0 < e.eval_top_p <= 1, f"--eval_top_p {e.eval_top_p} must be in (0, 1]"),
         (
-            cfg.eval_extras.eval_response_length is None or cfg.eval_extras.eval_response_length >= 1,
-            f"--eval_response_length {cfg.eval_extras.eval_response_length} must be >= 1",
+            e.eval_response_length is None or e.eval_response_length >= 1,
+            f"--eval_response_length {e.eval_response_length} must be >= 1",
         ),
+        *_rho_checks(cfg),
     ]
     path = cfg.data_extras.system_prompt_override_file
     if path is not None:
@@ -305,3 +347,31 @@ def parity_problems(cfg) -> list[str]:
             ),
         ]
     return [message for ok, message in checks if not ok]
+
+
+def _rho_checks(cfg) -> list[tuple[bool, str]]:
+    """open-instruct's bounds on the --rho_* values (0 disables each), and the one cap given once."""
+    x = cfg.loss_extras
+    return [
+        (
+            x.rho_clamp_upper_bound == 0 or x.rho_clamp_upper_bound > 1,
+            f"--rho_clamp_upper_bound {x.rho_clamp_upper_bound} must be 0 (off) or > 1",
+        ),
+        (
+            x.rho_clamp_upper_bound == 2.0
+            or cfg.algorithm.truncated_importance_sampling_ratio_cap in (2.0, x.rho_clamp_upper_bound),
+            "--rho_clamp_upper_bound and --truncated_importance_sampling_ratio_cap are the same cap; give one",
+        ),
+        (
+            x.rho_clamp_lower_bound == 0 or 0 < x.rho_clamp_lower_bound < 1,
+            f"--rho_clamp_lower_bound {x.rho_clamp_lower_bound} must be 0 (off) or in (0, 1)",
+        ),
+        (
+            x.rho_mask_lower_bound == 0 or 0 < x.rho_mask_lower_bound < 1,
+            f"--rho_mask_lower_bound {x.rho_mask_lower_bound} must be 0 (off) or in (0, 1)",
+        ),
+        (
+            x.rho_mask_upper_bound == 0 or x.rho_mask_upper_bound > 1,
+            f"--rho_mask_upper_bound {x.rho_mask_upper_bound} must be 0 (off) or > 1",
+        ),
+    ]

@@ -426,6 +426,7 @@ class GenerationActor:
             list(request.verifier_names),
             completion.finish_reason,
             len(completion.response_token_ids),
+            query=self.tokenizer.decode(request.prompt_token_ids, skip_special_tokens=True),
         )
         reward = outcome.reward
         if completion.agent is not None:

@@ -138,12 +138,18 @@ class LearnerSettings:
     loss_denominator: float | None = None  # None: exact token mean over each optimizer step
     importance_ratio_cap: float = 2.0
     importance_sampling_mode: str = "truncate"  # or mask_token / mask_sequence (see loss.importance_weights)
+    loss_fn: str = "dapo"  # or cispo (see loss.policy_loss)
+    record_entropy: bool = False
+    use_vllm_logprobs: bool = False  # pi_old = the engines' behaviour logprobs (see engine_logprobs_as_old)
+    ref_policy_update_freq: int | None = None  # Polyak refresh of the reference every N steps ...
+    ref_policy_alpha: float = 0.6  # ... ref <- (1 - alpha) ref + alpha policy
+    rho_bounds: object = None  # loss.RhoBounds (open-instruct's --rho_* bounds) or None
     temperature: float = 1.0
     seed: int = 1
 
     @classmethod
     def from_config(cls, cfg, model_path: str) -> LearnerSettings:
-        from open_instruct.config_parity import importance_ratio_cap
+        from open_instruct.config_parity import importance_ratio_cap, rho_bounds
 
         a, lr = cfg.algorithm, cfg.learner
         return cls(
@@ -167,6 +173,12 @@ class LearnerSettings:
             loss_denominator=cfg.loss_denominator,
             importance_ratio_cap=importance_ratio_cap(cfg),
             importance_sampling_mode=a.importance_sampling_mode,
+            loss_fn=cfg.loss_extras.loss_fn,
+            record_entropy=cfg.loss_extras.record_entropy,
+            use_vllm_logprobs=cfg.loss_extras.use_vllm_logprobs,
+            ref_policy_update_freq=cfg.loss_extras.ref_policy_update_freq,
+            ref_policy_alpha=cfg.loss_extras.alpha,
+            rho_bounds=rho_bounds(cfg),
             temperature=cfg.generation.temperature or 1.0,
             seed=cfg.experiment.seed,
         )
@@ -258,6 +270,7 @@ class LearnerActor:
             for mini, global_tokens in zip(mini_batches, batch.mini_batch_tokens):
                 tokens_seen += self._optimizer_step(mini, global_tokens, totals)
         self.version += 1
+        self._refresh_reference()
         metrics = {k: v / max(tokens_seen, 1.0) for k, v in totals.items()}
         metrics.update(
             {
@@ -269,6 +282,26 @@ class LearnerActor:
         )
         return LearnerStepResult(self.rank, metrics)
 
+    def _refresh_reference(self) -> None:
+        """--ref_policy_update_freq N: every N steps the reference moves toward the policy (Polyak)."""
+        s = self.settings
+        freq, alpha = s.ref_policy_update_freq, s.ref_policy_alpha
+        if self.reference is None or not freq or alpha <= 0 or self.version % freq:
+            return
+        import deepspeed
+        import torch
+
+        policy = dict(self.engine.module.named_parameters())
+        with torch.no_grad():
+            for name, ref_param in self.reference.named_parameters():
+                param = policy[name]
+                with deepspeed.zero.GatheredParameters([param], enabled=s.deepspeed_stage == 3):
+                    ref_param.mul_(1.0 - alpha).add_(param.detach().to(ref_param.device, ref_param.dtype), alpha=alpha)
+
+    def reference_state_dict(self) -> dict:
+        """The reference policy's weights (on CPU), for tests and checkpoints."""
+        return {k: v.detach().cpu().clone() for k, v in self.reference.state_dict().items()}
+
     def _score_old_and_reference(self, micro: list[dict]) -> None:
         """The trust region's anchor (pi_old) and, with a KL penalty, the reference policy, without grad."""
         import torch
@@ -279,6 +312,8 @@ class LearnerActor:
             self.engine.eval()
             for mb in micro:
                 mb["old_logprobs"] = packed_token_logprobs(self.engine, mb, self.settings.temperature)
+                if self.settings.use_vllm_logprobs:
+                    mb["old_logprobs"] = engine_logprobs_as_old(mb)
                 if self.reference is not None:
                     mb["ref_logprobs"] = packed_token_logprobs(self.reference, mb, self.settings.temperature)
 
@@ -292,7 +327,10 @@ class LearnerActor:
         tokens = 0.0
         for i, mb in enumerate(mini):
             self.engine.set_gradient_accumulation_boundary(i == len(mini) - 1)
-            new_logprobs = packed_token_logprobs(self.engine, mb, s.temperature)
+            if s.record_entropy:
+                new_logprobs, entropy = packed_token_logprobs(self.engine, mb, s.temperature, with_entropy=True)
+            else:
+                new_logprobs, entropy = packed_token_logprobs(self.engine, mb, s.temperature), None
             mask = mb["response_mask"].bool()
             importance = losses.importance_weights(
                 mb["old_logprobs"],
@@ -301,6 +339,8 @@ class LearnerActor:
                 s.importance_ratio_cap,
                 s.importance_sampling_mode,
                 sample_ids_BT=_sample_ids(mb["doc_ids"]),
+                bounds=s.rho_bounds,
+                advantages_BT=mb["advantages"],
             )
             kl = None
             if self.reference is not None:
@@ -316,6 +356,7 @@ class LearnerActor:
                 importance_weights_BT=importance.weights_BT,
                 kl_BT=kl,
                 beta=s.beta,
+                loss_fn=s.loss_fn,
             )
             self.engine.backward(out.loss)
             self.engine.step()
@@ -323,6 +364,10 @@ class LearnerActor:
             tokens += n
             for key, value in _loss_stats(out, importance).items():
                 totals[key] = totals.get(key, 0.0) + value * n
+            if entropy is not None:  # a token sum: the step's metrics divide every total by its tokens
+                totals["policy/entropy_avg"] = totals.get("policy/entropy_avg", 0.0) + float(
+                    entropy[importance.mask_BT].sum()
+                )
         return tokens
 
     # -------------------------------------------------------------- weights out
@@ -406,6 +451,8 @@ class LearnerActor:
         if on_gpu():
             rng["cuda"] = torch.cuda.get_rng_state()
         torch.save(rng, Path(directory) / f"rng_rank{self.rank}.pt")
+        if self.reference is not None and self.settings.ref_policy_update_freq and self.rank == 0:
+            torch.save(self.reference_state_dict(), Path(directory) / "reference.pt")  # it moved: keep it
 
     def load_state(self, directory: str) -> int:
         """Restore what `save_state` wrote; returns the restored policy version."""
@@ -424,6 +471,11 @@ class LearnerActor:
         if on_gpu() and "cuda" in rng:
             torch.cuda.set_rng_state(rng["cuda"])
         self.version = int(client_state["version"])
+        reference = Path(directory) / "reference.pt"
+        if self.reference is not None and reference.exists():
+            self.reference.load_state_dict(torch.load(reference, map_location="cpu"))
+            if on_gpu():
+                self.reference.to(self.engine.device)
         return self.version
 
 
@@ -433,6 +485,19 @@ def _sample_ids(doc_ids_BT):
 
     offsets = torch.cumsum(doc_ids_BT.max(dim=1).values, 0) - doc_ids_BT.max(dim=1).values
     return torch.where(doc_ids_BT > 0, doc_ids_BT - 1 + offsets[:, None], torch.full_like(doc_ids_BT, -1))
+
+
+def engine_logprobs_as_old(mb: dict):
+    """--use_vllm_logprobs: the trust region is anchored at the engines' sampling logprobs, where they exist.
+
+    Tokens without one (tool output, NaN; padding) keep the learner's own. The importance ratio
+    old / behaviour is then 1 on sampled tokens, so the correction is a no-op rather than an error
+    (open-instruct refuses the combination with its rho correction)."""
+    import torch
+
+    behaviour = mb["behaviour_logprobs"]
+    use = mb["response_mask"].bool() & ~torch.isnan(behaviour)
+    return torch.where(use, behaviour.to(mb["old_logprobs"].dtype), mb["old_logprobs"])
 
 
 def _loss_stats(out, importance) -> dict[str, float]:

@@ -214,6 +214,27 @@ class ImportanceResult:
     stats: dict[str, torch.Tensor]
 
 
+@dataclass(frozen=True)
+class RhoBounds:
+    """open-instruct's --rho_* bounds, on top of `importance_weights`' mode; 0 disables each.
+
+    clamp_lower: weights are at least this (a lower clamp next to the cap's upper one).
+    mask_lower / mask_upper: tokens whose rho is below / above are dropped (IcePop-style).
+    sequence_level: rho is replaced, for masking and clamping, by its sample's geometric mean
+        exp(mean log rho), over each *sample* (open-instruct averages over a packed row, which
+        mixes the samples packed together).
+    tv_divergence: VACO-style: instead of masking tokens by their rho, compare each sample's mean
+        |rho - 1| with the mask bounds, and in a sample outside them drop only the tokens that would
+        push it further (sign(log rho) * advantage > 0). Needs the advantages.
+    """
+
+    clamp_lower: float = 0.0
+    mask_lower: float = 0.0
+    mask_upper: float = 0.0
+    sequence_level: bool = False
+    tv_divergence: bool = False
+
+
 @torch.no_grad()
 def importance_weights(
     old_logprobs_BT: torch.Tensor,
@@ -222,6 +243,8 @@ def importance_weights(
     cap: float,
     mode: ImportanceMode = "truncate",
     sample_ids_BT: torch.Tensor | None = None,
+    bounds: RhoBounds | None = None,
+    advantages_BT: torch.Tensor | None = None,
 ) -> ImportanceResult:
     """Off-policy correction between the learner's step-start policy and the engines' behaviour policy.
 
@@ -238,8 +261,9 @@ def importance_weights(
       per-token drift that TIS handles fine. Samples are rows, or `sample_ids_BT` (>= 0 on
       valid tokens) for packed rows.
 
-    `cap == 0` disables the correction: weights are 1 on valid tokens and the mask is unchanged
-    (stats are still computed, to watch the drift). Masking modes need cap >= 1.
+    `bounds` adds open-instruct's explicit bounds (`RhoBounds`). `cap == 0` disables the correction:
+    weights are 1 on valid tokens and the mask is unchanged (stats are still computed, to watch the
+    drift), bounds included. Masking modes need cap >= 1.
     """
     if cap < 0:
         raise ValueError(f"importance ratio cap must be >= 0 (0 disables), got {cap}")
@@ -263,8 +287,41 @@ def importance_weights(
     else:
         keep_BT = _kept_tokens(rho_BT, log_rho_BT, mask_BT, cap, mode, sample_ids_BT)
         weights_BT = torch.where(keep_BT, rho_BT.clamp(max=cap), 0.0)
+        if bounds is not None:
+            keep_BT = _bounds_mask(bounds, rho_BT, log_rho_BT, keep_BT, mask_BT, sample_ids_BT, advantages_BT)
+            weights_BT = _bounds_weights(bounds, rho_BT, log_rho_BT, keep_BT, mask_BT, cap, sample_ids_BT)
     stats = _importance_stats(rho_BT, mask_BT, keep_BT, cap, num_valid)
     return ImportanceResult(weights_BT=weights_BT, mask_BT=keep_BT, stats=stats)
+
+
+def _bounds_mask(b: RhoBounds, rho_BT, log_rho_BT, keep_BT, mask_BT, sample_ids_BT, advantages_BT):
+    """The tokens `RhoBounds` keeps (see there)."""
+    if b.tv_divergence:
+        if advantages_BT is None:
+            raise ValueError("tv_divergence masking needs the advantages")
+        divergence_BT = _sample_mean((rho_BT - 1).abs(), mask_BT, sample_ids_BT)
+        outside_BT = torch.zeros_like(keep_BT)
+        if b.mask_upper > 0:
+            outside_BT = outside_BT | (divergence_BT > b.mask_upper)
+        if b.mask_lower > 0:
+            outside_BT = outside_BT | (divergence_BT < b.mask_lower)
+        advantages_BT = advantages_BT if advantages_BT.dim() == 2 else advantages_BT[:, None]
+        pushes_further_BT = torch.sign(log_rho_BT) * advantages_BT > 0
+        return keep_BT & ~(outside_BT & pushes_further_BT)
+    if b.sequence_level:
+        rho_BT = torch.exp(_sample_mean(log_rho_BT, mask_BT, sample_ids_BT).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
+    if b.mask_lower > 0:
+        keep_BT = keep_BT & (rho_BT >= b.mask_lower)
+    if b.mask_upper > 0:
+        keep_BT = keep_BT & (rho_BT <= b.mask_upper)
+    return keep_BT
+
+
+def _bounds_weights(b: RhoBounds, rho_BT, log_rho_BT, keep_BT, mask_BT, cap: float, sample_ids_BT):
+    """Weights under `RhoBounds`: clamped to [clamp_lower, cap], per sample when sequence-level."""
+    if b.sequence_level:
+        rho_BT = torch.exp(_sample_mean(log_rho_BT, mask_BT, sample_ids_BT).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
+    return torch.where(keep_BT, rho_BT.clamp(min=b.clamp_lower or None, max=cap), 0.0)
 
 
 def _kept_tokens(
@@ -361,8 +418,15 @@ def policy_loss(
     importance_weights_BT: torch.Tensor | None = None,
     kl_BT: torch.Tensor | None = None,
     beta: float = 0.0,
+    loss_fn: str = "dapo",
 ) -> LossOutput:
-    """DAPO token-level clipped policy loss plus beta * KL, summed over valid tokens / denominator.
+    """Token-level policy loss (DAPO clipped surrogate, or CISPO) plus beta * KL, summed over valid tokens /
+    denominator.
+
+    loss_fn "dapo": max(-A r, -A clip(r, 1 - clip_lower, 1 + clip_higher)) with r = pi_theta / pi_old.
+    loss_fn "cispo": -A min(sg(r), 1 + clip_higher) log pi_theta, i.e. REINFORCE with a clipped,
+        stop-gradient importance weight: clipped tokens still get a gradient, only a smaller one
+        (clip_lower is unused).
 
     advantages: `[B, T]` per token (packed rows) or `[B]` per row (broadcast over T).
     mask_BT: response tokens that train (bool or 0/1): after `mask_truncated` and the
@@ -389,18 +453,29 @@ def policy_loss(
     # where()'s zero gradient times exp's inf would still be NaN.
     log_ratio_BT = torch.where(mask_BT, new_logprobs_BT.to(dtype) - old_logprobs_BT.to(dtype).detach(), 0.0)
     ratio_BT = torch.exp(log_ratio_BT)
-    pg_unclipped_BT = -advantages_BT * ratio_BT
-    pg_clipped_BT = -advantages_BT * ratio_BT.clamp(1.0 - clip_lower, 1.0 + clip_higher)
-    pg_BT = torch.maximum(pg_unclipped_BT, pg_clipped_BT)
+    logprobs_BT = torch.where(mask_BT, new_logprobs_BT.to(dtype), 0.0)
+    pg_BT, clipped_BT = _surrogate(loss_fn, ratio_BT, logprobs_BT, advantages_BT, clip_lower, clip_higher)
     if importance_weights_BT is not None:
         pg_BT = pg_BT * importance_weights_BT.to(dtype).detach()
+        clipped_BT = clipped_BT & (importance_weights_BT != 0)  # a token the correction dropped is not "clipped"
     per_token_BT = pg_BT
     if kl_BT is not None and beta > 0:
         per_token_BT = per_token_BT + beta * kl_BT.to(dtype)
 
     loss = masked_mean(per_token_BT, mask_BT, loss_denominator)
-    clipped_BT = pg_clipped_BT > pg_unclipped_BT
     return _with_diagnostics(loss, mask_BT, pg_BT, kl_BT, clipped_BT, ratio_BT, log_ratio_BT)
+
+
+def _surrogate(loss_fn: str, ratio_BT, logprobs_BT, advantages_BT, clip_lower: float, clip_higher: float):
+    """(per-token policy term, clipped tokens) of `loss_fn` (see `policy_loss`)."""
+    if loss_fn == "cispo":
+        weight_BT = ratio_BT.detach().clamp(max=1.0 + clip_higher)
+        return -advantages_BT * weight_BT * logprobs_BT, ratio_BT.detach() > 1.0 + clip_higher
+    if loss_fn == "dapo":
+        pg_unclipped_BT = -advantages_BT * ratio_BT
+        pg_clipped_BT = -advantages_BT * ratio_BT.clamp(1.0 - clip_lower, 1.0 + clip_higher)
+        return torch.maximum(pg_unclipped_BT, pg_clipped_BT), pg_clipped_BT > pg_unclipped_BT
+    raise ValueError(f"loss_fn must be dapo or cispo, got {loss_fn!r}")
 
 
 @torch.no_grad()

@@ -158,6 +158,7 @@ class TrainingLoop:
         self.untrained: dict[str, PromptRequest] = {r.prompt_id: r for r in requeue}  # admitted, not trained yet
         self.held_back: list[Completion] = []  # rejected by a full buffer; offered again
         self.eval_round: EvalRound | None = None
+        self.traces = _trace_writer(cfg)
         self._last_engine_stats: list[EngineStats] | None = None
         self._advised = False
 
@@ -277,6 +278,9 @@ class TrainingLoop:
     def train(self, groups: list[Group]) -> dict:
         report = self.learners.train_step(groups, self.step)
         completions = [c for g in groups for c in g.completions]
+        if self.traces is not None:
+            requests = {g.prompt_id: self.untrained.get(g.prompt_id) for g in groups}
+            self.traces.write(self.step, groups, requests, self.cfg.algorithm.advantage_normalization_type)
         self.version += 1
         for g in groups:
             self.untrained.pop(g.prompt_id, None)
@@ -310,9 +314,11 @@ class TrainingLoop:
 
     def start_eval(self) -> None:
         sampling = dataclasses.replace(self.sampling, max_tokens=self.cfg.eval_response_length)
+        e = self.cfg.eval_extras
         self.eval_round = EvalRound.build(
-            self.eval_rows, self.step, sampling, self.cfg.experiment.seed, self.version, self.clock.time()
-        )
+            self.eval_rows, self.step, sampling, self.cfg.experiment.seed, self.version, self.clock.time(),
+            samples=e.eval_pass_at_k, top_p=e.eval_top_p, max_reward=self.cfg.max_possible_reward,
+        )  # fmt: skip
         self.engines.submit(self.eval_round.requests)
 
     def evaluate_if_due(self) -> dict:
@@ -457,6 +463,18 @@ def check_enough_prompts(cfg: Config, count: int) -> None:
         )
 
 
+def _trace_writer(cfg: Config):
+    """--save_traces: a TraceWriter in --rollouts_save_path, else None."""
+    if not cfg.logging.save_traces:
+        return None
+    from open_instruct.traces import TraceWriter
+
+    config = {
+        f.name: dataclasses.asdict(getattr(cfg, f.name)) for f in dataclasses.fields(cfg) if f.name != "explicit_flags"
+    }
+    return TraceWriter(cfg.logging.rollouts_save_path, cfg.run_name, config)
+
+
 def data_inputs(cfg: Config):
     """(model, train data, eval data) configs as the data loader sees them: --system_prompt_override_file read
     into the system prompt, --dataset_skip_cache as a disabled cache."""
@@ -478,7 +496,7 @@ def run(cfg: Config, engine_class=None, engine_args: tuple = ()) -> dict:
     from open_instruct.tracking import RunLog
 
     model_path = resolve_model_path(cfg.model.model_name_or_path)
-    tokenizer = load_tokenizer(cfg.model)
+    tokenizer = load_tokenizer(cfg.model, cfg.tokenizer_model)
     seed = cfg.experiment.seed
     model_cfg, train_data, eval_data = data_inputs(cfg)
     train = data.load_prompt_dataset(
@@ -490,6 +508,8 @@ def run(cfg: Config, engine_class=None, engine_args: tuple = ()) -> dict:
         eval_data, model_cfg, tokenizer, "eval", cfg.remap_verifier, seed=seed, tools_cfg=cfg.tools
     )
     logger.info("evaluation data:\n%s", evaluation.report.summary())
+    if cfg.data_extras.cache_dataset_only:
+        return {"status": "completed", "cached_only": True, "train_prompts": len(train.prompts)}
     stop = StopRequest()
     stack = None
     try:

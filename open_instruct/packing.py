@@ -385,9 +385,25 @@ def logprobs_from_logits(
     return logprobs_BT
 
 
-def packed_token_logprobs(
-    model: torch.nn.Module, row_batch: dict[str, torch.Tensor], temperature: float = 1.0
+@torch.no_grad()
+def token_entropy_from_logits(
+    logits_BTV: torch.Tensor, temperature: float = 1.0, chunk_tokens: int = DEFAULT_LOGPROB_CHUNK_TOKENS
 ) -> torch.Tensor:
+    """Target-aligned entropy [B, T] of softmax(logits / T): out[:, t] is the entropy of the distribution
+    that sampled token t (out[:, 0] = 0). Chunked like the logprobs, no grad (a diagnostic)."""
+    batch, time, vocab = logits_BTV.shape
+    flat_NV = logits_BTV.reshape(batch * time, vocab)
+    entropy_N = torch.empty(batch * time, dtype=torch.float32, device=logits_BTV.device)
+    for start in range(0, flat_NV.shape[0], chunk_tokens):
+        scaled_CV = _scaled_fp32(flat_NV[start : start + chunk_tokens], float(temperature))
+        logp_CV = torch.log_softmax(scaled_CV, dim=-1)
+        entropy_N[start : start + chunk_tokens] = -(logp_CV.exp() * logp_CV).sum(-1)
+    return F.pad(entropy_N.view(batch, time)[:, :-1], (1, 0), value=0.0)
+
+
+def packed_token_logprobs(
+    model: torch.nn.Module, row_batch: dict[str, torch.Tensor], temperature: float = 1.0, with_entropy: bool = False
+):
     """Target-aligned log-probabilities [B, T] of a collated batch of packed rows under an HF causal LM.
 
     Calls `model(input_ids, position_ids, attention_mask=None, use_cache=False)`; tensors must
@@ -413,9 +429,12 @@ def packed_token_logprobs(
         attention_mask=None,
         use_cache=False,
     )
-    return logprobs_from_logits(
+    logprobs_BT = logprobs_from_logits(
         output.logits, row_batch["input_ids"], temperature, position_ids_BT=row_batch["position_ids"]
     )
+    if not with_entropy:
+        return logprobs_BT
+    return logprobs_BT, token_entropy_from_logits(output.logits.detach(), temperature)
 
 
 def iter_documents(rows: Iterable[PackedRow]) -> Iterable[PackItem]:

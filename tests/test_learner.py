@@ -24,7 +24,9 @@ def groups(model_path):
     return rewarded_groups(tokenizer, N), tokenizer
 
 
-def run_group(model_path, groups, stage: int, steps: int = 1, num_mini_batches: int = 1):
+def run_group(
+    model_path, groups, stage: int, steps: int = 1, num_mini_batches: int = 1, extras=None, **learner_options
+):
     import ray
 
     from open_instruct import cluster
@@ -41,6 +43,7 @@ def run_group(model_path, groups, stage: int, steps: int = 1, num_mini_batches: 
         num_mini_batches=num_mini_batches,
         total_steps=steps,
         importance_ratio_cap=0.0,
+        **learner_options,
     )
     batch_settings = BatchSettings(
         pack_length=128,
@@ -64,6 +67,8 @@ def run_group(model_path, groups, stage: int, steps: int = 1, num_mini_batches: 
             history.append(report.metrics)
         # Per rank, to compare the data-parallel replicas.
         after = ray.get([actor.full_state_dict.remote() for actor in learners.actors])
+        if extras is not None:
+            extras["reference"] = ray.get(learners.actors[0].reference_state_dict.remote())
         return before, after, history, stats
     finally:
         ray.shutdown()
@@ -110,3 +115,28 @@ def test_training_raises_the_likelihood_of_rewarded_samples(model_path, groups):
     assert rewarded_minus_unrewarded(after) > rewarded_minus_unrewarded(before) + 1.0
     # Later optimizer steps see a policy that moved: the ratio leaves 1 and the loss changes.
     assert history[0]["loss/policy_avg"] != pytest.approx(history[2]["loss/policy_avg"], abs=1e-6)
+
+
+def test_a_cispo_step_with_entropy_recording(model_path, groups):
+    import math
+
+    before, (after, _), history, _ = run_group(model_path, groups, stage=2, loss_fn="cispo", record_entropy=True)
+    assert max((after[n] - before[n]).abs().max().item() for n in before) > 1e-4
+    vocab = before["model.embed_tokens.weight"].shape[0]
+    assert 0 < history[0]["policy/entropy_avg"] <= math.log(vocab)
+    assert history[0]["policy/clipfrac_avg"] == 0.0  # first pass: ratio 1, nothing clipped
+
+
+def test_the_reference_drifts_toward_the_policy_by_the_polyak_rule(model_path, groups):
+    extras: dict = {}
+    before, (after, _), _, _ = run_group(
+        model_path, groups, stage=3, beta=0.01, ref_policy_update_freq=1, ref_policy_alpha=0.25, extras=extras
+    )
+    reference = extras["reference"]
+    worst = 0.0
+    for name, initial in before.items():
+        if name in reference:  # ref <- (1 - alpha) ref + alpha policy, with ref = the initial weights
+            expected = 0.75 * initial + 0.25 * after[name]
+            worst = max(worst, (reference[name] - expected).abs().max().item())
+    assert worst < 1e-6, worst
+    assert max((reference[n] - before[n]).abs().max().item() for n in reference if n in before) > 1e-5

@@ -391,3 +391,86 @@ def test_bf16_inputs_compute_in_float32():
     out.loss.backward()
     assert out.loss.dtype == torch.float32 and out.loss.item() == -1.0
     assert new.grad.dtype == torch.bfloat16
+
+
+def test_cispo_matches_a_hand_computation():
+    """-A min(sg(r), 1 + hi) log pi, token mean; the gradient flows through log pi even where r is clipped."""
+    new = torch.tensor([[-1.0, -0.5, -2.0]], dtype=torch.float64, requires_grad=True)
+    old = torch.tensor([[-1.2, -1.0, -2.0]], dtype=torch.float64)
+    advantages = torch.tensor([[2.0, 2.0, -1.0]], dtype=torch.float64)
+    mask = torch.tensor([[True, True, True]])
+    out = policy_loss(new, old, advantages, mask, clip_lower=0.2, clip_higher=0.25, loss_fn="cispo")
+    ratios = [math.exp(0.2), math.exp(0.5), 1.0]
+    weights = [min(r, 1.25) for r in ratios]  # the second token is clipped to 1.25
+    expected = sum(-a * w * lp for a, w, lp in zip([2.0, 2.0, -1.0], weights, [-1.0, -0.5, -2.0])) / 3
+    assert out.loss.item() == pytest.approx(expected)
+    out.loss.backward()
+    assert new.grad.tolist()[0] == pytest.approx([-a * w / 3 for a, w in zip([2.0, 2.0, -1.0], weights)])
+    assert out.clipfrac.item() == pytest.approx(1 / 3)
+
+
+def test_unknown_loss_fn_is_refused():
+    x = torch.zeros(1, 2)
+    with pytest.raises(ValueError, match="dapo or cispo"):
+        policy_loss(x, x, x, torch.ones(1, 2, dtype=torch.bool), clip_lower=0.2, clip_higher=0.2, loss_fn="ppo")
+
+
+def test_rho_bounds_mask_and_clamp_the_tokens_they_should():
+    from open_instruct.loss import RhoBounds
+
+    # rho per token: 0.2, 0.8, 1.0, 1.5, 3.0 (old - behaviour = log rho).
+    rhos = [0.2, 0.8, 1.0, 1.5, 3.0]
+    old = torch.tensor([[math.log(r) for r in rhos]], dtype=torch.float64)
+    behaviour = torch.zeros_like(old)
+    mask = torch.ones(1, 5, dtype=torch.bool)
+    bounds = RhoBounds(clamp_lower=0.9, mask_lower=0.5, mask_upper=2.0)
+    result = importance_weights(old, behaviour, mask, cap=1.2, bounds=bounds)
+    assert result.mask_BT.tolist() == [[False, True, True, True, False]]  # 0.2 < 0.5 and 3.0 > 2.0 dropped
+    # Kept weights clamped to [0.9, 1.2]; dropped ones are 0.
+    assert result.weights_BT.tolist()[0] == pytest.approx([0.0, 0.9, 1.0, 1.2, 0.0])
+
+
+def test_sequence_level_rho_bounds_use_each_samples_geometric_mean_not_the_packed_rows():
+    from open_instruct.loss import RhoBounds
+
+    # One packed row with two samples: sample 0 has rho 4 and 4 (geo-mean 4), sample 1 has 0.5 and 2 (geo-mean 1).
+    old = torch.tensor([[math.log(4), math.log(4), math.log(0.5), math.log(2)]], dtype=torch.float64)
+    mask = torch.ones(1, 4, dtype=torch.bool)
+    sample_ids = torch.tensor([[0, 0, 1, 1]])
+    bounds = RhoBounds(mask_upper=3.0, sequence_level=True)
+    result = importance_weights(old, torch.zeros_like(old), mask, cap=2.0, sample_ids_BT=sample_ids, bounds=bounds)
+    assert result.mask_BT.tolist() == [[False, False, True, True]]  # the row's mean (rho 2) would keep both
+    assert result.weights_BT.tolist()[0] == pytest.approx([0.0, 0.0, 1.0, 1.0])
+
+
+def test_rho_bounds_do_nothing_when_the_correction_is_off():
+    from open_instruct.loss import RhoBounds
+
+    old = torch.tensor([[math.log(5.0)]], dtype=torch.float64)
+    result = importance_weights(
+        old, torch.zeros_like(old), torch.ones(1, 1, dtype=torch.bool), 0.0, bounds=RhoBounds(mask_upper=2.0)
+    )
+    assert result.mask_BT.tolist() == [[True]] and result.weights_BT.tolist() == [[1.0]]
+
+
+def test_tv_divergence_masking_drops_only_the_tokens_that_push_a_divergent_sample_further():
+    from open_instruct.loss import RhoBounds
+
+    # Sample 0: rho 0.25, 1, 4 -> mean |rho - 1| = 1.25 (inside the bound 2): kept.
+    # Sample 1: rho 4, 4, 0.25 -> mean |rho - 1| = 2.25 (outside): with A > 0, tokens with log rho > 0
+    # push further and are dropped; the rho 0.25 token (log rho < 0) pulls back and stays.
+    rhos = [0.25, 1.0, 4.0, 4.0, 4.0, 0.25]
+    old = torch.tensor([[math.log(r) for r in rhos]], dtype=torch.float64)
+    mask = torch.ones(1, 6, dtype=torch.bool)
+    sample_ids = torch.tensor([[0, 0, 0, 1, 1, 1]])
+    advantages = torch.ones(1, 6, dtype=torch.float64)
+    bounds = RhoBounds(mask_upper=2.0, tv_divergence=True)
+    result = importance_weights(
+        old, torch.zeros_like(old), mask, 2.0, sample_ids_BT=sample_ids, bounds=bounds, advantages_BT=advantages
+    )
+    assert result.mask_BT.tolist() == [[True, True, True, False, False, True]]
+    assert result.weights_BT.tolist()[0] == pytest.approx([0.25, 1.0, 2.0, 0.0, 0.0, 0.25])  # clamping unchanged
+    flipped = importance_weights(
+        old, torch.zeros_like(old), mask, 2.0, sample_ids_BT=sample_ids, bounds=bounds, advantages_BT=-advantages
+    )
+    assert flipped.mask_BT.tolist() == [[True, True, True, True, True, False]]

@@ -25,6 +25,15 @@ class VerifierSettings:
     max_length_target: int = 4096
     # ifeval: True -> 1 only when every constraint holds; False -> fraction satisfied.
     ifeval_require_all: bool = False
+    # general-* LLM judges: any OpenAI-compatible chat endpoint (see rewards/llm_judge.py).
+    llm_judge_model: str = "azure/gpt-4o-mini-standard"
+    llm_judge_base_url: str = ""
+    llm_judge_api_key: str = ""
+    llm_judge_extra_body: str = ""  # JSON merged into each request (e.g. vLLM's structured_outputs)
+    llm_judge_max_tokens: int = 2048
+    llm_judge_max_context_length: int = 8192
+    llm_judge_temperature: float = 1.0
+    llm_judge_timeout: float = 60.0
 
     @classmethod
     def from_config(cls, cfg) -> VerifierSettings:
@@ -33,8 +42,26 @@ class VerifierSettings:
             code_api_url=r.code_api_url,
             code_max_execution_time=r.code_max_execution_time,
             code_pass_rate_reward_threshold=r.code_pass_rate_reward_threshold,
+            code_apply_perf_penalty=cfg.reward_extras.code_apply_perf_penalty,
             ifeval_require_all=r.ifeval_reward_mode == "all",
+            **_judge_settings(cfg.reward_extras),
         )
+
+
+def _judge_settings(x) -> dict[str, Any]:
+    """--llm_judge_* flags, plus the endpoint from the environment (OpenAI's variable names)."""
+    import os
+
+    return {
+        "llm_judge_model": x.llm_judge_model,
+        "llm_judge_base_url": os.environ.get("LLM_JUDGE_BASE_URL", os.environ.get("OPENAI_BASE_URL", "")),
+        "llm_judge_api_key": os.environ.get("LLM_JUDGE_API_KEY", os.environ.get("OPENAI_API_KEY", "")),
+        "llm_judge_extra_body": os.environ.get("LLM_JUDGE_EXTRA_BODY", ""),
+        "llm_judge_max_tokens": x.llm_judge_max_tokens,
+        "llm_judge_max_context_length": x.llm_judge_max_context_length,
+        "llm_judge_temperature": x.llm_judge_temperature,
+        "llm_judge_timeout": float(x.llm_judge_timeout),
+    }
 
 
 @dataclass(frozen=True)
@@ -42,6 +69,7 @@ class VerifierInput:
     prediction: str  # the decoded response only (no prompt), special tokens skipped
     ground_truth: Any  # the row's label for this verifier, in the dataset's own shape
     response_token_count: int = 0
+    query: str = ""  # the decoded prompt (LLM judges read it)
 
 
 @dataclass(frozen=True)
@@ -66,7 +94,9 @@ class UnknownVerifierError(KeyError):
 _REGISTRY: dict[str, Verifier] = {}
 
 # Modules that register the built-in verifiers, imported on first lookup.
-_BUILTIN_MODULES = ("gsm8k", "math_answer", "string_match", "length", "ifeval", "code_tests", "passthrough")
+_BUILTIN_MODULES = (
+    "gsm8k", "math_answer", "string_match", "length", "ifeval", "code_tests", "passthrough", "llm_judge",
+)  # fmt: skip
 _builtins_loaded = False
 
 

@@ -103,7 +103,10 @@ class RewardSettings:
             r1_format_gate=r1.apply_r1_style_format_reward and not r1.additive_format_reward,
             remap_verifier=cfg.remap_verifier,
             # A code verifier call may legitimately take its HTTP client's full timeout.
-            verifier_timeout_s=max(30.0, min(300.0, 10 * r.code_max_execution_time)) + 10,
+            verifier_timeout_s=max(
+                30.0, min(300.0, 10 * r.code_max_execution_time), cfg.reward_extras.llm_judge_timeout
+            )
+            + 10,
             verifier=VerifierSettings.from_config(cfg),
         )
 
@@ -321,12 +324,12 @@ class RewardScorer:
             self._idle.put(worker)
 
     def _score_pair(
-        self, sample_id: str, raw_name: Any, ground_truth: Any, prediction: str, response_token_count: int
+        self, sample_id: str, raw_name: Any, ground_truth: Any, prediction: str, response_token_count: int, query: str
     ) -> tuple[str, float, str | None]:
         name = self.resolve_name(str(raw_name))
         try:
             fn = get_verifier(name)
-            score = self._call(fn, VerifierInput(prediction, ground_truth, response_token_count))
+            score = self._call(fn, VerifierInput(prediction, ground_truth, response_token_count, query))
             if isinstance(score, bool) or not isinstance(score, (int, float)) or not math.isfinite(score):
                 raise ValueError(f"verifier returned a non-numeric or non-finite score {score!r}")
             if not 0.0 <= score <= 1.0:
@@ -355,6 +358,7 @@ class RewardScorer:
         verifier_names: list[str],
         finish_reason: str,
         response_token_count: int,
+        query: str = "",
     ) -> RewardOutcome:
         if self._closed:
             raise RuntimeError("RewardScorer is closed")
@@ -383,6 +387,7 @@ class RewardScorer:
                         gt,
                         prediction,
                         response_token_count,
+                        query,
                     )
                     for name, gt in pairs
                 )
