@@ -49,4 +49,5 @@ def test_the_wheel_carries_the_settings_and_the_code_server(tmp_path):
     [wheel] = tmp_path.glob("open_instruct-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
     assert {"open_instruct/ds_configs/zero2.json", "open_instruct/ds_configs/zero3.json"} <= names
+    assert {"open_instruct/agents/wordle_words.txt", "open_instruct/agents/rollout.py"} <= names
     assert {"code_server/server.py", "code_server/sandbox.py", "open_instruct/benchmarks/simulator.py"} <= names
