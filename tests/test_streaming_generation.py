@@ -172,6 +172,18 @@ def test_staleness_bound_holds_when_the_learner_never_steps(pool, tokenizer):
     assert not any(r.prompt_id in pool.ledger.in_flight() for r in admitted)
 
 
+def test_abort_stale_stops_a_doomed_sample_mid_generation_and_still_delivers_it(pool, tokenizer):
+    doomed = request(tokenizer, max_tokens=2000, ignore_eos=True, samples=1)
+    pool.submit([doomed])
+    deadline = time.monotonic() + 120
+    while not any(t > 8 for s in pool.call_all("running_tokens") for t in s.values()):
+        assert time.monotonic() < deadline, "the sample never started"
+        time.sleep(0.1)
+    assert pool.abort_stale(0, [doomed.prompt_id]) == 1  # doomed by prompt id: the bound requeued its group
+    [(_, completion)] = collect(pool, [doomed])
+    assert completion.finish_reason == "abort" and 8 < len(completion.response_token_ids) < 2000
+
+
 def test_a_prompt_the_engine_rejects_becomes_an_error_completion(pool, tokenizer):
     too_long = request(tokenizer, ids=tuple([20] * (MAX_MODEL_LEN + 10)), samples=2)
     fine = request(tokenizer)
