@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import os
 import time
 from dataclasses import dataclass, field
@@ -103,7 +104,7 @@ class PythonTool:
         self._http = _Http()
 
     async def call(self, args: dict[str, Any]) -> StepResult:
-        code = str(next(iter(args.values()), "") if "code" not in args else args["code"])
+        code = str(args.get("code", ""))
         if not code.strip():
             return StepResult("", error="empty code")
         s = self.settings
@@ -113,8 +114,6 @@ class PythonTool:
         )
         if status != 200:
             return StepResult(f"HTTP error: {status} {reason}", error=f"HTTP {status}: {text[:200]}")
-        import json
-
         reply = json.loads(text)
         output, error = reply.get("output", ""), reply.get("error", "")
         observation = output + (("\n" if output and not output.endswith("\n") else "") + error if error else "")
@@ -144,8 +143,6 @@ class HttpTool:
             return StepResult(f"HTTP error: {status} {reason}", error=f"HTTP {status}: {text[:200]}")
         if s.result_key is None:
             return StepResult(text)
-        import json
-
         try:
             value = json.loads(text)[s.result_key]
         except (ValueError, KeyError, TypeError) as error:
