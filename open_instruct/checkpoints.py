@@ -36,6 +36,7 @@ class DriverState:
     requeue: tuple[PromptRequest, ...]  # admitted, untrained, not in a complete group
     episodes: int  # samples trained so far
     outcomes: dict[str, int] = field(default_factory=dict)  # metrics.PromptOutcomes.totals()
+    rubrics: tuple | None = None  # evolving rubrics: (queries -> QueryRubrics, row id -> ground truths)
 
 
 def _step_dirs(root: Path) -> list[Path]:
@@ -55,7 +56,9 @@ def save_model(learners, tokenizer, output_dir: str, step: int, keep_last_n: int
     return path
 
 
-def save_state(learners, state_dir: str, driver: DriverState) -> Path:
+def save_state(learners, state_dir: str, driver: DriverState, keep_last_n: int = 1) -> Path:
+    """Write one resumable state, then keep the newest `keep_last_n` (-1: all). 0 keeps the one just written:
+    open-instruct deletes that one too, leaving nothing to resume from."""
     root = Path(state_dir)
     path = root / f"step_{driver.next_step}"
     shutil.rmtree(path, ignore_errors=True)
@@ -66,20 +69,26 @@ def save_state(learners, state_dir: str, driver: DriverState) -> Path:
     (path / "driver.pkl.tmp").rename(path / "driver.pkl")
     (root / "latest.tmp").write_text(path.name)
     (root / "latest.tmp").rename(root / "latest")
-    for old in _step_dirs(root):
-        if old.name != path.name:
-            shutil.rmtree(old, ignore_errors=True)
+    others = [p for p in _step_dirs(root) if p.name != path.name]
+    keep_others = len(others) if keep_last_n < 0 else max(0, keep_last_n - 1)
+    for old in others[: len(others) - keep_others]:
+        shutil.rmtree(old, ignore_errors=True)
     logger.info("saved resumable state for step %d to %s", driver.next_step, path)
     return path
 
 
 def latest_state(state_dir: str | None) -> tuple[Path, DriverState] | None:
+    """The newest state under `state_dir` (a --checkpoint_state_dir), or `state_dir` itself when it is one
+    state's step_<k> folder."""
     if not state_dir:
         return None
     pointer = Path(state_dir) / "latest"
-    if not pointer.exists():
+    if (Path(state_dir) / "driver.pkl").exists():
+        path = Path(state_dir)
+    elif pointer.exists():
+        path = Path(state_dir) / pointer.read_text().strip()
+    else:
         return None
-    path = Path(state_dir) / pointer.read_text().strip()
     with open(path / "driver.pkl", "rb") as f:
         return path, pickle.load(f)
 

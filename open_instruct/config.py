@@ -58,7 +58,9 @@ class ExperimentConfig:
     local_eval_every: int = arg(-1, "Evaluate every N steps; overrides --num_evals when > 0.")
     eval_on_step_0: bool = arg(False, "Also evaluate before the first training step.")
     save_freq: int = arg(200, "Save an HF-format model + tokenizer every N training steps (0 disables).")
-    keep_last_n_checkpoints: int = arg(3, "Keep only the newest N HF checkpoints (-1 keeps all).")
+    keep_last_n_checkpoints: int = arg(
+        3, "Keep the newest N HF checkpoints and N resumable states (-1 keeps all; 0 keeps the newest state only)."
+    )
     checkpoint_state_freq: int = arg(-1, "Save full resumable state every N steps (-1 disables).")
     checkpoint_state_dir: str | None = arg(None, "Directory for resumable state; resuming reads it.")
     try_launch_beaker_eval_jobs_on_weka: bool = arg(False, BEAKER_ONLY + "Launch oe-eval jobs per save.")
@@ -281,6 +283,10 @@ class Config:
             raise ConfigError("invalid configuration:\n  - " + "\n  - ".join(problems))
 
     # -- derived values (computed, never stored back) --
+
+    @property
+    def group_names(self) -> tuple[str, ...]:
+        return tuple(f.name for f in fields(self) if f.name != "explicit_flags")
 
     @property
     def uses_embedded_default(self) -> bool:
@@ -543,7 +549,7 @@ _PENDING_FEATURES: dict[str, tuple[str, ...]] = {
 
 
 def unsupported_features(cfg: Config) -> list[str]:
-    problems = pending_problems([getattr(cfg, f.name) for f in fields(Config) if f.name != "explicit_flags"])
+    problems = pending_problems([getattr(cfg, name) for name in cfg.group_names])
     for feature, flags in _PENDING_FEATURES.items():
         given = sorted(f"--{flag}" for flag in flags if flag in cfg.explicit_flags)
         if given:

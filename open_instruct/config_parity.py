@@ -1,14 +1,16 @@
 """The rest of open-instruct's grpo_fast flags, so that existing launch scripts parse unchanged.
 
-Each flag has open-instruct's name, type and default, and is one of three kinds, said in its help:
+Each flag has open-instruct's name, type and default, and is one of four kinds, said in its help:
 
 * it works here (its help says what it does);
 * `[Beaker only ...]`: Ai2 infrastructure (Beaker eval jobs, GCS, the Hub, Slack); accepted, no effect;
+* `[no effect, as in open-instruct's grpo_fast: <reason>]`: OLMo-core-only knobs and the ones grpo_fast
+  itself ignores; accepted, and a value other than the default is named in a warning at start-up;
 * `[not supported yet: <reason>]`: a feature not built yet. The default value is accepted (scripts pass
   `--vllm_sync_backend nccl` or `--load_ref_policy True` all the time); any other value stops the run
   at parse time with that reason, instead of being silently ignored.
 
-Flags move from the third kind to the first as their features land (`pending` metadata).
+Flags move from the last kind to the first as their features land (`pending` metadata).
 """
 
 from __future__ import annotations
@@ -19,6 +21,9 @@ from typing import Any, Literal
 from open_instruct.config_fields import BEAKER_ONLY, arg
 
 LEARNER_ISSUE = "learner and resource flags land with the learner-speed work"
+# LoRA and quantization flags are no-ops in open-instruct's grpo_fast; training the full model when a
+# user asked for adapters would be a silent surprise, so they are refused instead.
+NOT_IN_GRPO_FAST = "{} is not wired into open-instruct's grpo_fast either (its flags are ignored there)"
 
 
 _PENDING = "[not supported yet: "
@@ -29,6 +34,18 @@ def pending(default: Any, reason: str, help: str = "", **kwargs) -> Any:
 
     The reason lives in the help text (argparse receives every metadata key, so there is no other place)."""
     return arg(default, f"{_PENDING}{reason}] {help}".strip(), **kwargs)
+
+
+# open-instruct's registry names of what our loader does (they run its rlvr_tokenize_v3 and
+# rlvr_max_length_filter_v2); its SFT and preference transforms do not make RL prompts.
+RLVR_TRANSFORMS = ("rlvr_tokenize_v1", "rlvr_max_length_filter_v1")
+
+_NO_EFFECT = "[no effect, as in open-instruct's grpo_fast: "
+
+
+def no_effect(default: Any, reason: str, **kwargs) -> Any:
+    """A flag open-instruct's grpo_fast accepts and ignores (OLMo-core-only knobs): the same here, said aloud."""
+    return arg(default, f"{_NO_EFFECT}{reason}]", **kwargs)
 
 
 def pending_reason(f) -> str | None:
@@ -48,7 +65,9 @@ class LoggingConfig:
     )
     verbose: bool = arg(False, "DEBUG logging.")
     data_loader_seed: int | None = arg(None, "Seed of the prompt order (shuffling per epoch); default: --seed.")
-    logging_steps: int = pending(1, "metrics are written every step", "Log every N steps.")
+    logging_steps: int = arg(
+        1, "Send metrics to W&B every N steps (averaged over those steps); metrics.jsonl keeps every step."
+    )
     save_traces: bool = arg(False, "Write every trained rollout to JSONL in --rollouts_save_path (see traces.py).")
     rollouts_save_path: str = arg(
         "/weka/oe-adapt-default/allennlp/deletable_rollouts/", "Directory of --save_traces (an Ai2 path by default)."
@@ -61,9 +80,15 @@ class ScheduleConfig:
 
     warmup_ratio: float = arg(0.0, "Warm-up as a fraction of all optimizer steps (used when --warm_up_steps is 0).")
     max_train_steps: int | None = arg(None, "Stop after this many training steps (fewer than --total_episodes gives).")
-    checkpointing_steps: int = pending(500, "use --checkpoint_state_freq (resumable state) or --save_freq (HF model)")
-    ephemeral_save_interval: int | None = pending(None, "use --checkpoint_state_freq")
-    resume_from_checkpoint: str | None = pending(None, "a run resumes from --checkpoint_state_dir")
+    checkpointing_steps: int = arg(
+        500, "Given explicitly: save the resumable state (to --checkpoint_state_dir) every N steps."
+    )
+    ephemeral_save_interval: int | None = arg(
+        None, "Also save the resumable state every N steps (pruned by --keep_last_n_checkpoints like the others)."
+    )
+    resume_from_checkpoint: str | None = arg(
+        None, "Resume from this state (a --checkpoint_state_dir, or one of its step_<k> folders)."
+    )
     world_size: int | None = arg(None, "[internal in open-instruct: derived from --num_learners_per_node; ignored]")
     num_training_steps: int | None = arg(None, "[internal in open-instruct: derived from --total_episodes; ignored]")
 
@@ -114,25 +139,29 @@ class ResourceConfig:
     backend_timeout: int = pending(120, LEARNER_ISSUE)
     fused_optimizer: bool = pending(True, LEARNER_ISSUE)
     vllm_sync_backend: str = pending("nccl", LEARNER_ISSUE, "nccl or gloo.")
-    vllm_attention_backend: str | None = pending(None, "the engines let vLLM choose")
-    model_dtype: str = pending("bfloat16", "dtypes are fixed: bf16 on GPU, fp32 on CPU")
-    gradient_accumulation_steps: int = pending(1, "accumulation comes from --num_mini_batches")
-    max_seq_length: int = pending(4096, "lengths come from --pack_length and --response_length")
-    set_weight_decay_on_bias_and_norm: bool = pending(True, LEARNER_ISSUE)
-    fsdp_shard_degree: int | None = pending(None, "FSDP is OLMo-core only; the learners run DeepSpeed")
-    fsdp_num_replicas: int | None = pending(None, "FSDP is OLMo-core only; the learners run DeepSpeed")
-    compile_model: bool = pending(True, "OLMo-core only")
-    activation_memory_budget: float = pending(1.0, "OLMo-core only")
-    activation_checkpointing_mode: Literal["budget", "selected_modules"] = pending("budget", "OLMo-core only")
-    activation_checkpointing_modules: list[str] = pending(
+    vllm_attention_backend: str | None = arg(None, "vLLM attention backend of the engines; None lets vLLM choose.")
+    model_dtype: str = arg("bfloat16", "Dtype of the policy, reference and engines on GPU (see --dtype).")
+    gradient_accumulation_steps: int = no_effect(1, "gradients accumulate over every micro-batch of a mini-batch")
+    max_seq_length: int = no_effect(4096, "lengths come from --max_prompt_token_length and --response_length")
+    set_weight_decay_on_bias_and_norm: bool = arg(
+        True,
+        "True: --weight_decay for all parameters but biases and norms (which get none). False: --weight_decay "
+        "for every parameter.",
+    )
+    fsdp_shard_degree: int | None = no_effect(None, "OLMo-core FSDP; still must divide the learner count")
+    fsdp_num_replicas: int | None = no_effect(None, "OLMo-core FSDP; still must divide the learner count")
+    compile_model: bool = no_effect(True, "OLMo-core only")
+    activation_memory_budget: float = no_effect(1.0, "OLMo-core only")
+    activation_checkpointing_mode: Literal["budget", "selected_modules"] = no_effect("budget", "OLMo-core only")
+    activation_checkpointing_modules: list[str] = no_effect(
         [
             "blocks.*.attention_norm", "blocks.*.attention", "blocks.*.attention_residual_stream",
             "blocks.*.feed_forward_norm", "blocks.*.feed_forward", "blocks.*.feed_forward_residual_stream",
         ],
         "OLMo-core only",
     )  # fmt: skip
-    cp_degree: int | None = pending(None, "OLMo-core context parallelism; see --sequence_parallel_size")
-    cp_strategy: Literal["llama3", "zig_zag", "ulysses"] = pending("llama3", "OLMo-core only")
+    cp_degree: int | None = no_effect(None, "OLMo-core context parallelism; see --sequence_parallel_size")
+    cp_strategy: Literal["llama3", "zig_zag", "ulysses"] = no_effect("llama3", "OLMo-core only")
     enable_queue_dashboard: bool = arg(True, "open-instruct's FastAPI queue dashboard; here metrics.jsonl and W&B.")
     queue_dashboard_port: int | None = arg(None, "Port of that dashboard (unused here).")
 
@@ -161,24 +190,32 @@ class TokenizerModelConfig:
 
     tokenizer_name: str | None = arg(None, "Alias of --tokenizer_name_or_path (which wins when both are given).")
     trust_remote_code: bool = arg(False, "Let the tokenizer run its repository's code (tokenizer only, as there).")
-    use_fast: bool = pending(True, "tokenizers load with transformers' default (fast) backend", "Fast tokenizer.")
-    use_slow_tokenizer: bool = pending(False, "tokenizers load with transformers' default (fast) backend")
-    get_tokenizer_fn: str = pending("get_tokenizer_tulu_v2_2", "tokenizers load with --chat_template_name")
+    use_fast: bool = arg(True, "Load the fast (Rust) tokenizer; False asks for the Python one where it exists.")
+    use_slow_tokenizer: bool = arg(False, "The same as --use_fast False (open-instruct ignores it).")
+    get_tokenizer_fn: str = arg(
+        "get_tokenizer_tulu_v2_2",
+        "Pad-token rule: simple_v1 keeps the tokenizer as loaded; tulu_v1 adds <pad> when there is none; "
+        "tulu_v2_1 and tulu_v2_2 also when the pad token is EOS.",
+    )
     tokenizer_files_hash: list[str] | None = arg(None, "[internal in open-instruct; ignored]")
-    dtype: str | None = pending(None, "dtypes are fixed: bf16 on GPU, fp32 on CPU")
-    attn_implementation: Literal["torch", "flash_2", "flash_3", "flash_4", "te"] | None = pending(
-        None, "the learners use transformers' default attention"
+    dtype: str | None = arg(
+        None,
+        "Dtype of the policy, reference and engines (float32, bfloat16, float16); default: "
+        "--model_dtype on GPU, float32 on CPU.",
+    )
+    attn_implementation: Literal["torch", "flash_2", "flash_3", "flash_4", "te"] | None = arg(
+        None, "Learner attention: torch/te = SDPA, flash_N = FlashAttention N (needs flash_attn); None: SDPA."
     )
     use_cache: bool | None = arg(None, "The KV cache is always off in training (accepted for compatibility).")
-    use_peft: bool = pending(False, "LoRA/PEFT training is not built")
+    use_peft: bool = pending(False, NOT_IN_GRPO_FAST.format("LoRA"))
     lora_r: int | None = arg(16, "LoRA rank (with --use_peft).")
     lora_alpha: int | None = arg(32, "LoRA alpha (with --use_peft).")
     lora_dropout: float | None = arg(0.05, "LoRA dropout (with --use_peft).")
     lora_target_modules: list[str] | None = arg(None, "LoRA target modules (with --use_peft).")
     lora_modules_to_save: list[str] | None = arg(None, "Modules trained fully (with --use_peft).")
     lora_task_type: str = arg("CAUSAL_LM", "PEFT task type (with --use_peft).")
-    load_in_8bit: bool = pending(False, "quantized training is not built")
-    load_in_4bit: bool = pending(False, "quantized training is not built")
+    load_in_8bit: bool = pending(False, NOT_IN_GRPO_FAST.format("quantized training"))
+    load_in_4bit: bool = pending(False, NOT_IN_GRPO_FAST.format("quantized training"))
     bnb_4bit_quant_type: str | None = arg("nf4", "bitsandbytes 4-bit type (with --load_in_4bit).")
     use_bnb_nested_quant: bool = arg(False, "bitsandbytes nested quantization (with --load_in_4bit).")
 
@@ -191,12 +228,18 @@ class DataExtrasConfig:
         None, "A text file (stripped) whose text replaces or adds the system message of every prompt."
     )
     dataset_skip_cache: bool = arg(False, "Always re-tokenize and never write the dataset cache.")
-    dataset_cache_mode: Literal["hf", "local"] = pending("local", "the Hub dataset cache needs Hub credentials")
-    dataset_transform_fn: list[str] = pending(
-        ["rlvr_tokenize_v1", "rlvr_max_length_filter_v1"], "rows are always tokenized and length-filtered this way"
+    dataset_cache_mode: Literal["hf", "local"] = pending(
+        "local", "the Hub dataset cache needs Hub write access (Ai2 infrastructure); the local cache works"
     )
-    dataset_config_hash: str | None = pending(None, "cache keys are always computed from the inputs")
-    dataset_config_eval_hash: str | None = pending(None, "cache keys are always computed from the inputs")
+    dataset_transform_fn: list[str] = arg(
+        list(RLVR_TRANSFORMS),
+        "Row transforms, in order: chat template + tokenize (with --system_prompt_override and tool schemas), "
+        "then drop prompts over --max_prompt_token_length. grpo_fast accepts exactly this pair.",
+    )
+    dataset_config_hash: str | None = arg(
+        None, "Reuse the training cache entries stored under this key (printed in the data report) as they are."
+    )
+    dataset_config_eval_hash: str | None = arg(None, "The same for the eval mix.")
     cache_dataset_only: bool = arg(
         False, "Build (and cache) the tokenized datasets, report them, and exit without training."
     )
@@ -239,12 +282,18 @@ class RewardExtrasConfig:
     code_apply_perf_penalty: bool = arg(
         False, "code verifiers: weight each passed test by the unused share of its time limit."
     )
-    max_length_verifier_max_length: int = pending(
-        32768, "max_length verifiers normalise by the target length (see rewards/length.py)"
+    max_length_verifier_max_length: int = arg(
+        32768,
+        "Given explicitly: the max_length verifiers divide the length deviation by this instead of by the "
+        "target (see rewards/length.py).",
     )
-    apply_evolving_rubric_reward: bool = pending(False, "evolving rubrics are not built")
-    max_active_rubrics: int = arg(5, "Active evolving rubrics per query (with --apply_evolving_rubric_reward).")
-    cache_evolving_rubric_data_dir: str | None = arg(None, "Rubric dump directory (with evolving rubrics).")
+    apply_evolving_rubric_reward: bool = arg(
+        False,
+        "After each step an LLM writes new rubrics from the responses of rows graded by the `rubric` verifier; "
+        "their later requests are graded with them (see evolving_rubrics.py).",
+    )
+    max_active_rubrics: int = arg(5, "Active evolving rubrics per query; the oldest retire first.")
+    cache_evolving_rubric_data_dir: str | None = arg(None, "Write each step's rubric generation (JSON) here.")
 
 
 PARITY_GROUPS = (
@@ -273,6 +322,21 @@ def pending_problems(groups: list[Any]) -> list[str]:
             if value != default:
                 problems.append(f"--{f.name} {_show(value)}: not supported yet: {reason}")
     return problems
+
+
+def ignored_values(groups: list[Any]) -> list[str]:
+    """Warnings for no-effect flags given a value other than their default: one line each."""
+    lines = []
+    for group in groups:
+        for f in fields(group):
+            text = f.metadata.get("help", "")
+            if not text.startswith(_NO_EFFECT):
+                continue
+            default = f.default_factory() if callable(f.default_factory) else f.default  # type: ignore[misc]
+            value = getattr(group, f.name)
+            if value != default:
+                lines.append(f"--{f.name} {_show(value)} has no effect: {text[len(_NO_EFFECT) : text.index(']')]}")
+    return lines
 
 
 def _show(value: Any) -> str:
@@ -304,6 +368,132 @@ def importance_ratio_cap(cfg) -> float:
     return cfg.algorithm.truncated_importance_sampling_ratio_cap
 
 
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+def resolve_dtype(explicit: str | None, gpu_default: str, on_gpu: bool) -> str:
+    """The dtype of the policy, the reference and the engines: --dtype, else --model_dtype on GPU, else fp32.
+
+    Resolved inside each actor, where the device is known (the driver may have no GPU)."""
+    return explicit or (gpu_default if on_gpu else "float32")
+
+
+# The learner's --attn_implementation as transformers names it ("te" has no HF kernel; SDPA is its fallback).
+HF_ATTENTION = {
+    "torch": "sdpa",
+    "te": "sdpa",
+    "flash_2": "flash_attention_2",
+    "flash_3": "flash_attention_3",
+    "flash_4": "flash_attention_4",
+}
+
+
+def state_save_every(cfg) -> tuple[int, ...]:
+    """Step intervals at which the resumable state is saved: --checkpoint_state_freq, --ephemeral_save_interval
+    and --checkpointing_steps when given (open-instruct ignores the last; its default would save every 500)."""
+    e, s = cfg.experiment, cfg.schedule
+    every = [e.checkpoint_state_freq, s.ephemeral_save_interval or 0]
+    if "checkpointing_steps" in cfg.explicit_flags:
+        every.append(s.checkpointing_steps)
+    return tuple(sorted({n for n in every if n > 0}))
+
+
+def _saving_problems(cfg) -> list[tuple[bool, str]]:
+    import os
+
+    s, state_dir = cfg.schedule, cfg.experiment.checkpoint_state_dir
+    explicit_steps = "checkpointing_steps" in cfg.explicit_flags
+    checks = [
+        (cfg.logging.logging_steps >= 1, f"--logging_steps {cfg.logging.logging_steps} must be >= 1"),
+        (
+            not explicit_steps or s.checkpointing_steps >= 1,
+            f"--checkpointing_steps {s.checkpointing_steps} must be >= 1",
+        ),
+        (
+            s.ephemeral_save_interval is None or s.ephemeral_save_interval >= 1,
+            f"--ephemeral_save_interval {s.ephemeral_save_interval} must be >= 1",
+        ),
+        (
+            state_dir is not None or not (explicit_steps or s.ephemeral_save_interval),
+            "--checkpointing_steps and --ephemeral_save_interval save the resumable state: add --checkpoint_state_dir",
+        ),
+    ]
+    path = s.resume_from_checkpoint
+    if path is not None:
+        found = os.path.isfile(os.path.join(path, "latest")) or os.path.isfile(os.path.join(path, "driver.pkl"))
+        checks.append((found, f"--resume_from_checkpoint {path}: no resumable state there (no 'latest' or driver.pkl)"))
+    return checks
+
+
+def _model_problems(cfg) -> list[tuple[bool, str]]:
+    import importlib.util
+
+    from open_instruct.models import TOKENIZER_FNS
+
+    t, r = cfg.tokenizer_model, cfg.resources
+    attention = t.attn_implementation or "torch"
+    checks = [
+        (
+            t.get_tokenizer_fn in TOKENIZER_FNS,
+            f"--get_tokenizer_fn {t.get_tokenizer_fn} is not one of {', '.join(TOKENIZER_FNS)}",
+        ),
+        (t.dtype is None or t.dtype in DTYPES, f"--dtype {t.dtype} must be one of {', '.join(DTYPES)}"),
+        (r.model_dtype in DTYPES, f"--model_dtype {r.model_dtype} must be one of {', '.join(DTYPES)}"),
+        (
+            not attention.startswith("flash") or importlib.util.find_spec("flash_attn") is not None,
+            f"--attn_implementation {attention} needs the flash_attn package (a GPU install); use torch (SDPA)",
+        ),
+    ]
+    if r.vllm_attention_backend:
+        checks.append(_vllm_attention_check(r.vllm_attention_backend))
+    learners = cfg.world_size
+    for flag in ("fsdp_shard_degree", "fsdp_num_replicas"):
+        degree = getattr(r, flag)
+        checks.append(
+            (
+                degree is None or (degree >= 1 and learners % degree == 0),
+                f"--{flag} {degree} must divide the {learners} learners",
+            )
+        )
+    if r.fsdp_shard_degree and r.fsdp_num_replicas:
+        checks.append(
+            (
+                r.fsdp_shard_degree * r.fsdp_num_replicas == learners,
+                f"--fsdp_shard_degree x --fsdp_num_replicas must equal the {learners} learners",
+            )
+        )
+    return checks
+
+
+def _vllm_attention_check(name: str) -> tuple[bool, str]:
+    """Checked against vLLM's own list (a 5 s import, only paid when the flag is given)."""
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum
+
+    names = [member.name for member in AttentionBackendEnum]
+    return (
+        name.upper() in names or name.lower() == "auto",
+        f"--vllm_attention_backend {name} is not a vLLM attention backend (e.g. TORCH_SDPA, CPU_ATTN, FLASH_ATTN, "
+        "FLASHINFER, TRITON_ATTN)",
+    )
+
+
+def _data_problems(cfg):
+    d = cfg.data_extras
+    transforms = tuple(d.dataset_transform_fn)
+    yield (
+        transforms == RLVR_TRANSFORMS,
+        f"--dataset_transform_fn {' '.join(transforms)}: grpo_fast runs exactly {' '.join(RLVR_TRANSFORMS)} "
+        "(tokenize, then the prompt-length filter); SFT and preference transforms do not make RL prompts",
+    )
+    forced = [flag for flag in ("dataset_config_hash", "dataset_config_eval_hash") if getattr(d, flag)]
+    no_cache = d.dataset_skip_cache or not cfg.data.dataset_local_cache_dir
+    yield (
+        not (forced and no_cache),
+        f"--{forced[0] if forced else ''} reuses a cache entry, but the cache is off (--dataset_skip_cache or an "
+        "empty --dataset_local_cache_dir)",
+    )
+
+
 def parity_problems(cfg) -> list[str]:
     """Contradictions among these flags (and with the core ones), each naming the flags and the fix."""
     import os
@@ -330,12 +520,29 @@ def parity_problems(cfg) -> list[str]:
             f"--max_train_steps {cfg.schedule.max_train_steps} must be >= 1",
         ),
         (e.eval_pass_at_k >= 1, f"--eval_pass_at_k {e.eval_pass_at_k} must be >= 1"),
+        (
+            cfg.reward_extras.max_active_rubrics >= 1,
+            f"--max_active_rubrics {cfg.reward_extras.max_active_rubrics} must be >= 1",
+        ),
+        (
+            not cfg.reward_extras.apply_evolving_rubric_reward
+            or bool(os.environ.get("LLM_JUDGE_BASE_URL") or os.environ.get("OPENAI_BASE_URL")),
+            "--apply_evolving_rubric_reward needs an OpenAI-compatible endpoint for the rubric writer: set "
+            "LLM_JUDGE_BASE_URL (or OPENAI_BASE_URL)",
+        ),
+        (
+            cfg.reward_extras.max_length_verifier_max_length >= 1,
+            f"--max_length_verifier_max_length {cfg.reward_extras.max_length_verifier_max_length} must be >= 1",
+        ),
         (e.eval_top_p is None or 0 < e.eval_top_p <= 1, f"--eval_top_p {e.eval_top_p} must be in (0, 1]"),
         (
             e.eval_response_length is None or e.eval_response_length >= 1,
             f"--eval_response_length {e.eval_response_length} must be >= 1",
         ),
         *_rho_checks(cfg),
+        *_saving_problems(cfg),
+        *_model_problems(cfg),
+        *_data_problems(cfg),
     ]
     path = cfg.data_extras.system_prompt_override_file
     if path is not None:

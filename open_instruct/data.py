@@ -16,9 +16,11 @@ Reading sources lives in `open_instruct.data_sources`, per-row rules and tokeniz
 from __future__ import annotations
 
 import logging
+import os
 import random
 from collections import Counter
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any, Literal
 
 from open_instruct import data_cache
@@ -105,6 +107,7 @@ class SourceReport:
 class DatasetReport:
     which: str  # "train" or "eval"
     sources: tuple[SourceReport, ...]
+    mix_key: str | None = None  # what --dataset_config_hash (or _eval_hash) takes to reuse this exact mix
 
     @property
     def total_prompts(self) -> int:
@@ -112,6 +115,9 @@ class DatasetReport:
 
     def summary(self) -> str:
         lines = [f"{self.which} prompts: {self.total_prompts} from {len(self.sources)} source(s)"]
+        if self.mix_key:
+            flag = "--dataset_config_hash" if self.which == "train" else "--dataset_config_eval_hash"
+            lines[0] += f"; cache key {self.mix_key} ({flag} reuses it)"
         for source in self.sources:
             lines.append("  " + source.line())
             lines += [f"    e.g. {message}" for message in source.malformed_examples.values()]
@@ -318,6 +324,7 @@ def load_prompt_dataset(
     *,
     seed: int = 1,
     tools_cfg=None,
+    forced_cache_key: str | None = None,
 ) -> PromptDataset:
     """Load, mix, validate, tokenize (or read from cache) and length-filter the train or eval mix.
 
@@ -325,12 +332,17 @@ def load_prompt_dataset(
     `verifier_remap` is Config.remap_verifier ({old: new}); `seed` is --seed (row selection); `tools_cfg`
     (the tools flag group) says which tools rows may name and whether their schemas go into the prompt.
     An empty eval mix gives an empty dataset; an empty train mix means the embedded dataset.
-    Raises DatasetError naming the dataset, row and fix for anything unusable.
+    `forced_cache_key` (--dataset_config_hash): reload the cache entries of the mix recorded under that
+    key as they are; no source is read. Raises DatasetError naming the dataset, row and fix for anything
+    unusable.
     """
+    if forced_cache_key:
+        return _forced_mix(data_cfg.dataset_local_cache_dir, forced_cache_key, which)
     t = _row_settings(data_cfg, model_cfg, tokenizer, verifier_remap, tools_cfg)
     identity = data_cache.tokenizer_identity(tokenizer)
     keys = (t.messages_key, t.ground_truths_key, VERIFIER_KEY, TOOLS_KEY, ENV_CONFIG_KEY)
     results: list[tuple[MixEntry, list[dict], SourceReport] | _Pending] = []
+    entry_dirs: list[tuple[str, str, str, Path]] = []
     # Phase 1: every source is read and validated (or found in the cache) before anything is tokenized.
     for entry in mixer_entries(data_cfg, which):
         source: Source = open_source(entry.name, entry.split)
@@ -342,6 +354,7 @@ def load_prompt_dataset(
                 "chat_template_name": model_cfg.chat_template_name,
             }
             path, cached = _cached(data_cfg.dataset_local_cache_dir, entry, source, seed, settings)
+            entry_dirs.append((entry.name, entry.split, entry.weight, path))
             if cached is not None:
                 results.append(cached)
                 continue
@@ -353,7 +366,29 @@ def load_prompt_dataset(
         entry, records, report = _tokenized(result, tokenizer, t) if isinstance(result, _Pending) else result
         prompts += _to_prompts(entry, records)
         reports.append(report)
-    return PromptDataset(prompts=prompts, report=DatasetReport(which=which, sources=tuple(reports)))
+    stored = all(r.cache != "off" and os.path.isdir(r.cache_note) for r in reports)
+    mix_key = data_cache.store_mix(data_cfg.dataset_local_cache_dir, entry_dirs) if entry_dirs and stored else None
+    return PromptDataset(prompts, DatasetReport(which=which, sources=tuple(reports), mix_key=mix_key))
+
+
+def _forced_mix(cache_dir: str, key: str, which: str) -> PromptDataset:
+    flag = "--dataset_config_hash" if which == "train" else "--dataset_config_eval_hash"
+    entries = data_cache.load_mix(cache_dir, key)
+    if entries is None:
+        raise DatasetError(
+            f"{flag} {key}: no cached {which} mix with that key in {cache_dir}; run once without it (the data "
+            "report prints the key) or drop it"
+        )
+    prompts, reports = [], []
+    for name, split, weight, path in entries:
+        cached = data_cache.load_entry(path)
+        if cached is None:
+            raise DatasetError(f"{flag} {key}: its cache entry {path} is missing or unreadable; drop {flag}")
+        records, stored = cached
+        entry = MixEntry(name, split, weight)
+        prompts += _to_prompts(entry, records)
+        reports.append(SourceReport(**{**stored, "cache": "hit", "cache_note": str(path)}))
+    return PromptDataset(prompts, DatasetReport(which=which, sources=tuple(reports), mix_key=key))
 
 
 def _row_settings(data_cfg, model_cfg, tokenizer, verifier_remap: dict[str, str] | None, tools_cfg) -> RowSettings:

@@ -147,3 +147,30 @@ def store_entry(path: Path, records: list[dict[str, Any]], report: dict[str, Any
             return None
         return f"{type(error).__name__}: {error}"
     return None
+
+
+def store_mix(cache_dir: str | os.PathLike, entries: list[tuple[str, str, str, Path]]) -> str | None:
+    """Record which entries (name, split, weight, entry dir) make up one mix; returns the mix's key.
+
+    `--dataset_config_hash <key>` then reloads exactly these entries without reading any source or
+    tokenizer (open-instruct's forced cache key). None when the record cannot be written."""
+    rows = [{"name": n, "split": s, "weight": w, "entry": p.name} for n, s, w, p in entries]
+    key = cache_key({"mix": rows})
+    path = Path(cache_dir) / f"mix-{key}.json"
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        staging = path.with_suffix(".tmp")
+        staging.write_text(json.dumps(rows, indent=1))
+        staging.rename(path)
+    except OSError as error:
+        logger.warning("could not record the dataset mix %s: %s", path, error)
+        return None
+    return key
+
+
+def load_mix(cache_dir: str | os.PathLike, key: str) -> list[tuple[str, str, str, Path]] | None:
+    """The entries `store_mix` recorded under `key`, or None when there is no such record."""
+    path = Path(cache_dir) / f"mix-{key}.json"
+    if not path.exists():
+        return None
+    return [(r["name"], r["split"], r["weight"], Path(cache_dir) / r["entry"]) for r in json.loads(path.read_text())]

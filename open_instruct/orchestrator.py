@@ -26,6 +26,7 @@ from typing import Protocol
 
 from open_instruct import checkpoints
 from open_instruct.config import Config
+from open_instruct.config_parity import state_save_every
 from open_instruct.evaluation import EvalRound
 from open_instruct.messages import Completion, EngineStats, PromptRequest, SamplingSettings, StepReport
 from open_instruct.metrics import (
@@ -140,6 +141,7 @@ class TrainingLoop:
         self.step, self.version, self.episodes = 0, 0, 0
         self.outcomes = PromptOutcomes()
         self.buffer = ReplayBuffer(**self._buffer_config())
+        self._resumed_rubrics = None  # set by _resume when the saved state has evolving rubrics
         feeder_state, requeue = self._resume()
         self.lookahead = (
             Lookahead.adaptive(cfg.max_off_policy_steps) if cfg.async_steps_auto else Lookahead.fixed(cfg.lookahead_max)
@@ -159,6 +161,7 @@ class TrainingLoop:
         self.held_back: list[Completion] = []  # rejected by a full buffer; offered again
         self.eval_round: EvalRound | None = None
         self.traces = _trace_writer(cfg)
+        self.rubrics = self._evolving_rubrics()
         self._last_engine_stats: list[EngineStats] | None = None
         self._advised = False
 
@@ -173,12 +176,28 @@ class TrainingLoop:
             "drop_zero_std": cfg.algorithm.active_sampling,
         }
 
+    def _evolving_rubrics(self):
+        """--apply_evolving_rubric_reward: the rubric book (restored on resume), feeding the feeder's labels."""
+        if not self.cfg.reward_extras.apply_evolving_rubric_reward:
+            return None
+        from open_instruct.evolving_rubrics import EvolvingRubrics
+
+        queries, overrides = self._resumed_rubrics or ({}, {})
+        rubrics = EvolvingRubrics.from_config(self.cfg, queries)
+        rubrics.overrides.update(overrides)
+        self.feeder.ground_truth_overrides = rubrics.overrides
+        return rubrics
+
     def _resume(self) -> tuple[FeederState, tuple[PromptRequest, ...]]:
-        """Learner state, step, replay buffer and untrained prompts from --checkpoint_state_dir, if saved."""
-        resumed = checkpoints.latest_state(self.cfg.experiment.checkpoint_state_dir)
+        """Learner state, step, replay buffer and untrained prompts from --resume_from_checkpoint or
+        --checkpoint_state_dir, if saved there."""
+        resumed = checkpoints.latest_state(
+            self.cfg.schedule.resume_from_checkpoint or self.cfg.experiment.checkpoint_state_dir
+        )
         if resumed is None:
             return FeederState(), ()
         path, state = resumed
+        self._resumed_rubrics = getattr(state, "rubrics", None)  # states saved before evolving rubrics existed
         self.version = checkpoints.load_learners(self.learners, path)
         if self.version != state.version:
             raise RuntimeError(f"{path}: learner version {self.version} != driver version {state.version}")
@@ -278,8 +297,9 @@ class TrainingLoop:
     def train(self, groups: list[Group]) -> dict:
         report = self.learners.train_step(groups, self.step)
         completions = [c for g in groups for c in g.completions]
+        requests = {g.prompt_id: self.untrained.get(g.prompt_id) for g in groups}
+        rubric_metrics = self._evolve_rubrics(groups, requests)
         if self.traces is not None:
-            requests = {g.prompt_id: self.untrained.get(g.prompt_id) for g in groups}
             self.traces.write(self.step, groups, requests, self.cfg.algorithm.advantage_normalization_type)
         self.version += 1
         for g in groups:
@@ -294,11 +314,19 @@ class TrainingLoop:
             **agent_metrics(completions),
             **self.buffer.metrics(),
             **self.outcomes.metrics(),
+            **rubric_metrics,
             "data/solved_prompts": float(len(self.feeder.state.solved)),
             "episode": self.episodes,
             "perf/trained_tokens": float(report.trained_tokens),
             "policy/version": self.version,
         }
+
+    def _evolve_rubrics(self, groups: list[Group], requests: dict) -> dict:
+        if self.rubrics is None:
+            return {}
+        from open_instruct.evolving_rubrics import rubric_groups
+
+        return self.rubrics.step(rubric_groups(groups, requests), self.step)
 
     def sync_if_due(self, step_end: float) -> dict:
         last = self.step + 1 == self.num_steps
@@ -393,17 +421,27 @@ class TrainingLoop:
         if e.save_freq > 0 and self.step % e.save_freq == 0:
             checkpoints.save_model(self.learners, self.tokenizer, e.output_dir, self.step, e.keep_last_n_checkpoints)
         stopping = self.stop.reason is not None
-        due = e.checkpoint_state_freq > 0 and self.step % e.checkpoint_state_freq == 0
+        due = any(self.step % every == 0 for every in state_save_every(self.cfg))
         if e.checkpoint_state_dir and (due or stopping) and self.step < self.num_steps:
-            checkpoints.save_state(self.learners, e.checkpoint_state_dir, self.driver_state())
+            checkpoints.save_state(
+                self.learners, e.checkpoint_state_dir, self.driver_state(), e.keep_last_n_checkpoints
+            )
 
     def driver_state(self) -> checkpoints.DriverState:
         buffer_state = self.buffer.state()
         complete = dataclasses.replace(buffer_state, groups=tuple(g for g in buffer_state.groups if g.seq is not None))
         in_buffer = {g.prompt_id for g in complete.groups}
         requeue = tuple(r for pid, r in self.untrained.items() if pid not in in_buffer)
+        rubrics = (self.rubrics.book.queries, self.rubrics.overrides) if self.rubrics else None
         return checkpoints.DriverState(
-            self.step, self.version, self.feeder.state, complete, requeue, self.episodes, self.outcomes.totals()
+            self.step,
+            self.version,
+            self.feeder.state,
+            complete,
+            requeue,
+            self.episodes,
+            self.outcomes.totals(),
+            rubrics,
         )
 
     def finish(self, elapsed: float) -> dict:
@@ -492,28 +530,31 @@ def run(cfg: Config, engine_class=None, engine_args: tuple = ()) -> dict:
     `engine_class`/`engine_args`: a GenerationActor subclass (benchmarks and tests shape or force samples)."""
     from open_instruct import data
     from open_instruct.cluster import Stack
-    from open_instruct.models import load_tokenizer, resolve_model_path
+    from open_instruct.models import load_tokenizer, packing_pad_id, resolve_model_path
     from open_instruct.tracking import RunLog
 
     model_path = resolve_model_path(cfg.model.model_name_or_path)
     tokenizer = load_tokenizer(cfg.model, cfg.tokenizer_model)
     seed = cfg.experiment.seed
     model_cfg, train_data, eval_data = data_inputs(cfg)
+    keys = cfg.data_extras
     train = data.load_prompt_dataset(
-        train_data, model_cfg, tokenizer, "train", cfg.remap_verifier, seed=seed, tools_cfg=cfg.tools
-    )
+        train_data, model_cfg, tokenizer, "train", cfg.remap_verifier, seed=seed, tools_cfg=cfg.tools,
+        forced_cache_key=keys.dataset_config_hash,
+    )  # fmt: skip
     logger.info("training data:\n%s", train.report.summary())
     check_enough_prompts(cfg, len(train.prompts))
     evaluation = data.load_prompt_dataset(
-        eval_data, model_cfg, tokenizer, "eval", cfg.remap_verifier, seed=seed, tools_cfg=cfg.tools
-    )
+        eval_data, model_cfg, tokenizer, "eval", cfg.remap_verifier, seed=seed, tools_cfg=cfg.tools,
+        forced_cache_key=keys.dataset_config_eval_hash,
+    )  # fmt: skip
     logger.info("evaluation data:\n%s", evaluation.report.summary())
     if cfg.data_extras.cache_dataset_only:
         return {"status": "completed", "cached_only": True, "train_prompts": len(train.prompts)}
     stop = StopRequest()
     stack = None
     try:
-        stack = Stack(cfg, model_path, tokenizer.pad_token_id, engine_class, engine_args)
+        stack = Stack(cfg, model_path, packing_pad_id(tokenizer, model_path), engine_class, engine_args)
         stop.install()  # after ray.init, whose core worker installs its own (fatal) SIGTERM handler
         loop = TrainingLoop(
             cfg,

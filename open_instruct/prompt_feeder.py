@@ -81,6 +81,8 @@ class PromptFeeder:
         self.pass_rate_threshold = pass_rate_threshold
         self.state = state or FeederState()
         self._order = self._epoch_order(self.state.epoch, self.state.excluded)
+        # Row id -> ground truths that replace the row's in its next requests (evolving rubrics rewrite them).
+        self.ground_truth_overrides: dict[str, tuple] = {}
 
     def _epoch_order(self, epoch: int, excluded: frozenset[str]) -> list[int]:
         order = list(range(len(self.prompts)))
@@ -142,9 +144,11 @@ class PromptFeeder:
         return self._request(row, f"{row.prompt_id}@{epoch}", learner_version, queued_at)
 
     def _request(self, row, prompt_id: str, learner_version: int, queued_at: float) -> PromptRequest:
-        return make_request(
+        request = make_request(
             row, prompt_id, self.sampling, self.samples_per_prompt, self.seed, learner_version, queued_at=queued_at
         )
+        override = self.ground_truth_overrides.get(row.prompt_id)
+        return request if override is None else dataclasses.replace(request, ground_truths=override)
 
 
 def _readmitted_id(prompt_id: str) -> str:

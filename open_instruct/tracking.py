@@ -31,6 +31,36 @@ def truncate_jsonl(path: Path, keep_through_step: int, key: str = "training_step
     path.write_text("".join(line + "\n" for line in kept))
 
 
+class MetricWindow:
+    """--logging_steps: step records gathered until `every` of them are in, then given out as one record.
+
+    Numbers are averaged over the records that have them (an eval key lands in one step only); other
+    values keep the newest. The record is stamped with the window's last step."""
+
+    def __init__(self, every: int):
+        self.every = every
+        self.records: list[dict] = []
+
+    def add(self, record: dict) -> dict | None:
+        self.records.append(record)
+        return self.flush() if len(self.records) >= self.every else None
+
+    def flush(self) -> dict | None:
+        if not self.records:
+            return None
+        merged: dict = {}
+        sums: dict[str, list[float]] = {}
+        for record in self.records:
+            for key, value in record.items():
+                if isinstance(value, (int, float)) and not isinstance(value, bool) and key != "training_step":
+                    sums.setdefault(key, []).append(value)
+                else:
+                    merged[key] = value
+        merged.update({key: sum(values) / len(values) for key, values in sums.items()})
+        self.records = []
+        return merged
+
+
 class MemoryLog:
     """The run's records in memory: what the loop reports, with nothing written (simulations, tests)."""
 
@@ -75,6 +105,7 @@ class RunLog(MemoryLog):
         self.metrics_path = self.out / "metrics.jsonl"
         self.trained_path = self.out / "trained_prompts.jsonl"
         self.wandb = self.bar = None
+        self.window = MetricWindow(cfg.logging.logging_steps)
 
     def start(self, num_steps: int, start_step: int = 0) -> None:
         from tqdm import tqdm
@@ -124,8 +155,9 @@ class RunLog(MemoryLog):
             f.write(json.dumps(record) + "\n")
         with open(self.trained_path, "a") as f:
             f.write(json.dumps({"step": step, "prompt_ids": trained_prompt_ids, **(fates or {})}) + "\n")
-        if self.wandb is not None:
-            self.wandb.log(record, step=step)
+        window = self.window.add(record)
+        if self.wandb is not None and window is not None:
+            self.wandb.log(window, step=step)
         postfix = {
             "reward": f"{metrics.get('objective/verifiable_reward', 0.0):.2f}",
             "tok/s": f"{metrics.get('perf/generated_tokens_per_s', 0.0):.0f}",
@@ -162,6 +194,9 @@ class RunLog(MemoryLog):
         except Exception as error:  # a plot must never fail a finished run
             logger.warning("could not draw training.png: %s", error)
         if self.wandb is not None:
+            window = self.window.flush()
+            if window is not None:
+                self.wandb.log(window, step=window["training_step"])
             self.wandb.summary.update({k: _plain(v) for k, v in summary.items()})
             self.wandb.finish()
         lines = [f"  {k}: {v:.4g}" if isinstance(v, float) else f"  {k}: {v}" for k, v in summary.items()]

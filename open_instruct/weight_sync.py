@@ -54,9 +54,11 @@ class SyncSettings:
 
     @classmethod
     def from_config(cls, cfg, backend: str, on_gpu: bool) -> SyncSettings:
+        from open_instruct.config_parity import resolve_dtype
+
         return cls(
             backend=backend,
-            dtype_name="bfloat16" if on_gpu else "float32",
+            dtype_name=resolve_dtype(cfg.tokenizer_model.dtype, cfg.resources.model_dtype, on_gpu),
             inflight=cfg.generation.inflight_updates,
             engine_ranks=cfg.generation.vllm_tensor_parallel_size,
         )

@@ -6,6 +6,8 @@ training on rewarded samples must raise their likelihood.
 
 from __future__ import annotations
 
+import math
+
 import pytest
 from helpers.batches import rewarded_groups
 
@@ -140,3 +142,20 @@ def test_the_reference_drifts_toward_the_policy_by_the_polyak_rule(model_path, g
             worst = max(worst, (reference[name] - expected).abs().max().item())
     assert worst < 1e-6, worst
     assert max((reference[n] - before[n]).abs().max().item() for n in reference if n in before) > 1e-5
+
+
+def test_dtype_attention_and_weight_decay_flags_reach_the_deepspeed_learner(model_path, groups):
+    """--dtype bfloat16 (here on CPU) with --attn_implementation torch (SDPA) trains in bf16; with --weight_decay,
+    --set_weight_decay_on_bias_and_norm False decays the norms too and leaves every other update unchanged."""
+    import torch
+
+    _, (in_bf16, _), history, _ = run_group(model_path, groups, stage=2, dtype="bfloat16", attn_implementation="sdpa")
+    # full_state_dict hands out fp32 copies; weights held in bf16 survive a round trip through bf16 exactly.
+    assert all(torch.equal(t, t.bfloat16().float()) for t in in_bf16.values())
+    assert history[0]["learner/trained_tokens"] > 0 and math.isfinite(history[0]["loss/policy_avg"])
+    _, (exempt, _), _, _ = run_group(model_path, groups, stage=2, weight_decay=0.5)
+    _, (decayed, _), _, _ = run_group(model_path, groups, stage=2, weight_decay=0.5, decay_bias_and_norm=True)
+    assert not all(torch.equal(t, t.bfloat16().float()) for t in exempt.values())  # fp32 by default on CPU
+    for name in exempt:
+        differs = not torch.allclose(exempt[name], decayed[name], rtol=0, atol=1e-7)
+        assert differs == name.endswith(("norm.weight", ".bias")), name

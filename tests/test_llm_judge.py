@@ -6,6 +6,7 @@ gives reward 0 and a counted error."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
 import socket
@@ -18,7 +19,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 import requests
 
-from open_instruct.rewards import VerifierSettings
+from open_instruct.rewards import VerifierInput, VerifierSettings
 from open_instruct.rewards.llm_judge import judge_prompt, parse_score
 from open_instruct.rewards.scoring import RewardScorer, RewardSettings
 
@@ -84,7 +85,7 @@ def judge_server(model_path, tmp_path_factory):
     log = open(tmp_path_factory.mktemp("judge_log") / "server.log", "w")  # noqa: SIM115 - closed below
     server = subprocess.Popen(
         [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model_path, "--port", str(port),
-         "--host", "127.0.0.1", "--max-model-len", "512", "--dtype", "float32", "--enforce-eager",
+         "--host", "127.0.0.1", "--max-model-len", "2048", "--dtype", "float32", "--enforce-eager",
          "--kv-cache-memory-bytes", str(256 << 20), "--chat-template", str(template)],
         stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "VLLM_LOGGING_LEVEL": "WARNING"},
         start_new_session=True,
@@ -122,3 +123,34 @@ def test_the_judge_returns_scores_from_a_local_vllm_server(judge_server):
         assert not outcome.errors, outcome.errors
         assert 0.0 <= outcome.per_verifier[verifier] <= 1.0
         assert outcome.reward == pytest.approx(10.0 * outcome.per_verifier[verifier])
+
+
+WRITER_REGEX = (
+    r'\{"positive_rubrics": \[\{"title": "[a-z]{1,12}", "description": "[a-z ]{1,30}"\}\], "negative_rubrics": \[\]\}'
+)
+
+
+@pytest.mark.slow
+def test_evolving_rubrics_are_written_by_a_local_vllm_server_and_graded_by_it(judge_server):
+    """One rubric-writing step against the real server, then the rubric verifier grades a response with the
+    rubrics it wrote (each criterion a separate judge call)."""
+    from open_instruct.evolving_rubrics import EvolvingRubrics, RubricGroup
+    from open_instruct.rewards.llm_judge import ask_judge
+    from open_instruct.rewards.rubric import rubric
+
+    url, model = judge_server
+    base = VerifierSettings(llm_judge_base_url=url, llm_judge_model=model, llm_judge_max_tokens=200)
+    writer = dataclasses.replace(base, llm_judge_extra_body=json.dumps({"structured_outputs": {"regex": WRITER_REGEX}}))
+    rubrics = EvolvingRubrics(max_active=3, generate=lambda prompt: ask_judge(prompt, writer))
+    truth = json.dumps({"query": "What is 2 + 2?", "rubrics": [{"description": "Gives 4.", "weight": 1.0}]})
+    group = RubricGroup("rows:0", (truth,), 0, ("It is 4.", "It is 5."))
+    metrics = rubrics.step([group], step=0)
+    assert metrics["evolving_rubrics/skipped"] == 0.0 and metrics["evolving_rubrics/num_new_rubrics"] == 1.0
+    (new_truth,) = rubrics.overrides["rows:0"]
+    written = json.loads(new_truth)
+    assert written["rubrics"][0]["description"] == "Gives 4." and written["rubrics_types"] == ["persistent", "evolving"]
+    judge = dataclasses.replace(
+        base, llm_judge_extra_body=json.dumps({"structured_outputs": {"regex": r'\{"score": [0-2]\}'}})
+    )
+    result = rubric(VerifierInput(prediction="It is 4.", ground_truth=new_truth), judge)
+    assert result.details == {"rubrics": 2, "failed": 0} and 0.0 <= result.score <= 1.0

@@ -23,6 +23,8 @@ class VerifierSettings:
     code_apply_perf_penalty: bool = False
     # Target length (tokens) for the max_length / up_to_max_length rewards.
     max_length_target: int = 4096
+    # --max_length_verifier_max_length when given: the divisor of the length deviation; None divides by the target.
+    max_length_normalizer: float | None = None
     # ifeval: True -> 1 only when every constraint holds; False -> fraction satisfied.
     ifeval_require_all: bool = False
     # general-* LLM judges: any OpenAI-compatible chat endpoint (see rewards/llm_judge.py).
@@ -44,6 +46,11 @@ class VerifierSettings:
             code_pass_rate_reward_threshold=r.code_pass_rate_reward_threshold,
             code_apply_perf_penalty=cfg.reward_extras.code_apply_perf_penalty,
             ifeval_require_all=r.ifeval_reward_mode == "all",
+            max_length_normalizer=(
+                float(cfg.reward_extras.max_length_verifier_max_length)
+                if "max_length_verifier_max_length" in cfg.explicit_flags
+                else None
+            ),
             **_judge_settings(cfg.reward_extras),
         )
 
@@ -95,7 +102,7 @@ _REGISTRY: dict[str, Verifier] = {}
 
 # Modules that register the built-in verifiers, imported on first lookup.
 _BUILTIN_MODULES = (
-    "gsm8k", "math_answer", "string_match", "length", "ifeval", "code_tests", "passthrough", "llm_judge",
+    "gsm8k", "math_answer", "string_match", "length", "ifeval", "code_tests", "passthrough", "llm_judge", "rubric",
 )  # fmt: skip
 _builtins_loaded = False
 

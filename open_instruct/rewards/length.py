@@ -10,8 +10,11 @@ With n the response token count:
 - `max_length`:       score = max(0, 1 - |n - T| / T)   (1 exactly at the target, 0 at 0 or 2T tokens)
 - `up_to_max_length`: score = 1 if n <= T else max(0, 1 - (n - T) / T)   (only overshoot is penalised)
 
-open-instruct divides the deviation by a fixed constant instead of T; scaling by the target keeps
-the score in [0, 1] and comparable across targets.
+open-instruct divides the deviation by a fixed constant instead (`--max_length_verifier_max_length`,
+default 32768, so its scores barely move below a few thousand tokens). Scaling by the target keeps the
+score in [0, 1] and comparable across targets; given that flag explicitly, its value is the divisor D
+(`VerifierSettings.max_length_normalizer`) in place of T, and the score is still clipped at 0 where
+open-instruct's goes negative.
 """
 
 from __future__ import annotations
@@ -43,7 +46,7 @@ def target_length(ground_truth: Any, settings: VerifierSettings) -> float:
 def max_length(inp: VerifierInput, settings: VerifierSettings) -> VerifierResult:
     target = target_length(inp.ground_truth, settings)
     n = inp.response_token_count
-    score = max(0.0, 1.0 - abs(n - target) / target)
+    score = max(0.0, 1.0 - abs(n - target) / (settings.max_length_normalizer or target))
     return VerifierResult(score=score, extracted=str(n), details={"target": target})
 
 
@@ -51,5 +54,5 @@ def max_length(inp: VerifierInput, settings: VerifierSettings) -> VerifierResult
 def up_to_max_length(inp: VerifierInput, settings: VerifierSettings) -> VerifierResult:
     target = target_length(inp.ground_truth, settings)
     n = inp.response_token_count
-    score = 1.0 if n <= target else max(0.0, 1.0 - (n - target) / target)
+    score = 1.0 if n <= target else max(0.0, 1.0 - (n - target) / (settings.max_length_normalizer or target))
     return VerifierResult(score=score, extracted=str(n), details={"target": target})

@@ -47,15 +47,18 @@ def parse_score(text: str) -> float:
     return min(10.0, max(0.0, float(match.group(1)))) / 10.0
 
 
+def served_model_name(name: str) -> str:
+    """litellm's provider prefix dropped ("azure/gpt-4o-mini" -> "gpt-4o-mini"); a local path is kept whole."""
+    return name.split("/", 1)[-1] if "/" in name and not name.startswith("/") else name
+
+
 def ask_judge(prompt: str, settings: VerifierSettings) -> str:
     import requests
 
     if not settings.llm_judge_base_url:
         raise ValueError("no judge endpoint: set LLM_JUDGE_BASE_URL (or OPENAI_BASE_URL) to an OpenAI-compatible URL")
     body = {
-        "model": settings.llm_judge_model.split("/", 1)[-1]
-        if "/" in settings.llm_judge_model
-        else settings.llm_judge_model,
+        "model": served_model_name(settings.llm_judge_model),
         "messages": [{"role": "user", "content": prompt}],
         "max_tokens": settings.llm_judge_max_tokens,
         "temperature": settings.llm_judge_temperature,
