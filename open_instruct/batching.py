@@ -14,7 +14,16 @@ import torch
 
 from open_instruct.advantages import filter_zero_std_groups, group_advantages
 from open_instruct.messages import TrainBatch
-from open_instruct.packing import PackItem, pack, split_evenly, split_for_ranks
+from open_instruct.packing import (
+    PackItem,
+    balance_metrics,
+    pack,
+    pack_balanced,
+    row_cost,
+    split_by_cost,
+    split_evenly,
+    split_for_ranks,
+)
 
 
 @dataclass(frozen=True)
@@ -28,6 +37,8 @@ class BatchSettings:
     filter_zero_std: bool = True
     mask_truncated: bool = False
     mask_tool_use: bool = True
+    token_budget: int = 0  # > 0: one trimmed row of at most this many tokens per micro-batch (split_by_cost)
+    per_document_attention: bool = False  # attention cost per document (varlen kernels), else per row
 
     @classmethod
     def from_config(cls, cfg, pad_token_id: int) -> BatchSettings:
@@ -42,6 +53,8 @@ class BatchSettings:
             filter_zero_std=a.filter_zero_std_samples,
             mask_truncated=a.mask_truncated_completions,
             mask_tool_use=cfg.tools.mask_tool_use,
+            token_budget=cfg.resources.micro_batch_token_budget,
+            per_document_attention=(cfg.tokenizer_model.attn_implementation or "").startswith("flash"),
         )
 
 
@@ -53,6 +66,7 @@ class BatchStats:
     samples_masked: int  # truncated (with mask_truncated) or failed samples kept out of the loss
     trained_tokens: int
     packed_rows: int
+    balance: dict[str, float]  # packing.balance_metrics: padding fraction and rank imbalance
 
 
 def _trained_tokens(completion, trains: bool, mask_tool_use: bool) -> tuple[int, ...] | None:
@@ -95,10 +109,18 @@ def assemble(groups, step: int, settings: BatchSettings) -> tuple[list[TrainBatc
                     sample_id=f"{completion.prompt_id}/{completion.sample_index}",
                 )
             )
-    rows = pack(items, settings.pack_length, settings.pad_token_id)
-    per_rank = split_for_ranks(
-        rows, settings.world_size, settings.micro_batch_size, settings.pad_token_id, settings.pack_length
-    )
+
+    def cost(row):
+        return row_cost(row, settings.per_document_attention)
+
+    if settings.token_budget > 0:
+        rows = pack_balanced(items, settings.token_budget, settings.world_size, settings.pad_token_id)
+        per_rank = split_by_cost(rows, settings.world_size, settings.pad_token_id, cost)
+    else:
+        rows = pack(items, settings.pack_length, settings.pad_token_id)
+        per_rank = split_for_ranks(
+            rows, settings.world_size, settings.micro_batch_size, settings.pad_token_id, settings.pack_length
+        )
     mini_tokens = [0] * settings.num_mini_batches
     for rank_micro in per_rank:
         for k, mini in enumerate(split_evenly(rank_micro, settings.num_mini_batches)):
@@ -114,5 +136,6 @@ def assemble(groups, step: int, settings: BatchSettings) -> tuple[list[TrainBatc
         samples_masked=masked,
         trained_tokens=sum(mini_tokens),
         packed_rows=len(rows),
+        balance=balance_metrics(per_rank, cost),
     )
     return batches, stats

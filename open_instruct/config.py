@@ -27,13 +27,13 @@ from open_instruct.config_parity import (
     InfraConfig,
     LoggingConfig,
     LossExtrasConfig,
-    ResourceConfig,
     RewardExtrasConfig,
     ScheduleConfig,
     TokenizerModelConfig,
     parity_problems,
     pending_problems,
 )
+from open_instruct.config_resources import ResourceConfig, resource_problems
 
 # ----------------------------------------------------------------------------- groups
 
@@ -234,6 +234,7 @@ GROUPS = (
     RewardConfig,
     LearnerConfig,
     ToolsConfig,
+    ResourceConfig,
     *PARITY_GROUPS,
 )
 
@@ -422,6 +423,7 @@ def _validate(cfg: Config) -> list[str]:
         problems.extend(message for ok, message in group_problems(cfg) if not ok)
     problems.extend(tool_problems(cfg.tools) or config_problems(cfg.tools))
     problems.extend(parity_problems(cfg))
+    problems.extend(resource_problems(cfg))
     d = cfg.data
     for flag, mix in (
         ("--dataset_mixer_list", d.dataset_mixer_list),

@@ -20,7 +20,6 @@ from typing import Any, Literal
 
 from open_instruct.config_fields import BEAKER_ONLY, arg
 
-LEARNER_ISSUE = "learner and resource flags land with the learner-speed work"
 # LoRA and quantization flags are no-ops in open-instruct's grpo_fast; training the full model when a
 # user asked for adapters would be a silent surprise, so they are refused instead.
 NOT_IN_GRPO_FAST = "{} is not wired into open-instruct's grpo_fast either (its flags are ignored there)"
@@ -122,48 +121,6 @@ class LossExtrasConfig:
         None, "Every N training steps the reference moves toward the policy by --alpha (Polyak); None keeps it fixed."
     )
     alpha: float = arg(0.6, "Polyak weight of --ref_policy_update_freq: ref <- (1 - alpha) ref + alpha policy.")
-
-
-@dataclass(frozen=True)
-class ResourceConfig:
-    _argument_group_name = "resources, DeepSpeed and optimizer (open-instruct)"
-
-    single_gpu_mode: bool = pending(False, LEARNER_ISSUE)
-    num_nodes: int = arg(1, "Informational (open-instruct prints it); nodes come from --num_learners_per_node.")
-    sequence_parallel_size: int = pending(1, LEARNER_ISSUE)
-    deepspeed_zpg: int = pending(8, LEARNER_ISSUE)
-    deepspeed_offload_param: bool = pending(False, LEARNER_ISSUE)
-    deepspeed_offload_optimizer: bool = pending(False, LEARNER_ISSUE)
-    deepspeed_checkpoint_load_universal: bool = pending(False, LEARNER_ISSUE)
-    gather_whole_model: bool = pending(True, LEARNER_ISSUE)
-    backend_timeout: int = pending(120, LEARNER_ISSUE)
-    fused_optimizer: bool = pending(True, LEARNER_ISSUE)
-    vllm_sync_backend: str = pending("nccl", LEARNER_ISSUE, "nccl or gloo.")
-    vllm_attention_backend: str | None = arg(None, "vLLM attention backend of the engines; None lets vLLM choose.")
-    model_dtype: str = arg("bfloat16", "Dtype of the policy, reference and engines on GPU (see --dtype).")
-    gradient_accumulation_steps: int = no_effect(1, "gradients accumulate over every micro-batch of a mini-batch")
-    max_seq_length: int = no_effect(4096, "lengths come from --max_prompt_token_length and --response_length")
-    set_weight_decay_on_bias_and_norm: bool = arg(
-        True,
-        "True: --weight_decay for all parameters but biases and norms (which get none). False: --weight_decay "
-        "for every parameter.",
-    )
-    fsdp_shard_degree: int | None = no_effect(None, "OLMo-core FSDP; still must divide the learner count")
-    fsdp_num_replicas: int | None = no_effect(None, "OLMo-core FSDP; still must divide the learner count")
-    compile_model: bool = no_effect(True, "OLMo-core only")
-    activation_memory_budget: float = no_effect(1.0, "OLMo-core only")
-    activation_checkpointing_mode: Literal["budget", "selected_modules"] = no_effect("budget", "OLMo-core only")
-    activation_checkpointing_modules: list[str] = no_effect(
-        [
-            "blocks.*.attention_norm", "blocks.*.attention", "blocks.*.attention_residual_stream",
-            "blocks.*.feed_forward_norm", "blocks.*.feed_forward", "blocks.*.feed_forward_residual_stream",
-        ],
-        "OLMo-core only",
-    )  # fmt: skip
-    cp_degree: int | None = no_effect(None, "OLMo-core context parallelism; see --sequence_parallel_size")
-    cp_strategy: Literal["llama3", "zig_zag", "ulysses"] = no_effect("llama3", "OLMo-core only")
-    enable_queue_dashboard: bool = arg(True, "open-instruct's FastAPI queue dashboard; here metrics.jsonl and W&B.")
-    queue_dashboard_port: int | None = arg(None, "Port of that dashboard (unused here).")
 
 
 @dataclass(frozen=True)
@@ -300,7 +257,6 @@ PARITY_GROUPS = (
     LoggingConfig,
     ScheduleConfig,
     LossExtrasConfig,
-    ResourceConfig,
     InfraConfig,
     TokenizerModelConfig,
     DataExtrasConfig,

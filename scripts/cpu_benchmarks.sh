@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Every benchmark of the README on this machine, in order, writing JSON and PNGs under $OUT
-# (default output/bench): weight_sync.json (pause vs model size), replay/ (engines-only replay,
+# (default output/bench): weight_sync.json (pause vs model size), learner_step.json (pi_old pass, fixed
+# rows vs token budget, gradient checkpointing), replay/ (engines-only replay,
 # response-length sweep), e2e/ (sync vs one-step vs streaming, + measured.json), simulator/ (cost
 # model fitted to e2e/measured.json, validation, seed-cluster projection).
-# Hardware: a 2-core x86_64 Linux machine, no GPU: about 35 minutes; QUICK=1 shrinks every
+# Hardware: a 2-core x86_64 Linux machine, no GPU: about 50 minutes; QUICK=1 shrinks every
 # benchmark to a smoke run (about 4 minutes; the tests use it). Sets up .venv first when needed.
 # Usage: bash scripts/cpu_benchmarks.sh    or    QUICK=1 OUT=/tmp/bench bash scripts/cpu_benchmarks.sh
 set -euo pipefail
@@ -19,10 +20,12 @@ if [[ "${QUICK:-0}" == "1" ]]; then
   e2e=(--steps 2 --prompts 4 --samples 2 --median_tokens 12 --max_tokens 48 --tool_median_tokens 8
        --tool_latency_s 0.2 --calibrate 1 4)
   simulator=(--seed_steps 2 --async_sweep 1,2)
+  learner_step=(--size embedded --prompts 2 --samples 2 --pack_length 256 --steps 1 --parts micro_batches)
 else
-  weight_sync=() replay=() e2e=(--steps 24) simulator=()
+  weight_sync=() replay=() e2e=(--steps 24) simulator=() learner_step=()
 fi
 $py -m open_instruct.benchmarks.weight_sync "${weight_sync[@]}" --output "$out/weight_sync.json"
+$py -m open_instruct.benchmarks.learner_step "${learner_step[@]}" --output "$out/learner_step.json"
 $py -m open_instruct.benchmarks.replay "${replay[@]}" --output "$out/replay"
 $py -m open_instruct.benchmarks.e2e "${e2e[@]}" --output "$out/e2e"
 $py -m open_instruct.benchmarks.simulator "${simulator[@]}" --measured "$out/e2e/measured.json" --output "$out/simulator"

@@ -55,6 +55,25 @@ def test_weight_sync_benchmark_reports_pause_and_bound(quick_bench):
 
 
 @pytest.mark.slow
+def test_learner_step_benchmark_reports_padding_and_imbalance_of_both_layouts(quick_bench):
+    out, _ = quick_bench
+    result = json.loads((out / "learner_step.json").read_text())
+    shape = result["micro_batches"]["shape"]
+    assert shape["token_budget_ranks8"]["batch/padding_frac"] < shape["fixed_rows_ranks8"]["batch/padding_frac"]
+    assert result["micro_batches"]["budget_over_fixed"] > 0
+    assert all(row["step_s"] > 0 for row in result["micro_batches"]["step"].values())
+
+
+def test_the_row_cost_fit_reproduces_its_own_measurements(model_path):
+    from open_instruct.benchmarks.learner_step import calibrate
+
+    fit = calibrate(model_path, repeats=1)
+    for length, seconds in fit["points"][-3:]:  # the long rows, where the fit is meant to hold
+        predicted = fit["COST_QUADRATIC"] * length * length + fit["COST_LINEAR"] * length
+        assert predicted == pytest.approx(seconds, rel=0.5)
+
+
+@pytest.mark.slow
 def test_replay_benchmark_sweeps_response_lengths(quick_bench):
     out, _ = quick_bench
     result = json.loads((out / "replay" / "replay.json").read_text())

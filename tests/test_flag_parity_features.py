@@ -115,7 +115,8 @@ def test_dtype_and_attention_backend_reach_the_engine_and_the_learner(model_path
 def test_weight_decay_skips_biases_and_norms_unless_told_otherwise(model_path):
     from transformers import AutoModelForCausalLM
 
-    from open_instruct.learner import LearnerSettings, weight_decay_groups
+    from open_instruct.deepspeed_setup import weight_decay_groups
+    from open_instruct.learner import LearnerSettings
 
     model = AutoModelForCausalLM.from_pretrained(model_path)
     names = {id(p): n for n, p in model.named_parameters()}

@@ -27,7 +27,14 @@ def groups(model_path):
 
 
 def run_group(
-    model_path, groups, stage: int, steps: int = 1, num_mini_batches: int = 1, extras=None, **learner_options
+    model_path,
+    groups,
+    stage: int,
+    steps: int = 1,
+    num_mini_batches: int = 1,
+    extras=None,
+    token_budget: int = 0,
+    **learner_options,
 ):
     import ray
 
@@ -53,6 +60,7 @@ def run_group(
         world_size=2,
         micro_batch_size=1,
         num_mini_batches=num_mini_batches,
+        token_budget=token_budget,
     )
     cluster.init_ray(min_logical_cpus=3)
     try:
@@ -159,3 +167,37 @@ def test_dtype_attention_and_weight_decay_flags_reach_the_deepspeed_learner(mode
     for name in exempt:
         differs = not torch.allclose(exempt[name], decayed[name], rtol=0, atol=1e-7)
         assert differs == name.endswith(("norm.weight", ".bias")), name
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+def test_pi_old_from_the_training_forward_matches_the_separate_pass(model_path, groups, stage):
+    """One mini-batch, two epochs: the first training forward's detached logprobs replace the no-grad pass;
+    the losses and the updated weights are those of the separate pass, to float tolerance."""
+    _, (separate, _), history_separate, _ = run_group(
+        model_path, groups, stage=stage, num_epochs=2, separate_old_logprob_pass=True
+    )
+    _, (reused, _), history_reused, _ = run_group(model_path, groups, stage=stage, num_epochs=2)
+    for key in ("loss/policy_avg", "policy/ratio_avg", "policy/clipfrac_avg"):
+        assert history_reused[0][key] == pytest.approx(history_separate[0][key], abs=1e-6), key
+    assert max((separate[n] - reused[n]).abs().max().item() for n in separate) < 1e-6
+
+
+def test_token_budget_micro_batches_train_the_same_update_as_fixed_rows(model_path, groups):
+    """The same samples as trimmed rows under a token budget, spread by cost: the same exact token mean, so
+    the same update up to float summation order."""
+    before, (fixed, _), _, _ = run_group(model_path, groups, stage=2)
+    _, (budget, _), _, _ = run_group(model_path, groups, stage=2, token_budget=256)
+    assert max((fixed[n] - budget[n]).abs().max().item() for n in fixed) < 1e-5
+    assert max((budget[n] - before[n]).abs().max().item() for n in before) > 1e-4
+
+
+def test_offloaded_unfused_zero3_learners_take_the_same_step(model_path, groups):
+    """--deepspeed_offload_param/--deepspeed_offload_optimizer (ZeRO-Offload to CPU memory), the per-tensor
+    AdamW (--fused_optimizer False) and --backend_timeout: the same update as the default ZeRO-3 learner."""
+    before, (default, _), _, _ = run_group(model_path, groups, stage=3)
+    _, (offloaded, _), _, _ = run_group(
+        model_path, groups, stage=3, offload_param=True, offload_optimizer=True, fused_optimizer=False,
+        backend_timeout_minutes=5,
+    )  # fmt: skip
+    assert max((default[n] - offloaded[n]).abs().max().item() for n in default) < 1e-5
+    assert max((offloaded[n] - before[n]).abs().max().item() for n in before) > 1e-4

@@ -331,3 +331,11 @@ def test_benchmark_generation_script_runs(tmp_path):
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "streaming / batched" in result.stdout and (tmp_path / "g.json").exists()
+
+
+def test_gpu_check_trains_with_flags_grpo_fast_accepts():
+    """scripts/gpu_check.sh needs a GPU to run; here its training command is checked against our parser."""
+    known = {opt for action in build_parser()._actions for opt in action.option_strings}
+    flags = grpo_fast_flags(REPO / "scripts" / "gpu_check.sh")
+    assert {"--dtype", "--vllm_sync_backend", "--inflight_updates"} <= set(flags)
+    assert not sorted(set(flags) - known)

@@ -55,7 +55,9 @@ def greedy(tokenizer, text: str, max_tokens: int, prompt_id: str) -> PromptReque
     )
 
 
-def start_stack(model_path, tokenizer, engines: int, learners: int, stage: int, inflight: bool, timeout_s=300):
+def start_stack(
+    model_path, tokenizer, engines: int, learners: int, stage: int, inflight: bool, timeout_s=300, **learner_options
+):
     cluster.init_ray(min_logical_cpus=engines + learners + 1)
     settings = EngineSettings(
         model_path=model_path, max_model_len=MAX_MODEL_LEN, kv_cache_gib=0.25, enable_prefix_caching=True
@@ -73,6 +75,7 @@ def start_stack(model_path, tokenizer, engines: int, learners: int, stage: int, 
                 learning_rate=2e-2,
                 lr_scheduler_type="constant",
                 importance_ratio_cap=0.0,
+                **learner_options,
             ),
             [learners],
         ),
@@ -196,9 +199,14 @@ def test_inflight_update_from_a_real_learner_keeps_the_kv_cache(model_path, toke
         ray.shutdown()
 
 
-def test_zero3_learners_update_two_engines_after_draining(model_path, tokenizer):
+@pytest.mark.parametrize("gather_whole_model", [True, False])
+def test_zero3_learners_update_two_engines_after_draining(model_path, tokenizer, gather_whole_model):
+    """--gather_whole_model True gathers every ZeRO-3 shard at once, False one parameter at a time: the
+    engines receive the same weights either way."""
     try:
-        engines, _learners, sync, weights_b = start_stack(model_path, tokenizer, 2, 2, stage=3, inflight=False)
+        engines, _learners, sync, weights_b = start_stack(
+            model_path, tokenizer, 2, 2, stage=3, inflight=False, gather_whole_model=gather_whole_model
+        )
         long_requests = {i: greedy(tokenizer, f"Count from {i} onwards.", 200, f"drain{i}") for i in range(2)}
         generating = [engines[i].generate.remote([long_requests[i]]) for i in range(2)]
         for engine in engines:

@@ -114,14 +114,20 @@ SEED_CLUSTER_WORKLOAD = Workload(
 # * learner: 6 x 7e9 FLOPs per trained token at 40% of 989 TFLOP/s bf16 -> 1.06e-4 s per token per
 #   rank; 1 s per step for the optimizer and ZeRO collectives.
 # * weight sync: 1.5 s to broadcast 15 GB of bf16 weights over NCCL and reload them.
+# * the learner figures above are for a step with a separate no-grad pass for pi_old; with one mini-batch
+#   that pass is gone. The one measured change, not an assumption: the learner cost is scaled by
+#   LEARNER_STEP_RATIO, new / old learner step time at the seed's settings (ZeRO-2, one mini-batch,
+#   gradient checkpointing), measured by `python -m open_instruct.benchmarks.learner_step` on the 2-core
+#   CPU machine (a random 512x4 Qwen2, 2 ranks, 64 heavy-tailed samples: 13.15 s vs 15.96 s).
+LEARNER_STEP_RATIO = 0.824
 GPU_H100_COST = CostModel(
     decode_base_s=0.012,
     decode_per_seq_s=0.00012,
     prefill_per_token_s=1 / 20_000,
     max_running=256,
     weight_sync_pause_s=1.5,
-    learner_base_s=1.0,
-    learner_per_token_s=6 * 7e9 / (0.40 * 989e12),
+    learner_base_s=1.0 * LEARNER_STEP_RATIO,
+    learner_per_token_s=6 * 7e9 / (0.40 * 989e12) * LEARNER_STEP_RATIO,
 )
 
 
@@ -680,6 +686,7 @@ def project_seed_cluster(num_steps: int, sweep_steps: list[int]) -> tuple[dict[s
     print(format_sweep(sweep))
     entry = {
         "cost_model": asdict(GPU_H100_COST), "workload": asdict(seed), "cluster": asdict(SEED_CLUSTER),
+        "learner_step_ratio_measured": LEARNER_STEP_RATIO,
         **sweep.as_json(), "sim_s": time.monotonic() - started,
     }  # fmt: skip
     return entry, sweep

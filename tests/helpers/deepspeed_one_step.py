@@ -12,14 +12,16 @@ import torch
 def main(stage: int, model_path: str, port: int) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from open_instruct import learner
+    from open_instruct import deepspeed_setup
 
-    learner.init_distributed(rank=0, world_size=1, master_port=port)
+    deepspeed_setup.init_distributed(rank=0, world_size=1, master_port=port)
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
-    optimizer = learner.make_optimizer(model, learning_rate=1e-3, weight_decay=0.0)
-    engine = learner.initialize_engine(model, optimizer, learner.deepspeed_config(stage=stage, micro_batch_size=2))
+    optimizer = deepspeed_setup.make_optimizer(model, learning_rate=1e-3, weight_decay=0.0)
+    engine = deepspeed_setup.initialize_engine(
+        model, optimizer, deepspeed_setup.deepspeed_config(stage=stage, micro_batch_size=2)
+    )
     batch = tokenizer(
         ["12</think><answer>12</answer>", "7</think><answer>7</answer>"], return_tensors="pt", padding=True
     )

@@ -1,0 +1,92 @@
+"""Learner and resource flags: open-instruct's (placement, DeepSpeed, optimizer, weight transport) and ours
+for learner speed (token-budget micro-batches).
+
+Kept apart from config_parity because these steer the learners and the placement, not the data or the loss.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from open_instruct.config_fields import arg
+from open_instruct.config_parity import no_effect, pending
+
+LEARNER_ISSUE = "learner and resource flags land with the learner-speed work"
+
+
+@dataclass(frozen=True)
+class ResourceConfig:
+    _argument_group_name = "resources, DeepSpeed and optimizer (open-instruct)"
+
+    single_gpu_mode: bool = pending(False, LEARNER_ISSUE)
+    num_nodes: int = arg(1, "Informational (open-instruct prints it); nodes come from --num_learners_per_node.")
+    sequence_parallel_size: int = pending(1, LEARNER_ISSUE)
+    deepspeed_zpg: int = arg(8, "ZeRO++ secondary partition size (ZeRO-3, when it splits the ranks into groups).")
+    deepspeed_offload_param: bool = arg(False, "ZeRO-3: keep parameters in CPU memory between uses.")
+    deepspeed_offload_optimizer: bool = arg(False, "ZeRO-1/2/3: keep optimizer state in CPU memory.")
+    deepspeed_checkpoint_load_universal: bool = pending(False, LEARNER_ISSUE)
+    gather_whole_model: bool = arg(
+        True, "ZeRO-3 weight sync gathers every shard at once (fast); False: one parameter at a time (less memory)."
+    )
+    backend_timeout: int = arg(120, "Minutes a learner collective may wait for another rank before failing.")
+    fused_optimizer: bool = arg(True, "torch's fused AdamW (one kernel per step) instead of the per-tensor one.")
+    vllm_sync_backend: str = arg(
+        "nccl", "Weight transport learner -> engines: nccl (on GPUs; gloo where there is no CUDA) or gloo."
+    )
+    vllm_attention_backend: str | None = arg(None, "vLLM attention backend of the engines; None lets vLLM choose.")
+    model_dtype: str = arg("bfloat16", "Dtype of the policy, reference and engines on GPU (see --dtype).")
+    gradient_accumulation_steps: int = no_effect(1, "gradients accumulate over every micro-batch of a mini-batch")
+    max_seq_length: int = no_effect(4096, "lengths come from --max_prompt_token_length and --response_length")
+    set_weight_decay_on_bias_and_norm: bool = arg(
+        True,
+        "True: --weight_decay for all parameters but biases and norms (which get none). False: --weight_decay "
+        "for every parameter.",
+    )
+    fsdp_shard_degree: int | None = no_effect(None, "OLMo-core FSDP; still must divide the learner count")
+    fsdp_num_replicas: int | None = no_effect(None, "OLMo-core FSDP; still must divide the learner count")
+    compile_model: bool = no_effect(True, "OLMo-core only")
+    activation_memory_budget: float = no_effect(1.0, "OLMo-core only")
+    activation_checkpointing_mode: Literal["budget", "selected_modules"] = no_effect("budget", "OLMo-core only")
+    activation_checkpointing_modules: list[str] = no_effect(
+        [
+            "blocks.*.attention_norm", "blocks.*.attention", "blocks.*.attention_residual_stream",
+            "blocks.*.feed_forward_norm", "blocks.*.feed_forward", "blocks.*.feed_forward_residual_stream",
+        ],
+        "OLMo-core only",
+    )  # fmt: skip
+    cp_degree: int | None = no_effect(None, "OLMo-core context parallelism; see --sequence_parallel_size")
+    cp_strategy: Literal["llama3", "zig_zag", "ulysses"] = no_effect("llama3", "OLMo-core only")
+    micro_batch_token_budget: int = arg(
+        0,
+        "Token budget of one learner micro-batch: documents are packed into rows of at most this many tokens "
+        "(no padding to --pack_length), one row per micro-batch, spread over ranks by estimated compute. "
+        "0: --per_device_train_batch_size rows of --pack_length.",
+    )
+    enable_queue_dashboard: bool = arg(True, "open-instruct's FastAPI queue dashboard; here metrics.jsonl and W&B.")
+    queue_dashboard_port: int | None = arg(None, "Port of that dashboard (unused here).")
+
+
+def resource_problems(cfg) -> list[str]:
+    """Contradictions of the learner and resource flags, each naming the flag and the fix."""
+    budget, pack_length = cfg.resources.micro_batch_token_budget, cfg.learner.pack_length
+    r = cfg.resources
+    checks = [
+        (r.vllm_sync_backend in ("nccl", "gloo"), f"--vllm_sync_backend {r.vllm_sync_backend} must be nccl or gloo"),
+        (r.backend_timeout >= 1, f"--backend_timeout {r.backend_timeout} must be >= 1 (minutes)"),
+        (r.deepspeed_zpg >= 1, f"--deepspeed_zpg {r.deepspeed_zpg} must be >= 1"),
+        (
+            not r.deepspeed_offload_param or cfg.learner.deepspeed_stage == 3,
+            "--deepspeed_offload_param needs --deepspeed_stage 3 (only ZeRO-3 partitions parameters)",
+        ),
+        (
+            not r.deepspeed_offload_optimizer or cfg.learner.deepspeed_stage >= 1,
+            "--deepspeed_offload_optimizer needs --deepspeed_stage 1, 2 or 3",
+        ),
+        (
+            budget == 0 or budget >= pack_length,
+            f"--micro_batch_token_budget {budget} must be 0 (off) or at least --pack_length {pack_length}, "
+            "so that every sample fits one micro-batch",
+        ),
+    ]
+    return [message for ok, message in checks if not ok]

@@ -1,0 +1,164 @@
+"""How a learner rank builds DeepSpeed: the device, the process group, the ZeRO config, the optimizer.
+
+Kept apart from the learner actor so that what DeepSpeed is told (stage, offload, dtype, timeouts) reads
+in one place; tests and benchmarks build a single engine from these same functions.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from importlib import resources
+from typing import Any
+
+
+def on_gpu() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def deepspeed_config(
+    *,
+    stage: int,
+    micro_batch_size: int,
+    gradient_accumulation_steps: int = 1,
+    max_grad_norm: float = 1.0,
+    bf16: bool | None = None,
+    fp16: bool = False,
+    world_size: int = 1,
+    offload_param: bool = False,
+    offload_optimizer: bool = False,
+    hpz_partition_size: int = 1,
+) -> dict[str, Any]:
+    """DeepSpeed's config. `offload_*`: ZeRO-Offload of parameters (stage 3) / optimizer state (stage >= 1)
+    to CPU memory. `hpz_partition_size` (--deepspeed_zpg): ZeRO++ secondary partitions of that many ranks
+    (stage 3, only when it splits the ranks into several groups, as one node's GPUs do)."""
+    bf16 = on_gpu() if bf16 is None else bf16
+    zero = zero_settings(stage)
+    if offload_optimizer and stage >= 1:
+        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": on_gpu()}
+    if offload_param and stage == 3:
+        zero["offload_param"] = {"device": "cpu", "pin_memory": on_gpu()}
+    if stage == 3 and 1 < hpz_partition_size < world_size and world_size % hpz_partition_size == 0:
+        zero["zero_hpz_partition_size"] = hpz_partition_size
+    config: dict[str, Any] = {
+        "train_micro_batch_size_per_gpu": micro_batch_size,
+        "gradient_accumulation_steps": gradient_accumulation_steps,
+        "train_batch_size": micro_batch_size * gradient_accumulation_steps * world_size,
+        "gradient_clipping": max_grad_norm,
+        "zero_optimization": zero,
+        "bf16": {"enabled": bf16},
+        "fp16": {"enabled": fp16},
+        "steps_per_print": 10**9,
+        "wall_clock_breakdown": False,
+        # Our optimizer is torch AdamW on CPU; DeepSpeed only trusts its own with ZeRO otherwise.
+        "zero_allow_untested_optimizer": True,
+        # ... and it keeps ours when optimizer state is offloaded (its CPU Adam is a JIT-built op).
+        "zero_force_ds_cpu_optimizer": False,
+    }
+    return config
+
+
+def zero_settings(stage: int) -> dict[str, Any]:
+    """ZeRO settings of `stage` from the package's `ds_configs/zero<stage>.json` (tunable without code).
+
+    Stage 0 (plain data parallelism) has nothing to tune and no file. The files ship as package
+    data, so an installed package finds them wherever it runs; a missing one is a broken install.
+    """
+    if stage == 0:
+        return {"stage": 0}
+    resource = resources.files("open_instruct") / "ds_configs" / f"zero{stage}.json"
+    if not resource.is_file():
+        raise FileNotFoundError(f"DeepSpeed ZeRO-{stage} settings missing: {resource} is not in the installed package")
+    settings = json.loads(resource.read_text())["zero_optimization"]
+    if settings["stage"] != stage:
+        raise ValueError(f"{resource} declares ZeRO stage {settings['stage']}, expected {stage}")
+    return settings
+
+
+def init_distributed(
+    rank: int, world_size: int, master_addr: str = "127.0.0.1", master_port: int = 29500, timeout_minutes: int = 120
+) -> None:
+    """Join the learner process group: gloo on CPU, NCCL on GPU."""
+    import deepspeed
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        return
+    if not on_gpu():
+        import deepspeed.ops
+
+        # DeepSpeed JIT-compiles a shared-memory all-reduce op when its CPU backend starts; that
+        # needs a C++ toolchain and can fail. It only speeds up inference all-reduce: gloo is enough.
+        deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+    os.environ.update(
+        {
+            "RANK": str(rank),
+            "LOCAL_RANK": str(rank if not on_gpu() else 0),
+            "WORLD_SIZE": str(world_size),
+            "MASTER_ADDR": master_addr,
+            "MASTER_PORT": str(master_port),
+        }
+    )
+    from datetime import timedelta
+
+    # --backend_timeout: how long a collective may wait for a slow or dead rank before it fails.
+    deepspeed.init_distributed(
+        dist_backend="nccl" if on_gpu() else "gloo",
+        auto_mpi_discovery=False,
+        timeout=timedelta(minutes=timeout_minutes),
+    )
+
+
+# open-instruct's substrings for "bias or norm" parameters.
+_NO_DECAY_MARKERS = ("bias", "layer_norm.weight", "layernorm.weight", "norm.weight", "ln_f.weight")
+
+
+def peak_memory_gib() -> float:
+    """This rank's peak memory: allocated GPU memory since the last call on GPU, else the process's peak RSS."""
+    import torch
+
+    if on_gpu():
+        peak = torch.cuda.max_memory_allocated() / (1 << 30)
+        torch.cuda.reset_peak_memory_stats()
+        return peak
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / (1 << 20)  # KiB on Linux
+
+
+def weight_decay_groups(named_parameters, weight_decay: float, decay_bias_and_norm: bool) -> list[dict]:
+    """AdamW parameter groups: biases and norm weights get no decay unless `decay_bias_and_norm`.
+
+    open-instruct's --set_weight_decay_on_bias_and_norm False passes no decay at all, so torch's default
+    0.01 silently applies to every parameter; here False means what --weight_decay says, for all of them."""
+    decay, exempt = [], []
+    for name, param in named_parameters:
+        if not param.requires_grad:
+            continue
+        is_bias_or_norm = any(marker in name for marker in _NO_DECAY_MARKERS)
+        (exempt if is_bias_or_norm and not decay_bias_and_norm else decay).append(param)
+    groups = [{"params": decay, "weight_decay": weight_decay}]
+    return groups + ([{"params": exempt, "weight_decay": 0.0}] if exempt else [])
+
+
+def make_optimizer(
+    model, *, learning_rate: float, weight_decay: float, decay_bias_and_norm: bool = False, fused: bool = True
+):
+    """torch's AdamW, fused into one kernel per step with --fused_optimizer (CPU and GPU alike). DeepSpeed's
+    FusedAdam is a JIT-built CUDA op that needs nvcc matching the torch build, which wheels lack."""
+    import torch
+
+    groups = weight_decay_groups(model.named_parameters(), weight_decay, decay_bias_and_norm)
+    return torch.optim.AdamW(groups, lr=learning_rate, fused=fused)
+
+
+def initialize_engine(model, optimizer, ds_config: dict[str, Any], lr_scheduler=None):
+    """Wrap model + optimizer in a DeepSpeed engine; returns the engine."""
+    import deepspeed
+
+    engine, *_ = deepspeed.initialize(
+        model=model, optimizer=optimizer, config=ds_config, lr_scheduler=lr_scheduler, dist_init_required=False
+    )
+    return engine
