@@ -47,11 +47,6 @@ def no_effect(default: Any, reason: str, **kwargs) -> Any:
     return arg(default, f"{_NO_EFFECT}{reason}]", **kwargs)
 
 
-def pending_reason(f) -> str | None:
-    text = f.metadata.get("help", "")
-    return text[len(_PENDING) : text.index("]")] if text.startswith(_PENDING) else None
-
-
 @dataclass(frozen=True)
 class LoggingConfig:
     _argument_group_name = "logging and run naming (open-instruct)"
@@ -265,34 +260,35 @@ PARITY_GROUPS = (
 )
 
 
-def pending_problems(groups: list[Any]) -> list[str]:
-    """A flag whose feature is pending and whose value is not its default: one line each."""
-    problems = []
+def _marked_non_defaults(groups: list[Any], marker: str) -> list[tuple[str, Any, str]]:
+    """(flag, value, reason) of every flag whose help starts with `marker` and whose value is not its default."""
+    found = []
     for group in groups:
         for f in fields(group):
-            reason = pending_reason(f)
-            if reason is None:
+            text = f.metadata.get("help", "")
+            if not text.startswith(marker):
                 continue
             default = f.default_factory() if callable(f.default_factory) else f.default  # type: ignore[misc]
             value = getattr(group, f.name)
             if value != default:
-                problems.append(f"--{f.name} {_show(value)}: not supported yet: {reason}")
-    return problems
+                found.append((f.name, value, text[len(marker) : text.index("]")]))
+    return found
+
+
+def pending_problems(groups: list[Any]) -> list[str]:
+    """A flag whose feature is pending and whose value is not its default: one line each."""
+    return [
+        f"--{name} {_show(value)}: not supported yet: {reason}"
+        for name, value, reason in _marked_non_defaults(groups, _PENDING)
+    ]
 
 
 def ignored_values(groups: list[Any]) -> list[str]:
     """Warnings for no-effect flags given a value other than their default: one line each."""
-    lines = []
-    for group in groups:
-        for f in fields(group):
-            text = f.metadata.get("help", "")
-            if not text.startswith(_NO_EFFECT):
-                continue
-            default = f.default_factory() if callable(f.default_factory) else f.default  # type: ignore[misc]
-            value = getattr(group, f.name)
-            if value != default:
-                lines.append(f"--{f.name} {_show(value)} has no effect: {text[len(_NO_EFFECT) : text.index(']')]}")
-    return lines
+    return [
+        f"--{name} {_show(value)} has no effect: {reason}"
+        for name, value, reason in _marked_non_defaults(groups, _NO_EFFECT)
+    ]
 
 
 def _show(value: Any) -> str:
