@@ -42,6 +42,8 @@ class BatchSettings:
 
     @classmethod
     def from_config(cls, cfg, pad_token_id: int) -> BatchSettings:
+        from open_instruct.config_resources import micro_batch_token_budget
+
         a = cfg.algorithm
         return cls(
             pack_length=cfg.learner.pack_length,
@@ -53,7 +55,7 @@ class BatchSettings:
             filter_zero_std=a.filter_zero_std_samples,
             mask_truncated=a.mask_truncated_completions,
             mask_tool_use=cfg.tools.mask_tool_use,
-            token_budget=cfg.resources.micro_batch_token_budget,
+            token_budget=micro_batch_token_budget(cfg),
             per_document_attention=(cfg.tokenizer_model.attn_implementation or "").startswith("flash"),
         )
 

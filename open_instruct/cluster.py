@@ -11,10 +11,10 @@ physical cores anyway, and a logical shortage would deadlock scheduling instead.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 
 logger = logging.getLogger(__name__)
 
@@ -55,33 +55,59 @@ def gpus_available() -> int:
     return int(ray.cluster_resources().get("GPU", 0))
 
 
-@dataclass(frozen=True)
-class GpuPlacement:
-    gpus_per_engine: float
-    gpus_per_learner: float
+def cluster_shape():
+    """GPUs of every alive node of the Ray cluster and this node's cores, for `placement.plan_placement`."""
+    import ray
 
+    from open_instruct.placement import ClusterShape
 
-def gpu_placement(num_engines: int, tensor_parallel_size: int, num_learners: int) -> GpuPlacement:
-    """Whole GPUs per actor when the cluster has enough; otherwise engines and learners share.
-
-    On a single-GPU machine one engine and one learner each get half the GPU (then lower
-    --vllm_gpu_memory_utilization so both fit). CPU machines: no GPUs at all.
-    """
-    available = gpus_available()
-    if available == 0:
-        return GpuPlacement(0, 0)
-    needed = num_engines * tensor_parallel_size + num_learners
-    if needed <= available:
-        return GpuPlacement(tensor_parallel_size, 1)
-    if tensor_parallel_size == 1 and num_engines + num_learners <= 2 * available:
-        logger.warning(
-            "%d GPUs for %d engines + %d learners: colocating, half a GPU each", available, num_engines, num_learners
-        )
-        return GpuPlacement(0.5, 0.5)
-    raise RuntimeError(
-        f"the run needs {needed} GPUs ({num_engines} engines x tp {tensor_parallel_size} + {num_learners} learners) "
-        f"but the Ray cluster has {available}"
+    nodes = [node["Resources"] for node in ray.nodes() if node.get("Alive")]
+    return ClusterShape(
+        gpus_per_node=tuple(int(r.get("GPU", 0)) for r in nodes),
+        node_cores=tuple(sorted(os.sched_getaffinity(0))),
     )
+
+
+def reserve_learner_groups(placement, timeout_s: float = 600) -> list:
+    """The learners' placement groups, one STRICT_PACK group per node entry, reserved before any
+    engine so that engines cannot take the GPUs a node's learners need."""
+    from ray.util.placement_group import placement_group
+
+    from open_instruct.placement import learner_bundles
+
+    groups = [placement_group(bundles, strategy="STRICT_PACK") for bundles in learner_bundles(placement)]
+    for node, group in enumerate(groups):
+        if not group.wait(timeout_seconds=timeout_s):
+            bundles = learner_bundles(placement)[node]
+            raise RuntimeError(
+                f"the Ray cluster could not place learner node {node}: {len(bundles)} x {bundles[0]} on one node "
+                f"within {timeout_s:.0f} s"
+            )
+    return groups
+
+
+def engine_strategies(placement, learner_groups: list, num_engines: int) -> list:
+    """A scheduling strategy per engine: inside learner i's bundle on a shared device, in the engines'
+    own PACK group when they take whole GPUs, else Ray's default."""
+    from ray.util.placement_group import placement_group
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    from open_instruct.placement import engine_bundles, rank_bundle
+
+    if placement.engines_in_learner_bundles:
+        strategies = []
+        for engine in range(num_engines):
+            group, bundle = rank_bundle(placement.learner_groups, engine)
+            strategies.append(PlacementGroupSchedulingStrategy(learner_groups[group], bundle))
+        return strategies
+    if not placement.engine_placement_group:
+        return [None] * num_engines
+    group = placement_group(engine_bundles(placement, num_engines), strategy="PACK")
+    if not group.wait(timeout_seconds=600):
+        raise RuntimeError(
+            f"the Ray cluster could not place {num_engines} engines ({placement.gpus_per_engine} GPUs each)"
+        )
+    return [PlacementGroupSchedulingStrategy(group, engine) for engine in range(num_engines)]
 
 
 def create_generation_actors(
@@ -92,9 +118,10 @@ def create_generation_actors(
     gpus_per_engine: float | None = None,
     actor_class=None,
     extra_args: tuple = (),
+    strategies: list | None = None,
 ) -> list:
     """One GenerationActor (or a benchmark subclass, with `extra_args`) per engine; one GPU per
-    tensor-parallel rank when GPUs exist."""
+    tensor-parallel rank when GPUs exist. `strategies` places each engine (`engine_strategies`)."""
     import ray
 
     from open_instruct.generation import GenerationActor
@@ -102,30 +129,37 @@ def create_generation_actors(
     if gpus_per_engine is None:
         gpus_per_engine = settings.tensor_parallel_size if gpus_available() else 0
     remote_cls = ray.remote(num_cpus=1, num_gpus=gpus_per_engine, max_concurrency=1000)(actor_class or GenerationActor)
-    return [remote_cls.remote(i, settings, reward_settings, reward_workers, *extra_args) for i in range(count)]
+    strategies = strategies or [None] * count
+    return [
+        (remote_cls.options(scheduling_strategy=strategies[i]) if strategies[i] else remote_cls).remote(
+            i, settings, reward_settings, reward_workers, *extra_args
+        )
+        for i in range(count)
+    ]
 
 
-def create_learner_actors(settings, num_learners_per_node: list[int], gpus_per_learner: float | None = None) -> list:
-    """One LearnerActor per rank, placed by a placement group (one bundle per rank, packed per node).
+def create_learner_actors(settings, num_learners_per_node: list[int], placement=None, groups: list | None = None):
+    """One LearnerActor per rank, each in its bundle of its node's STRICT_PACK group.
 
+    Without a `placement` (tests, benchmarks): whole GPUs when the cluster has them, else CPUs.
     Returns the actors in rank order, not yet set up: `LearnerGroup.setup` joins them.
     """
     import ray
-    from ray.util.placement_group import placement_group
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
     from open_instruct.learner import LearnerActor
+    from open_instruct.placement import Placement, rank_bundle
 
-    world_size = sum(num_learners_per_node)
-    gpu = gpus_per_learner if gpus_per_learner is not None else (1 if gpus_available() else 0)
-    bundles = [{"CPU": 1, "GPU": gpu} if gpu else {"CPU": 1} for _ in range(world_size)]
-    group = placement_group(bundles, strategy="PACK")
-    if not group.wait(timeout_seconds=600):
-        raise RuntimeError(f"the Ray cluster could not place {world_size} learners ({bundles[0]} each) in 600 s")
-    remote_cls = ray.remote(num_cpus=1, num_gpus=gpu)(LearnerActor)
+    if placement is None:
+        gpu = 1 if gpus_available() else 0
+        placement = Placement("gloo", gpu, gpu, tuple(num_learners_per_node))
+    groups = groups or reserve_learner_groups(placement)
+    remote_cls = ray.remote(num_cpus=1, num_gpus=placement.gpus_per_learner)(LearnerActor)
+    world_size = sum(placement.learner_groups)
 
     def placed(rank: int):
-        strategy = PlacementGroupSchedulingStrategy(placement_group=group, placement_group_bundle_index=rank)
+        group, bundle = rank_bundle(placement.learner_groups, rank)
+        strategy = PlacementGroupSchedulingStrategy(placement_group=groups[group], placement_group_bundle_index=bundle)
         return remote_cls.options(scheduling_strategy=strategy)
 
     return [placed(rank).remote(rank, world_size, settings) for rank in range(world_size)]
@@ -147,20 +181,32 @@ class Stack:
             raise
 
     def _build(self, cfg, model_path: str, pad_token_id: int, engine_class, engine_args: tuple) -> None:
-        import torch
-
         from open_instruct.batching import BatchSettings
         from open_instruct.engine_pool import EnginePool
-        from open_instruct.engine_setup import EngineSettings, transfer_backend
+        from open_instruct.engine_setup import EngineSettings
         from open_instruct.learner import LearnerSettings
         from open_instruct.learner_group import LearnerGroup
+        from open_instruct.placement import plan_placement
         from open_instruct.rewards.scoring import RewardSettings
         from open_instruct.weight_sync import SyncSettings, WeightSync
 
-        g = cfg.generation
-        init_ray(min_logical_cpus=g.vllm_num_engines + cfg.world_size + 1)
-        placement = gpu_placement(g.vllm_num_engines, g.vllm_tensor_parallel_size, cfg.world_size)
-        settings = EngineSettings.from_config(cfg, model_path)
+        g, r = cfg.generation, cfg.resources
+        init_ray(min_logical_cpus=2 * (g.vllm_num_engines + cfg.world_size) + 1)
+        placement = plan_placement(
+            cluster_shape(),
+            g.vllm_num_engines,
+            g.vllm_tensor_parallel_size,
+            cfg.learner.num_learners_per_node,
+            single_gpu_mode=r.single_gpu_mode,
+            sync_backend=r.vllm_sync_backend,
+        )
+        logger.info("placement: %s", placement)
+        learner_groups = reserve_learner_groups(placement)
+        settings = dataclasses.replace(
+            EngineSettings.from_config(cfg, model_path),
+            weight_transfer_backend=placement.transport,
+            cpu_cores=placement.engine_cores,
+        )
         engines = create_generation_actors(
             settings,
             g.vllm_num_engines,
@@ -168,23 +214,27 @@ class Stack:
             gpus_per_engine=placement.gpus_per_engine,
             actor_class=engine_class,
             extra_args=engine_args,
+            strategies=engine_strategies(placement, learner_groups, g.vllm_num_engines),
         )
         self.pool = EnginePool(engines, prompt_capacity=cfg.prompt_queue_capacity)
-        actors = create_learner_actors(
-            LearnerSettings.from_config(cfg, model_path),
-            cfg.learner.num_learners_per_node,
-            gpus_per_learner=placement.gpus_per_learner,
+        learner_settings = dataclasses.replace(
+            LearnerSettings.from_config(cfg, model_path), cpu_cores=placement.learner_cores
         )
+        actors = create_learner_actors(learner_settings, cfg.learner.num_learners_per_node, placement, learner_groups)
         self.learners = LearnerGroup(actors, BatchSettings.from_config(cfg, pad_token_id))
-        # Engines and learners build concurrently (each takes tens of seconds).
-        with ThreadPoolExecutor(max_workers=2) as threads:
-            engines_ready = threads.submit(self.pool.start_engines)
+        if placement.engines_start_first:
+            engine_info = self.pool.start_engines()
             learner_info = self.learners.setup()
-            engine_info = engines_ready.result()
+        else:  # engines and learners build concurrently (each takes tens of seconds)
+            with ThreadPoolExecutor(max_workers=2) as threads:
+                engines_ready = threads.submit(self.pool.start_engines)
+                learner_info = self.learners.setup()
+                engine_info = engines_ready.result()
         logger.info("engines: %s; learners: %s", engine_info, learner_info)
-        backend = transfer_backend(settings)
         self.sync = WeightSync(
-            self.learners, self.pool, SyncSettings.from_config(cfg, backend, torch.cuda.is_available())
+            self.learners,
+            self.pool,
+            SyncSettings.from_config(cfg, placement.transport, on_gpu=placement.gpus_per_learner > 0),
         )
         logger.info("weight transfer group ready: %s", self.sync.connect())
 

@@ -11,6 +11,7 @@ from typing import Literal
 
 from open_instruct.config_fields import arg
 from open_instruct.config_parity import no_effect, pending
+from open_instruct.placement import shared_mode_problems
 
 LEARNER_ISSUE = "learner and resource flags land with the learner-speed work"
 
@@ -19,13 +20,22 @@ LEARNER_ISSUE = "learner and resource flags land with the learner-speed work"
 class ResourceConfig:
     _argument_group_name = "resources, DeepSpeed and optimizer (open-instruct)"
 
-    single_gpu_mode: bool = pending(False, LEARNER_ISSUE)
+    single_gpu_mode: bool = arg(
+        False,
+        "Each engine shares one learner's device: on a GPU, half of it each (lower --vllm_gpu_memory_utilization "
+        "to fit), engines start first, weights move over gloo (NCCL refuses two ranks on one GPU); on CPU, the "
+        "node's cores split between them. Needs --vllm_tensor_parallel_size 1 and no more engines than learners.",
+    )
     num_nodes: int = arg(1, "Informational (open-instruct prints it); nodes come from --num_learners_per_node.")
     sequence_parallel_size: int = pending(1, LEARNER_ISSUE)
     deepspeed_zpg: int = arg(8, "ZeRO++ secondary partition size (ZeRO-3, when it splits the ranks into groups).")
     deepspeed_offload_param: bool = arg(False, "ZeRO-3: keep parameters in CPU memory between uses.")
     deepspeed_offload_optimizer: bool = arg(False, "ZeRO-1/2/3: keep optimizer state in CPU memory.")
-    deepspeed_checkpoint_load_universal: bool = pending(False, LEARNER_ISSUE)
+    deepspeed_checkpoint_load_universal: bool = arg(
+        False,
+        "Resume from the universal copy of the learner state (built once by DeepSpeed's ds_to_universal), so a "
+        "run may resume on a different number of learner ranks. Needs --deepspeed_stage 1, 2 or 3.",
+    )
     gather_whole_model: bool = arg(
         True, "ZeRO-3 weight sync gathers every shard at once (fast); False: one parameter at a time (less memory)."
     )
@@ -57,19 +67,29 @@ class ResourceConfig:
     )  # fmt: skip
     cp_degree: int | None = no_effect(None, "OLMo-core context parallelism; see --sequence_parallel_size")
     cp_strategy: Literal["llama3", "zig_zag", "ulysses"] = no_effect("llama3", "OLMo-core only")
-    micro_batch_token_budget: int = arg(
-        0,
+    micro_batch_token_budget: int | None = arg(
+        None,
         "Token budget of one learner micro-batch: documents are packed into rows of at most this many tokens "
         "(no padding to --pack_length), one row per micro-batch, spread over ranks by estimated compute. "
+        "Default: --pack_length when --per_device_train_batch_size is 1 (the same micro-batches without the "
+        "padding, balanced by cost; the loss is the same exact token mean), else 0. "
         "0: --per_device_train_batch_size rows of --pack_length.",
     )
     enable_queue_dashboard: bool = arg(True, "open-instruct's FastAPI queue dashboard; here metrics.jsonl and W&B.")
     queue_dashboard_port: int | None = arg(None, "Port of that dashboard (unused here).")
 
 
+def micro_batch_token_budget(cfg) -> int:
+    """--micro_batch_token_budget as the learner uses it (0: fixed rows); see its help for the default."""
+    budget = cfg.resources.micro_batch_token_budget
+    if budget is not None:
+        return budget
+    return cfg.learner.pack_length if cfg.learner.per_device_train_batch_size == 1 else 0
+
+
 def resource_problems(cfg) -> list[str]:
     """Contradictions of the learner and resource flags, each naming the flag and the fix."""
-    budget, pack_length = cfg.resources.micro_batch_token_budget, cfg.learner.pack_length
+    budget, pack_length = cfg.resources.micro_batch_token_budget or 0, cfg.learner.pack_length
     r = cfg.resources
     checks = [
         (r.vllm_sync_backend in ("nccl", "gloo"), f"--vllm_sync_backend {r.vllm_sync_backend} must be nccl or gloo"),
@@ -80,13 +100,21 @@ def resource_problems(cfg) -> list[str]:
             "--deepspeed_offload_param needs --deepspeed_stage 3 (only ZeRO-3 partitions parameters)",
         ),
         (
+            not r.deepspeed_checkpoint_load_universal or cfg.learner.deepspeed_stage >= 1,
+            "--deepspeed_checkpoint_load_universal needs --deepspeed_stage 1, 2 or 3 (DeepSpeed loads universal "
+            "checkpoints into its ZeRO optimizers only)",
+        ),
+        (
             not r.deepspeed_offload_optimizer or cfg.learner.deepspeed_stage >= 1,
             "--deepspeed_offload_optimizer needs --deepspeed_stage 1, 2 or 3",
         ),
         (
-            budget == 0 or budget >= pack_length,
+            budget >= pack_length or budget == 0,
             f"--micro_batch_token_budget {budget} must be 0 (off) or at least --pack_length {pack_length}, "
             "so that every sample fits one micro-batch",
         ),
     ]
-    return [message for ok, message in checks if not ok]
+    shared = shared_mode_problems(
+        r.single_gpu_mode, cfg.generation.vllm_num_engines, cfg.generation.vllm_tensor_parallel_size, cfg.world_size
+    )
+    return [message for ok, message in checks if not ok] + shared

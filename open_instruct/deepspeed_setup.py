@@ -30,10 +30,13 @@ def deepspeed_config(
     offload_param: bool = False,
     offload_optimizer: bool = False,
     hpz_partition_size: int = 1,
+    load_universal: bool = False,
 ) -> dict[str, Any]:
     """DeepSpeed's config. `offload_*`: ZeRO-Offload of parameters (stage 3) / optimizer state (stage >= 1)
-    to CPU memory. `hpz_partition_size` (--deepspeed_zpg): ZeRO++ secondary partitions of that many ranks
-    (stage 3, only when it splits the ranks into several groups, as one node's GPUs do)."""
+        to CPU memory. `hpz_partition_size` (--deepspeed_zpg): ZeRO++ secondary partitions of that many ranks
+        (stage 3, only when it splits the ranks into several groups, as one node's GPUs do). Stage 0 with bf16
+        accumulates gradients in fp32, which DeepSpeed runs as its stage 1 (see below). `load_universal`
+    (--deepspeed_checkpoint_load_universal): checkpoints load from their universal copy (`make_universal`)."""
     bf16 = on_gpu() if bf16 is None else bf16
     zero = zero_settings(stage)
     if offload_optimizer and stage >= 1:
@@ -57,6 +60,17 @@ def deepspeed_config(
         # ... and it keeps ours when optimizer state is offloaded (its CPU Adam is a JIT-built op).
         "zero_force_ds_cpu_optimizer": False,
     }
+    if load_universal:
+        config["checkpoint"] = {"load_universal": True}
+    if stage == 0 and bf16:
+        # Stage 0 would accumulate the micro-batches' gradients in bf16 (DeepSpeed's bf16 DDP keeps them in
+        # the bf16 .grad), rounding away small contributions. fp32 accumulation for bf16 parameters is
+        # DeepSpeed's BF16_Optimizer, and 0.19 reaches it only from ZeRO stage 1 with this data type (stage 0
+        # rejects "unsupported mix of model_dtype=bfloat16 and grad_accum_dtype=float32"). The update is stage
+        # 0's: fp32 master weights and all-reduced fp32 gradients; only the optimizer state is split across
+        # ranks, as BF16_Optimizer always does (older DeepSpeed chose it for stage 0 + bf16 by itself).
+        config["zero_optimization"] = {"stage": 1}
+        config["data_types"] = {"grad_accum_dtype": "fp32"}
     return config
 
 
@@ -152,6 +166,37 @@ def make_optimizer(
 
     groups = weight_decay_groups(model.named_parameters(), weight_decay, decay_bias_and_norm)
     return torch.optim.AdamW(groups, lr=learning_rate, fused=fused)
+
+
+UNIVERSAL_SUFFIX = "_universal"
+
+
+def make_universal(checkpoint_dir: str, tag: str, timeout_s: float = 3600) -> str:
+    """The universal copy of DeepSpeed checkpoint `checkpoint_dir/tag`, built by DeepSpeed's `ds_to_universal`
+    (in a subprocess: it runs worker pools) unless it exists; returns its tag. A universal checkpoint stores
+    each parameter's fp32 weights and optimizer moments whole, so it loads into any number of ranks."""
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    universal = tag + UNIVERSAL_SUFFIX
+    target = Path(checkpoint_dir) / universal
+    if target.exists():
+        return universal
+    partial = target.with_name(universal + ".partial")  # renamed when complete: a crash leaves no half copy
+    shutil.rmtree(partial, ignore_errors=True)
+    command = [
+        sys.executable, "-m", "deepspeed.checkpoint.ds_to_universal", "--input_folder", str(Path(checkpoint_dir) / tag),
+        "--output_folder", str(partial), "--num_extract_workers", "1", "--num_merge_workers", "1",
+    ]  # fmt: skip
+    done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s, check=False)
+    if done.returncode != 0:
+        shutil.rmtree(partial, ignore_errors=True)
+        last = (done.stderr.strip() or done.stdout.strip()).splitlines()[-1:] or ["no output"]
+        raise RuntimeError(f"ds_to_universal could not convert {Path(checkpoint_dir) / tag}: {last[0]}")
+    partial.rename(target)
+    return universal
 
 
 def initialize_engine(model, optimizer, ds_config: dict[str, Any], lr_scheduler=None):

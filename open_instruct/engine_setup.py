@@ -24,7 +24,10 @@ class EngineSettings:
     enforce_eager: bool = False
     kv_cache_gib: float = 1.0  # CPU only: GPU engines size the cache from gpu_memory_utilization
     max_concurrency: int = 0  # cap on running samples; 0 = derive from KV capacity only
-    weight_transfer_backend: str = ""  # "" = nccl on GPU, our gloo engine on CPU
+    # Decided once on the driver (placement.plan_placement) for every engine: an engine deciding from
+    # its own CUDA would disagree with a CPU-only driver and hang the first sync.
+    weight_transfer_backend: str = "gloo"
+    cpu_cores: tuple[int, ...] = ()  # --single_gpu_mode on CPU: the cores this engine's threads bind to
     dtype: str | None = None  # --dtype; None: gpu_dtype on GPU, float32 on CPU
     gpu_dtype: str = "bfloat16"  # --model_dtype
     attention_backend: str | None = None  # --vllm_attention_backend; None lets vLLM choose
@@ -42,19 +45,11 @@ class EngineSettings:
             enable_prefix_caching=g.vllm_enable_prefix_caching,
             enforce_eager=g.vllm_enforce_eager,
             kv_cache_gib=g.vllm_kv_cache_gib,
-            # --vllm_sync_backend nccl needs CUDA: on a CPU machine it means our gloo transport.
-            weight_transfer_backend="gloo" if cfg.resources.vllm_sync_backend == "gloo" else "",
             dtype=cfg.tokenizer_model.dtype,
             gpu_dtype=cfg.resources.model_dtype,
             attention_backend=cfg.resources.vllm_attention_backend,
             agent=AgentSettings.from_config(cfg),
         )
-
-
-def transfer_backend(settings: EngineSettings) -> str:
-    import torch
-
-    return settings.weight_transfer_backend or ("nccl" if torch.cuda.is_available() else "gloo")
 
 
 def engine_args(settings: EngineSettings):
@@ -65,7 +60,7 @@ def engine_args(settings: EngineSettings):
 
     from open_instruct.config_parity import resolve_dtype
 
-    backend = transfer_backend(settings)
+    backend = settings.weight_transfer_backend
     common = {
         "model": settings.model_path,
         "seed": settings.seed,
@@ -83,6 +78,13 @@ def engine_args(settings: EngineSettings):
         from open_instruct.weight_transfer_gloo import WORKER_EXTENSION
 
         # Importing the extension inside the worker process registers our gloo engine there.
+        common["worker_extension_cls"] = WORKER_EXTENSION
+    elif backend == "nccl":
+        from open_instruct.weight_transfer_nccl import ENGINE_BACKEND, WORKER_EXTENSION
+
+        # vLLM's own nccl engine leaves the model on meta tensors after a failed update; ours restores the
+        # previous weights. The extension's import registers it in the worker process.
+        common["weight_transfer_config"] = WeightTransferConfig(backend=ENGINE_BACKEND)
         common["worker_extension_cls"] = WORKER_EXTENSION
     if torch.cuda.is_available():
         return AsyncEngineArgs(

@@ -104,6 +104,8 @@ class GenerationActor:
         from vllm.v1.engine.async_llm import AsyncLLM
 
         os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
+        if self.settings.cpu_cores:  # a shared CPU node (--single_gpu_mode): the learner has the other cores
+            os.environ["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(map(str, self.settings.cpu_cores))
         started = time.monotonic()
         self.engine = AsyncLLM.from_engine_args(engine_args(self.settings), stat_loggers=[scheduler_probe(self._probe)])
         self.target_concurrency = self._derive_target()
@@ -482,7 +484,7 @@ class GenerationActor:
         """start → update (concurrently with the trainer's broadcast) → finish(version), engine paused.
 
         Each step has its own timeout and a failure names it; after a failed transfer the engine
-        keeps serving its previous weights (see `GlooWeightTransferEngine.update_weights`).
+        keeps serving its previous weights (see `weight_reload.RestoringReload`).
         """
         from vllm.distributed.weight_transfer.base import WeightTransferUpdateRequest
 
@@ -493,7 +495,7 @@ class GenerationActor:
         try:
             await asyncio.wait_for(self.engine.start_weight_update(), timeout_s)
             step = "update_weights"
-            # A failed update ends vLLM's update session itself (our gloo engine restores the old
+            # A failed update ends vLLM's update session itself (our gloo and nccl engines restore the old
             # weights first), so `finish` runs only after a complete transfer.
             await asyncio.wait_for(
                 self.engine.update_weights(WeightTransferUpdateRequest(update_info=update_info)), timeout_s

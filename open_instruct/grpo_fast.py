@@ -38,6 +38,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("grpo_fast.py: interrupted; actors shut down", file=sys.stderr)
         return 130
+    except ConfigError as error:  # found only once the cluster is known (e.g. too few GPUs): still a user error
+        print(f"grpo_fast.py: {error}", file=sys.stderr)
+        return 2
     except Exception as error:  # every actor is already shut down; say why the run ended
         log.exception("run failed")
         print(f"grpo_fast.py: run failed: {type(error).__name__}: {error}", file=sys.stderr)

@@ -15,14 +15,17 @@ from pathlib import Path
 
 from open_instruct.config_parity import resolve_dtype
 from open_instruct.deepspeed_setup import (
+    UNIVERSAL_SUFFIX,
     deepspeed_config,
     init_distributed,
     initialize_engine,
     make_optimizer,
+    make_universal,
     on_gpu,
     peak_memory_gib,
 )
 from open_instruct.messages import LearnerReady, LearnerStepResult, TrainBatch, WeightMetadata, WeightsSent
+from open_instruct.weight_sync import SendWatchdog
 
 # ----------------------------------------------------------------------------- the learner actor
 
@@ -70,6 +73,8 @@ class LearnerSettings:
     offload_optimizer: bool = False  # --deepspeed_offload_optimizer
     hpz_partition_size: int = 8  # --deepspeed_zpg
     gather_whole_model: bool = True  # --gather_whole_model: ZeRO-3 weight sends gather all shards at once
+    cpu_cores: tuple[int, ...] = ()  # CPU --single_gpu_mode: the cores left to this learner by its engine
+    load_universal: bool = False  # --deepspeed_checkpoint_load_universal: resume on any number of ranks
 
     @property
     def old_logprobs_from_training_pass(self) -> bool:
@@ -121,6 +126,7 @@ class LearnerSettings:
             offload_optimizer=cfg.resources.deepspeed_offload_optimizer,
             hpz_partition_size=cfg.resources.deepspeed_zpg,
             gather_whole_model=cfg.resources.gather_whole_model,
+            load_universal=cfg.resources.deepspeed_checkpoint_load_universal,
         )
 
 
@@ -147,6 +153,7 @@ class LearnerActor:
         self.engine = None
         self.reference = None
         self.version = 0
+        self.send_watchdog = SendWatchdog()
 
     def rendezvous_address(self) -> tuple[str, int]:
         """This node's address and a port free on it (called on rank 0)."""
@@ -164,7 +171,10 @@ class LearnerActor:
         from transformers import AutoModelForCausalLM
 
         torch.manual_seed(self.settings.seed)
-        if not on_gpu():
+        if not on_gpu() and self.settings.cpu_cores:  # a node shared with its engine (--single_gpu_mode)
+            os.sched_setaffinity(0, self.settings.cpu_cores)
+            torch.set_num_threads(len(self.settings.cpu_cores))
+        elif not on_gpu():
             # Share the cores with the engines instead of oversubscribing them: the learner and the
             # engines run at the same time by design, and vLLM-cpu pins its engine to core 0.
             torch.set_num_threads(max(1, (os.cpu_count() or 1) // (self.world_size + 1)))
@@ -198,11 +208,13 @@ class LearnerActor:
             offload_param=s.offload_param,
             offload_optimizer=s.offload_optimizer,
             hpz_partition_size=s.hpz_partition_size,
+            load_universal=s.load_universal,
         )
         self.engine = initialize_engine(model, optimizer, config, lr_scheduler=scheduler)
         if self.reference is not None and on_gpu():
             self.reference.to(self.engine.device)
-        return LearnerReady(self.rank, os.getpid(), self.engine.zero_optimization_stage())
+        cores = tuple(sorted(os.sched_getaffinity(0)))
+        return LearnerReady(self.rank, os.getpid(), self.engine.zero_optimization_stage(), cores)
 
     # -------------------------------------------------------------- one training step
 
@@ -351,9 +363,10 @@ class LearnerActor:
         self._transport_group = self._transport.trainer_init(host, port, world_size, timeout_s)
         return world_size
 
-    def send_weights(self, metadata: WeightMetadata, bucket_bytes: int) -> WeightsSent:
+    def send_weights(self, metadata: WeightMetadata, bucket_bytes: int, version: int, timeout_s: float) -> WeightsSent:
         """Every rank: walk the parameters (under ZeRO-3 gathered whole or one at a time, see
-        --gather_whole_model); rank 0 broadcasts them bucket by bucket."""
+        --gather_whole_model); rank 0 broadcasts them bucket by bucket. Raises `WeightSyncError` when that
+        takes longer than `timeout_s` (see `SendWatchdog`), and at once on every call after that."""
         import deepspeed
         import torch
 
@@ -371,13 +384,17 @@ class LearnerActor:
                     with deepspeed.zero.GatheredParameters([param], enabled=zero3 and not whole):
                         yield name, param.detach().to(getattr(torch, dtype_name))
 
-        if self.rank != 0:
-            for _ in gathered():
-                pass
-            return WeightsSent(self.rank, 0, time.monotonic() - started)
-        sent = self._transport.trainer_send_stream(
-            self._transport_group, gathered(), metadata.dtype_names, metadata.shapes, bucket_bytes
-        )
+        def send() -> int:
+            if self.rank != 0:
+                for _ in gathered():
+                    pass
+                return 0
+            return self._transport.trainer_send_stream(
+                self._transport_group, gathered(), metadata.dtype_names, metadata.shapes, bucket_bytes
+            )
+
+        what = f"weight sync step 'send' of version {version} on learner {self.rank}"
+        sent = self.send_watchdog.run(send, timeout_s=timeout_s, what=what)
         return WeightsSent(self.rank, sent, time.monotonic() - started)
 
     def full_state_dict(self) -> dict:
@@ -408,8 +425,16 @@ class LearnerActor:
 
         import numpy as np
         import torch
+        from deepspeed.checkpoint.constants import (
+            UNIVERSAL_CHECKPOINT_INFO,
+            UNIVERSAL_CHECKPOINT_VERSION_KEY,
+            UNIVERSAL_CHECKPOINT_VERSION_VALUE,
+        )
 
-        self.engine.save_checkpoint(directory, tag="learner", client_state={"version": self.version})
+        # ds_to_universal refuses a checkpoint without this entry; no tensor parallelism, so nothing else.
+        universal = {UNIVERSAL_CHECKPOINT_VERSION_KEY: UNIVERSAL_CHECKPOINT_VERSION_VALUE}
+        client_state = {"version": self.version, UNIVERSAL_CHECKPOINT_INFO: universal}
+        self.engine.save_checkpoint(directory, tag="learner", client_state=client_state)
         rng = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
         if on_gpu():
             rng["cuda"] = torch.cuda.get_rng_state()
@@ -418,21 +443,31 @@ class LearnerActor:
             torch.save(self.reference_state_dict(), Path(directory) / "reference.pt")  # it moved: keep it
 
     def load_state(self, directory: str) -> int:
-        """Restore what `save_state` wrote; returns the restored policy version."""
+        """Restore what `save_state` wrote; returns the restored policy version. With --deepspeed_checkpoint_
+        load_universal from its universal copy (rank 0 builds it once), so the state may come from a run with
+        a different number of ranks; a rank that had no counterpart there keeps its seeded RNG."""
         import random
 
         import numpy as np
         import torch
 
-        _, client_state = self.engine.load_checkpoint(directory, tag="learner")
+        tag = "learner"
+        if self.settings.load_universal:
+            if self.rank == 0:
+                make_universal(directory, tag)
+            torch.distributed.barrier()
+            tag = "learner" + UNIVERSAL_SUFFIX
+        _, client_state = self.engine.load_checkpoint(directory, tag=tag)
         if client_state is None:
             raise FileNotFoundError(f"no learner checkpoint under {directory}")
-        rng = torch.load(Path(directory) / f"rng_rank{self.rank}.pt", weights_only=False)
-        random.setstate(rng["python"])
-        np.random.set_state(rng["numpy"])
-        torch.set_rng_state(rng["torch"])
-        if on_gpu() and "cuda" in rng:
-            torch.cuda.set_rng_state(rng["cuda"])
+        rng_file = Path(directory) / f"rng_rank{self.rank}.pt"
+        if rng_file.exists() or not self.settings.load_universal:
+            rng = torch.load(rng_file, weights_only=False)
+            random.setstate(rng["python"])
+            np.random.set_state(rng["numpy"])
+            torch.set_rng_state(rng["torch"])
+            if on_gpu() and "cuda" in rng:
+                torch.cuda.set_rng_state(rng["cuda"])
         self.version = int(client_state["version"])
         reference = Path(directory) / "reference.pt"
         if self.reference is not None and reference.exists():

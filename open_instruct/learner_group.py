@@ -76,9 +76,15 @@ class LearnerGroup:
         """Rank 0 opens the trainer end of the engines' transfer group; returns its ref (it blocks on the engines)."""
         return self.actors[0].open_weight_transport.remote(backend, host, port, world_size, timeout_s)
 
-    def start_send_weights(self, metadata: WeightMetadata, bucket_bytes: int) -> dict[str, object]:
-        """Every rank walks its parameters (ZeRO-3 gathers), rank 0 broadcasts; refs by actor name."""
-        return {f"learner {r}": a.send_weights.remote(metadata, bucket_bytes) for r, a in enumerate(self.actors)}
+    def start_send_weights(
+        self, metadata: WeightMetadata, bucket_bytes: int, version: int, timeout_s: float
+    ) -> dict[str, object]:
+        """Every rank walks its parameters (ZeRO-3 gathers), rank 0 broadcasts, each within `timeout_s`;
+        refs by actor name."""
+        return {
+            f"learner {r}": a.send_weights.remote(metadata, bucket_bytes, version, timeout_s)
+            for r, a in enumerate(self.actors)
+        }
 
     # -- checkpoints (collectives: every rank at once)
 

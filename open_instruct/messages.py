@@ -297,6 +297,7 @@ class LearnerReady:
     rank: int
     pid: int
     zero_stage: int
+    cores: tuple[int, ...] = ()  # the CPU cores this rank may run on (its share of a node it shares)
 
 
 @dataclass(frozen=True, slots=True, eq=False)

@@ -10,7 +10,9 @@ in each request's weight-version spans. `inflight=False` is the conservative bas
 running requests first finish with the old weights ("wait"), then the update happens.
 
 Every step has a timeout; a failure names the step and the engine or learner, and `resume`
-is always attempted, so no engine is left paused. Tensors travel through the transfer
+is always attempted, so no engine is left paused. The parties bound their own part too: a
+learner's send by the same timeout (`SendWatchdog`), and an engine whose update failed keeps
+its previous weights (`weight_reload`) and serves on. Tensors travel through the transfer
 group (`weight_transfer_gloo` on CPU, `weight_transfer_nccl` on GPU: the same five calls),
 metadata through Ray. `WeightSync` is a driver-side handle like `EnginePool` and
 `LearnerGroup`: it starts their calls and waits on both sides at once.
@@ -19,9 +21,12 @@ metadata through Ray. `WeightSync` is a driver-side handle like `EnginePool` and
 from __future__ import annotations
 
 import dataclasses
+import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from types import ModuleType
+from typing import TypeVar
 
 from open_instruct.messages import EnginePaused, WeightMetadata, WeightsReceived, WeightsSent
 
@@ -41,6 +46,49 @@ def transport(backend: str) -> ModuleType:
 
 class WeightSyncError(RuntimeError):
     """A weight sync step failed or timed out; says which step and which actors."""
+
+
+# The driver waits this much longer than each party's own timeout, so that the party's error (which names
+# the cause) arrives before the driver's own "timed out waiting for ..." does.
+REPORT_GRACE_S = 30.0
+T = TypeVar("T")
+
+
+class SendWatchdog:
+    """Bounds a learner's send by the sync timeout, and fails every later send at once after a trip.
+
+    vLLM's NCCL broadcast has no timeout: with an engine gone or stuck, the learner would block in it
+    forever, and with it every later call on the learner actor. The send runs in a daemon thread that
+    is abandoned when it overruns. A collective cannot be cancelled (vLLM does not abort the NCCL
+    communicator), so that thread stays blocked and the group stays unusable: hence `broken`.
+    """
+
+    def __init__(self) -> None:
+        self.broken: str | None = None
+
+    def run(self, send: Callable[[], T], *, timeout_s: float, what: str) -> T:
+        if self.broken is not None:
+            raise WeightSyncError(self.broken)
+        outcome: dict = {}
+
+        def target() -> None:
+            try:
+                outcome["value"] = send()
+            except BaseException as error:
+                outcome["error"] = error
+
+        thread = threading.Thread(target=target, name="weight-send", daemon=True)
+        thread.start()
+        thread.join(timeout_s)
+        if thread.is_alive():
+            self.broken = (
+                f"{what} did not finish within {timeout_s:.0f}s and is still blocked in a collective (a peer is "
+                "gone or stuck); collectives cannot be cancelled, so no weights can be sent from here: restart the run"
+            )
+            raise WeightSyncError(self.broken)
+        if "error" in outcome:
+            raise outcome["error"]
+        return outcome["value"]
 
 
 @dataclass(frozen=True)
@@ -114,8 +162,8 @@ class WeightSync:
                 list(md.names), list(md.dtype_names), [list(x) for x in md.shapes], s.bucket_bytes
             )
             refs = self.engines.start_receive_weights(info, version, s.timeout_s)
-            refs.update(self.learners.start_send_weights(md, s.bucket_bytes))
-            reports = self._get("transfer", refs)
+            refs.update(self.learners.start_send_weights(md, s.bucket_bytes, version, s.timeout_s))
+            reports = self._get("transfer", refs, timeout_s=s.timeout_s + REPORT_GRACE_S)
             transferred_at = time.monotonic()
         finally:
             # After a failed transfer an engine may still sit in the group's collective until the

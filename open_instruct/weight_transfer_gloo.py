@@ -50,6 +50,8 @@ from vllm.distributed.weight_transfer.base import (
 )
 from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
 
+from open_instruct.weight_reload import RestoringReload
+
 logger = logging.getLogger(__name__)
 
 BACKEND = "gloo"
@@ -120,8 +122,11 @@ class GlooWeightTransferUpdateInfo(WeightTransferUpdateInfo):
             )
 
 
-class GlooWeightTransferEngine(WeightTransferEngine[GlooWeightTransferInitInfo, GlooWeightTransferUpdateInfo]):
-    """Receives checkpoint-format (HF-named) weights over gloo; loads via layerwise reload."""
+class GlooWeightTransferEngine(
+    RestoringReload, WeightTransferEngine[GlooWeightTransferInitInfo, GlooWeightTransferUpdateInfo]
+):
+    """Receives checkpoint-format (HF-named) weights over gloo; loads via layerwise reload (`RestoringReload`:
+    a failed update keeps the previous weights, tied heads are re-processed)."""
 
     init_info_cls = GlooWeightTransferInitInfo
     update_info_cls = GlooWeightTransferUpdateInfo
@@ -129,9 +134,6 @@ class GlooWeightTransferEngine(WeightTransferEngine[GlooWeightTransferInitInfo, 
     def __init__(self, config, vllm_config, device, model) -> None:
         super().__init__(config, vllm_config, device, model)
         self.group = None
-        # Every update would warn that layers without checkpoint weights (rotary embedding, the
-        # tied lm_head) "failed to load": expected here, and handled in finish_weight_update.
-        logging.getLogger("vllm.model_executor.model_loader.reload.layerwise").setLevel(logging.ERROR)
 
     def init_transfer_engine(self, init_info: GlooWeightTransferInitInfo) -> None:
         from vllm.distributed.utils import stateless_init_torch_distributed_process_group
@@ -154,28 +156,9 @@ class GlooWeightTransferEngine(WeightTransferEngine[GlooWeightTransferInitInfo, 
             timeout=timedelta(seconds=init_info.timeout_s),
         )
 
-    def start_weight_update(self) -> None:
-        from vllm.model_executor.model_loader.reload import initialize_layerwise_reload
-
-        initialize_layerwise_reload(self.model)
-
-    def finish_weight_update(self) -> None:
-        from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
-
-        stale = _tied_modules_without_weights(self.model)
-        finalize_layerwise_reload(self.model, self.model_config)
-        _reprocess_tied_modules(stale)
-
-    def update_weights(self, update_info: dict[str, Any]) -> None:
-        # The base class calls torch.accelerator.synchronize(); gloo is synchronous on CPU.
-        try:
-            self.receive_weights(self.parse_update_info(update_info))
-        except BaseException:
-            # vLLM ends the update session when this raises, without finalizing the reload: the
-            # model would stay on the meta device. Finalizing restores every layer that did not
-            # receive its weights, so the engine can keep serving (with the old weights).
-            self.finish_weight_update()
-            raise
+    def apply_update(self, update_info: dict[str, Any]) -> None:
+        # Not the base class's: it ends with torch.accelerator.synchronize(), and gloo is synchronous on CPU.
+        self.receive_weights(self.parse_update_info(update_info))
 
     def receive_weights(self, update_info: GlooWeightTransferUpdateInfo) -> None:
         if self.group is None:
@@ -201,39 +184,6 @@ class GlooWeightTransferEngine(WeightTransferEngine[GlooWeightTransferInitInfo, 
                 stateless_destroy_torch_distributed_process_group(self.group)
             finally:
                 self.group = None
-
-
-def _tied_modules_without_weights(model: torch.nn.Module) -> list[torch.nn.Module]:
-    """Modules that received no weights in this reload but whose weight is tied to another module.
-
-    The tied `lm_head` (ParallelLMHead with tie_word_embeddings) gets no checkpoint weight:
-    Qwen2/Llama `load_weights` skip `lm_head.*` when tied. Layerwise reload then "restores" it
-    ("ParallelLMHead: Failed to load weights") — its weight Parameter is shared with
-    `embed_tokens`, so the values are new, but on CPU `process_weights_after_loading` had built
-    a packed GEMM (`layer.cpu_linear`, oneDNN/sgl) from the OLD values and it is not rebuilt,
-    so logits keep using the old head. Must be called before `finalize_layerwise_reload`
-    (which resets the per-layer load counters).
-    """
-    from vllm.model_executor.model_loader.reload.layerwise import LAYERWISE_INFO
-
-    out = []
-    for module in model.modules():
-        info = LAYERWISE_INFO.get(module)
-        if info is None or getattr(module, "quant_method", None) is None:
-            continue
-        if not hasattr(module, "weight") or getattr(module, "tie_weights", None) is None:
-            continue
-        if (info.load_numel or 0) <= 0:
-            out.append(module)
-    return out
-
-
-def _reprocess_tied_modules(modules: list[torch.nn.Module]) -> None:
-    for module in modules:
-        weight = getattr(module, "weight", None)
-        if weight is None or weight.is_meta or weight.numel() == 0:
-            continue
-        module.quant_method.process_weights_after_loading(module)
 
 
 def register() -> None:

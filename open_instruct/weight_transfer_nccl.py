@@ -1,18 +1,56 @@
 """GPU `nccl` transport for the weight sync: the same five calls as `weight_transfer_gloo`.
 
-The engine side is vLLM's own `nccl` weight-transfer engine; this module only builds its
-init/update payloads and drives the trainer end (rank 0 of the transfer group). Tensors go
-one by one (vLLM's unpacked mode), in metadata order, straight from GPU memory.
+The engine side is vLLM's `nccl` weight-transfer engine, extended by `RestoringNCCLWeightTransferEngine`
+(registered as "nccl_restoring"): after a failed update it restores the previous weights and re-processes
+the tied head like our gloo engine (`weight_reload`). This module builds the init/update payloads and
+drives the trainer end (rank 0 of the transfer group). Tensors go one by one (vLLM's unpacked mode), in
+metadata order, straight from GPU memory.
 
-Not exercised on the CPU machines the test suite runs on (no CUDA there); the call sequence
-around it (`weight_sync.WeightSync`) is shared with the tested gloo backend.
+The transfer itself is not exercised on the CPU machines the test suite runs on (no CUDA there); the call
+sequence around it (`weight_sync.WeightSync`) is shared with the tested gloo backend, and the engine's
+failure path runs on CPU in the tests.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 
-BACKEND = "nccl"
+from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
+from vllm.distributed.weight_transfer.nccl_engine import NCCLWeightTransferEngine
+
+from open_instruct.weight_reload import RestoringReload
+
+BACKEND = "nccl"  # the transport's name (SyncSettings.backend, --vllm_sync_backend)
+ENGINE_BACKEND = "nccl_restoring"  # the engine's name in vLLM's WeightTransferEngineFactory
+WORKER_EXTENSION = f"{__name__}.RestoringNCCLWorkerExtension"
+
+
+# ----------------------------------------------------------------------------- worker side
+
+
+class RestoringNCCLWeightTransferEngine(RestoringReload, NCCLWeightTransferEngine):
+    """vLLM's NCCL engine; a failed update leaves the previous weights in place instead of meta tensors."""
+
+
+def register() -> None:
+    """Register the engine (idempotent). Its own name, not "nccl": an engine built in a worker that never
+    imported this module fails loudly instead of silently getting vLLM's non-restoring one."""
+    if ENGINE_BACKEND not in WeightTransferEngineFactory._registry:
+        WeightTransferEngineFactory.register_engine(ENGINE_BACKEND, RestoringNCCLWeightTransferEngine)
+
+
+register()
+
+
+class RestoringNCCLWorkerExtension:
+    """`worker_extension_cls=WORKER_EXTENSION` makes vLLM import this module in the worker process (before it
+    builds the transfer engine), which registers the engine there."""
+
+    def nccl_restoring_registered(self) -> bool:
+        return isinstance(getattr(self, "weight_transfer_engine", None), RestoringNCCLWeightTransferEngine)
+
+
+# ----------------------------------------------------------------------------- trainer side
 
 
 def worker_init_info(host: str, port: int, world_size: int, timeout_s: float, rank_offset: int = 1) -> dict:

@@ -20,7 +20,7 @@ if [[ "${QUICK:-0}" == "1" ]]; then
   e2e=(--steps 2 --prompts 4 --samples 2 --median_tokens 12 --max_tokens 48 --tool_median_tokens 8
        --tool_latency_s 0.2 --calibrate 1 4)
   simulator=(--seed_steps 2 --async_sweep 1,2)
-  learner_step=(--size embedded --prompts 2 --samples 2 --pack_length 256 --steps 1 --parts micro_batches)
+  learner_step=(--size embedded --prompts 2 --samples 2 --pack_length 256 --steps 1 --parts seed micro_batches)
 else
   weight_sync=() replay=() e2e=(--steps 24) simulator=() learner_step=()
 fi

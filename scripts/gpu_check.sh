@@ -1,16 +1,22 @@
 #!/usr/bin/env bash
 # GPU check: short real runs of the whole stack on this machine's GPU(s), each part printed PASS or FAIL
 # with what it measured (the in-flight weight-sync pause and the learner step time). Under 8 minutes.
-# Hardware: 1+ NVIDIA GPUs; with one GPU the engine and the learner share it (half the memory each).
+# Hardware: 1+ NVIDIA GPUs. With one GPU only the parts that share it (--single_gpu_mode) run; the others
+# say SKIP and how many GPUs they need.
 # Needs the GPU stack (`pip install -e ".[gpu,dev]"`: vllm 0.33 with its CUDA torch, ray, deepspeed) and
 # nothing from the network: it trains the embedded tiny model on the embedded dataset, in bf16.
 # Usage: bash scripts/gpu_check.sh        (OUT=dir keeps the runs' outputs; default: a temp dir)
 # Parts:
 #   env          CUDA visible to torch; vllm, ray, deepspeed import; the versions
 #   optimizer    torch's fused AdamW steps on the GPU (--fused_optimizer; no DeepSpeed JIT build)
-#   train_nccl   3 training steps: 1 vLLM engine, 1 DeepSpeed learner (ZeRO-2), NCCL in-flight sync, bf16
-#   train_gloo   the same with --vllm_sync_backend gloo
-#   two_learners 2 learner ranks (ZeRO-3) when the machine has >= 3 GPUs, else SKIP
+#   single_gpu   3 training steps with --single_gpu_mode on GPU 0: engine and learner share it (gloo transport,
+#                the engine profiles its memory before the learner starts)
+#   train_nccl   3 training steps: 1 vLLM engine, 1 DeepSpeed learner (ZeRO-2), NCCL in-flight sync, bf16 (2+ GPUs)
+#   train_gloo   the same with --vllm_sync_backend gloo (2+ GPUs)
+#   transfer_failure  one forced failed weight push (scripts/transfer_failure_check.py): the error names its
+#                step, the engine keeps serving its previous weights, the next push loads; over NCCL with
+#                2+ GPUs, else on the shared GPU
+#   two_learners 2 learner ranks (ZeRO-3) in one STRICT_PACK placement group (3+ GPUs)
 set -euo pipefail  # each part runs under `if`, so a failing part is reported, not fatal
 
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -81,16 +87,40 @@ PY
   fi
 }
 
+part_transfer_failure() {  # extra flags...
+  local log="$out/transfer_failure.log"
+  if timeout 200 "$python_bin" scripts/transfer_failure_check.py --dtype bfloat16 --vllm_num_engines 1 \
+      --num_learners_per_node 1 --vllm_gpu_memory_utilization 0.3 "$@" >"$log" 2>&1; then
+    report transfer_failure PASS "$(grep -c '^PASS' "$log") checks passed ($*)"
+  else
+    report transfer_failure FAIL "exit $? (log: $log): $(grep -E '^(FAIL|PASS)' "$log" | grep -m1 '^FAIL' || tail -1 "$log")"
+  fi
+}
+
+needs() {  # part, GPUs it needs: true when this machine has them, else reports SKIP
+  if (( gpus >= $2 )); then return 0; fi
+  report "$1" SKIP "needs $2 GPUs; this machine has $gpus"
+  return 1
+}
+
 echo "gpu_check: outputs in $out"
+gpus="$("$python_bin" -c 'import torch; print(torch.cuda.device_count())' 2>/dev/null || echo 0)"
 part_env
 part_optimizer
-train train_nccl 150 --vllm_sync_backend nccl --num_learners_per_node 1 --deepspeed_stage 2
-train train_gloo 150 --vllm_sync_backend gloo --num_learners_per_node 1 --deepspeed_stage 2
-gpus="$("$python_bin" -c 'import torch; print(torch.cuda.device_count())' 2>/dev/null || echo 0)"
-if (( gpus >= 3 )); then
-  train two_learners 150 --vllm_sync_backend nccl --num_learners_per_node 2 --deepspeed_stage 3
+CUDA_VISIBLE_DEVICES=0 train single_gpu 150 --single_gpu_mode --num_learners_per_node 1 --deepspeed_stage 2
+if needs train_nccl 2; then
+  train train_nccl 150 --vllm_sync_backend nccl --num_learners_per_node 1 --deepspeed_stage 2
+fi
+if needs train_gloo 2; then
+  train train_gloo 150 --vllm_sync_backend gloo --num_learners_per_node 1 --deepspeed_stage 2
+fi
+if (( gpus >= 2 )); then
+  part_transfer_failure --vllm_sync_backend nccl
 else
-  report two_learners SKIP "needs 3 GPUs (1 engine + 2 learners); this machine has $gpus"
+  CUDA_VISIBLE_DEVICES=0 part_transfer_failure --single_gpu_mode
+fi
+if needs two_learners 3; then
+  train two_learners 150 --vllm_sync_backend nccl --num_learners_per_node 2 --deepspeed_stage 3
 fi
 echo "gpu_check: $failures part(s) failed"
 exit $(( failures > 0 ))

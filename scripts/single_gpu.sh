@@ -2,8 +2,8 @@
 # A small real async GRPO run on one machine: a 0.5B hub model on a gsm8k-style mix (rows with `messages`,
 # `ground_truth` and `dataset` = gsm8k, scored by the gsm8k verifier), 1 vLLM engine + 1 DeepSpeed learner.
 # What: python open_instruct/grpo_fast.py ... directly (no mason.py, no Beaker, a private local Ray cluster).
-# Hardware: one machine with 1 NVIDIA GPU (24 GB or more; engine and learner share it, hence
-# --vllm_gpu_memory_utilization 0.4). Needs the GPU stack (`pip install -e ".[gpu,dev]"`, not
+# Hardware: one machine with 1 NVIDIA GPU (24 GB or more; engine and learner share it: --single_gpu_mode,
+# and --vllm_gpu_memory_utilization 0.4 leaves the learner the rest). Needs the GPU stack (`pip install -e ".[gpu,dev]"`, not
 # scripts/setup_env.sh, which builds the CPU stack) and network access to the HF hub.
 # Usage: bash scripts/single_gpu.sh [extra grpo_fast.py flags, which override the ones below...]
 # Environment (all optional):
@@ -42,6 +42,7 @@ exec "$python_bin" open_instruct/grpo_fast.py \
   --vllm_num_engines 1 \
   --vllm_tensor_parallel_size 1 \
   --vllm_gpu_memory_utilization 0.4 \
+  --single_gpu_mode \
   --num_learners_per_node 1 \
   --deepspeed_stage 2 \
   --per_device_train_batch_size 1 \

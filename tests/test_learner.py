@@ -201,3 +201,64 @@ def test_offloaded_unfused_zero3_learners_take_the_same_step(model_path, groups)
     )  # fmt: skip
     assert max((default[n] - offloaded[n]).abs().max().item() for n in default) < 1e-5
     assert max((offloaded[n] - before[n]).abs().max().item() for n in before) > 1e-4
+
+
+def start_group(model_path, tokenizer, world_size: int, stage: int, **learner_options):
+    from open_instruct import cluster
+    from open_instruct.learner import LearnerSettings
+    from open_instruct.learner_group import LearnerGroup
+
+    settings = LearnerSettings(
+        model_path=model_path, deepspeed_stage=stage, learning_rate=1e-3, lr_scheduler_type="constant",
+        micro_batch_size=1, total_steps=4, importance_ratio_cap=0.0, **learner_options,
+    )  # fmt: skip
+    batch_settings = BatchSettings(
+        pack_length=128, pad_token_id=tokenizer.pad_token_id, world_size=world_size, micro_batch_size=1
+    )
+    learners = LearnerGroup(cluster.create_learner_actors(settings, [world_size]), batch_settings)
+    learners.setup()
+    return learners
+
+
+def test_a_universal_checkpoint_resumes_two_ranks_state_on_one_rank(model_path, groups, tmp_path):
+    """--deepspeed_checkpoint_load_universal: the state of 2 ZeRO-2 ranks, converted once by ds_to_universal,
+    loads into 1 rank. The next step then matches the uninterrupted 2-rank run, so the Adam moments came
+    back too (a fresh optimizer would take a step of a different size)."""
+    import ray
+
+    from open_instruct import cluster
+
+    taken, tokenizer = groups
+    cluster.init_ray(min_logical_cpus=3)
+    try:
+        two = start_group(model_path, tokenizer, 2, stage=2)
+        two.train_step(taken, 0)
+        two.save_state(str(tmp_path))
+        saved = two.full_state_dict()
+        two.train_step(taken, 1)
+        uninterrupted = two.full_state_dict()
+        two.kill()
+
+        one = start_group(model_path, tokenizer, 1, stage=2, load_universal=True)
+        assert one.load_state(str(tmp_path)) == 1
+        assert (tmp_path / "learner_universal").is_dir() and not (tmp_path / "learner_universal.partial").exists()
+        restored = one.full_state_dict()
+        assert max((restored[n] - saved[n]).abs().max().item() for n in saved) == 0.0
+        one.train_step(taken, 1)
+        resumed = one.full_state_dict()
+        one.kill()
+    finally:
+        ray.shutdown()
+    step = max((uninterrupted[n] - saved[n]).abs().max().item() for n in saved)
+    assert step > 1e-4
+    assert max((resumed[n] - uninterrupted[n]).abs().max().item() for n in saved) < 1e-3 * step
+
+
+def test_a_conversion_failure_names_the_checkpoint_in_one_line(tmp_path):
+    from open_instruct.deepspeed_setup import make_universal
+
+    (tmp_path / "learner").mkdir()
+    with pytest.raises(RuntimeError, match=r"ds_to_universal could not convert .*learner: ") as error:
+        make_universal(str(tmp_path), "learner")
+    assert "\n" not in str(error.value)
+    assert not list(tmp_path.glob("learner_universal*"))

@@ -97,7 +97,6 @@ def test_pi_old_comes_from_the_training_forward_only_with_one_mini_batch(mini_ba
 def test_resource_flags_shape_the_deepspeed_config_and_the_engines(model_path):
     from open_instruct.config import ConfigError, parse_config
     from open_instruct.deepspeed_setup import deepspeed_config
-    from open_instruct.engine_setup import EngineSettings, transfer_backend
 
     zero = deepspeed_config(
         stage=3, micro_batch_size=1, world_size=16, offload_param=True, offload_optimizer=True, hpz_partition_size=8
@@ -115,10 +114,6 @@ def test_resource_flags_shape_the_deepspeed_config_and_the_engines(model_path):
     learner = LearnerSettings.from_config(cfg, model_path)
     assert (learner.offload_param, learner.fused_optimizer, learner.backend_timeout_minutes) == (True, False, 7)
     assert (learner.gather_whole_model, learner.hpz_partition_size) == (False, 4)
-    gloo = EngineSettings.from_config(parse_config(["--vllm_sync_backend", "gloo"]), model_path)
-    assert transfer_backend(gloo) == "gloo"
-    # nccl (open-instruct's default) where there is no CUDA is our gloo transport.
-    assert transfer_backend(EngineSettings.from_config(parse_config([]), model_path)) == "gloo"
     for argv, flag in (
         (["--deepspeed_offload_param"], "--deepspeed_offload_param needs --deepspeed_stage 3"),
         (["--vllm_sync_backend", "mpi"], "--vllm_sync_backend mpi"),
@@ -126,3 +121,16 @@ def test_resource_flags_shape_the_deepspeed_config_and_the_engines(model_path):
     ):
         with pytest.raises(ConfigError, match=flag):
             parse_config(argv)
+
+
+def test_the_token_budget_defaults_to_the_pack_length_for_one_row_micro_batches():
+    from open_instruct.batching import BatchSettings
+    from open_instruct.config import parse_config
+
+    def budget(*argv: str) -> int:
+        return BatchSettings.from_config(parse_config(["--pack_length", "512", *argv]), 0).token_budget
+
+    assert budget() == 512  # one row per micro-batch either way; this one is not padded to --pack_length
+    assert budget("--per_device_train_batch_size", "2") == 0  # several rows per micro-batch: fixed rows
+    assert budget("--micro_batch_token_budget", "0") == 0
+    assert budget("--micro_batch_token_budget", "2048") == 2048

@@ -225,6 +225,7 @@ def test_single_gpu_runs_grpo_fast_with_one_engine_and_one_learner(tmp_path):
     assert argv[-2:] == ["--seed", "3"]
     cfg = parse_config(argv)
     assert cfg.generation.vllm_num_engines == 1 and cfg.learner.num_learners_per_node == [1]
+    assert cfg.resources.single_gpu_mode  # one GPU for both: shared placement, gloo transport
     assert cfg.generation.response_length == 1024
     assert not cfg.uses_embedded_default
 
@@ -337,5 +338,5 @@ def test_gpu_check_trains_with_flags_grpo_fast_accepts():
     """scripts/gpu_check.sh needs a GPU to run; here its training command is checked against our parser."""
     known = {opt for action in build_parser()._actions for opt in action.option_strings}
     flags = grpo_fast_flags(REPO / "scripts" / "gpu_check.sh")
-    assert {"--dtype", "--vllm_sync_backend", "--inflight_updates"} <= set(flags)
+    assert {"--dtype", "--vllm_sync_backend", "--inflight_updates", "--single_gpu_mode"} <= set(flags)
     assert not sorted(set(flags) - known)

@@ -9,6 +9,11 @@ Three parts, each on the same heavy-tailed batch (lognormal response lengths, a 
 * `micro_batches`: fixed rows (--per_device_train_batch_size 1 of --pack_length) against token-budget
   micro-batches (--micro_batch_token_budget = pack length): padding fraction and rank imbalance at 2
   and 8 ranks, and the measured 2-rank step time of each.
+* `seed`: the whole change at the seed's settings (ZeRO-2, one mini-batch, one epoch, one row per
+  micro-batch, gradient checkpointing), 2 ranks: open-instruct's step (a separate no-grad pass for pi_old,
+  rows padded to --pack_length) against ours by default (pi_old from the training forward, the token budget
+  that --per_device_train_batch_size 1 now defaults to). `new_over_old` is the simulator's
+  LEARNER_STEP_RATIO.
 * `checkpointing`: --gradient_checkpointing on and off on ZeRO-2 and ZeRO-3: each rank's peak memory
   (process peak RSS on CPU) and the step time.
 * `--calibrate`: forward + backward seconds of rows of several lengths and document mixes on one
@@ -138,6 +143,21 @@ def micro_batches(model_path, groups, batch_settings, steps: int) -> dict:
     }
 
 
+def seed(model_path, groups, batch_settings, steps: int) -> dict:
+    old = train_steps(model_path, groups, batch_settings, steps, stage=2, separate_old_logprob_pass=True)
+    budget = replace(batch_settings, token_budget=batch_settings.pack_length)
+    new = train_steps(model_path, groups, budget, steps, stage=2)
+    return {
+        "old": _summary(old),
+        "new": _summary(new),
+        "new_over_old": _summary(new)["step_s"] / _summary(old)["step_s"],
+        # The same update (tests/test_learner_speed.py checks it); the logged loss is a mean of rank means,
+        # and the two layouts give the ranks different documents, so it differs a little.
+        "rank_mean_losses_old": [h["loss/policy_avg"] for h in old],
+        "rank_mean_losses_new": [h["loss/policy_avg"] for h in new],
+    }
+
+
 def checkpointing(model_path, groups, batch_settings, steps: int) -> dict:
     """--gradient_checkpointing on and off, ZeRO-2 and ZeRO-3: each rank's peak memory and the step time."""
     out = {}
@@ -186,7 +206,10 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--calibrate", action="store_true", help="Only fit the row cost model.")
     parser.add_argument(
-        "--parts", nargs="+", default=["old_logprobs", "micro_batches", "checkpointing"], help="Which parts to run."
+        "--parts",
+        nargs="+",
+        default=["seed", "old_logprobs", "micro_batches", "checkpointing"],
+        help="Which parts to run.",
     )
     parser.add_argument("--output", default="")
     args = parser.parse_args(argv)
@@ -207,7 +230,12 @@ def main(argv: list[str] | None = None) -> dict:
                     len(c.prompt_token_ids) + len(c.response_token_ids) for g in groups for c in g.completions
                 ),
             }
-            parts = {"old_logprobs": old_logprobs, "micro_batches": micro_batches, "checkpointing": checkpointing}
+            parts = {
+                "seed": seed,
+                "old_logprobs": old_logprobs,
+                "micro_batches": micro_batches,
+                "checkpointing": checkpointing,
+            }
             for name in args.parts:
                 result[name] = parts[name](model_path, groups, settings, args.steps)
     print(json.dumps(result, indent=1))

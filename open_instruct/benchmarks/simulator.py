@@ -114,12 +114,14 @@ SEED_CLUSTER_WORKLOAD = Workload(
 # * learner: 6 x 7e9 FLOPs per trained token at 40% of 989 TFLOP/s bf16 -> 1.06e-4 s per token per
 #   rank; 1 s per step for the optimizer and ZeRO collectives.
 # * weight sync: 1.5 s to broadcast 15 GB of bf16 weights over NCCL and reload them.
-# * the learner figures above are for a step with a separate no-grad pass for pi_old; with one mini-batch
-#   that pass is gone. The one measured change, not an assumption: the learner cost is scaled by
-#   LEARNER_STEP_RATIO, new / old learner step time at the seed's settings (ZeRO-2, one mini-batch,
-#   gradient checkpointing), measured by `python -m open_instruct.benchmarks.learner_step` on the 2-core
-#   CPU machine (a random 512x4 Qwen2, 2 ranks, 64 heavy-tailed samples: 13.15 s vs 15.96 s).
-LEARNER_STEP_RATIO = 0.824
+# * the learner figures above are for open-instruct's step: a separate no-grad pass for pi_old and rows
+#   padded to --pack_length. The one measured change, not an assumption: the learner cost is scaled by
+#   LEARNER_STEP_RATIO, new / old learner step time at the seed's settings (ZeRO-2, one mini-batch, one row
+#   per micro-batch, gradient checkpointing; new = pi_old from the training forward and the token budget
+#   that setting now defaults to), measured side by side by `python -m open_instruct.benchmarks.learner_step
+#   --parts seed` on the 2-core CPU machine (a random 512x4 Qwen2, 2 ranks, 64 heavy-tailed samples:
+#   14.07 s vs 18.73 s per step).
+LEARNER_STEP_RATIO = 0.751
 GPU_H100_COST = CostModel(
     decode_base_s=0.012,
     decode_per_seq_s=0.00012,
@@ -634,7 +636,7 @@ def parse_args(argv: list[str] | None):
     parser.add_argument("--async_steps", type=int, default=1, help="streaming's async_steps on the measured setup")
     parser.add_argument(
         "--async_sweep",
-        default="1,2,3,4",
+        default="1,2,3,4,5,6,8",
         help="comma-separated async_steps of streaming projected at the seed's shape",
     )
     args = parser.parse_args(argv)

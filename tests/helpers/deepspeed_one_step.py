@@ -1,6 +1,7 @@
 """Runs in its own process (DeepSpeed's process group is per process): one ZeRO step on the tiny model.
 
-Prints one JSON line: the loss before and after, and how far the parameters moved.
+Prints one JSON line: the loss before and after, how far the parameters moved, and DeepSpeed's optimizer
+wrapper. Arguments: stage, model path, port, and optionally the model dtype (bfloat16 runs DeepSpeed's bf16).
 """
 
 import json
@@ -9,18 +10,18 @@ import sys
 import torch
 
 
-def main(stage: int, model_path: str, port: int) -> None:
+def main(stage: int, model_path: str, port: int, dtype: str = "float32") -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from open_instruct import deepspeed_setup
 
     deepspeed_setup.init_distributed(rank=0, world_size=1, master_port=port)
-    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=getattr(torch, dtype))
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
     optimizer = deepspeed_setup.make_optimizer(model, learning_rate=1e-3, weight_decay=0.0)
     engine = deepspeed_setup.initialize_engine(
-        model, optimizer, deepspeed_setup.deepspeed_config(stage=stage, micro_batch_size=2)
+        model, optimizer, deepspeed_setup.deepspeed_config(stage=stage, micro_batch_size=2, bf16=dtype == "bfloat16")
     )
     batch = tokenizer(
         ["12</think><answer>12</answer>", "7</think><answer>7</answer>"], return_tensors="pt", padding=True
@@ -33,8 +34,9 @@ def main(stage: int, model_path: str, port: int) -> None:
         engine.step()
         losses.append(loss.item())
     moved = max((p.detach() - before[n]).abs().max().item() for n, p in engine.module.named_parameters())
-    print(json.dumps({"losses": losses, "max_param_change": moved, "zero_stage": engine.zero_optimization_stage()}))
+    report = {"losses": losses, "max_param_change": moved, "zero_stage": engine.zero_optimization_stage()}
+    print(json.dumps(report | {"optimizer": type(engine.optimizer).__name__}))
 
 
 if __name__ == "__main__":
-    main(int(sys.argv[1]), sys.argv[2], int(sys.argv[3]))
+    main(int(sys.argv[1]), sys.argv[2], int(sys.argv[3]), *sys.argv[4:])

@@ -1,0 +1,118 @@
+"""Placement and the one transport decision, as pure functions over cluster shapes (no GPU needed)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from open_instruct.placement import (
+    ClusterShape,
+    PlacementError,
+    engine_bundles,
+    learner_bundles,
+    plan_placement,
+    rank_bundle,
+    split_cores,
+)
+
+CPU_BOX = ClusterShape(gpus_per_node=(0,), node_cores=(0, 1))
+ONE_GPU = ClusterShape(gpus_per_node=(1,), node_cores=tuple(range(16)))
+TWO_8GPU_NODES = ClusterShape(gpus_per_node=(8, 8), node_cores=tuple(range(128)))
+
+
+def test_cpu_cluster_uses_gloo_whatever_the_flag_says():
+    # open-instruct's default --vllm_sync_backend is nccl, so scripts pass it on every machine.
+    for backend in ("nccl", "gloo"):
+        placement = plan_placement(CPU_BOX, 2, 1, [2], sync_backend=backend)
+        assert placement.transport == "gloo"
+        assert (placement.gpus_per_engine, placement.gpus_per_learner) == (0, 0)
+        assert not placement.engine_placement_group and not placement.engines_start_first
+    assert learner_bundles(plan_placement(CPU_BOX, 2, 1, [2])) == [[{"CPU": 1}, {"CPU": 1}]]
+
+
+def test_single_gpu_mode_on_cpu_splits_one_nodes_cores():
+    placement = plan_placement(CPU_BOX, 1, 1, [1], single_gpu_mode=True)
+    assert placement.engines_in_learner_bundles
+    assert (placement.engine_cores, placement.learner_cores) == ((0,), (1,))
+    assert learner_bundles(placement) == [[{"CPU": 2}]]  # room for the learner and its engine
+    assert split_cores(tuple(range(16))) == (tuple(range(8)), tuple(range(8, 16)))
+    assert split_cores((9, 3, 5, 4, 7)) == ((3, 4, 5), (7, 9))  # real core ids; the engine gets the odd one
+    assert split_cores((6,)) == ((6,), (6,))
+
+
+def test_single_gpu_mode_on_a_gpu_shares_it_with_gloo_and_starts_engines_first():
+    placement = plan_placement(ONE_GPU, 1, 1, [1], single_gpu_mode=True, sync_backend="nccl")
+    # NCCL refuses two ranks on one GPU ("Duplicate GPU detected"): the shared device needs gloo.
+    assert placement.transport == "gloo"
+    assert (placement.gpus_per_engine, placement.gpus_per_learner) == (0.5, 0.5)
+    # vLLM aborts if another process frees GPU memory while it profiles.
+    assert placement.engines_start_first and placement.engines_in_learner_bundles
+    # Each learner reserves a whole GPU: two learners never share one, the engine joins its bundle.
+    assert learner_bundles(placement) == [[{"CPU": 2, "GPU": 1}]]
+    two = plan_placement(ClusterShape((2,)), 2, 1, [2], single_gpu_mode=True)
+    assert learner_bundles(two) == [[{"CPU": 2, "GPU": 1}, {"CPU": 2, "GPU": 1}]]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"num_engines": 1, "tensor_parallel_size": 2, "num_learners_per_node": [1]}, "tensor_parallel_size 1"),
+        ({"num_engines": 2, "tensor_parallel_size": 1, "num_learners_per_node": [1]}, "at most one engine"),
+    ],
+)
+def test_single_gpu_mode_refuses_what_cannot_share(kwargs, message):
+    for shape in (CPU_BOX, ONE_GPU):
+        with pytest.raises(PlacementError, match=message):
+            plan_placement(shape, single_gpu_mode=True, **kwargs)
+
+
+def test_too_few_gpus_names_the_fix_instead_of_splitting_gpus_silently():
+    with pytest.raises(PlacementError, match=r"needs 2 GPUs .* has 1.*--single_gpu_mode"):
+        plan_placement(ONE_GPU, 1, 1, [1])
+
+
+def test_multi_node_learners_pack_per_node_and_engines_get_their_own_group():
+    placement = plan_placement(TWO_8GPU_NODES, 4, 2, [4, 4], sync_backend="nccl")
+    assert placement.transport == "nccl"
+    assert placement.learner_groups == (4, 4)  # one STRICT_PACK group per node entry
+    assert learner_bundles(placement) == [[{"CPU": 1, "GPU": 1}] * 4] * 2
+    assert placement.engine_placement_group
+    assert engine_bundles(placement, 4) == [{"CPU": 1, "GPU": 2}] * 4  # a TP engine's GPUs on one node
+    assert [rank_bundle(placement.learner_groups, rank) for rank in (0, 3, 4, 7)] == [(0, 0), (0, 3), (1, 0), (1, 3)]
+    with pytest.raises(IndexError):
+        rank_bundle(placement.learner_groups, 8)
+    # gloo stays available on GPUs when asked for.
+    assert plan_placement(TWO_8GPU_NODES, 4, 1, [8], sync_backend="gloo").transport == "gloo"
+
+
+def test_learners_of_one_node_entry_must_fit_a_node():
+    with pytest.raises(PlacementError, match="8 learners on node 0, but the largest node has 4 GPUs"):
+        plan_placement(ClusterShape((4, 4, 4, 4)), 2, 1, [8])
+    with pytest.raises(PlacementError, match="tensor_parallel_size 8 is more GPUs than any node has"):
+        plan_placement(ClusterShape((4, 4, 4, 4)), 1, 8, [4])
+
+
+def test_single_gpu_mode_flag_checks_at_parse_time():
+    from open_instruct.config import ConfigError, parse_config
+
+    cfg = parse_config(["--single_gpu_mode"])
+    assert cfg.resources.single_gpu_mode
+    with pytest.raises(ConfigError, match="at most one engine"):
+        parse_config(["--single_gpu_mode", "--vllm_num_engines", "2"])
+
+
+@pytest.mark.slow
+def test_single_gpu_mode_trains_on_a_cpu_node_split_between_engine_and_learner(tmp_path):
+    from tests.test_training_loop import COMMON, run_grpo, steps_logged
+
+    steps = 2
+    args = list(COMMON)
+    args[args.index("--total_episodes") + 1] = str(steps * 32)
+    args.append("--single_gpu_mode")
+    code, log = run_grpo(args, tmp_path / "run", timeout_s=600)
+    assert code == 0, log[-4000:]
+    assert steps_logged(tmp_path / "run") == list(range(steps))
+    engine_cores, learner_cores = split_cores(tuple(os.sched_getaffinity(0)))
+    assert f"engine_cores={engine_cores}, learner_cores={learner_cores}" in log
+    assert f"cores={learner_cores})" in log  # the learner reported the affinity it actually runs with
