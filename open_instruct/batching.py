@@ -19,6 +19,7 @@ from open_instruct.packing import (
     balance_metrics,
     pack,
     pack_balanced,
+    pack_singly,
     row_cost,
     split_by_cost,
     split_evenly,
@@ -39,16 +40,19 @@ class BatchSettings:
     mask_tool_use: bool = True
     token_budget: int = 0  # > 0: one trimmed row of at most this many tokens per micro-batch (split_by_cost)
     per_document_attention: bool = False  # attention cost per document (varlen kernels), else per row
+    one_document_per_row: bool = False  # token budget rows of one document each (sequence parallelism, SDPA)
 
     @classmethod
     def from_config(cls, cfg, pad_token_id: int) -> BatchSettings:
         from open_instruct.config_resources import micro_batch_token_budget
 
         a = cfg.algorithm
+        flash = (cfg.tokenizer_model.attn_implementation or "").startswith("flash")
+        sequence_parallel = cfg.resources.sequence_parallel_size
         return cls(
             pack_length=cfg.learner.pack_length,
             pad_token_id=pad_token_id,
-            world_size=cfg.world_size,
+            world_size=cfg.world_size // sequence_parallel,  # data-parallel ranks: each SP group shares a batch
             micro_batch_size=cfg.learner.per_device_train_batch_size,
             num_mini_batches=a.num_mini_batches,
             advantage_normalization=a.advantage_normalization_type,
@@ -56,7 +60,8 @@ class BatchSettings:
             mask_truncated=a.mask_truncated_completions,
             mask_tool_use=cfg.tools.mask_tool_use,
             token_budget=micro_batch_token_budget(cfg),
-            per_document_attention=(cfg.tokenizer_model.attn_implementation or "").startswith("flash"),
+            per_document_attention=flash,
+            one_document_per_row=sequence_parallel > 1 and not flash,
         )
 
 
@@ -116,7 +121,10 @@ def assemble(groups, step: int, settings: BatchSettings) -> tuple[list[TrainBatc
         return row_cost(row, settings.per_document_attention)
 
     if settings.token_budget > 0:
-        rows = pack_balanced(items, settings.token_budget, settings.world_size, settings.pad_token_id)
+        if settings.one_document_per_row:
+            rows = pack_singly(items, settings.pad_token_id)
+        else:
+            rows = pack_balanced(items, settings.token_budget, settings.world_size, settings.pad_token_id)
         per_rank = split_by_cost(rows, settings.world_size, settings.pad_token_id, cost)
     else:
         rows = pack(items, settings.pack_length, settings.pad_token_id)

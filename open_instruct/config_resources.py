@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from open_instruct.config_fields import arg
-from open_instruct.config_parity import no_effect, pending
+from open_instruct.config_parity import no_effect
 from open_instruct.placement import shared_mode_problems
 
 LEARNER_ISSUE = "learner and resource flags land with the learner-speed work"
@@ -27,7 +27,11 @@ class ResourceConfig:
         "node's cores split between them. Needs --vllm_tensor_parallel_size 1 and no more engines than learners.",
     )
     num_nodes: int = arg(1, "Informational (open-instruct prints it); nodes come from --num_learners_per_node.")
-    sequence_parallel_size: int = pending(1, LEARNER_ISSUE)
+    sequence_parallel_size: int = arg(
+        1,
+        "Ulysses sequence parallelism (DeepSpeed, ZeRO-3): groups of this many consecutive learner ranks train "
+        "the same rows, each on a slice of every row, so a row may be longer than one rank's memory allows.",
+    )
     deepspeed_zpg: int = arg(8, "ZeRO++ secondary partition size (ZeRO-3, when it splits the ranks into groups).")
     deepspeed_offload_param: bool = arg(False, "ZeRO-3: keep parameters in CPU memory between uses.")
     deepspeed_offload_optimizer: bool = arg(False, "ZeRO-1/2/3: keep optimizer state in CPU memory.")
@@ -117,4 +121,31 @@ def resource_problems(cfg) -> list[str]:
     shared = shared_mode_problems(
         r.single_gpu_mode, cfg.generation.vllm_num_engines, cfg.generation.vllm_tensor_parallel_size, cfg.world_size
     )
-    return [message for ok, message in checks if not ok] + shared
+    return [message for ok, message in checks if not ok] + sequence_parallel_problems(cfg) + shared
+
+
+def sequence_parallel_problems(cfg) -> list[str]:
+    size = cfg.resources.sequence_parallel_size
+    if size == 1:
+        return []
+    if size < 1:
+        return [f"--sequence_parallel_size {size} must be >= 1"]
+    flag = f"--sequence_parallel_size {size}"
+    checks = [
+        (cfg.learner.deepspeed_stage == 3, f"{flag} needs --deepspeed_stage 3 (DeepSpeed's Ulysses runs with ZeRO-3)"),
+        (
+            cfg.world_size % size == 0,
+            f"{flag} must divide the {cfg.world_size} learner ranks of --num_learners_per_node",
+        ),
+        (
+            micro_batch_token_budget(cfg) > 0,
+            f"{flag} trains one row per micro-batch: leave --per_device_train_batch_size 1 and "
+            "--micro_batch_token_budget unset (or > 0)",
+        ),
+        (
+            cfg.algorithm.importance_sampling_mode != "mask_sequence",
+            f"{flag} scores each rank's slice of a sample; --importance_sampling_mode mask_sequence needs the whole "
+            "sample on one rank (use truncate or mask_token)",
+        ),
+    ]
+    return [message for ok, message in checks if not ok]

@@ -199,11 +199,12 @@ def make_universal(checkpoint_dir: str, tag: str, timeout_s: float = 3600) -> st
     return universal
 
 
-def initialize_engine(model, optimizer, ds_config: dict[str, Any], lr_scheduler=None):
-    """Wrap model + optimizer in a DeepSpeed engine; returns the engine."""
+def initialize_engine(model, optimizer, ds_config: dict[str, Any], lr_scheduler=None, mpu=None):
+    """Wrap model + optimizer in a DeepSpeed engine; returns the engine. `mpu`: sequence-parallel groups."""
     import deepspeed
 
     engine, *_ = deepspeed.initialize(
-        model=model, optimizer=optimizer, config=ds_config, lr_scheduler=lr_scheduler, dist_init_required=False
-    )
+        model=model, optimizer=optimizer, config=ds_config, lr_scheduler=lr_scheduler, dist_init_required=False,
+        mpu=mpu,
+    )  # fmt: skip
     return engine

@@ -75,6 +75,7 @@ class LearnerSettings:
     gather_whole_model: bool = True  # --gather_whole_model: ZeRO-3 weight sends gather all shards at once
     cpu_cores: tuple[int, ...] = ()  # CPU --single_gpu_mode: the cores left to this learner by its engine
     load_universal: bool = False  # --deepspeed_checkpoint_load_universal: resume on any number of ranks
+    sequence_parallel_size: int = 1  # --sequence_parallel_size: ranks that split each row (Ulysses)
 
     @property
     def old_logprobs_from_training_pass(self) -> bool:
@@ -127,6 +128,7 @@ class LearnerSettings:
             hpz_partition_size=cfg.resources.deepspeed_zpg,
             gather_whole_model=cfg.resources.gather_whole_model,
             load_universal=cfg.resources.deepspeed_checkpoint_load_universal,
+            sequence_parallel_size=cfg.resources.sequence_parallel_size,
         )
 
 
@@ -204,13 +206,18 @@ class LearnerActor:
             max_grad_norm=self.settings.max_grad_norm,
             bf16=dtype_name == "bfloat16",
             fp16=dtype_name == "float16",
-            world_size=self.world_size,
+            world_size=self.world_size // s.sequence_parallel_size,  # data-parallel ranks
             offload_param=s.offload_param,
             offload_optimizer=s.offload_optimizer,
             hpz_partition_size=s.hpz_partition_size,
             load_universal=s.load_universal,
         )
-        self.engine = initialize_engine(model, optimizer, config, lr_scheduler=scheduler)
+        mpu = None
+        if s.sequence_parallel_size > 1:  # after loading: the policy and the reference both go through it
+            from open_instruct import sequence_parallel
+
+            mpu = sequence_parallel.register(model, model.config._attn_implementation, s.sequence_parallel_size)
+        self.engine = initialize_engine(model, optimizer, config, lr_scheduler=scheduler, mpu=mpu)
         if self.reference is not None and on_gpu():
             self.reference.to(self.engine.device)
         cores = tuple(sorted(os.sched_getaffinity(0)))
@@ -225,6 +232,11 @@ class LearnerActor:
         started = time.monotonic()
         device = self.engine.device
         micro = [{k: v.to(device) for k, v in collate(rows).items()} for rows in batch.micro_batches]
+        if self.settings.sequence_parallel_size > 1:  # this rank's slice of every row (see sequence_parallel)
+            from open_instruct.sequence_parallel import shard
+
+            size = self.settings.sequence_parallel_size
+            micro = [shard(mb, self.rank % size, size) for mb in micro]
         self._score_old_and_reference(micro)
         self.engine.train()
         mini_batches = split_evenly(micro, self.settings.num_mini_batches)
@@ -272,15 +284,13 @@ class LearnerActor:
         pi_old is left to the first training forward where that equals it (`old_logprobs_from_training_pass`)."""
         import torch
 
-        from open_instruct.packing import packed_token_logprobs
-
         with torch.no_grad():
             self.engine.eval()
             for mb in micro:
                 if not self.settings.old_logprobs_from_training_pass:
-                    self._set_old_logprobs(mb, packed_token_logprobs(self.engine, mb, self.settings.temperature))
+                    self._set_old_logprobs(mb, token_logprobs(self.engine, mb, self.settings.temperature))
                 if self.reference is not None:
-                    mb["ref_logprobs"] = packed_token_logprobs(self.reference, mb, self.settings.temperature)
+                    mb["ref_logprobs"] = token_logprobs(self.reference, mb, self.settings.temperature)
 
     def _set_old_logprobs(self, mb: dict, learner_logprobs) -> None:
         mb["old_logprobs"] = learner_logprobs
@@ -290,7 +300,6 @@ class LearnerActor:
     def _optimizer_step(self, mini: list[dict], global_tokens: int, totals: dict[str, float]) -> float:
         """One mini-batch: accumulate gradients over its micro-batches, then step; returns tokens trained."""
         from open_instruct import loss as losses
-        from open_instruct.packing import packed_token_logprobs
 
         s = self.settings
         denominator = losses.step_denominator(s.loss_denominator or max(1, global_tokens), world_size=self.world_size)
@@ -298,9 +307,9 @@ class LearnerActor:
         for i, mb in enumerate(mini):
             self.engine.set_gradient_accumulation_boundary(i == len(mini) - 1)
             if s.record_entropy:
-                new_logprobs, entropy = packed_token_logprobs(self.engine, mb, s.temperature, with_entropy=True)
+                new_logprobs, entropy = token_logprobs(self.engine, mb, s.temperature, with_entropy=True)
             else:
-                new_logprobs, entropy = packed_token_logprobs(self.engine, mb, s.temperature), None
+                new_logprobs, entropy = token_logprobs(self.engine, mb, s.temperature), None
             if "old_logprobs" not in mb:  # the first epoch's pass at pi_old; later epochs reuse these
                 self._set_old_logprobs(mb, new_logprobs.detach())
             mask = mb["response_mask"].bool()
@@ -475,6 +484,16 @@ class LearnerActor:
             if on_gpu():
                 self.reference.to(self.engine.device)
         return self.version
+
+
+def token_logprobs(model, mb: dict, temperature: float, with_entropy: bool = False):
+    """Target-aligned logprobs of a micro-batch: whole rows, or under sequence parallelism this rank's window."""
+    from open_instruct import sequence_parallel
+    from open_instruct.packing import packed_token_logprobs
+
+    if sequence_parallel.is_shard(mb):
+        return sequence_parallel.window_logprobs(model, mb, temperature, with_entropy)
+    return packed_token_logprobs(model, mb, temperature, with_entropy)
 
 
 def _sample_ids(doc_ids_BT):

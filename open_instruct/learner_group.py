@@ -20,8 +20,19 @@ from open_instruct.messages import LearnerReady, LearnerStepResult, StepReport, 
 
 
 def rank_mean(results: list[LearnerStepResult]) -> dict[str, float]:
-    keys = results[0].metrics.keys()
-    return {k: sum(r.metrics[k] for r in results) / len(results) for k in keys}
+    """The ranks' metrics combined: the `learner/*` ones (time, lr, grad norm, per-rank tokens) averaged, the
+    per-token statistics (loss, ratio, KL, entropy) weighted by each rank's trained tokens, so that they are
+    the step's token means whatever the layout (sequence-parallel ranks see only part of each row)."""
+    tokens = [r.metrics.get("learner/trained_tokens", 0.0) for r in results]
+    total = sum(tokens)
+    out = {}
+    for key in results[0].metrics:
+        values = [r.metrics[key] for r in results]
+        if key.startswith("learner/") or total <= 0:
+            out[key] = sum(values) / len(values)
+        else:
+            out[key] = sum(v * t for v, t in zip(values, tokens)) / total
+    return out
 
 
 class LearnerGroup:
@@ -49,7 +60,9 @@ class LearnerGroup:
 
         started = time.time()
         batches, stats = assemble(groups, step, self.batch_settings)
-        results = ray.get([a.train_step.remote(b) for a, b in zip(self.actors, batches, strict=True)])
+        # Under sequence parallelism each group of consecutive ranks shares its data-parallel rank's batch.
+        per_batch = len(self.actors) // len(batches)
+        results = ray.get([a.train_step.remote(batches[r // per_batch]) for r, a in enumerate(self.actors)])
         metrics = {
             **rank_mean(results),
             "batch/groups_filtered_zero_std": float(stats.groups_filtered_zero_std),

@@ -183,6 +183,13 @@ def pack_balanced(items: Sequence[PackItem], token_budget: int, world_size: int,
         count += world_size
 
 
+def pack_singly(items: Sequence[PackItem], pad_token_id: int) -> list[PackedRow]:
+    """One row per document, as long as the document, longest first: for attention that cannot see document
+    boundaries (sequence parallelism over SDPA, which is causal over the whole row)."""
+    order = sorted(range(len(items)), key=lambda i: (-items[i].length, i))
+    return [_build_row([items[i]], items[i].length, pad_token_id) for i in order]
+
+
 def _build_row(documents: Sequence[PackItem], pack_length: int, pad_token_id: int) -> PackedRow:
     """Lay documents out left to right and pad the tail; values are target-aligned."""
     input_ids_L = torch.full((pack_length,), pad_token_id, dtype=torch.long)
