@@ -439,6 +439,10 @@ def _no_submit_reason(args: MasonArgs) -> str | None:
     return None
 
 
+def beaker_command(spec_path: str, workspace: str) -> list[str]:
+    return ["beaker", "experiment", "create", spec_path, "--workspace", workspace]
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     spec = build_spec(args)
@@ -448,14 +452,18 @@ def main(argv: list[str] | None = None) -> int:
 
     reason = _no_submit_reason(args)
     if reason is not None:
+        # The command that would submit it, beside the spec (a YAML comment, so stdout stays valid YAML):
+        # the workspace goes only to the beaker command line, not into the spec.
+        command = shlex.join(beaker_command("experiment.yaml", args.workspace))
         print(f"mason.py: not submitting ({reason}); printing the experiment spec", file=sys.stderr)
-        sys.stdout.write(text)
+        print(f"mason.py: would run: {command}  (experiment.yaml = the spec on stdout)", file=sys.stderr)
+        sys.stdout.write(f"# {command}\n{text}")
         return 0
 
     with tempfile.TemporaryDirectory(prefix="mason_") as tmp:
         spec_path = Path(tmp) / "experiment.yaml"
         spec_path.write_text(text)
-        cmd = ["beaker", "experiment", "create", str(spec_path), "--workspace", args.workspace]
+        cmd = beaker_command(str(spec_path), args.workspace)
         print(f"mason.py: {shlex.join(cmd)}", file=sys.stderr)
         try:
             return subprocess.run(cmd, check=False).returncode

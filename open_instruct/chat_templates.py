@@ -8,6 +8,8 @@ keeps whatever template the tokenizer ships with.
 
 from __future__ import annotations
 
+from open_instruct.config_fields import ConfigError
+
 _TULU_BODY = (
     "{% for message in messages %}"
     "{% if message['role'] == 'system' %}{{ '<|system|>\n' + message['content'] + '\n' }}"
@@ -62,6 +64,6 @@ def resolve_chat_template(name: str, tokenizer_template: str | None) -> str:
     try:
         return CHAT_TEMPLATES[name]
     except KeyError:
-        raise ValueError(
+        raise ConfigError(
             f"unknown --chat_template_name {name!r}; choose one of {', '.join(CHAT_TEMPLATE_NAMES)}"
         ) from None

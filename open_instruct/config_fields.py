@@ -9,10 +9,12 @@ import difflib
 from dataclasses import field
 from typing import Any
 
+from open_instruct.errors import UserError
+
 BEAKER_ONLY = "[Beaker only: accepted for compatibility with open-instruct scripts; no effect here] "
 
 
-class ConfigError(ValueError):
+class ConfigError(UserError, ValueError):
     """A flag value or combination that cannot run; the message names the flag and the fix."""
 
 

@@ -57,7 +57,7 @@ class LoggingConfig:
     report_to: list[str] | None = arg(
         None, "Trackers: 'wandb' or 'all' turns on W&B (like --with_tracking); 'none' none."
     )
-    verbose: bool = arg(False, "DEBUG logging.")
+    verbose: bool = arg(False, "DEBUG logging, and a traceback with every error (by default only with our bugs).")
     data_loader_seed: int | None = arg(None, "Seed of the prompt order (shuffling per epoch); default: --seed.")
     logging_steps: int = arg(
         1, "Send metrics to W&B every N steps (averaged over those steps); metrics.jsonl keeps every step."

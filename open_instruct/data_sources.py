@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from open_instruct.embedded_default import EMBEDDED_DATASET_NAME, ensure_embedded_dataset
+from open_instruct.errors import UserError
 
 SUPPORTED_SUFFIXES = (".jsonl", ".json", ".parquet")
 # Marker keys a reader puts into a row it could not read fully; row processing reports them.
@@ -32,7 +33,7 @@ ROW_KEYS_KEY = "__keys__"  # a needed key is missing; value = the keys the row d
 _EMBEDDED_SPLITS = {"train": "train", "test": "eval", "eval": "eval", "validation": "eval"}
 
 
-class DatasetError(ValueError):
+class DatasetError(UserError, ValueError):
     """A dataset or row that cannot be used; the message names the dataset, row and problem."""
 
 
@@ -102,6 +103,7 @@ class HubSource(Source):
         if self._dataset is None:
             import datasets
 
+            self._check_reachable()
             try:
                 self._dataset = datasets.load_dataset(self.name, split=self.split)
             except Exception as error:  # network, missing split, unknown repo: say which entry failed
@@ -111,6 +113,25 @@ class HubSource(Source):
                     "a local path must exist, hub names look like OWNER/NAME"
                 ) from error
         return self._dataset
+
+    def _check_reachable(self, timeout_s: float = 5.0) -> None:
+        """One request with a timeout: `datasets` retries an unreachable Hub for most of a minute."""
+        import os
+
+        if Path(self.name).exists() or os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on"):
+            return  # a local folder; or offline, where `datasets` reads its cache and fails at once without it
+        from huggingface_hub import HfApi
+        from huggingface_hub.errors import RepositoryNotFoundError
+
+        try:
+            HfApi().dataset_info(self.name, timeout=timeout_s)
+        except RepositoryNotFoundError:
+            raise DatasetError(f"{self.name}: no such dataset on the Hugging Face Hub (or it is private)") from None
+        except Exception as error:  # network: name resolution, refused, timed out, proxy
+            raise DatasetError(
+                f"{self.name}: the Hugging Face Hub did not answer within {timeout_s:.0f} s ({type(error).__name__}: "
+                f"{error}): connect to the network, or set HF_HUB_OFFLINE=1 to use a cached copy"
+            ) from None
 
     def fingerprint(self) -> dict[str, Any]:
         # `datasets` fingerprints the loaded table (it changes when the hub revision does).

@@ -13,6 +13,7 @@ import sys
 
 def main(argv: list[str] | None = None) -> int:
     from open_instruct.config import ConfigError, parse_config, unsupported_features
+    from open_instruct.errors import UserError
 
     try:
         cfg = parse_config(argv)
@@ -38,17 +39,37 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("grpo_fast.py: interrupted; actors shut down", file=sys.stderr)
         return 130
-    except ConfigError as error:  # found only once the cluster is known (e.g. too few GPUs): still a user error
+    except UserError as error:  # a flag, path, row, name or service the user can fix: one line, no traceback
+        if cfg.logging.verbose:
+            log.exception("run failed")
         print(f"grpo_fast.py: {error}", file=sys.stderr)
         return 2
-    except Exception as error:  # every actor is already shut down; say why the run ended
+    except Exception as error:  # our bug: every actor is already shut down; the traceback, then why it ended
         log.exception("run failed")
         print(f"grpo_fast.py: run failed: {type(error).__name__}: {error}", file=sys.stderr)
+        print(
+            f"grpo_fast.py: {resume_hint(cfg, sys.argv if argv is None else ['grpo_fast.py', *argv])}", file=sys.stderr
+        )
         return 1
     if summary["status"] == "completed":
         return 0
     # Stopped by a signal after saving state: the conventional 128 + signal number.
     return 130 if "SIGINT" in summary["status"] else 143
+
+
+def resume_hint(cfg, argv: list[str]) -> str:
+    """Where the run can pick up again: the same command resumes from --checkpoint_state_dir."""
+    import shlex
+
+    from open_instruct.checkpoints import latest_state
+
+    state_dir = cfg.schedule.resume_from_checkpoint or cfg.experiment.checkpoint_state_dir
+    saved = latest_state(state_dir)
+    if saved is None:
+        return "no resumable state was saved (--checkpoint_state_freq N --checkpoint_state_dir DIR keep one)"
+    path, state = saved
+    command = shlex.join([sys.executable, *argv])
+    return f"the last saved state is {path} (step {state.next_step}); resume with: {command}"
 
 
 if __name__ == "__main__":

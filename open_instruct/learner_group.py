@@ -19,6 +19,10 @@ from open_instruct.batching import BatchSettings, assemble
 from open_instruct.messages import LearnerReady, LearnerStepResult, StepReport, WeightMetadata
 
 
+class LearnerFailure(RuntimeError):
+    """A learner rank's process died (killed, out of memory, node lost); names the rank."""
+
+
 def rank_mean(results: list[LearnerStepResult]) -> dict[str, float]:
     """The ranks' metrics combined: the `learner/*` ones (time, lr, grad norm, per-rank tokens) averaged, the
     per-token statistics (loss, ratio, KL, entropy) weighted by each rank's trained tokens, so that they are
@@ -42,10 +46,26 @@ class LearnerGroup:
         self.timeout_s = timeout_s
 
     def _all(self, method: str, *args, timeout_s: float | None = None) -> list:
+        refs = [getattr(actor, method).remote(*args) for actor in self.actors]
+        return self._wait(refs, method, timeout_s or self.timeout_s)
+
+    def _wait(self, refs: list, what: str, timeout_s: float | None) -> list:
+        """Every rank's reply; a rank whose process died is named (the others may still wait for it)."""
         import ray
 
-        refs = [getattr(actor, method).remote(*args) for actor in self.actors]
-        return ray.get(refs, timeout=timeout_s or self.timeout_s)
+        try:
+            return ray.get(refs, timeout=timeout_s)
+        except ray.exceptions.RayActorError as error:
+            ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
+            dead = []
+            for rank, ref in enumerate(refs):
+                if ref in ready:
+                    try:
+                        ray.get(ref, timeout=0)
+                    except ray.exceptions.RayActorError:
+                        dead.append(rank)
+            ranks = ", ".join(map(str, dead)) or "?"
+            raise LearnerFailure(f"learner rank {ranks} died during {what} ({type(error).__name__})") from error
 
     def setup(self) -> list[LearnerReady]:
         """Rendezvous all ranks at rank 0's node (the port is picked there) and build their engines."""
@@ -56,13 +76,13 @@ class LearnerGroup:
     def train_step(self, groups, step: int) -> StepReport:
         """Assemble the groups into one batch per rank and train every rank on it (no timeout: a step
         takes as long as it takes; a dead rank raises)."""
-        import ray
 
         started = time.time()
         batches, stats = assemble(groups, step, self.batch_settings)
         # Under sequence parallelism each group of consecutive ranks shares its data-parallel rank's batch.
         per_batch = len(self.actors) // len(batches)
-        results = ray.get([a.train_step.remote(batches[r // per_batch]) for r, a in enumerate(self.actors)])
+        refs = [a.train_step.remote(batches[r // per_batch]) for r, a in enumerate(self.actors)]
+        results = self._wait(refs, f"train step {step}", None)
         metrics = {
             **rank_mean(results),
             "batch/groups_filtered_zero_std": float(stats.groups_filtered_zero_std),

@@ -6,8 +6,18 @@ model goes through.
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 from open_instruct.chat_templates import resolve_chat_template
 from open_instruct.embedded_default import EMBEDDED_MODEL_NAME, ensure_embedded_model
+from open_instruct.errors import UserError
+
+HUB_TIMEOUT_S = 5.0
+
+
+class ModelNotFound(UserError):
+    """A model or tokenizer name that is neither a usable local path nor reachable on the Hugging Face Hub."""
 
 
 def resolve_model_path(model_name_or_path: str | None) -> str:
@@ -15,6 +25,58 @@ def resolve_model_path(model_name_or_path: str | None) -> str:
     if model_name_or_path in (None, EMBEDDED_MODEL_NAME):
         return str(ensure_embedded_model())
     return model_name_or_path
+
+
+def check_model_source(name: str, flag: str, revision: str | None = None, needs_config: bool = True) -> None:
+    """Fail in seconds, in one line, when `name` cannot load: a missing local path, a folder that is not a
+    model, a hub name that is neither cached nor reachable (transformers would retry for most of a minute
+    and print pages of traceback). One metadata request with a timeout, no retries."""
+    if name in (None, EMBEDDED_MODEL_NAME):
+        return
+    path = Path(name).expanduser()
+    if name.startswith(("/", "./", "../", "~")) or path.exists():
+        if not path.exists():
+            raise ModelNotFound(f"{flag} {name}: no such file or directory")
+        if needs_config and not (path / "config.json").is_file():
+            raise ModelNotFound(f"{flag} {name}: not a model folder (it has no config.json)")
+        return
+    from huggingface_hub import get_hf_file_metadata, hf_hub_url, try_to_load_from_cache
+    from huggingface_hub.constants import HF_HUB_CACHE
+    from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError, RevisionNotFoundError
+
+    if isinstance(try_to_load_from_cache(name, "config.json", revision=revision), str):
+        return
+    not_cached = f"{flag} {name}: not in the local Hugging Face cache ({HF_HUB_CACHE})"
+    if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on"):
+        raise ModelNotFound(f"{not_cached} and HF_HUB_OFFLINE is set: download it first or pass a local path")
+    try:
+        get_hf_file_metadata(hf_hub_url(name, "config.json", revision=revision), timeout=HUB_TIMEOUT_S)
+    except GatedRepoError:
+        raise ModelNotFound(
+            f"{flag} {name}: a gated model on the Hub: accept its terms and log in (hf auth login)"
+        ) from None
+    except RevisionNotFoundError:
+        raise ModelNotFound(f"{flag} {name}: the Hub has no revision {revision!r} of it") from None
+    except RepositoryNotFoundError:
+        raise ModelNotFound(f"{flag} {name}: no such model on the Hugging Face Hub (or it is private)") from None
+    except Exception as error:  # network: name resolution, refused, timed out, proxy
+        raise ModelNotFound(
+            f"{not_cached} and the Hub did not answer within {HUB_TIMEOUT_S:.0f} s ({type(error).__name__}: "
+            f"{error}): connect to the network, or pass a local path"
+        ) from None
+
+
+def check_model_sources(model_config, options=None) -> None:
+    """The model and the tokenizer (see `load_tokenizer` for where its name comes from)."""
+    check_model_source(model_config.model_name_or_path, "--model_name_or_path", model_config.model_revision)
+    for flag, name in (
+        ("--tokenizer_name_or_path", model_config.tokenizer_name_or_path),
+        ("--tokenizer_name", getattr(options, "tokenizer_name", None)),
+    ):
+        if name:
+            revision = model_config.tokenizer_revision or model_config.model_revision
+            check_model_source(name, flag, revision, needs_config=False)
+            break
 
 
 # open-instruct's --get_tokenizer_fn choices. All load the same way; they differ in the pad token.

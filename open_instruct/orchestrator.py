@@ -525,14 +525,23 @@ def data_inputs(cfg: Config):
     return model, train, evaluation
 
 
+def check_services(cfg: Config, prompts) -> None:
+    """The services the data needs answer, before anything starts (a missing one is a user's error)."""
+    from open_instruct.rewards.code_tests import CODE_VERIFIERS, check_code_service
+
+    if any(name in CODE_VERIFIERS for prompt in prompts for name in prompt.verifier_names):
+        check_code_service(cfg.reward.code_api_url)
+
+
 def run(cfg: Config, engine_class=None, engine_args: tuple = ()) -> dict:
     """Load the data, build the Ray-backed collaborators, train; every actor is gone when this returns.
     `engine_class`/`engine_args`: a GenerationActor subclass (benchmarks and tests shape or force samples)."""
     from open_instruct import data
     from open_instruct.cluster import Stack
-    from open_instruct.models import load_tokenizer, packing_pad_id, resolve_model_path
+    from open_instruct.models import check_model_sources, load_tokenizer, packing_pad_id, resolve_model_path
     from open_instruct.tracking import RunLog
 
+    check_model_sources(cfg.model, cfg.tokenizer_model)  # before anything starts: a bad name costs seconds
     model_path = resolve_model_path(cfg.model.model_name_or_path)
     tokenizer = load_tokenizer(cfg.model, cfg.tokenizer_model)
     seed = cfg.experiment.seed
@@ -544,6 +553,7 @@ def run(cfg: Config, engine_class=None, engine_args: tuple = ()) -> dict:
     )  # fmt: skip
     logger.info("training data:\n%s", train.report.summary())
     check_enough_prompts(cfg, len(train.prompts))
+    check_services(cfg, train.prompts)
     evaluation = data.load_prompt_dataset(
         eval_data, model_cfg, tokenizer, "eval", cfg.remap_verifier, seed=seed, tools_cfg=cfg.tools,
         forced_cache_key=keys.dataset_config_eval_hash,

@@ -8,6 +8,7 @@ skip tokenization.
 from __future__ import annotations
 
 import json
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -419,5 +420,13 @@ def test_hub_path_runs_the_same_row_processing(tmp_path, tok, monkeypatch):
         raise ConnectionError("no network")
 
     monkeypatch.setattr(datasets, "load_dataset", offline)
+    # This machine cannot reach the Hub: one request with a timeout says so, before `datasets` retries.
+    started = time.monotonic()
+    with pytest.raises(
+        DatasetError, match=r"no/such-repo: the Hugging Face Hub did not answer within 5 s .*HF_HUB_OFFLINE"
+    ):
+        load(tmp_path, tok, ["no/such-repo", "1.0"])
+    assert time.monotonic() - started < 10
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # offline on purpose: straight to `datasets` and its cache
     with pytest.raises(DatasetError, match=r"no/such-repo \[train\]: could not load it from the HF hub .*no network"):
         load(tmp_path, tok, ["no/such-repo", "1.0"])

@@ -152,6 +152,11 @@ def test_seed_command_gives_the_requested_multi_node_spec(seed):
     # The seed uses --with_tracking but passes no W&B secret: mason says so, and still prints the spec.
     assert "WANDB_API_KEY" in seed["run"].stderr
     assert "not submitting (--dry_run)" in seed["run"].stderr
+    # The workspace goes to the beaker command line only: the dry run shows that command beside the spec.
+    workspace = seed["args"][seed["args"].index("--workspace") + 1]
+    submit = f"beaker experiment create experiment.yaml --workspace {workspace}"
+    assert seed["run"].stdout.startswith(f"# {submit}\n")
+    assert f"would run: {submit}" in seed["run"].stderr
 
 
 def test_embedded_command_runs_unchanged_through_bash(seed, tmp_path):

@@ -313,3 +313,40 @@ def test_a_dying_engine_ends_the_run_with_the_cause_and_no_orphans(tmp_path):
     while session_pids(proc.pid) and time.monotonic() < deadline:
         time.sleep(1)
     assert session_pids(proc.pid) == []  # Ray, engines, learners: all gone
+
+
+def test_a_dying_learner_ends_the_run_with_the_cause_and_the_command_that_resumes_it(tmp_path):
+    from helpers.processes import session_pids
+
+    out, state = tmp_path / "run", tmp_path / "state"
+    args = list(COMMON)
+    args[args.index("--total_episodes") + 1] = str(3 * 32)
+    args += ["--checkpoint_state_freq", "1", "--checkpoint_state_dir", str(state)]
+    log_path = tmp_path / "run.log"
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(
+            [sys.executable, str(REPO / "open_instruct" / "grpo_fast.py"), "--output_dir", str(out), *args],
+            cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            env={**os.environ, "TOKENIZERS_PARALLELISM": "false"},
+        )  # fmt: skip
+        deadline = time.monotonic() + 600
+        while not (state / "latest").exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        learners = [p for p in session_pids(proc.pid) if "LearnerActor" in Path(f"/proc/{p}/cmdline").read_text()]
+        assert learners, log_path.read_text()[-3000:]
+        os.kill(learners[0], signal.SIGKILL)
+        assert proc.wait(timeout=300) == 1
+    lines = [line for line in log_path.read_text().splitlines() if line.startswith("grpo_fast.py: ")]
+    assert re.search(r"run failed: LearnerFailure: learner rank \d died during", lines[-2]), lines[-3:]
+    hint = re.fullmatch(r"grpo_fast.py: the last saved state is (\S+) \(step (\d+)\); resume with: (.*)", lines[-1])
+    assert hint, lines[-1]
+    saved_step = int(hint.group(2))
+    assert 1 <= saved_step < 3 and Path(hint.group(1)).parent == state
+    # The printed command, run as printed, picks up at the saved step and finishes.
+    resumed = subprocess.run(
+        shlex.split(hint.group(3)), cwd=REPO, capture_output=True, text=True, timeout=900, check=False,
+        env={**os.environ, "TOKENIZERS_PARALLELISM": "false"},
+    )  # fmt: skip
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"resumed from {hint.group(1)}: step {saved_step}" in resumed.stderr
+    assert steps_logged(out)[-1] == 2

@@ -31,6 +31,7 @@ import requests
 from requests.adapters import HTTPAdapter
 from urllib3.util.retry import Retry
 
+from open_instruct.errors import UserError
 from open_instruct.rewards import VerifierInput, VerifierResult, VerifierSettings, register
 
 _FENCED = re.compile(r"```(?:python)?(.*?)```", re.DOTALL)
@@ -40,6 +41,26 @@ _STDIO_PATH = "/test_program_stdio"
 
 class CodeServiceError(RuntimeError):
     """The code-execution service could not be reached or did not return a usable answer."""
+
+
+class CodeServiceUnreachable(UserError):
+    """At start-up: the data has code rows, and nothing answers at --code_api_url."""
+
+
+CODE_VERIFIERS = ("code", "code_stdio")
+
+
+def check_code_service(code_api_url: str, timeout_s: float = 5.0) -> None:
+    """One request before the run starts (any HTTP answer will do): a service that is not there would
+    otherwise score every code sample 0, retried, for the whole run."""
+    url = endpoint_url(code_api_url, stdio=False)
+    try:
+        requests.get(url, timeout=timeout_s)
+    except requests.RequestException as error:
+        raise CodeServiceUnreachable(
+            f"--code_api_url {code_api_url}: the code-execution service does not answer ({type(error).__name__}); "
+            "start it (source configs/beaker_configs/code_api_setup.sh) or point --code_api_url at it"
+        ) from None
 
 
 def extract_program(text: str) -> str:
