@@ -119,9 +119,11 @@ def create_generation_actors(
     actor_class=None,
     extra_args: tuple = (),
     strategies: list | None = None,
+    indices: list[int] | None = None,
 ) -> list:
     """One GenerationActor (or a benchmark subclass, with `extra_args`) per engine; one GPU per
-    tensor-parallel rank when GPUs exist. `strategies` places each engine (`engine_strategies`)."""
+    tensor-parallel rank when GPUs exist. `strategies` places each engine (`engine_strategies`);
+    `indices`: the engine ids (default 0..count-1; a replacement takes the id of the engine it replaces)."""
     import ray
 
     from open_instruct.generation import GenerationActor
@@ -130,11 +132,12 @@ def create_generation_actors(
         gpus_per_engine = settings.tensor_parallel_size if gpus_available() else 0
     remote_cls = ray.remote(num_cpus=1, num_gpus=gpus_per_engine, max_concurrency=1000)(actor_class or GenerationActor)
     strategies = strategies or [None] * count
+    indices = indices or list(range(count))
     return [
-        (remote_cls.options(scheduling_strategy=strategies[i]) if strategies[i] else remote_cls).remote(
-            i, settings, reward_settings, reward_workers, *extra_args
+        (remote_cls.options(scheduling_strategy=strategies[k]) if strategies[k] else remote_cls).remote(
+            indices[k], settings, reward_settings, reward_workers, *extra_args
         )
-        for i in range(count)
+        for k in range(count)
     ]
 
 
@@ -193,13 +196,9 @@ class Stack:
         g, r = cfg.generation, cfg.resources
         init_ray(min_logical_cpus=2 * (g.vllm_num_engines + cfg.world_size) + 1)
         placement = plan_placement(
-            cluster_shape(),
-            g.vllm_num_engines,
-            g.vllm_tensor_parallel_size,
-            cfg.learner.num_learners_per_node,
-            single_gpu_mode=r.single_gpu_mode,
-            sync_backend=r.vllm_sync_backend,
-        )
+            cluster_shape(), g.vllm_num_engines, g.vllm_tensor_parallel_size, cfg.learner.num_learners_per_node,
+            single_gpu_mode=r.single_gpu_mode, sync_backend=r.vllm_sync_backend,
+        )  # fmt: skip
         logger.info("placement: %s", placement)
         learner_groups = reserve_learner_groups(placement)
         settings = dataclasses.replace(
@@ -207,16 +206,20 @@ class Stack:
             weight_transfer_backend=placement.transport,
             cpu_cores=placement.engine_cores,
         )
-        engines = create_generation_actors(
-            settings,
-            g.vllm_num_engines,
-            RewardSettings.from_config(cfg),
-            gpus_per_engine=placement.gpus_per_engine,
-            actor_class=engine_class,
-            extra_args=engine_args,
-            strategies=engine_strategies(placement, learner_groups, g.vllm_num_engines),
-        )
-        self.pool = EnginePool(engines, prompt_capacity=cfg.prompt_queue_capacity)
+        strategies = engine_strategies(placement, learner_groups, g.vllm_num_engines)
+
+        def engines(indices: list[int]) -> list:  # new actors, not started; a replacement keeps its index
+            return create_generation_actors(
+                settings, len(indices), RewardSettings.from_config(cfg), gpus_per_engine=placement.gpus_per_engine,
+                actor_class=engine_class, extra_args=engine_args, strategies=[strategies[i] for i in indices],
+                indices=indices,
+            )  # fmt: skip
+
+        self.pool = EnginePool(
+            engines(list(range(g.vllm_num_engines))), prompt_capacity=cfg.prompt_queue_capacity,
+            respawn=lambda engine_id: engines([engine_id])[0], rejoin=lambda: self.sync.rejoin(),
+            max_restarts=r.max_engine_restarts,
+        )  # fmt: skip
         learner_settings = dataclasses.replace(
             LearnerSettings.from_config(cfg, model_path), cpu_cores=placement.learner_cores
         )

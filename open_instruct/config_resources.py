@@ -26,6 +26,12 @@ class ResourceConfig:
         "to fit), engines start first, weights move over gloo (NCCL refuses two ranks on one GPU); on CPU, the "
         "node's cores split between them. Needs --vllm_tensor_parallel_size 1 and no more engines than learners.",
     )
+    max_engine_restarts: int = arg(
+        3,
+        "Generation engines that die (process killed, engine error) are replaced this many times in a run: "
+        "their unfinished samples go back to the queue and the new engine gets the current weights. 0: a dead "
+        "engine ends the run.",
+    )
     num_nodes: int = arg(1, "Informational (open-instruct prints it); nodes come from --num_learners_per_node.")
     sequence_parallel_size: int = arg(
         1,
@@ -97,6 +103,7 @@ def resource_problems(cfg) -> list[str]:
     r = cfg.resources
     checks = [
         (r.vllm_sync_backend in ("nccl", "gloo"), f"--vllm_sync_backend {r.vllm_sync_backend} must be nccl or gloo"),
+        (r.max_engine_restarts >= 0, f"--max_engine_restarts {r.max_engine_restarts} must be >= 0"),
         (r.backend_timeout >= 1, f"--backend_timeout {r.backend_timeout} must be >= 1 (minutes)"),
         (r.deepspeed_zpg >= 1, f"--deepspeed_zpg {r.deepspeed_zpg} must be >= 1"),
         (

@@ -6,13 +6,20 @@ its `start_*` calls, which return Ray object refs by engine name instead of wait
 engine runs its streaming loop (`GenerationActor.run`) as one long Ray call; that call's
 ObjectRef resolves only when the loop ends, so an engine process that dies is noticed at
 the next `poll` (within a fraction of a second), and the prompts it had pulled are named.
+
+With a `respawn` (the Stack gives one, within --max_engine_restarts) a dead engine is replaced
+instead of ending the run: the samples it had not delivered go back to the prompt queue (only the
+missing sample indices, so nothing is generated twice), a new actor takes its index and placement,
+`respawn` loads the current weights into it through the normal weight sync, and it joins the queue.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import time
+from collections.abc import Callable
 
 from open_instruct.messages import (
     Completion,
@@ -43,8 +50,26 @@ class EngineFailure(RuntimeError):
 
 
 class EnginePool:
-    def __init__(self, actors: list, prompt_capacity: int, result_capacity: int = 0):
+    def __init__(
+        self,
+        actors: list,
+        prompt_capacity: int,
+        result_capacity: int = 0,
+        respawn: Callable[[int], object] | None = None,
+        rejoin: Callable[[], dict] | None = None,
+        max_restarts: int = 0,
+    ):
         self.actors = actors
+        # respawn(engine_id): a new actor (not started) with that engine's id and placement; rejoin(): the
+        # weight sync re-forms its group with every engine and loads the current weights (WeightSync.rejoin).
+        self.respawn = respawn
+        self.rejoin = rejoin
+        self.max_restarts = max_restarts
+        self.restarts = 0
+        self.resubmitted_samples = 0
+        self._requests: dict[str, PromptRequest] = {}  # admitted and not yet complete (for resubmission)
+        self._resubmitted: set[str] = set()
+        self.duplicate_samples = 0  # generated twice after a resubmission (see _pulled_unannounced); dropped
         self.prompts: RayChannel[PromptRequest] = RayChannel(prompt_capacity, name="prompt queue")
         self.results: RayChannel = RayChannel(result_capacity, name="result queue")
         self.ledger = DeliveryLedger()
@@ -74,6 +99,7 @@ class EnginePool:
     def submit(self, requests: list[PromptRequest], timeout_s: float = 60) -> None:
         for request in requests:
             self.ledger.admit(request)
+            self._requests[request.prompt_id] = request
             self.prompts.put(request, timeout=timeout_s)
 
     def poll(self, timeout_s: float = 0.0) -> list[Completion]:
@@ -99,10 +125,75 @@ class EnginePool:
             engine_id = self._loops.pop(ref)
             try:
                 ray.get(ref)
-            except Exception as error:  # a dead actor or an engine error: report, don't hide
-                self._drain_results()
-                raise EngineFailure(engine_id, error, self.ledger.in_flight(engine_id)) from error
+            except Exception as error:  # a dead actor or an engine error: replace it, or report it
+                self._engine_failed(engine_id, error)
+                continue
             logger.info("engine %d's loop ended", engine_id)
+
+    def replace_dead(self, wait_s: float = 3.0) -> int:
+        """Replace engines whose process died, waiting up to `wait_s` for Ray to notice; returns how many
+        (after a weight sync failed: was an engine lost, or is it a real sync failure?)."""
+        before = self.restarts
+        deadline = time.monotonic() + wait_s
+        self.check_engines()
+        while self.restarts == before and self._loops and time.monotonic() < deadline:
+            time.sleep(0.1)
+            self.check_engines()
+        return self.restarts - before
+
+    def _engine_failed(self, engine_id: int, error: BaseException) -> None:
+        """Replace the engine within the restart budget; past it raise `EngineFailure`."""
+        import ray
+
+        self._drain_results()  # samples it finished before dying count as delivered
+        in_flight = self.ledger.in_flight(engine_id)
+        failure = EngineFailure(engine_id, error, in_flight)
+        if self.respawn is not None and self.restarts < self.max_restarts:
+            in_flight += self._pulled_unannounced()
+        if self.respawn is None or self.restarts >= self.max_restarts:
+            if self.respawn is not None:
+                raise EngineFailure(engine_id, RuntimeError(f"--max_engine_restarts {self.max_restarts} used up; "
+                                    f"last failure: {failure}"), in_flight) from error  # fmt: skip
+            raise failure from error
+        self.restarts += 1
+        logger.warning("%s; replacing it (restart %d of %d)", failure, self.restarts, self.max_restarts)
+        for ref, loop_engine in list(self._loops.items()):
+            if loop_engine == engine_id:
+                del self._loops[ref]
+        with contextlib.suppress(Exception):  # hung rather than dead: make sure it is gone
+            ray.kill(self.actors[engine_id])
+        self._resubmit(in_flight)
+        actor = self.respawn(engine_id)
+        info = ray.get(actor.start.remote(), timeout=600)
+        self.actors[engine_id] = actor
+        sync = self.rejoin() if self.rejoin is not None else {}
+        version = ray.get(actor.stats.remote(), timeout=60).weight_version
+        logger.info("engine %d replaced (%s); it joined at weight version %d: %s", engine_id, info, version, sync)
+        self._loops[actor.run.remote(self.prompts, self.results)] = engine_id
+
+    def _pulled_unannounced(self, settle_s: float = 2.0) -> list[str]:
+        """Prompts an engine took from the queue but died before announcing (`PromptStarted` follows the
+        pull by one message): incomplete, started nowhere, and no longer in the queue. The queue is read and
+        put back in order; `settle_s` lets announcements of the living engines arrive first. A prompt a
+        living engine announces later anyway is generated twice, and `_record` drops the second copy."""
+        queued = self.prompts.get_all()
+        time.sleep(settle_s)
+        self._drain_results()
+        for request in queued:
+            self.prompts.put(request, timeout=60)
+        waiting = {request.prompt_id for request in queued}
+        return [p for p in self.ledger.in_flight() if p not in self.ledger.engine_of and p not in waiting]
+
+    def _resubmit(self, prompt_ids: list[str]) -> None:
+        """The samples of `prompt_ids` not yet delivered go back to the queue, for any engine."""
+        for prompt_id in prompt_ids:
+            delivered = self.ledger.delivered.get(prompt_id, set())
+            request = self._requests[prompt_id]
+            missing = tuple(j for j in request.samples_to_generate() if j not in delivered)
+            self.ledger.engine_of.pop(prompt_id, None)
+            self._resubmitted.add(prompt_id)
+            self.resubmitted_samples += len(missing)
+            self.prompts.put(dataclasses.replace(request, sample_indices=missing), timeout=60)
 
     def _drain_results(self) -> None:
         """Take in everything already queued, so in-flight lists are complete; completions are kept
@@ -114,8 +205,11 @@ class EnginePool:
         for message in messages:
             if isinstance(message, PromptStarted):
                 self.ledger.started(message.prompt_id, message.engine_id)
+            elif message.prompt_id in self._resubmitted and self.ledger.has(message.prompt_id, message.sample_index):
+                self.duplicate_samples += 1
             else:
-                self.ledger.deliver(message)
+                if self.ledger.deliver(message):
+                    self._requests.pop(message.prompt_id, None)
                 completions.append(message)
         return completions
 
@@ -155,8 +249,8 @@ class EnginePool:
             try:
                 replies.append(ray.get(ref, timeout=timeout_s))
             except ray.exceptions.RayActorError as error:  # the actor (or its process) is gone
-                self._drain_results()
-                raise EngineFailure(engine_id, error, self.ledger.in_flight(engine_id)) from error
+                self._engine_failed(engine_id, error)  # raises unless it was replaced
+                replies.append(ray.get(getattr(self.actors[engine_id], method).remote(*args), timeout=timeout_s))
         return replies
 
     def generate(
@@ -175,8 +269,13 @@ class EnginePool:
         (they come back through `poll` as finish_reason "abort"); returns how many were aborted."""
         return sum(self.call_all("abort_stale", min_version, prompt_ids))
 
-    def queue_depths(self) -> dict[str, int]:
-        return {"queue/prompt_depth": self.prompts.depth(), "queue/result_depth": self.results.depth()}
+    def pool_metrics(self) -> dict[str, float]:
+        return {
+            "queue/prompt_depth": self.prompts.depth(),
+            "queue/result_depth": self.results.depth(),
+            "engines/restarts_total": float(self.restarts),
+            "engines/resubmitted_samples_total": float(self.resubmitted_samples),
+        }
 
     def stop(self, mode: str = "finish", timeout_s: float = 600) -> list[Completion]:
         """Stop every engine ('finish' or 'abort'); returns the samples delivered meanwhile."""
@@ -186,7 +285,10 @@ class EnginePool:
         ray.get(list(self._loops), timeout=timeout_s)
         self._loops = {}
         for r in reports:
-            logger.info("engine %d stopped (%s): %d samples were in flight", r.engine_id, r.mode, r.in_flight_at_stop)
+            logger.info(
+                "engine %d stopped (%s): %d samples were in flight; it completed %d samples, at weight version %d",
+                r.engine_id, r.mode, r.in_flight_at_stop, r.completed_samples, r.weight_version,
+            )  # fmt: skip
         return self.poll()
 
     def shutdown(self) -> None:

@@ -149,7 +149,7 @@ class GenerationActor:
                 task.cancel()
         if self._tasks:
             await asyncio.wait(list(self._tasks), timeout=timeout_s)
-        return EngineStopped(self.engine_id, mode, in_flight, len(self._tasks))
+        return EngineStopped(self.engine_id, mode, in_flight, len(self._tasks), self._completed, self.weight_version)
 
     async def shutdown(self) -> None:
         if self._tasks:
@@ -181,7 +181,7 @@ class GenerationActor:
                 continue
             self._pulled += 1
             await results.put_async(PromptStarted(request.prompt_id, self.engine_id))
-            for j in range(request.num_samples):
+            for j in request.samples_to_generate():
                 self._launch(request, j)
         if self._tasks:
             await asyncio.wait(list(self._tasks))
@@ -256,7 +256,7 @@ class GenerationActor:
             finally:
                 self._set_running(self._running - 1)
 
-        tasks = [asyncio.create_task(counted(r, j)) for r in requests for j in range(r.num_samples)]
+        tasks = [asyncio.create_task(counted(r, j)) for r in requests for j in r.samples_to_generate()]
         for finished in asyncio.as_completed(tasks):
             yield await finished
 

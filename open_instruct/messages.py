@@ -73,6 +73,11 @@ class PromptRequest:
     is_eval: bool = False
     queued_at: float = field(default_factory=time.time)
     agent: AgentRequest | None = None
+    # Only these sample indices (a prompt resubmitted after its engine died); () = all of range(num_samples).
+    sample_indices: tuple[int, ...] = ()
+
+    def samples_to_generate(self) -> tuple[int, ...]:
+        return self.sample_indices or tuple(range(self.num_samples))
 
 
 @dataclass(frozen=True, slots=True)
@@ -273,6 +278,8 @@ class EngineStopped:
     mode: str  # "finish" or "abort"
     in_flight_at_stop: int
     left: int
+    completed_samples: int = 0  # since this engine started (a replacement counts its own)
+    weight_version: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -97,7 +97,8 @@ def async_steps_needed(group_latency_s: float, busy_step_s: float) -> int:
 
 def engine_window(now: list[EngineStats], before: list[EngineStats] | None, window_s: float) -> dict[str, float]:
     """Idle fraction and generated tokens/s of all engines between two snapshots (`before` None: since start)."""
-    previous = before or [None] * len(now)
+    # A replaced engine starts its counters again: its old snapshot is no baseline.
+    previous = [p if p and p.uptime_s <= s.uptime_s else None for s, p in zip(now, before or [None] * len(now))]
     uptime = sum(s.uptime_s - (p.uptime_s if p else 0.0) for s, p in zip(now, previous))
     idle = sum(s.idle_s - (p.idle_s if p else 0.0) for s, p in zip(now, previous))
     tokens = sum(s.generated_tokens - (p.generated_tokens if p else 0) for s, p in zip(now, previous))

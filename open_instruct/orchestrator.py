@@ -54,7 +54,7 @@ class Engines(Protocol):
     def submit(self, requests: list[PromptRequest]) -> None: ...
     def poll(self, timeout_s: float = 0.0) -> list[Completion]: ...  # waits up to timeout_s for the first
     def stats(self) -> list[EngineStats]: ...
-    def queue_depths(self) -> dict[str, int]: ...
+    def pool_metrics(self) -> dict[str, float]: ...  # queue depths, engine restarts
     def stop(self, mode: str = "finish") -> list[Completion]: ...
     # Abort running samples whose first token is older than `min_version`, and every sample of
     # `prompt_ids`; they come back through `poll` as finish_reason "abort".
@@ -387,7 +387,7 @@ class TrainingLoop:
             "time/step_s": step_s,
             "perf/trained_tokens_per_s": self._trained_tokens / step_s if step_s > 0 else 0.0,
             "time/learner_wait_s": waited,
-            **self.engines.queue_depths(),
+            **self.engines.pool_metrics(),
         }
 
     def _advise_async_steps(self, needed: int, wait_frac: float) -> None:

@@ -233,6 +233,9 @@ class DeliveryLedger:
         self.errors += completion.finish_reason == "error"
         return len(samples) == expected
 
+    def has(self, prompt_id: str, sample_index: int) -> bool:
+        return sample_index in self.delivered.get(prompt_id, ())
+
     def in_flight(self, engine_id: int | None = None) -> list[str]:
         """Admitted prompts with samples still missing (optionally: pulled by one engine)."""
         return sorted(

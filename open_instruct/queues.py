@@ -49,8 +49,21 @@ class RayChannel(Generic[T]):
 
     def get_all(self, max_items: int = 10_000) -> list[T]:
         """Whatever is there now, without waiting."""
+        from ray.util.queue import Empty
+
         depth = self._queue.qsize()
-        return self._queue.get_nowait_batch(min(depth, max_items)) if depth else []
+        if not depth:
+            return []
+        try:
+            return self._queue.get_nowait_batch(min(depth, max_items))
+        except Empty:  # another consumer took some since qsize: take what is left one by one
+            items: list[T] = []
+            while len(items) < max_items:
+                try:
+                    items.append(self._queue.get_nowait())
+                except Empty:
+                    break
+            return items
 
     def depth(self) -> int:
         return self._queue.qsize()

@@ -121,12 +121,21 @@ class WeightSync:
         self.settings = settings
         self.metadata: WeightMetadata | None = None
         self.syncs = 0
+        self.version = 0  # the last version every engine loaded
 
     def with_settings(self, **changes) -> WeightSync:
         """The same connected group with other settings (e.g. a benchmark switching `inflight` per mode)."""
         other = WeightSync(self.learners, self.engines, dataclasses.replace(self.settings, **changes))
-        other.metadata, other.syncs = self.metadata, self.syncs
+        other.metadata, other.syncs, other.version = self.metadata, self.syncs, self.version
         return other
+
+    def rejoin(self) -> dict[str, float]:
+        """After an engine was replaced: a new transfer group with every engine (a collective group cannot
+        take in a new member), then the current weights, so the new engine serves what the others do."""
+        metrics = self.connect()
+        if self.version > 0:
+            metrics |= self.push(self.version)
+        return metrics
 
     def connect(self) -> dict[str, float]:
         """Rendezvous the transfer group: engines join while rank 0 opens it (they block on each other)."""
@@ -147,7 +156,19 @@ class WeightSync:
         return {"weight_sync/connect_s": time.monotonic() - started, "weight_sync/group_size": float(world_size)}
 
     def push(self, version: int, step_end_time: float | None = None) -> dict[str, float]:
-        """Load `version` into every engine; returns metrics. Engines are resumed whatever happens."""
+        """Load `version` into every engine; returns metrics. Engines are resumed whatever happens.
+
+        An engine that died since the last sync is replaced first; one that dies during this sync fails
+        it for the others (each step has its timeout), then it is replaced and the sync runs once more."""
+        self.engines.check_engines()
+        try:
+            return self._push(version, step_end_time)
+        except WeightSyncError:
+            if not self.engines.replace_dead():
+                raise
+            return self._push(version, step_end_time)
+
+    def _push(self, version: int, step_end_time: float | None) -> dict[str, float]:
         if self.metadata is None:
             raise WeightSyncError("weight sync not connected: call connect() first")
         s = self.settings
@@ -171,6 +192,7 @@ class WeightSync:
             resumed = self._get("resume", self.engines.start_resume(), timeout_s=2 * s.timeout_s + 60)
         resumed_at = time.monotonic()
         self.syncs += 1
+        self.version = version
         sent = [r for r in reports if isinstance(r, WeightsSent)]
         received = [r for r in reports if isinstance(r, WeightsReceived)]
         bytes_sent = sum(r.bytes_sent for r in sent)

@@ -138,6 +138,7 @@ class GlooWeightTransferEngine(
     def init_transfer_engine(self, init_info: GlooWeightTransferInitInfo) -> None:
         from vllm.distributed.utils import stateless_init_torch_distributed_process_group
 
+        self.shutdown()  # joining a new group (an engine was replaced): leave the old one first
         pc = self.parallel_config
         rank = pc.data_parallel_index * pc.world_size + pc.rank + init_info.rank_offset
         logger.info(

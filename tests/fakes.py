@@ -89,7 +89,7 @@ class ScriptedEngines:
         uptime = self.clock.now - self.started_at
         return [EngineStats(0, 8, len(self._running), 0, 0.0, 0, 0, 0, uptime, 0.0, 0.0, 0.0, 0, self.versions[-1][1])]
 
-    def queue_depths(self) -> dict[str, int]:
+    def pool_metrics(self) -> dict[str, float]:
         return {"queue/prompt_depth": self.prompts.depth(), "queue/result_depth": self.results.depth()}
 
     def stop(self, mode: str = "finish") -> list[Completion]:

@@ -200,8 +200,10 @@ def test_engine_metrics_account_for_the_whole_uptime(pool):
         assert s.target_concurrency >= 1 and s.generated_tokens > 0 and s.completed_samples > 0
         assert 0 <= s.idle_s + s.underfilled_s + s.paused_s <= s.uptime_s + 1e-6
         assert 0 <= s.kv_cache_usage <= 1
-    depths = pool.queue_depths()
-    assert set(depths) == {"queue/prompt_depth", "queue/result_depth"}
+    depths = pool.pool_metrics()
+    assert set(depths) == {
+        "queue/prompt_depth", "queue/result_depth", "engines/restarts_total", "engines/resubmitted_samples_total"
+    }  # fmt: skip
 
 
 def test_pause_keeps_requests_and_resume_finishes_them(pool, tokenizer):

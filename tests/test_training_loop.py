@@ -285,14 +285,22 @@ def test_the_original_launch_command_runs_with_tiny_substitutes(tmp_path, model_
     assert any((out / "wandb").glob("offline-run-*"))  # --with_tracking, recorded offline
 
 
-def test_a_dying_engine_ends_the_run_with_the_cause_and_no_orphans(tmp_path):
+def test_a_dying_engine_without_restarts_left_ends_the_run_with_the_cause_and_no_orphans(tmp_path):
     from helpers.processes import session_pids
 
     out = tmp_path / "run"
     log_path = tmp_path / "run.log"
     with open(log_path, "w") as log:
         proc = subprocess.Popen(
-            [sys.executable, str(REPO / "open_instruct" / "grpo_fast.py"), "--output_dir", str(out), *COMMON],
+            [
+                sys.executable,
+                str(REPO / "open_instruct" / "grpo_fast.py"),
+                "--output_dir",
+                str(out),
+                *COMMON,
+                "--max_engine_restarts",
+                "0",
+            ],
             cwd=REPO,
             stdout=log,
             stderr=subprocess.STDOUT,

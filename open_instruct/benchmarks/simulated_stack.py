@@ -259,7 +259,7 @@ class SimEngines:
             )
         return out
 
-    def queue_depths(self) -> dict[str, int]:
+    def pool_metrics(self) -> dict[str, float]:
         return {"queue/prompt_depth": self.prompts.depth(), "queue/result_depth": self.results.depth()}
 
     def stop(self, mode: str = "finish") -> list[Completion]:
