@@ -71,3 +71,25 @@ def test_a_killed_engine_is_replaced_and_the_run_finishes_with_nothing_lost(tmp_
             fates.extend(step.get(fate, []))
     fates += json.loads((out / "untrained_prompts.json").read_text())
     assert sorted(fates) == sorted(ids)
+
+
+def test_an_engine_that_dies_during_a_weight_sync_is_replaced_and_the_sync_completes(tmp_path):
+    """Engine 1 exits as version 2 starts to arrive: the sync fails for the others without hanging, the engine
+    is replaced, the sync runs again, and the run trains to the end."""
+    from test_training_loop import COMMON
+
+    from open_instruct.benchmarks.workloads import DiesInWeightSyncActor
+    from open_instruct.config import parse_config
+    from open_instruct.orchestrator import run
+
+    args = list(COMMON)
+    args[args.index("--total_episodes") + 1] = str(4 * 32)
+    cfg = parse_config([*args, "--vllm_num_engines", "2", "--output_dir", str(tmp_path / "out")])
+    marker = tmp_path / "engine_1_died"
+    started = time.monotonic()
+    summary = run(cfg, engine_class=DiesInWeightSyncActor, engine_args=((1, 2, str(marker)),))
+    assert marker.exists() and summary["status"] == "completed"
+    metrics = read_jsonl(tmp_path / "out" / "metrics.jsonl")
+    assert [m["training_step"] for m in metrics] == list(range(4))
+    assert metrics[-1]["engines/restarts_total"] == 1
+    assert time.monotonic() - started < 600

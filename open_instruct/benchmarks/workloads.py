@@ -182,3 +182,22 @@ class ForcedTurnsActor(GenerationActor):
         if turn < len(self.forced_turns):
             params.structured_outputs = StructuredOutputsParams(regex=self.forced_turns[turn])
         return params
+
+
+class DiesInWeightSyncActor(GenerationActor):
+    """Fault injection: engine `victim` ends its process when asked to receive weight version `at_version`,
+    once (it leaves `marker` behind, so its replacement lives). The learner is then broadcasting into a group
+    with a dead member: the case a weight sync must survive without hanging."""
+
+    def __init__(self, engine_id, settings, reward_settings=None, reward_workers=1, fault=(0, 2, "")):
+        super().__init__(engine_id, settings, reward_settings, reward_workers)
+        self.victim, self.at_version, self.marker = fault
+
+    async def receive_weights(self, update_info: dict, version: int, timeout_s: float = 600.0):
+        import os
+        from pathlib import Path
+
+        if self.engine_id == self.victim and version == self.at_version and not Path(self.marker).exists():
+            Path(self.marker).touch()
+            os._exit(1)
+        return await super().receive_weights(update_info, version, timeout_s)
