@@ -114,24 +114,19 @@ class HubSource(Source):
                 ) from error
         return self._dataset
 
-    def _check_reachable(self, timeout_s: float = 5.0) -> None:
+    def _check_reachable(self) -> None:
         """One request with a timeout: `datasets` retries an unreachable Hub for most of a minute."""
-        import os
+        from open_instruct import hub
 
-        if Path(self.name).exists() or os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on"):
+        if Path(self.name).exists() or hub.offline():
             return  # a local folder; or offline, where `datasets` reads its cache and fails at once without it
         from huggingface_hub import HfApi
-        from huggingface_hub.errors import RepositoryNotFoundError
 
         try:
-            HfApi().dataset_info(self.name, timeout=timeout_s)
-        except RepositoryNotFoundError:
-            raise DatasetError(f"{self.name}: no such dataset on the Hugging Face Hub (or it is private)") from None
-        except Exception as error:  # network: name resolution, refused, timed out, proxy
-            raise DatasetError(
-                f"{self.name}: the Hugging Face Hub did not answer within {timeout_s:.0f} s ({type(error).__name__}: "
-                f"{error}): connect to the network, or set HF_HUB_OFFLINE=1 to use a cached copy"
-            ) from None
+            HfApi().dataset_info(self.name, timeout=hub.HUB_TIMEOUT_S)
+        except Exception as error:
+            remedy = "connect to the network, or set HF_HUB_OFFLINE=1 to use a cached copy"
+            raise DatasetError(hub.failure_line(error, self.name, remedy)) from None
 
     def fingerprint(self) -> dict[str, Any]:
         # `datasets` fingerprints the loaded table (it changes when the hub revision does).

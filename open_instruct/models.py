@@ -6,14 +6,12 @@ model goes through.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
+from open_instruct import hub
 from open_instruct.chat_templates import resolve_chat_template
 from open_instruct.embedded_default import EMBEDDED_MODEL_NAME, ensure_embedded_model
 from open_instruct.errors import UserError
-
-HUB_TIMEOUT_S = 5.0
 
 
 class ModelNotFound(UserError):
@@ -42,28 +40,19 @@ def check_model_source(name: str, flag: str, revision: str | None = None, needs_
         return
     from huggingface_hub import get_hf_file_metadata, hf_hub_url, try_to_load_from_cache
     from huggingface_hub.constants import HF_HUB_CACHE
-    from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError, RevisionNotFoundError
 
     if isinstance(try_to_load_from_cache(name, "config.json", revision=revision), str):
         return
-    not_cached = f"{flag} {name}: not in the local Hugging Face cache ({HF_HUB_CACHE})"
-    if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on"):
-        raise ModelNotFound(f"{not_cached} and HF_HUB_OFFLINE is set: download it first or pass a local path")
+    not_cached = f"not in the local Hugging Face cache ({HF_HUB_CACHE})"
+    if hub.offline():
+        raise ModelNotFound(
+            f"{flag} {name}: {not_cached} and HF_HUB_OFFLINE is set: download it first or pass a local path"
+        )
     try:
-        get_hf_file_metadata(hf_hub_url(name, "config.json", revision=revision), timeout=HUB_TIMEOUT_S)
-    except GatedRepoError:
-        raise ModelNotFound(
-            f"{flag} {name}: a gated model on the Hub: accept its terms and log in (hf auth login)"
-        ) from None
-    except RevisionNotFoundError:
-        raise ModelNotFound(f"{flag} {name}: the Hub has no revision {revision!r} of it") from None
-    except RepositoryNotFoundError:
-        raise ModelNotFound(f"{flag} {name}: no such model on the Hugging Face Hub (or it is private)") from None
-    except Exception as error:  # network: name resolution, refused, timed out, proxy
-        raise ModelNotFound(
-            f"{not_cached} and the Hub did not answer within {HUB_TIMEOUT_S:.0f} s ({type(error).__name__}: "
-            f"{error}): connect to the network, or pass a local path"
-        ) from None
+        get_hf_file_metadata(hf_hub_url(name, "config.json", revision=revision), timeout=hub.HUB_TIMEOUT_S)
+    except Exception as error:
+        remedy = f"it is {not_cached}: connect to the network, or pass a local path"
+        raise ModelNotFound(hub.failure_line(error, f"{flag} {name}", remedy, revision)) from None
 
 
 def check_model_sources(model_config, options=None) -> None:

@@ -6,11 +6,7 @@ exactly once."""
 from __future__ import annotations
 
 import json
-import os
 import re
-import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -26,7 +22,7 @@ def read_jsonl(path: Path) -> list[dict]:
 
 
 def test_a_killed_engine_is_replaced_and_the_run_finishes_with_nothing_lost(tmp_path):
-    from helpers.processes import session_pids
+    from helpers.processes import kill_actor_when, start_grpo_session
     from test_training_loop import COMMON, steps_logged
 
     out, admitted = tmp_path / "run", tmp_path / "admitted.jsonl"
@@ -34,19 +30,10 @@ def test_a_killed_engine_is_replaced_and_the_run_finishes_with_nothing_lost(tmp_
     args[args.index("--total_episodes") + 1] = str(STEPS * 32)
     args += ["--vllm_num_engines", "2", "--num_learners_per_node", "1", "--save_admitted_prompts", str(admitted)]
     log_path = tmp_path / "run.log"
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen(
-            [sys.executable, str(REPO / "open_instruct" / "grpo_fast.py"), "--output_dir", str(out), *args],
-            cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-            env={**os.environ, "TOKENIZERS_PARALLELISM": "false"},
-        )  # fmt: skip
-        deadline = time.monotonic() + 600
-        while 1 not in steps_logged(out) and proc.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.2)
-        engines = [p for p in session_pids(proc.pid) if "GenerationActor" in Path(f"/proc/{p}/cmdline").read_text()]
-        assert len(engines) == 2, log_path.read_text()[-3000:]
-        os.kill(engines[0], signal.SIGKILL)
-        assert proc.wait(timeout=900) == 0, log_path.read_text()[-4000:]
+    proc = start_grpo_session(args, out, log_path)
+    engines = kill_actor_when(proc, lambda: 1 in steps_logged(out), "GenerationActor", log_path)
+    assert len(engines) == 2
+    assert proc.wait(timeout=900) == 0, log_path.read_text()[-4000:]
     log = log_path.read_text()
 
     replaced = re.search(r"engine (\d) replaced \(.*\); it joined at weight version (\d+)", log)

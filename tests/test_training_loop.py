@@ -286,34 +286,13 @@ def test_the_original_launch_command_runs_with_tiny_substitutes(tmp_path, model_
 
 
 def test_a_dying_engine_without_restarts_left_ends_the_run_with_the_cause_and_no_orphans(tmp_path):
-    from helpers.processes import session_pids
+    from helpers.processes import kill_actor_when, session_pids, start_grpo_session
 
     out = tmp_path / "run"
     log_path = tmp_path / "run.log"
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen(
-            [
-                sys.executable,
-                str(REPO / "open_instruct" / "grpo_fast.py"),
-                "--output_dir",
-                str(out),
-                *COMMON,
-                "--max_engine_restarts",
-                "0",
-            ],
-            cwd=REPO,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            env={**os.environ, "TOKENIZERS_PARALLELISM": "false"},
-        )
-        deadline = time.monotonic() + 600
-        while 1 not in steps_logged(out) and proc.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.2)
-        engines = [p for p in session_pids(proc.pid) if "GenerationActor" in Path(f"/proc/{p}/cmdline").read_text()]
-        assert engines, log_path.read_text()[-3000:]
-        os.kill(engines[0], signal.SIGKILL)
-        assert proc.wait(timeout=300) == 1
+    proc = start_grpo_session([*COMMON, "--max_engine_restarts", "0"], out, log_path)
+    kill_actor_when(proc, lambda: 1 in steps_logged(out), "GenerationActor", log_path)
+    assert proc.wait(timeout=300) == 1
     text = log_path.read_text()
     # Noticed by the result poll (EngineFailure) or by a weight sync (WeightSyncError): either names the engine.
     assert re.search(r"grpo_fast.py: run failed: (EngineFailure|WeightSyncError): .*engine 0", text), text[-3000:]
@@ -324,26 +303,16 @@ def test_a_dying_engine_without_restarts_left_ends_the_run_with_the_cause_and_no
 
 
 def test_a_dying_learner_ends_the_run_with_the_cause_and_the_command_that_resumes_it(tmp_path):
-    from helpers.processes import session_pids
+    from helpers.processes import kill_actor_when, start_grpo_session
 
     out, state = tmp_path / "run", tmp_path / "state"
     args = list(COMMON)
     args[args.index("--total_episodes") + 1] = str(3 * 32)
     args += ["--checkpoint_state_freq", "1", "--checkpoint_state_dir", str(state)]
     log_path = tmp_path / "run.log"
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen(
-            [sys.executable, str(REPO / "open_instruct" / "grpo_fast.py"), "--output_dir", str(out), *args],
-            cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-            env={**os.environ, "TOKENIZERS_PARALLELISM": "false"},
-        )  # fmt: skip
-        deadline = time.monotonic() + 600
-        while not (state / "latest").exists() and proc.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.2)
-        learners = [p for p in session_pids(proc.pid) if "LearnerActor" in Path(f"/proc/{p}/cmdline").read_text()]
-        assert learners, log_path.read_text()[-3000:]
-        os.kill(learners[0], signal.SIGKILL)
-        assert proc.wait(timeout=300) == 1
+    proc = start_grpo_session(args, out, log_path)
+    kill_actor_when(proc, (state / "latest").exists, "LearnerActor", log_path)
+    assert proc.wait(timeout=300) == 1
     lines = [line for line in log_path.read_text().splitlines() if line.startswith("grpo_fast.py: ")]
     # Noticed by the train step (LearnerFailure) or by a weight sync (WeightSyncError): either names the rank.
     assert re.search(r"run failed: (LearnerFailure: learner rank \d died during|WeightSyncError: .* on learner \d)",

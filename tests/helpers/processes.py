@@ -17,3 +17,34 @@ def session_pids(sid: int) -> list[int]:
         if fields[0] != "Z" and int(fields[3]) == sid:  # state ppid pgrp session; zombies are already dead
             pids.append(int(entry.name))
     return pids
+
+
+def start_grpo_session(args: list[str], out: Path, log_path: Path):
+    """grpo_fast.py in its own session (so its actors can be found and killed), output to `log_path`."""
+    import os
+    import subprocess
+    import sys
+
+    repo = Path(__file__).resolve().parents[2]
+    with open(log_path, "w") as log:
+        return subprocess.Popen(
+            [sys.executable, str(repo / "open_instruct" / "grpo_fast.py"), "--output_dir", str(out), *args],
+            cwd=repo, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            env={**os.environ, "TOKENIZERS_PARALLELISM": "false"},
+        )  # fmt: skip
+
+
+def kill_actor_when(proc, ready, actor_class: str, log_path: Path, timeout_s: float = 600) -> list[int]:
+    """Once `ready()` (or the run ended), SIGKILL the first Ray actor process of `actor_class` in the run's
+    session; returns the pids of that class found."""
+    import os
+    import signal
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while not ready() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    actors = [p for p in session_pids(proc.pid) if actor_class in Path(f"/proc/{p}/cmdline").read_text()]
+    assert actors, log_path.read_text()[-3000:]
+    os.kill(actors[0], signal.SIGKILL)
+    return actors
