@@ -146,15 +146,12 @@ class EnginePool:
         import ray
 
         self._drain_results()  # samples it finished before dying count as delivered
-        in_flight = self.ledger.in_flight(engine_id)
-        failure = EngineFailure(engine_id, error, in_flight)
-        if self.respawn is not None and self.restarts < self.max_restarts:
-            in_flight += self._pulled_unannounced()
-        if self.respawn is None or self.restarts >= self.max_restarts:
-            if self.respawn is not None:
-                raise EngineFailure(engine_id, RuntimeError(f"--max_engine_restarts {self.max_restarts} used up; "
-                                    f"last failure: {failure}"), in_flight) from error  # fmt: skip
+        failure = EngineFailure(engine_id, error, self.ledger.in_flight(engine_id))
+        if self.respawn is None:
             raise failure from error
+        if self.restarts >= self.max_restarts:
+            budget = RuntimeError(f"--max_engine_restarts {self.max_restarts} used up; last failure: {failure}")
+            raise EngineFailure(engine_id, budget, failure.in_flight) from error
         self.restarts += 1
         logger.warning("%s; replacing it (restart %d of %d)", failure, self.restarts, self.max_restarts)
         for ref, loop_engine in list(self._loops.items()):
@@ -162,7 +159,7 @@ class EnginePool:
                 del self._loops[ref]
         with contextlib.suppress(Exception):  # hung rather than dead: make sure it is gone
             ray.kill(self.actors[engine_id])
-        self._resubmit(in_flight)
+        self._resubmit(failure.in_flight + self._pulled_unannounced())
         actor = self.respawn(engine_id)
         info = ray.get(actor.start.remote(), timeout=600)
         self.actors[engine_id] = actor
@@ -275,6 +272,7 @@ class EnginePool:
             "queue/result_depth": self.results.depth(),
             "engines/restarts_total": float(self.restarts),
             "engines/resubmitted_samples_total": float(self.resubmitted_samples),
+            "engines/duplicate_samples_dropped_total": float(self.duplicate_samples),
         }
 
     def stop(self, mode: str = "finish", timeout_s: float = 600) -> list[Completion]:

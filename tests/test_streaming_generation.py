@@ -202,7 +202,8 @@ def test_engine_metrics_account_for_the_whole_uptime(pool):
         assert 0 <= s.kv_cache_usage <= 1
     depths = pool.pool_metrics()
     assert set(depths) == {
-        "queue/prompt_depth", "queue/result_depth", "engines/restarts_total", "engines/resubmitted_samples_total"
+        "queue/prompt_depth", "queue/result_depth", "engines/restarts_total", "engines/resubmitted_samples_total",
+        "engines/duplicate_samples_dropped_total",
     }  # fmt: skip
 
 
