@@ -6,10 +6,11 @@ config and tokenizer, loadable by transformers and vLLM; only the newest
 
 Run state (`--checkpoint_state_freq`, `--checkpoint_state_dir`): `step_<k>/learner/` is each
 rank's DeepSpeed checkpoint (weights, optimizer, scheduler) plus RNG states; `driver.pkl` is
-`DriverState`: the step, the policy version, the data position, the replay buffer's complete
-groups, and the admitted prompts that were not trained yet (in flight, or in groups still
-incomplete). `latest` names the newest complete state; it is written last, so a kill during
-a save leaves the previous state in charge.
+`DriverState`: the step, the policy version, the data position, the replay buffer's groups (complete
+ones, and the delivered samples of incomplete ones), and the admitted prompts that were not trained
+yet, each for its missing samples only, with the tokens those had when the run stopped (they continue
+after the resume instead of starting over). `latest` names the newest complete state; it is written
+last, so a kill during a save leaves the previous state in charge.
 """
 
 from __future__ import annotations
@@ -32,8 +33,8 @@ class DriverState:
     next_step: int  # the first step the resumed run trains
     version: int  # learner policy version after `next_step - 1` steps
     feeder: FeederState
-    buffer: BufferState  # complete groups only; incomplete ones are re-queued whole
-    requeue: tuple[PromptRequest, ...]  # admitted, untrained, not in a complete group
+    buffer: BufferState  # complete groups, and the samples incomplete ones have so far
+    requeue: tuple[PromptRequest, ...]  # admitted, untrained, not complete: missing samples and their partials
     episodes: int  # samples trained so far
     outcomes: dict[str, int] = field(default_factory=dict)  # metrics.PromptOutcomes.totals()
     rubrics: tuple | None = None  # evolving rubrics: (queries -> QueryRubrics, row id -> ground truths)

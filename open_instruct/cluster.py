@@ -19,6 +19,9 @@ from concurrent.futures import ThreadPoolExecutor
 logger = logging.getLogger(__name__)
 
 
+TASK_EVENTS_KEPT = 10_000
+
+
 def init_ray(min_logical_cpus: int = 1) -> None:
     import ray
 
@@ -40,7 +43,12 @@ def init_ray(min_logical_cpus: int = 1) -> None:
         return
     num_cpus = max(os.cpu_count() or 1, min_logical_cpus)
     logger.info("starting a local Ray cluster (%d logical CPUs)", num_cpus)
-    ray.init(num_cpus=num_cpus, runtime_env=env, include_dashboard=False, log_to_driver=True)
+    # Every actor call leaves a task event in the GCS (the queues' polls alone make thousands per step):
+    # capped, so the GCS stays flat in a long run (scripts/soak.py).
+    ray.init(
+        num_cpus=num_cpus, runtime_env=env, include_dashboard=False, log_to_driver=True,
+        _system_config={"task_events_max_num_task_in_gcs": TASK_EVENTS_KEPT},
+    )  # fmt: skip
 
 
 def shutdown_ray() -> None:
@@ -218,7 +226,7 @@ class Stack:
         self.pool = EnginePool(
             engines(list(range(g.vllm_num_engines))), prompt_capacity=cfg.prompt_queue_capacity,
             respawn=lambda engine_id: engines([engine_id])[0], rejoin=lambda: self.sync.rejoin(),
-            max_restarts=r.max_engine_restarts,
+            max_restarts=r.max_engine_restarts, hang_timeout_s=r.engine_hang_timeout_s,
         )  # fmt: skip
         learner_settings = dataclasses.replace(
             LearnerSettings.from_config(cfg, model_path), cpu_cores=placement.learner_cores

@@ -32,6 +32,17 @@ class ResourceConfig:
         "their unfinished samples go back to the queue and the new engine gets the current weights. 0: a dead "
         "engine ends the run.",
     )
+    partial_report_tokens: int = arg(
+        256,
+        "Every this many new tokens a running sample's tokens and logprobs go to the driver, so that a sample "
+        "whose engine dies continues on another engine from there (one re-prefill) instead of starting over; "
+        "samples running when the run stops are saved whole in the resume state. 0: dead engines' samples restart.",
+    )
+    engine_hang_timeout_s: float = arg(
+        300.0,
+        "An engine that neither answers nor produces a token for this long while it has samples running is "
+        "taken for hung: killed and replaced like a dead one (within --max_engine_restarts). 0: never.",
+    )
     num_nodes: int = arg(1, "Informational (open-instruct prints it); nodes come from --num_learners_per_node.")
     sequence_parallel_size: int = arg(
         1,
@@ -104,6 +115,8 @@ def resource_problems(cfg) -> list[str]:
     checks = [
         (r.vllm_sync_backend in ("nccl", "gloo"), f"--vllm_sync_backend {r.vllm_sync_backend} must be nccl or gloo"),
         (r.max_engine_restarts >= 0, f"--max_engine_restarts {r.max_engine_restarts} must be >= 0"),
+        (r.partial_report_tokens >= 0, f"--partial_report_tokens {r.partial_report_tokens} must be >= 0"),
+        (r.engine_hang_timeout_s >= 0, f"--engine_hang_timeout_s {r.engine_hang_timeout_s} must be >= 0 (0: off)"),
         (r.backend_timeout >= 1, f"--backend_timeout {r.backend_timeout} must be >= 1 (minutes)"),
         (r.deepspeed_zpg >= 1, f"--deepspeed_zpg {r.deepspeed_zpg} must be >= 1"),
         (

@@ -9,25 +9,30 @@ the next `poll` (within a fraction of a second), and the prompts it had pulled a
 
 With a `respawn` (the Stack gives one, within --max_engine_restarts) a dead engine is replaced
 instead of ending the run: the samples it had not delivered go back to the prompt queue (only the
-missing sample indices, so nothing is generated twice), a new actor takes its index and placement,
-`respawn` loads the current weights into it through the normal weight sync, and it joins the queue.
+missing sample indices, so nothing is generated twice, each with the tokens it had reported so far, so
+it continues instead of starting over), a new actor takes its index and placement, `respawn` loads the
+current weights into it through the normal weight sync, and it joins the queue. An engine that is alive
+but hung (no answer, or no token with samples running, for --engine_hang_timeout_s) is killed and
+replaced the same way.
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import logging
 import time
 from collections.abc import Callable
 
+from open_instruct.engine_faults import HangWatch, PartialSamples
 from open_instruct.messages import (
     Completion,
     EngineStarted,
     EngineStats,
     EngineStopped,
+    PartialSample,
     PromptRequest,
     PromptStarted,
+    SampleProgress,
 )
 from open_instruct.prompt_feeder import DeliveryLedger
 from open_instruct.queues import RayChannel
@@ -58,6 +63,7 @@ class EnginePool:
         respawn: Callable[[int], object] | None = None,
         rejoin: Callable[[], dict] | None = None,
         max_restarts: int = 0,
+        hang_timeout_s: float = 0.0,
     ):
         self.actors = actors
         # respawn(engine_id): a new actor (not started) with that engine's id and placement; rejoin(): the
@@ -68,7 +74,6 @@ class EnginePool:
         self.restarts = 0
         self.resubmitted_samples = 0
         self._requests: dict[str, PromptRequest] = {}  # admitted and not yet complete (for resubmission)
-        self._resubmitted: set[str] = set()
         self.duplicate_samples = 0  # generated twice after a resubmission (see _pulled_unannounced); dropped
         self.prompts: RayChannel[PromptRequest] = RayChannel(prompt_capacity, name="prompt queue")
         self.results: RayChannel = RayChannel(result_capacity, name="result queue")
@@ -76,6 +81,10 @@ class EnginePool:
         self._loops: dict = {}  # ObjectRef of each engine's run() -> engine id
         self._carried: list[Completion] = []  # drained while reporting a failure; returned by the next poll
         self.start_info: list[EngineStarted] = []
+        self.partials = PartialSamples()
+        self.hangs = HangWatch(hang_timeout_s)
+        self.hung_engines = 0
+        self._interrupting = False  # stop("interrupt") in progress: cut samples are kept, not delivered
 
     @property
     def num_engines(self) -> int:
@@ -100,17 +109,20 @@ class EnginePool:
         for request in requests:
             self.ledger.admit(request)
             self._requests[request.prompt_id] = request
+            self.partials.count(request, request.partials)  # a resumed run's interrupted samples
             self.prompts.put(request, timeout=timeout_s)
 
     def poll(self, timeout_s: float = 0.0) -> list[Completion]:
         """Finished samples so far (waiting up to timeout_s for the first); raises EngineFailure."""
         self.check_engines()
+        self.check_hangs()
         messages = self.results.get_all()
         if not messages and timeout_s > 0:
             deadline = time.monotonic() + timeout_s
             while not messages and time.monotonic() < deadline:
                 time.sleep(0.02)
                 self.check_engines()
+                self.check_hangs()
                 messages = self.results.get_all()
         completions, self._carried = self._carried + self._record(messages), []
         return completions
@@ -130,6 +142,33 @@ class EnginePool:
                 continue
             logger.info("engine %d's loop ended", engine_id)
 
+    def check_hangs(self) -> None:
+        """Probe the engines now and then (their `stats`, never waited on); replace those `HangWatch` finds hung."""
+        import ray
+
+        now = time.monotonic()
+        pending = self.hangs.pending()
+        if pending:
+            ready, _ = ray.wait(list(pending.values()), num_returns=len(pending), timeout=0)
+            for engine_id, ref in pending.items():
+                if ref not in ready:
+                    continue
+                try:
+                    stats: EngineStats = ray.get(ref)
+                except Exception:  # it died: its loop's end reports that (check_engines)
+                    self.hangs.forget(engine_id)
+                    continue
+                # Pulling prompts is not progress: a stalled engine with room keeps pulling work it never does.
+                pulse = (stats.token_outputs, stats.completed_samples, stats.pauses)
+                active = stats.running_samples - stats.parked_samples
+                self.hangs.answered(engine_id, pulse, active, stats.uptime_s)
+        for engine_id, why in self.hangs.hung(now).items():
+            self.hung_engines += 1
+            self._engine_failed(engine_id, TimeoutError(f"engine {engine_id} hung: {why}"))
+        for engine_id in sorted(set(self._loops.values())):
+            if self.hangs.probe_due(engine_id, now):
+                self.hangs.probe_sent(engine_id, self.actors[engine_id].stats.remote(), now)
+
     def replace_dead(self, wait_s: float = 3.0) -> int:
         """Replace engines whose process died, waiting up to `wait_s` for Ray to notice; returns how many
         (after a weight sync failed: was an engine lost, or is it a real sync failure?)."""
@@ -146,6 +185,7 @@ class EnginePool:
         import ray
 
         self._drain_results()  # samples it finished before dying count as delivered
+        self.hangs.forget(engine_id)
         failure = EngineFailure(engine_id, error, self.ledger.in_flight(engine_id))
         if self.respawn is None:
             raise failure from error
@@ -187,10 +227,9 @@ class EnginePool:
             delivered = self.ledger.delivered.get(prompt_id, set())
             request = self._requests[prompt_id]
             missing = tuple(j for j in request.samples_to_generate() if j not in delivered)
-            self.ledger.engine_of.pop(prompt_id, None)
-            self._resubmitted.add(prompt_id)
+            self.ledger.reassign(prompt_id)
             self.resubmitted_samples += len(missing)
-            self.prompts.put(dataclasses.replace(request, sample_indices=missing), timeout=60)
+            self.prompts.put(self.partials.attach(request, missing), timeout=60)
 
     def _drain_results(self) -> None:
         """Take in everything already queued, so in-flight lists are complete; completions are kept
@@ -202,13 +241,30 @@ class EnginePool:
         for message in messages:
             if isinstance(message, PromptStarted):
                 self.ledger.started(message.prompt_id, message.engine_id)
-            elif message.prompt_id in self._resubmitted and self.ledger.has(message.prompt_id, message.sample_index):
+            elif isinstance(message, SampleProgress):
+                self.partials.report(message)
+            elif message.prompt_id in self.ledger.reassigned and self.ledger.has(
+                message.prompt_id, message.sample_index
+            ):
                 self.duplicate_samples += 1
+            elif self._interrupting and message.finish_reason == "abort" and not message.is_eval:
+                self.partials.interrupted(message)  # for the resume state: continued by the next run
             else:
                 if self.ledger.deliver(message):
                     self._requests.pop(message.prompt_id, None)
+                self.partials.delivered(message.prompt_id, message.sample_index)
                 completions.append(message)
         return completions
+
+    def _is_duplicate(self, completion: Completion) -> bool:
+        """A second copy of a sample resubmitted after its engine failed (see `_pulled_unannounced`)."""
+        return completion.prompt_id in self.ledger.reassigned and self.ledger.has(
+            completion.prompt_id, completion.sample_index
+        )
+
+    def partial_samples(self, prompt_id: str) -> tuple[PartialSample, ...]:
+        """What is kept of `prompt_id`'s undelivered samples (for the resume state)."""
+        return self.partials.of_prompt(prompt_id)
 
     # -- weight sync: refs by engine name, awaited by WeightSync together with the learners'
 
@@ -240,12 +296,17 @@ class EnginePool:
         call notices first (a poll, a stats call, an abort)."""
         import ray
 
+        if self.hangs.timeout_s > 0:  # a hung engine must not hold the driver longer than a hang takes to call
+            timeout_s = min(timeout_s, self.hangs.timeout_s)
         refs = [getattr(actor, method).remote(*args) for actor in self.actors]
         replies = []
         for engine_id, ref in enumerate(refs):
             try:
                 replies.append(ray.get(ref, timeout=timeout_s))
-            except ray.exceptions.RayActorError as error:  # the actor (or its process) is gone
+            except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError) as error:  # gone, or hung
+                if isinstance(error, ray.exceptions.GetTimeoutError):
+                    self.hung_engines += 1
+                    error = TimeoutError(f"engine {engine_id} hung: no answer to {method} for {timeout_s:g} s")
                 self._engine_failed(engine_id, error)  # raises unless it was replaced
                 replies.append(ray.get(getattr(self.actors[engine_id], method).remote(*args), timeout=timeout_s))
         return replies
@@ -273,13 +334,23 @@ class EnginePool:
             "engines/restarts_total": float(self.restarts),
             "engines/resubmitted_samples_total": float(self.resubmitted_samples),
             "engines/duplicate_samples_dropped_total": float(self.duplicate_samples),
+            "engines/hung_total": float(self.hung_engines),
+            **self.partials.metrics(),
         }
 
     def stop(self, mode: str = "finish", timeout_s: float = 600) -> list[Completion]:
-        """Stop every engine ('finish' or 'abort'); returns the samples delivered meanwhile."""
+        """Stop every engine; returns the samples delivered meanwhile. 'finish' lets running samples end,
+        'abort' cuts them and delivers them as they are (finish_reason "abort"), 'interrupt' cuts them and
+        keeps their tokens as partial samples instead (`partial_samples`: a stopping run saves them)."""
         import ray
 
-        reports: list[EngineStopped] = ray.get([actor.stop.remote(mode) for actor in self.actors], timeout=timeout_s)
+        if mode not in ("finish", "abort", "interrupt"):
+            raise ValueError(f"stop mode must be finish, abort or interrupt, got {mode!r}")
+        self._interrupting = mode == "interrupt"
+        engine_mode = "abort" if mode == "interrupt" else mode
+        reports: list[EngineStopped] = ray.get(
+            [actor.stop.remote(engine_mode) for actor in self.actors], timeout=timeout_s
+        )
         ray.get(list(self._loops), timeout=timeout_s)
         self._loops = {}
         for r in reports:
@@ -287,7 +358,9 @@ class EnginePool:
                 "engine %d stopped (%s): %d samples were in flight; it completed %d samples, at weight version %d",
                 r.engine_id, r.mode, r.in_flight_at_stop, r.completed_samples, r.weight_version,
             )  # fmt: skip
-        return self.poll()
+        completions = self.poll()
+        self._interrupting = False
+        return completions
 
     def shutdown(self) -> None:
         import ray

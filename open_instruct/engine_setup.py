@@ -32,6 +32,7 @@ class EngineSettings:
     gpu_dtype: str = "bfloat16"  # --model_dtype
     attention_backend: str | None = None  # --vllm_attention_backend; None lets vLLM choose
     agent: AgentSettings = AgentSettings()  # tools and limits of multi-turn rollouts
+    partial_report_tokens: int = 0  # --partial_report_tokens: a running sample's tokens go to the driver this often
 
     @classmethod
     def from_config(cls, cfg, model_path: str) -> EngineSettings:
@@ -49,6 +50,7 @@ class EngineSettings:
             gpu_dtype=cfg.resources.model_dtype,
             attention_backend=cfg.resources.vllm_attention_backend,
             agent=AgentSettings.from_config(cfg),
+            partial_report_tokens=cfg.resources.partial_report_tokens,
         )
 
 

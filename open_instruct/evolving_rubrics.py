@@ -4,10 +4,11 @@ graded with them.
 
 Only groups graded by the `rubric` verifier take part (rewards/rubric.py scores them). Per query the
 book keeps the dataset's own rubrics (persistent, never capped), the active evolving ones (at most
---max_active_rubrics; the oldest retire first and never come back) and the retired ones. A prompt's
-new ground truth is its row's with `rubrics` = persistent + active and a parallel `rubrics_types`;
-requests admitted afterwards carry it, samples in flight keep the one they were admitted with, and
-eval prompts always use the dataset's.
+--max_active_rubrics; the oldest retire first and never come back) and the retired ones: all counted,
+only the newest `RETIRED_KEPT` kept (all of them would grow the book every step). A prompt's new ground
+truth is its row's with `rubrics` = persistent + active and a parallel `rubrics_types`; requests admitted
+afterwards carry it, samples in flight keep the one they were admitted with, and eval prompts always use
+the dataset's.
 
 The generation model is $RUBRIC_GENERATION_MODEL, else --llm_judge_model, on the judge endpoint;
 $RUBRIC_GENERATION_EXTRA_BODY (else $LLM_JUDGE_EXTRA_BODY) is merged into its requests. A call that
@@ -33,13 +34,15 @@ from open_instruct.rewards.llm_judge import ask_judge
 from open_instruct.rewards.rubric import parse_rubric_truth
 
 RUBRIC_VERIFIER = "rubric"
+RETIRED_KEPT = 32  # retired rubrics kept per query (the newest): they never come back, so only their count matters
 
 
 @dataclass
 class QueryRubrics:
     persistent: list[dict]
     active: list[dict] = field(default_factory=list)
-    retired: list[dict] = field(default_factory=list)
+    retired: list[dict] = field(default_factory=list)  # the newest RETIRED_KEPT of them
+    retired_total: int = 0
 
 
 @dataclass(frozen=True)
@@ -97,6 +100,8 @@ class RubricBook:
     def __init__(self, max_active: int, queries: dict[str, QueryRubrics] | None = None):
         self.max_active = max_active
         self.queries: dict[str, QueryRubrics] = queries if queries is not None else {}
+        for entry in self.queries.values():  # a state saved before retired_total existed kept every retired one
+            entry.retired_total = max(entry.retired_total, len(entry.retired))
 
     def entry(self, truth: dict) -> QueryRubrics:
         return self.queries.setdefault(truth["query"], QueryRubrics(persistent=list(truth["rubrics"])))
@@ -106,7 +111,8 @@ class RubricBook:
         entry.active += new
         overflow = len(entry.active) - self.max_active
         if overflow > 0:
-            entry.retired += entry.active[:overflow]
+            entry.retired = (entry.retired + entry.active[:overflow])[-RETIRED_KEPT:]
+            entry.retired_total += overflow
             entry.active = entry.active[overflow:]
 
     def ground_truth(self, truth: dict) -> str:
@@ -119,7 +125,7 @@ class RubricBook:
         entries = self.queries.values()
         return {
             "evolving_rubrics/total_active": float(sum(len(e.active) for e in entries)),
-            "evolving_rubrics/total_retired": float(sum(len(e.retired) for e in entries)),
+            "evolving_rubrics/total_retired": float(sum(e.retired_total for e in entries)),
             "evolving_rubrics/total_persistent": float(sum(len(e.persistent) for e in entries)),
         }
 

@@ -22,6 +22,7 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import replace
 
+from open_instruct.engine_outputs import continued, from_output, progress_report, sampling_params
 from open_instruct.engine_setup import EngineSettings, engine_args, scheduler_probe
 from open_instruct.messages import (
     AgentRequest,
@@ -33,7 +34,6 @@ from open_instruct.messages import (
     EngineStopped,
     PromptRequest,
     PromptStarted,
-    VersionSpan,
     WeightsReceived,
 )
 from open_instruct.queues import ChannelTimeout
@@ -86,15 +86,18 @@ class GenerationActor:
         self._room = asyncio.Event()
         self._occupancy = _Occupancy()
         self._tokens = self._completed = self._pulled = 0
-        self._prompt_tokens = self._weight_updates = 0
+        self._prompt_tokens = self._weight_updates = self._outputs = 0
         self._resumed = asyncio.Event()
         self._resumed.set()
+        self._weights_settled = asyncio.Event()  # clear while receive_weights runs (and restores, on failure)
+        self._weights_settled.set()
         self._progress: dict[str, int] = {}  # request id -> tokens generated so far
         # (prompt id, sample index) of samples still generating -> their task, and the weight version
         # of their first token: what `abort_stale` needs to stop samples the staleness bound dooms.
         self._generating: dict[tuple[str, int], asyncio.Task] = {}
         self._first_version: dict[tuple[str, int], int] = {}
         self.toolbox = None
+        self._results = None  # the result channel while streaming (progress reports go there too)
         self._parked = 0  # samples waiting on a tool or environment (they hold no KV cache meanwhile)
 
     # ------------------------------------------------------------------ lifecycle
@@ -185,6 +188,7 @@ class GenerationActor:
                 self._launch(request, j)
         if self._tasks:
             await asyncio.wait(list(self._tasks))
+        self._results = None
         return EngineLoopEnded(self.engine_id, self._pulled, self._completed)
 
     def _launch(self, request: PromptRequest, sample_index: int) -> None:
@@ -266,6 +270,7 @@ class GenerationActor:
         completion = await self.generate_sample(request, sample_index)
         # Generation is over: from here on (scoring, delivery) an abort would only lose finished work.
         self._generating.pop((request.prompt_id, sample_index), None)
+        self._first_version.pop((request.prompt_id, sample_index), None)
         if completion.finish_reason in ("error", "abort"):
             return completion  # delivered as is: nothing to verify
         self._completed += 1
@@ -334,89 +339,83 @@ class GenerationActor:
     def sampling_params(self, request: PromptRequest, sample_index: int, turn: int):
         """vLLM SamplingParams of one request (turn: the index of a multi-turn sample's turn). A hook: tests and
         benchmarks force a turn's text (tool calls from a random model) through structured outputs."""
-        return _sampling_params(request, sample_index)
+        return sampling_params(request, sample_index)
 
     async def _generate_sample(self, request: PromptRequest, sample_index: int, part: str = "", turn: int = 0):
-        """One vLLM request; the Completion is not scored yet."""
-        from vllm.inputs import tokens_input
+        """One vLLM request; the Completion is not scored yet. A single-turn sample interrupted before
+        (`request.partials`) continues from prompt + its kept tokens (multi-turn ones restart: tool state)."""
         from vllm.v1.engine.exceptions import EngineDeadError
 
-        params = self.sampling_params(request, sample_index, turn)
-        request_id = f"{request.prompt_id}/{sample_index}/e{self.engine_id}{part}"
-        # A request submitted during a weight sync would be salted with the outgoing version and
-        # could then reuse prefix blocks computed with the old weights: submit after the resume.
-        await self._resumed.wait()
-        self._prompt_tokens += len(request.prompt_token_ids)
-        prompt = tokens_input(list(request.prompt_token_ids), cache_salt=f"v{self.weight_version}")
+        kept = request.partial_of(sample_index) if not part else None
         base = Completion(
-            prompt_id=request.prompt_id,
-            sample_index=sample_index,
-            prompt_token_ids=request.prompt_token_ids,
-            response_token_ids=(),
-            behaviour_logprobs=(),
-            finish_reason="error",
-            version_spans=(),
-            admitted_version=request.admitted_version,
-            engine_id=self.engine_id,
-            is_eval=request.is_eval,
-            queued_at=request.queued_at,
-            started_at=time.time(),
-        )
+            prompt_id=request.prompt_id, sample_index=sample_index, prompt_token_ids=request.prompt_token_ids,
+            response_token_ids=(), behaviour_logprobs=(), finish_reason="error", version_spans=(),
+            admitted_version=request.admitted_version, engine_id=self.engine_id, is_eval=request.is_eval,
+            queued_at=request.queued_at, started_at=time.time(),
+        )  # fmt: skip
+        if kept is not None:
+            versions = [s.version for s in kept.version_spans] or [request.admitted_version]
+            self._first_version[(request.prompt_id, sample_index)] = min(versions)
+            if len(kept.token_ids) >= request.sampling.max_tokens:  # it had ended when it was interrupted
+                return continued(replace(base, finish_reason="length", finished_at=time.time()), kept, self.tokenizer)
         first_token_at, final = 0.0, None
         try:
-            async for output in self.engine.generate(prompt, params, request_id=request_id):
+            async for output in self._engine_stream(request, sample_index, part, turn, kept):
                 if not first_token_at and output.outputs and output.outputs[0].token_ids:
                     first_token_at = time.time()
                     self._first_version.setdefault((request.prompt_id, sample_index), self.weight_version)
-                if output.outputs:
-                    self._progress[request_id] = len(output.outputs[0].token_ids)
                 final = output
         except asyncio.CancelledError:
             # Aborted (at shutdown, or doomed by the staleness bound): still delivered, marked as such.
-            completion = self._from_output(base, final, request, first_token_at, "abort")
-            self._tokens += len(completion.response_token_ids)
+            completion = continued(
+                from_output(base, final, request, first_token_at, "abort", self.tokenizer), kept, self.tokenizer
+            )
+            self._tokens += len(completion.response_token_ids) - completion.continued_tokens
             return replace(completion, error="aborted")
         except EngineDeadError:
             raise
         except Exception as error:  # the engine rejected this prompt (too long, bad ids, ...)
             logger.warning("prompt %s sample %d failed: %s", request.prompt_id, sample_index, error)
             return replace(base, error=f"{type(error).__name__}: {error}", finished_at=time.time())
-        finally:
-            self._progress.pop(request_id, None)
-        completion = self._from_output(base, final, request, first_token_at, None)
-        self._tokens += len(completion.response_token_ids)
+        completion = continued(
+            from_output(base, final, request, first_token_at, None, self.tokenizer), kept, self.tokenizer
+        )
+        self._tokens += len(completion.response_token_ids) - completion.continued_tokens
         return completion
 
-    def _from_output(self, base: Completion, final, request, first_token_at: float, reason) -> Completion:
-        if final is None or not final.outputs:
-            return replace(base, finish_reason=reason or "error", finished_at=time.time())
-        sample = final.outputs[0]
-        logprobs = tuple(next(iter(position.values())).logprob for position in (sample.logprobs or []))
-        spans = tuple(
-            VersionSpan(_parse_version(span.version, request.admitted_version), span.start, span.end)
-            for span in (getattr(sample, "weight_versions", None) or [])
-        )
-        finish = reason or ("stop" if sample.finish_reason == "stop" else sample.finish_reason or "abort")
-        token_ids = tuple(sample.token_ids)
-        if isinstance(sample.stop_reason, str) and not request.sampling.include_stop_str_in_output:
-            token_ids = self._without_stop_string(token_ids, sample.text)
-        return replace(
-            base,
-            response_token_ids=token_ids,
-            behaviour_logprobs=logprobs[: len(token_ids)],
-            finish_reason=finish,
-            version_spans=spans,
-            response_text=sample.text,
-            first_token_at=first_token_at,
-            finished_at=time.time(),
-        )
+    async def _engine_stream(self, request: PromptRequest, sample_index: int, part: str, turn: int, kept):
+        """The vLLM outputs of one request, reporting progress to the driver every --partial_report_tokens."""
+        from vllm.inputs import tokens_input
 
-    def _without_stop_string(self, token_ids: tuple[int, ...], text: str) -> tuple[int, ...]:
-        """vLLM strips a stop string from the text but keeps its tokens; drop them too, so the
-        tokens trained on are exactly the text the verifier scored."""
-        while token_ids and len(self.tokenizer.decode(token_ids, skip_special_tokens=True)) > len(text):
-            token_ids = token_ids[:-1]
-        return token_ids
+        prompt_ids, offset = request.prompt_token_ids, 0
+        if kept is not None:
+            prompt_ids, offset = prompt_ids + kept.token_ids, len(kept.token_ids)
+            request = replace(
+                request, sampling=replace(request.sampling, max_tokens=request.sampling.max_tokens - offset)
+            )
+        params = self.sampling_params(request, sample_index, turn)
+        request_id = f"{request.prompt_id}/{sample_index}/e{self.engine_id}{part}"
+        report_every = self.settings.partial_report_tokens if self._results is not None and not part else 0
+        # A request submitted during a weight sync would be salted with the outgoing version and
+        # could then reuse prefix blocks computed with the old weights: submit after the resume.
+        await self._resumed.wait()
+        self._prompt_tokens += len(prompt_ids)
+        prompt = tokens_input(list(prompt_ids), cache_salt=f"v{self.weight_version}")
+        reported = 0
+        try:
+            async for output in self.engine.generate(prompt, params, request_id=request_id):
+                sample = output.outputs[0] if output.outputs else None
+                generated = len(sample.token_ids) if sample is not None else 0
+                self._progress[request_id] = offset + generated
+                self._outputs += 1
+                if report_every and generated - reported >= report_every:
+                    await self._results.put_async(
+                        progress_report(request, sample_index, self.engine_id, sample, reported, offset, kept)
+                    )
+                    reported = generated
+                yield output
+        finally:
+            self._progress.pop(request_id, None)
 
     async def _scored(self, completion: Completion, request: PromptRequest) -> Completion:
         if self.scorer is None:
@@ -492,6 +491,7 @@ class GenerationActor:
             raise RuntimeError(f"engine {self.engine_id}: receive_weights called while not paused")
         started = time.monotonic()
         step = "start_weight_update"
+        self._weights_settled.clear()
         try:
             await asyncio.wait_for(self.engine.start_weight_update(), timeout_s)
             step = "update_weights"
@@ -506,12 +506,19 @@ class GenerationActor:
             raise RuntimeError(
                 f"engine {self.engine_id}: weight sync step '{step}' failed: {type(error).__name__}: {error}"
             ) from error
+        finally:
+            self._weights_settled.set()
         self.weight_version = version
         self._weight_updates += 1
         return WeightsReceived(self.engine_id, version, time.monotonic() - started)
 
     async def resume(self) -> float:
-        """Resume generation; returns the wall-clock time it resumed (for step-end-to-resume lag)."""
+        """Resume generation; returns the wall-clock time it resumed (for step-end-to-resume lag).
+
+        After a failed sync the driver resumes every engine at once, while one may still be receiving or
+        restoring its previous weights: decoding then would run on layers still on the meta device (seen
+        as an EngineCore crash), so the resume waits for the receive to end first."""
+        await self._weights_settled.wait()
         await self.engine.resume_generation()
         self._set_paused(False)
         self._resumed.set()
@@ -553,6 +560,8 @@ class GenerationActor:
             prefill_tokens=self._probe.get("prefill_tokens", 0),
             submitted_prompt_tokens=self._prompt_tokens,
             prefix_cache_hit_tokens=self._probe.get("cache_hit_tokens", 0),
+            token_outputs=self._outputs,
+            parked_samples=self._parked,
         )
 
     def reset_stats(self) -> None:
@@ -561,28 +570,3 @@ class GenerationActor:
         self._prompt_tokens = self._weight_updates = 0
         for key in ("preempted", "prefill_tokens", "cache_hit_tokens"):
             self._probe.pop(key, None)
-
-
-def _sampling_params(request: PromptRequest, sample_index: int):
-    from vllm import SamplingParams
-
-    sampling = request.sampling
-    return SamplingParams(
-        n=1,
-        seed=request.seed + sample_index,
-        max_tokens=sampling.max_tokens,
-        temperature=sampling.temperature,
-        top_p=sampling.top_p,
-        stop=list(sampling.stop_strings) or None,
-        include_stop_str_in_output=sampling.include_stop_str_in_output,
-        ignore_eos=sampling.ignore_eos,
-        logprobs=0,  # the sampled token's own logprob at every position
-    )
-
-
-def _parse_version(raw: str | int | None, default: int) -> int:
-    # vLLM labels weights it loaded itself "default"; our versions are stringified ints.
-    try:
-        return int(raw)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        return default

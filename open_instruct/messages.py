@@ -73,11 +73,16 @@ class PromptRequest:
     is_eval: bool = False
     queued_at: float = field(default_factory=time.time)
     agent: AgentRequest | None = None
-    # Only these sample indices (a prompt resubmitted after its engine died); () = all of range(num_samples).
+    # Only these sample indices (a prompt resubmitted after its engine died, or resumed); () = all of them.
     sample_indices: tuple[int, ...] = ()
+    # Samples interrupted part-way (engine death, a stopped run): continued from their tokens, not restarted.
+    partials: tuple[PartialSample, ...] = ()
 
     def samples_to_generate(self) -> tuple[int, ...]:
         return self.sample_indices or tuple(range(self.num_samples))
+
+    def partial_of(self, sample_index: int) -> PartialSample | None:
+        return next((p for p in self.partials if p.sample_index == sample_index), None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,6 +92,35 @@ class VersionSpan:
     version: int
     start: int
     end: int
+
+
+@dataclass(frozen=True, slots=True)
+class PartialSample:
+    """The response so far of a sample that was interrupted: its tokens, their behaviour logprobs and the
+    weight versions that produced them. Kept by the driver (and in the resume state) so the sample continues
+    from prompt + these tokens with one re-prefill, and its importance weights use these logprobs."""
+
+    sample_index: int
+    token_ids: tuple[int, ...]
+    logprobs: tuple[float, ...]
+    version_spans: tuple[VersionSpan, ...]
+
+    def extended(self, token_ids: tuple[int, ...], logprobs: tuple[float, ...], spans) -> PartialSample:
+        return PartialSample(self.sample_index, self.token_ids + token_ids, self.logprobs + logprobs, tuple(spans))
+
+
+@dataclass(frozen=True, slots=True)
+class SampleProgress:
+    """A running sample's tokens since its last report (every --partial_report_tokens): what the driver keeps
+    so that the sample can continue elsewhere if this engine dies. `version_spans` covers the whole response."""
+
+    prompt_id: str
+    sample_index: int
+    engine_id: int
+    start: int  # response position of token_ids[0]
+    token_ids: tuple[int, ...]
+    logprobs: tuple[float, ...]
+    version_spans: tuple[VersionSpan, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,6 +178,7 @@ class Completion:
     first_token_at: float = 0.0
     finished_at: float = field(default_factory=time.time)
     agent: AgentTrace | None = None  # multi-turn samples only
+    continued_tokens: int = 0  # response tokens kept from an interrupted earlier attempt (not generated again)
 
     @property
     def model_token_count(self) -> int:
@@ -198,6 +233,8 @@ class EngineStats:
     prefill_tokens: int = 0  # prompt tokens the engine prefilled, cached or not
     submitted_prompt_tokens: int = 0  # prompt tokens submitted; prefill beyond this = recomputation
     prefix_cache_hit_tokens: int = 0
+    token_outputs: int = 0  # vLLM outputs received (one per decode step of each sample): the hang watch's pulse
+    parked_samples: int = 0  # samples waiting on a tool or environment right now
 
     @property
     def tokens_per_s(self) -> float:
@@ -291,7 +328,7 @@ class EngineLoopEnded:
     samples: int
 
 
-ResultMessage = Completion | PromptStarted
+ResultMessage = Completion | PromptStarted | SampleProgress
 
 
 # ----------------------------------------------------------------------------- learner messages

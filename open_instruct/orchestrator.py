@@ -28,7 +28,7 @@ from open_instruct import checkpoints
 from open_instruct.config import Config
 from open_instruct.config_parity import state_save_every
 from open_instruct.evaluation import EvalRound
-from open_instruct.messages import Completion, EngineStats, PromptRequest, SamplingSettings, StepReport
+from open_instruct.messages import Completion, EngineStats, PartialSample, PromptRequest, SamplingSettings, StepReport
 from open_instruct.metrics import (
     PromptOutcomes,
     agent_metrics,
@@ -55,10 +55,13 @@ class Engines(Protocol):
     def poll(self, timeout_s: float = 0.0) -> list[Completion]: ...  # waits up to timeout_s for the first
     def stats(self) -> list[EngineStats]: ...
     def pool_metrics(self) -> dict[str, float]: ...  # queue depths, engine restarts
+    # 'finish', 'abort' (cut samples delivered as such) or 'interrupt' (cut samples kept: `partial_samples`).
     def stop(self, mode: str = "finish") -> list[Completion]: ...
     # Abort running samples whose first token is older than `min_version`, and every sample of
     # `prompt_ids`; they come back through `poll` as finish_reason "abort".
     def abort_stale(self, min_version: int, prompt_ids: list[str]) -> None: ...
+    # The tokens so far of `prompt_id`'s undelivered samples (reported while running, or cut by an interrupt).
+    def partial_samples(self, prompt_id: str) -> tuple[PartialSample, ...]: ...
 
 
 class Learners(Protocol):
@@ -423,22 +426,32 @@ class TrainingLoop:
         stopping = self.stop.reason is not None
         due = any(self.step % every == 0 for every in state_save_every(self.cfg))
         if e.checkpoint_state_dir and (due or stopping) and self.step < self.num_steps:
+            if stopping:  # running samples are cut and kept whole in the state, to continue after the resume
+                self.receive(self.engines.stop("interrupt"))
+                self.settle_dropped()
             checkpoints.save_state(
                 self.learners, e.checkpoint_state_dir, self.driver_state(), e.keep_last_n_checkpoints
             )
 
     def driver_state(self) -> checkpoints.DriverState:
+        """Open groups keep their delivered samples; their prompts are re-queued for the missing ones only,
+        each with what its engine had generated so far (continued after the resume, not generated again)."""
         buffer_state = self.buffer.state()
-        complete = dataclasses.replace(buffer_state, groups=tuple(g for g in buffer_state.groups if g.seq is not None))
-        in_buffer = {g.prompt_id for g in complete.groups}
-        requeue = tuple(r for pid, r in self.untrained.items() if pid not in in_buffer)
+        delivered = {g.prompt_id: {c.sample_index for c in g.completions} for g in buffer_state.groups}
+        requeue = []
+        for prompt_id, request in self.untrained.items():
+            if prompt_id in delivered and len(delivered[prompt_id]) == request.num_samples:
+                continue  # complete: trained from the buffer after the resume
+            missing = tuple(j for j in request.samples_to_generate() if j not in delivered.get(prompt_id, ()))
+            partials = tuple(p for p in self.engines.partial_samples(prompt_id) if p.sample_index in missing)
+            requeue.append(dataclasses.replace(request, sample_indices=missing, partials=partials))
         rubrics = (self.rubrics.book.queries, self.rubrics.overrides) if self.rubrics else None
         return checkpoints.DriverState(
             self.step,
             self.version,
             self.feeder.state,
-            complete,
-            requeue,
+            buffer_state,
+            tuple(requeue),
             self.episodes,
             self.outcomes.totals(),
             rubrics,

@@ -24,7 +24,6 @@ import hashlib
 import json
 import random
 import time
-from collections import defaultdict
 from dataclasses import dataclass
 
 from open_instruct.messages import Completion, PromptRequest, SamplingSettings
@@ -205,33 +204,62 @@ class DeliveryError(RuntimeError):
 
 
 class DeliveryLedger:
+    """Holds only prompts still owed samples: a long run admits millions, so a complete prompt is forgotten
+    (its totals stay in `counts`). The exception is a prompt taken off a failed engine (`reassign`): its
+    resubmitted samples may be generated twice, and `has` must still recognise the second copy; those are
+    kept, at most the prompts in flight at each engine restart."""
+
     def __init__(self) -> None:
-        self.expected: dict[str, int] = {}
-        self.delivered: dict[str, set[int]] = defaultdict(set)
+        # The sample indices owed per prompt, while tracked: all of them, or a resumed group's missing ones.
+        self.expected: dict[str, frozenset[int]] = {}
+        self.delivered: dict[str, set[int]] = {}
         self.engine_of: dict[str, int] = {}
+        self.reassigned: set[str] = set()  # taken off a failed engine: samples may arrive twice (`has`)
         self.errors = 0
+        self._admitted = self._expected_samples = self._delivered_samples = 0
 
     def admit(self, request: PromptRequest) -> None:
+        # A complete prompt is forgotten, so this catches a second admission only while the first is tracked;
+        # prompt ids are unique by construction (epoch and re-admission suffixes).
         if request.prompt_id in self.expected:
             raise DeliveryError(f"prompt {request.prompt_id} admitted twice")
-        self.expected[request.prompt_id] = request.num_samples
+        owed = frozenset(request.samples_to_generate())
+        self.expected[request.prompt_id] = owed
+        self.delivered[request.prompt_id] = set()
+        self._admitted += 1
+        self._expected_samples += len(owed)
 
     def started(self, prompt_id: str, engine_id: int) -> None:
-        self.engine_of[prompt_id] = engine_id
+        if prompt_id in self.expected:  # an announcement never brings back a forgotten prompt
+            self.engine_of[prompt_id] = engine_id
+
+    def reassign(self, prompt_id: str) -> None:
+        """`prompt_id` leaves its engine (which failed) for another: keep its record once it completes."""
+        self.engine_of.pop(prompt_id, None)
+        if prompt_id in self.expected:
+            self.reassigned.add(prompt_id)
 
     def deliver(self, completion: Completion) -> bool:
         """Record one sample; True when it completes its prompt's group."""
-        expected = self.expected.get(completion.prompt_id)
-        if expected is None:
-            raise DeliveryError(f"completion for unknown prompt {completion.prompt_id}")
+        owed = self.expected.get(completion.prompt_id)
+        if owed is None:
+            raise DeliveryError(f"completion for unknown prompt {completion.prompt_id} (or one already complete)")
         samples = self.delivered[completion.prompt_id]
-        if completion.sample_index in samples or not 0 <= completion.sample_index < expected:
+        if completion.sample_index in samples or completion.sample_index not in owed:
             raise DeliveryError(
                 f"sample {completion.sample_index} of {completion.prompt_id} delivered twice or out of range"
             )
         samples.add(completion.sample_index)
+        self._delivered_samples += 1
         self.errors += completion.finish_reason == "error"
-        return len(samples) == expected
+        complete = len(samples) == len(owed)
+        if complete and completion.prompt_id not in self.reassigned:
+            self._forget(completion.prompt_id)
+        return complete
+
+    def _forget(self, prompt_id: str) -> None:
+        del self.expected[prompt_id], self.delivered[prompt_id]
+        self.engine_of.pop(prompt_id, None)
 
     def has(self, prompt_id: str, sample_index: int) -> bool:
         return sample_index in self.delivered.get(prompt_id, ())
@@ -240,16 +268,17 @@ class DeliveryLedger:
         """Admitted prompts with samples still missing (optionally: pulled by one engine)."""
         return sorted(
             prompt_id
-            for prompt_id, n in self.expected.items()
-            if len(self.delivered.get(prompt_id, ())) < n
+            for prompt_id, owed in self.expected.items()
+            if len(self.delivered.get(prompt_id, ())) < len(owed)
             and (engine_id is None or self.engine_of.get(prompt_id) == engine_id)
         )
 
     def counts(self) -> dict[str, int]:
+        """Totals over the whole run, forgotten prompts included."""
         return {
-            "admitted_prompts": len(self.expected),
-            "expected_samples": sum(self.expected.values()),
-            "delivered_samples": sum(len(s) for s in self.delivered.values()),
+            "admitted_prompts": self._admitted,
+            "expected_samples": self._expected_samples,
+            "delivered_samples": self._delivered_samples,
             "error_samples": self.errors,
         }
 

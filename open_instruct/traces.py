@@ -7,7 +7,8 @@ time and the whole config) and `<run_name>_rollouts_NNNNNN.jsonl`. A record is:
     reward, advantage (group-relative, as trained; 0 for groups the zero-std filter drops),
     finish_reason, verifier_names, ground_truths, verifier_scores, reward_errors,
     behaviour_logprobs (null for tool/environment output), version_spans [[version, start, end]],
-    admitted_version, engine_id, observation_spans [[start, end]] and tool_calls
+    admitted_version, engine_id, continued_tokens (response tokens kept from an interrupted attempt: an
+    engine died, or the run stopped and resumed), observation_spans [[start, end]] and tool_calls
     [{name, ok, timed_out, runtime_s, output_chars, error}] (multi-turn samples; else empty).
 
 `read_traces` yields the records back (shard order, then write order).
@@ -89,6 +90,7 @@ def _record(step: int, c, advantage: float, request) -> dict:
         "version_spans": [[s.version, s.start, s.end] for s in c.version_spans],
         "admitted_version": c.admitted_version,
         "engine_id": c.engine_id,
+        "continued_tokens": c.continued_tokens,
         "observation_spans": [list(span) for span in agent.observation_spans] if agent else [],
         "tool_calls": [dataclasses.asdict(call) for call in agent.calls] if agent else [],
     }

@@ -1,6 +1,8 @@
 """Run records: metrics.jsonl (always), Weights & Biases (--with_tracking), tqdm, summary and a PNG.
 
-`MemoryLog` keeps what the loop reports in memory (simulations and tests); `RunLog` adds the files.
+`MemoryLog` keeps what the loop reports in memory (simulations and tests); `RunLog` adds the files and
+keeps its per-step and per-eval records on disk only (`JsonlRecords`), so a 100k-step run holds none of
+them in memory; the summary and the plot read them back.
 
 `metrics.jsonl` holds one JSON object per training step (keys in ARCHITECTURE.md's contract);
 evaluation rows are merged into the step at which the round finished. On resume, lines past the
@@ -10,10 +12,12 @@ configured, so tracking works on machines without network (sync later with `wand
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import math
 import os
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
 logger = logging.getLogger(__name__)
@@ -29,6 +33,49 @@ def truncate_jsonl(path: Path, keep_through_step: int, key: str = "training_step
         if line.strip() and json.loads(line).get(key, -1) <= keep_through_step
     ]
     path.write_text("".join(line + "\n" for line in kept))
+
+
+class JsonlRecords(Sequence):
+    """A list of records that lives in a JSON-lines file: `append` writes a line, reading parses the file
+    again. Only records of steps from `first_step` on are seen (the steps this process logged, as an
+    in-memory list would hold), though the file keeps the earlier ones of a resumed run."""
+
+    def __init__(self, path: Path, key: str = "training_step"):
+        self.path, self.key = path, key
+        self.first_step = 0
+        self._count = 0
+        self._last: dict | None = None  # `[-1]` without a pass over the file
+
+    def start(self, first_step: int) -> None:
+        self.first_step, self._count, self._last = first_step, 0, None
+
+    def append(self, record: dict) -> None:
+        with open(self.path, "a") as f:
+            f.write(json.dumps(record) + "\n")
+        self._count, self._last = self._count + 1, record
+
+    def __len__(self) -> int:
+        return self._count
+
+    def __iter__(self) -> Iterator[dict]:
+        if not self.path.exists():
+            return
+        with open(self.path) as f:
+            for line in f:
+                record = json.loads(line) if line.strip() else None
+                if record is not None and record.get(self.key, -1) >= self.first_step:
+                    yield record
+
+    def __reversed__(self) -> Iterator[dict]:
+        return reversed(list(self))  # Sequence's default would read the file once per item
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            return list(self)[index]
+        index = range(self._count)[index]  # IndexError as a list's; negative indices count from the end
+        if index == self._count - 1 and self._last is not None:
+            return self._last
+        return next(itertools.islice(iter(self), index, None))
 
 
 class MetricWindow:
@@ -96,7 +143,8 @@ class MemoryLog:
 
 
 class RunLog(MemoryLog):
-    """MemoryLog plus files in --output_dir, wandb (--with_tracking) and a tqdm bar."""
+    """MemoryLog plus files in --output_dir, wandb (--with_tracking) and a tqdm bar. `history` and `evals`
+    are metrics.jsonl and eval.jsonl themselves: in memory they would grow with every step."""
 
     def __init__(self, cfg):
         super().__init__()
@@ -104,6 +152,8 @@ class RunLog(MemoryLog):
         self.out = Path(cfg.experiment.output_dir)
         self.metrics_path = self.out / "metrics.jsonl"
         self.trained_path = self.out / "trained_prompts.jsonl"
+        self.history = JsonlRecords(self.metrics_path)  # type: ignore[assignment]
+        self.evals = JsonlRecords(self.out / "eval.jsonl")  # type: ignore[assignment]
         self.wandb = self.bar = None
         self.window = MetricWindow(cfg.logging.logging_steps)
 
@@ -123,6 +173,8 @@ class RunLog(MemoryLog):
                 self.out / "eval.jsonl",
             ):
                 path.unlink(missing_ok=True)
+        self.history.start(start_step)
+        self.evals.start(start_step)
         self.wandb = self._start_wandb() if self.cfg.tracking_enabled else None
         self.bar = tqdm(total=num_steps, initial=start_step, desc="training", unit="step", dynamic_ncols=True)
 
@@ -150,9 +202,7 @@ class RunLog(MemoryLog):
 
     def step(self, step: int, metrics: dict, trained_prompt_ids: list[str], fates: dict | None = None) -> dict:
         # The ids go to trained_prompts.jsonl, not into memory: a long run admits millions of prompts.
-        record = self._record(step, metrics)
-        with open(self.metrics_path, "a") as f:
-            f.write(json.dumps(record) + "\n")
+        record = self._record(step, metrics)  # appended to metrics.jsonl
         with open(self.trained_path, "a") as f:
             f.write(json.dumps({"step": step, "prompt_ids": trained_prompt_ids, **(fates or {})}) + "\n")
         window = self.window.add(record)
@@ -170,9 +220,7 @@ class RunLog(MemoryLog):
 
     def eval_round(self, step: int, metrics: dict, rows: list[dict]) -> dict:
         """Every finished eval round: eval.jsonl (all rounds) and a few sample completions."""
-        record = super().eval_round(step, metrics, rows)
-        with open(self.out / "eval.jsonl", "a") as f:
-            f.write(json.dumps(record) + "\n")
+        record = super().eval_round(step, metrics, rows)  # appended to eval.jsonl
         with open(self.out / "eval_samples.jsonl", "a") as f:
             for row in rows:
                 f.write(json.dumps({"training_step": step, **row}) + "\n")
@@ -209,27 +257,30 @@ def _plain(value):
     return value
 
 
-def plot_run(history: list[dict], path: Path) -> None:
+def plot_run(history: Iterable[dict], path: Path) -> None:
     """Reward (train and eval) and utilization (engines busy, learner busy) over training steps."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    steps = [h["training_step"] for h in history]
+    # One pass, keeping only the plotted numbers: `history` may be a long run's metrics.jsonl.
+    steps, rewards, busy, learner_busy, evals = [], [], [], [], []
+    for h in history:
+        steps.append(h["training_step"])
+        rewards.append(h.get("objective/verifiable_reward", 0.0))
+        busy.append(1.0 - h.get("time/generation_idle_frac", 0.0))
+        learner_busy.append(1.0 - h.get("time/learner_wait_s", 0.0) / max(h.get("time/step_s", 1.0), 1e-9))
+        if "eval/verifiable_reward" in h:
+            evals.append((h["training_step"], h["eval/verifiable_reward"]))
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(8, 6), sharex=True)
-    top.plot(steps, [h.get("objective/verifiable_reward", 0.0) for h in history], label="train reward (sampled)")
-    evals = [(h["training_step"], h["eval/verifiable_reward"]) for h in history if "eval/verifiable_reward" in h]
+    top.plot(steps, rewards, label="train reward (sampled)")
     if evals:
         top.plot(*zip(*evals), "o-", label="eval reward (greedy)")
     top.set_ylabel("verifiable reward")
     top.legend()
-    bottom.plot(steps, [1.0 - h.get("time/generation_idle_frac", 0.0) for h in history], label="engines busy")
-    bottom.plot(
-        steps,
-        [1.0 - h.get("time/learner_wait_s", 0.0) / max(h.get("time/step_s", 1.0), 1e-9) for h in history],
-        label="learner busy",
-    )
+    bottom.plot(steps, busy, label="engines busy")
+    bottom.plot(steps, learner_busy, label="learner busy")
     bottom.set_ylim(0, 1.05)
     bottom.set_ylabel("fraction of time")
     bottom.set_xlabel("training step")

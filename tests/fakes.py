@@ -2,7 +2,9 @@
 
 `ScriptedEngines` finishes each sample a scripted time after its prompt was submitted, with a
 scripted length and reward; prompts and results travel on `LocalChannel`s and the real
-`DeliveryLedger` raises on any duplicate or unknown sample. `FakeLearners` and `FakeWeightSync`
+`DeliveryLedger` raises on any duplicate or unknown sample. `stop("interrupt")` keeps the running
+samples' tokens so far as partial samples, and a request carrying partials continues them (its
+Completion starts with the kept tokens and spans), as the real engine pool does. `FakeLearners` and `FakeWeightSync`
 record what the loop asked of them. Time only moves when the loop waits: a poll with a timeout
 moves the clock to the next finish, a learner step and a weight push by their fixed costs.
 """
@@ -18,7 +20,7 @@ from pathlib import Path
 
 from open_instruct.config import parse_config
 from open_instruct.data import PromptRow
-from open_instruct.messages import Completion, EngineStats, PromptRequest, StepReport, VersionSpan
+from open_instruct.messages import Completion, EngineStats, PartialSample, PromptRequest, StepReport, VersionSpan
 from open_instruct.prompt_feeder import DeliveryLedger
 from open_instruct.queues import LocalChannel
 
@@ -58,6 +60,8 @@ class ScriptedEngines:
         self.aborts: list[tuple[float, int, list[str]]] = []  # (clock, min_version, prompt ids) per call
         self._running: list[tuple[float, int, PromptRequest, int, float, Script]] = []
         self._order = 0
+        self.partials: dict[tuple[str, int], PartialSample] = {}  # cut by stop("interrupt")
+        self.continued_samples = 0
 
     # -- the loop's side
 
@@ -67,10 +71,11 @@ class ScriptedEngines:
     def submit(self, requests: list[PromptRequest]) -> None:
         for request in requests:
             self.ledger.admit(request)
+            self.continued_samples += len(request.partials)
             self.prompts.put(request)
             self.submitted.append((self.clock.now, request))
         for request in self.prompts.get_all():  # unbounded engines: everything starts at once
-            for j in range(request.num_samples):
+            for j in request.samples_to_generate():
                 script = self.script(request, j)
                 self._order += 1
                 heapq.heappush(
@@ -90,11 +95,28 @@ class ScriptedEngines:
         return [EngineStats(0, 8, len(self._running), 0, 0.0, 0, 0, 0, uptime, 0.0, 0.0, 0.0, 0, self.versions[-1][1])]
 
     def pool_metrics(self) -> dict[str, float]:
-        return {"queue/prompt_depth": self.prompts.depth(), "queue/result_depth": self.results.depth()}
+        return {
+            "queue/prompt_depth": self.prompts.depth(),
+            "queue/result_depth": self.results.depth(),
+            "engines/continued_samples_total": float(self.continued_samples),
+        }
 
     def stop(self, mode: str = "finish") -> list[Completion]:
         self.stopped = mode
+        self._deliver_due()
+        if mode == "interrupt":
+            for finished, _, request, j, started, script in self._running:
+                if not request.is_eval:
+                    done = int(script.length * (self.clock.now - started) / (finished - started))
+                    kept = request.partial_of(j)
+                    tokens = (kept.token_ids if kept else ()) + tuple(range(7, 7 + done))
+                    spans = (kept.version_spans if kept else ()) + self._spans(started, self.clock.now, done)
+                    self.partials[(request.prompt_id, j)] = PartialSample(j, tokens, (-1.0,) * len(tokens), spans)
+            self._running = []
         return self.results.get_all()
+
+    def partial_samples(self, prompt_id: str) -> tuple[PartialSample, ...]:
+        return tuple(p for (pid, _), p in sorted(self.partials.items()) if pid == prompt_id)
 
     def abort_stale(self, min_version: int, prompt_ids: list[str]) -> None:
         """As the real engines: running samples whose first token is older than `min_version`, and every
@@ -130,14 +152,18 @@ class ScriptedEngines:
             self._deliver(request, j, started, finished, script)
 
     def _deliver(self, request: PromptRequest, j: int, started: float, finished: float, script: Script) -> None:
+        kept = request.partial_of(j) or PartialSample(j, (), (), ())
+        n, rest = len(kept.token_ids), max(script.length - len(kept.token_ids), 0)  # only the rest is generated
+        spans = tuple(VersionSpan(s.version, s.start + n, s.end + n) for s in self._spans(started, finished, rest))
         completion = Completion(
             prompt_id=request.prompt_id,
             sample_index=j,
             prompt_token_ids=request.prompt_token_ids,
-            response_token_ids=tuple(range(7, 7 + script.length)),
-            behaviour_logprobs=(-1.0,) * script.length,
+            response_token_ids=kept.token_ids + tuple(range(7 + n, 7 + n + rest)),
+            behaviour_logprobs=kept.logprobs + (-1.0,) * rest,
             finish_reason=script.finish_reason,  # type: ignore[arg-type]
-            version_spans=self._spans(started, finished, script.length),
+            version_spans=kept.version_spans + spans,
+            continued_tokens=n,
             admitted_version=request.admitted_version,
             engine_id=0,
             reward=script.reward,

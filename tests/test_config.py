@@ -120,6 +120,10 @@ def test_defaults_select_the_embedded_model():
         (["--remap_verifier", "ifeval"], r"--remap_verifier 'ifeval' must look like OLD=NEW"),
         (["--total_episodes", "3"], r"--total_episodes 3 is less than one step's batch"),
         (["--loss_denominator", "tokens"], r"--loss_denominator 'tokens' must be 'token' or a positive number"),
+        (
+            ["--async_steps", "1", "--weight_sync_every_steps", "4"],
+            r"--weight_sync_every_steps 4 leaves the engines up to 3 versions behind.*--max_off_policy_steps >= 3",
+        ),
     ],
 )
 def test_bad_values_name_the_flag_and_the_fix(argv, message):

@@ -1,7 +1,8 @@
-"""A generation engine killed mid-run (SIGKILL of its process) on the real stack: it is replaced within the
---max_engine_restarts budget, its unfinished samples go back to the queue, the replacement gets the current
-weights through the weight sync and serves, and the run finishes with every admitted prompt accounted for
-exactly once."""
+"""Engine faults on the real stack. A generation engine killed mid-run (SIGKILL of its process) is replaced
+within the --max_engine_restarts budget, its unfinished samples go back to the queue (continuing from the
+tokens they had reported), the replacement gets the current weights through the weight sync and serves,
+and the run finishes with every admitted prompt accounted for exactly once. An engine that dies during a
+weight sync, and one that stalls without dying (--engine_hang_timeout_s), are replaced too."""
 
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ def test_a_killed_engine_is_replaced_and_the_run_finishes_with_nothing_lost(tmp_
     args = list(COMMON)
     args[args.index("--total_episodes") + 1] = str(STEPS * 32)
     args += ["--vllm_num_engines", "2", "--num_learners_per_node", "1", "--save_admitted_prompts", str(admitted)]
+    args += ["--partial_report_tokens", "4"]  # the killed engine's running samples continue elsewhere
     log_path = tmp_path / "run.log"
     proc = start_grpo_session(args, out, log_path)
     engines = kill_actor_when(proc, lambda: 1 in steps_logged(out), "GenerationActor", log_path)
@@ -42,6 +44,9 @@ def test_a_killed_engine_is_replaced_and_the_run_finishes_with_nothing_lost(tmp_
     metrics = read_jsonl(out / "metrics.jsonl")
     assert [m["training_step"] for m in metrics] == list(range(STEPS))
     assert metrics[-1]["engines/restarts_total"] == 1
+    # Samples it had running continued from their reported tokens instead of starting over.
+    assert 1 <= metrics[-1]["engines/continued_samples_total"] <= metrics[-1]["engines/resubmitted_samples_total"]
+    assert metrics[-1]["engines/continued_tokens_saved_total"] >= 4 * metrics[-1]["engines/continued_samples_total"]
     assert joined_at >= 1  # killed after a step: it got the trained weights, not the initial ones
     # The replacement served: it completed samples, and ended at the run's last weight version.
     stopped = re.search(rf"engine {engine} stopped \(\w+\): \d+ samples were in flight; it completed (\d+) "
@@ -80,3 +85,25 @@ def test_an_engine_that_dies_during_a_weight_sync_is_replaced_and_the_sync_compl
     assert [m["training_step"] for m in metrics] == list(range(4))
     assert metrics[-1]["engines/restarts_total"] == 1
     assert time.monotonic() - started < 600
+
+
+def test_an_engine_that_stalls_is_found_by_the_hang_timeout_and_replaced(tmp_path):
+    """Engine 1 keeps answering calls but its samples stop producing tokens: within --engine_hang_timeout_s it
+    is killed and replaced like a dead one, its samples go back to the queue, and the run trains to the end."""
+    from test_training_loop import COMMON
+
+    from open_instruct.benchmarks.workloads import StallsActor
+    from open_instruct.config import parse_config
+    from open_instruct.orchestrator import run
+
+    args = list(COMMON)
+    args[args.index("--total_episodes") + 1] = str(8 * 32)  # long enough that the stalled groups starve it
+    out = tmp_path / "out"
+    cfg = parse_config([*args, "--vllm_num_engines", "2", "--engine_hang_timeout_s", "20", "--output_dir", str(out)])
+    marker = tmp_path / "engine_1_stalled"
+    summary = run(cfg, engine_class=StallsActor, engine_args=((1, 16, str(marker)),))
+    assert marker.exists() and summary["status"] == "completed"
+    metrics = read_jsonl(out / "metrics.jsonl")
+    assert [m["training_step"] for m in metrics] == list(range(8))
+    assert metrics[-1]["engines/hung_total"] == 1 and metrics[-1]["engines/restarts_total"] == 1
+    assert metrics[-1]["engines/resubmitted_samples_total"] >= 1  # the stalled samples were generated elsewhere

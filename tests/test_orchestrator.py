@@ -13,6 +13,7 @@ import random
 import fakes
 import pytest
 
+from open_instruct import checkpoints
 from open_instruct.orchestrator import StopRequest
 from open_instruct.replay_buffer import MaxAge, ReplayBuffer
 
@@ -268,14 +269,65 @@ def test_resume_requeues_untrained_prompts_and_trains_none_twice(tmp_path):
     summary = second.loop.run()
     assert summary["status"] == "completed" and second.loop.step == 8
     assert second.learners.version == 8 and second.sync.pushed[0] == 3  # engines start from the checkpoint
-    requeued = [r for _, r in second.engines.submitted[: len(untrained_at_stop)]]
-    assert {r.prompt_id for r in requeued} == untrained_at_stop  # same ids (and seeds) as before the stop
+    saved_groups = checkpoints.latest_state(str(tmp_path / "state"))[1].buffer.groups
+    in_buffer = {g.prompt_id for g in saved_groups if g.seq is not None}
+    requeued = [r for _, r in second.engines.submitted[: len(untrained_at_stop - in_buffer)]]
+    # Same ids (and seeds) as before the stop; complete groups come back in the buffer instead.
+    assert {r.prompt_id for r in requeued} | in_buffer == untrained_at_stop
     first_requests = {r.prompt_id: r for _, r in first.engines.submitted}
     assert all(r.seed == first_requests[r.prompt_id].seed for r in requeued)
     trained = first.learners.trained_ids + second.learners.trained_ids
     assert len(trained) == len(set(trained)) == 16  # none twice
     assert_every_admitted_prompt_has_exactly_one_fate(first, second)  # none lost
     assert [h["training_step"] for h in second.log.history] == [3, 4, 5, 6, 7]
+
+
+def test_samples_running_at_a_stop_continue_after_the_resume_from_their_tokens(tmp_path):
+    """SIGTERM with long samples running: the state keeps the delivered samples of open groups and the
+    tokens, logprobs and spans of the running ones; the resumed run generates only the rest of each."""
+    state_dir = str(tmp_path / "state")
+    flags = ("--async_steps", "2", "--max_off_policy_steps", "20", "--checkpoint_state_freq", "100")
+    cfg = fakes.config(*flags, "--checkpoint_state_dir", state_dir, steps=6, prompts=2, samples=2)
+
+    def one_long_sample(request, j):  # sample 1 of every third prompt is a long straggler
+        long = j == 1 and int(request.prompt_id.split(":")[-1].split("@")[0]) % 3 == 0
+        return fakes.Script(length=40 if long else 4, latency_s=20.0 if long else 0.5, reward=float(j % 2))
+
+    stop = StopRequest()
+
+    def stop_after_step_2(step: int) -> None:
+        if step == 2:
+            stop.reason = "SIGTERM"
+
+    first = fakes.build(cfg, script=one_long_sample, on_step=stop_after_step_2, stop=stop)
+    first.loop.run()
+    state = checkpoints.latest_state(state_dir)[1]
+    continued = {r.prompt_id: r for r in state.requeue if r.partials}
+    assert continued, "no sample was running at the stop"
+    for request in continued.values():
+        assert request.sample_indices == (1,)  # sample 0 was delivered: kept in the buffer, not generated again
+        (partial,) = request.partials
+        assert 0 < len(partial.token_ids) < 40 and len(partial.logprobs) == len(partial.token_ids)
+        assert partial.version_spans and partial.version_spans[-1].end == len(partial.token_ids)
+    open_groups = {g.prompt_id: g for g in state.buffer.groups if g.seq is None}
+    assert set(continued) <= set(open_groups)
+
+    second = fakes.build(cfg, script=one_long_sample)
+    second.loop.run()
+    resumed = [r for _, r in second.engines.submitted if r.prompt_id in continued]
+    assert [r.partials for r in resumed] == [continued[r.prompt_id].partials for r in resumed]
+    trained = {(c.prompt_id, c.sample_index): c for b in second.learners.trained for g in b for c in g.completions}
+    for prompt_id, request in continued.items():
+        if (prompt_id, 1) not in trained:
+            continue  # still untrained when the resumed run ended
+        completion, kept = trained[(prompt_id, 1)], request.partials[0]
+        assert completion.continued_tokens == len(kept.token_ids) and len(completion.response_token_ids) == 40
+        assert completion.response_token_ids[: len(kept.token_ids)] == kept.token_ids
+        assert completion.version_spans[: len(kept.version_spans)] == kept.version_spans  # both parts' spans
+        assert trained[(prompt_id, 0)] == open_groups[prompt_id].completions[0]  # delivered before the stop
+    trained_continued = [pid for pid in continued if (pid, 1) in trained]
+    assert trained_continued
+    assert second.log.history[-1]["engines/continued_samples_total"] == len(continued)
 
 
 def test_heavy_tails_lose_nothing_and_train_nothing_twice():

@@ -37,13 +37,16 @@ def ray_cluster():
     ray.shutdown()
 
 
-def make_pool(model_path, engines: int):
+def make_pool(model_path, engines: int, partial_report_tokens: int = 16):
     from open_instruct import cluster
     from open_instruct.engine_pool import EnginePool
     from open_instruct.engine_setup import EngineSettings
     from open_instruct.rewards.scoring import RewardSettings
 
-    settings = EngineSettings(model_path=model_path, max_model_len=MAX_MODEL_LEN, kv_cache_gib=0.25)
+    settings = EngineSettings(
+        model_path=model_path, max_model_len=MAX_MODEL_LEN, kv_cache_gib=0.25,
+        partial_report_tokens=partial_report_tokens,
+    )  # fmt: skip
     actors = cluster.create_generation_actors(settings, engines, RewardSettings())
     pool = EnginePool(actors, prompt_capacity=256)
     pool.start()
@@ -145,6 +148,53 @@ def test_behaviour_logprobs_match_a_transformers_recomputation(pool, tokenizer, 
     assert worst < 2e-3, worst
 
 
+def test_an_interrupted_sample_continues_from_its_kept_tokens_with_one_prefill(pool, tokenizer, model_path):
+    """The driver keeps a running sample's reported tokens; a request carrying them continues the sample:
+    one Completion with the kept tokens, logprobs and spans first, and a rest conditioned on them."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from open_instruct.messages import PartialSample, VersionSpan
+
+    temperature = 0.7
+    first = request(tokenizer, max_tokens=160, ignore_eos=True, samples=1, temperature=temperature)
+    pool.submit([first])
+    reported = ()
+    while not reported:  # the engine reports every 16 tokens while the sample runs
+        got = pool.poll(timeout_s=0.05)
+        assert first.prompt_id not in {c.prompt_id for c in got}, "it finished before any progress report"
+        reported = pool.partial_samples(first.prompt_id)
+    ((_, whole),) = collect(pool, [first])
+    (kept_report,) = reported
+    n = len(kept_report.token_ids)
+    assert n >= 16 and whole.response_token_ids[:n] == kept_report.token_ids
+    assert kept_report.logprobs == whole.behaviour_logprobs[:n]
+    assert not pool.partial_samples(first.prompt_id)  # delivered: nothing kept any more
+
+    # Continue from the first 40 tokens, as if its engine had died there (spans from an older version).
+    kept = PartialSample(0, whole.response_token_ids[:40], whole.behaviour_logprobs[:40], (VersionSpan(7, 0, 40),))
+    before = pool.pool_metrics()
+    again = replace(first, prompt_id=f"{first.prompt_id}-continued", partials=(kept,), sample_indices=(0,))
+    pool.submit([again])
+    ((_, continued),) = collect(pool, [again])
+    assert continued.continued_tokens == 40 and len(continued.response_token_ids) == 160
+    assert continued.response_token_ids[:40] == kept.token_ids
+    assert continued.behaviour_logprobs[:40] == kept.logprobs
+    assert continued.version_spans[0] == VersionSpan(7, 0, 40) and continued.version_spans[-1].end == 160
+    assert continued.response_text == tokenizer.decode(continued.response_token_ids, skip_special_tokens=True)
+    after = pool.pool_metrics()
+    assert after["engines/continued_samples_total"] - before["engines/continued_samples_total"] == 1
+    assert after["engines/continued_tokens_saved_total"] - before["engines/continued_tokens_saved_total"] == 40
+    # The rest was sampled from prompt + kept tokens: its logprobs match a recomputation on the whole text.
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
+    ids = torch.tensor([list(continued.prompt_token_ids) + list(continued.response_token_ids)])
+    with torch.no_grad():
+        logits = model(ids).logits[0, len(continued.prompt_token_ids) - 1 : -1] / temperature
+    targets = torch.tensor(continued.response_token_ids)[:, None]
+    expected = torch.log_softmax(logits.float(), -1).gather(-1, targets)[:, 0]
+    assert (expected[40:] - torch.tensor(continued.behaviour_logprobs[40:])).abs().max().item() < 2e-3
+
+
 def test_staleness_bound_holds_when_the_learner_never_steps(pool, tokenizer):
     from open_instruct.data import PromptRow
 
@@ -203,7 +253,8 @@ def test_engine_metrics_account_for_the_whole_uptime(pool):
     depths = pool.pool_metrics()
     assert set(depths) == {
         "queue/prompt_depth", "queue/result_depth", "engines/restarts_total", "engines/resubmitted_samples_total",
-        "engines/duplicate_samples_dropped_total",
+        "engines/duplicate_samples_dropped_total", "engines/hung_total", "engines/continued_samples_total",
+        "engines/continued_tokens_saved_total", "engines/reprefilled_tokens_total", "engines/partial_samples_kept",
     }  # fmt: skip
 
 

@@ -213,26 +213,38 @@ def test_checkpoints_load_in_transformers(uninterrupted):
 
 
 def test_kill_and_resume_loses_no_prompt_and_trains_none_twice(uninterrupted, tmp_path):
-    out, state = tmp_path / "run", tmp_path / "state"
+    """SIGTERM mid-run, then the same command: samples running at the stop continue from their tokens."""
+    from open_instruct.checkpoints import latest_state
+    from open_instruct.traces import read_traces
+
+    out, state, traces = tmp_path / "run", tmp_path / "state", tmp_path / "traces"
     args = COMMON + [
-        "--num_evals",
-        "0",
-        "--save_freq",
-        "0",
-        "--checkpoint_state_freq",
-        "100",
-        "--checkpoint_state_dir",
-        str(state),
-    ]
+        "--num_evals", "0", "--save_freq", "0", "--checkpoint_state_freq", "100", "--checkpoint_state_dir", str(state),
+        "--save_traces", "--rollouts_save_path", str(traces), "--run_name", "resumed",
+    ]  # fmt: skip
     code, log = run_grpo(args, out, stop_after_step=2)
     assert code == 143, log[-4000:]
     assert "SIGTERM received" in log and (state / "latest").exists()
     stopped_at = max(steps_logged(out))
     assert 2 <= stopped_at < STEPS - 1
+    kept = {(r.prompt_id, p.sample_index): p for r in latest_state(str(state))[1].requeue for p in r.partials}
+    assert kept, "no sample was running at the stop"
 
     code, log = run_grpo(args, out)
     assert code == 0, log[-4000:]
     assert f"resumed from {state}" in log
+    resumed_metrics = read_jsonl(out / "metrics.jsonl")[-1]
+    assert resumed_metrics["engines/continued_samples_total"] == len(kept)
+    assert resumed_metrics["engines/continued_tokens_saved_total"] == sum(len(p.token_ids) for p in kept.values())
+    continued = [t for t in read_traces(str(traces), "resumed") if (t["prompt_id"], t["sample_index"]) in kept]
+    assert continued  # re-queued first after the resume: trained within the remaining steps
+    for trace in continued:  # each carries its earlier tokens, logprobs and spans, then the rest
+        partial = kept[(trace["prompt_id"], trace["sample_index"])]
+        n = len(partial.token_ids)
+        assert trace["continued_tokens"] == n and tuple(trace["response_token_ids"][:n]) == partial.token_ids
+        assert tuple(trace["behaviour_logprobs"][:n]) == partial.logprobs
+        spans = [[s.version, s.start, s.end] for s in partial.version_spans]
+        assert trace["version_spans"][: len(spans)] == spans and trace["version_spans"][-1][2] >= n
 
     trained = read_jsonl(out / "trained_prompts.jsonl")
     assert [t["step"] for t in trained] == list(range(STEPS))

@@ -144,7 +144,7 @@ def run_mode(stack, cfg, mode: str, tokenizer, rows) -> tuple[dict, list]:
         tokenizer=tokenizer,
     )
     loop.run()
-    history = loop.log.history
+    history = list(loop.log.history)  # metrics.jsonl, parsed once
     wall = sum(h["time/step_s"] for h in history)
     samples = cfg.rollout_batch_size * len(history)
     syncs = [h["time/weight_sync_pause_s"] for h in history if "time/weight_sync_pause_s" in h]

@@ -302,6 +302,9 @@ class SimEngines:
         for e in self.engines:
             self._poke(e, t)
 
+    def partial_samples(self, prompt_id: str) -> tuple:
+        return ()  # a simulation is never resumed
+
     def abort_stale(self, min_version: int, prompt_ids: list[str]) -> None:
         """As `GenerationActor.abort_stale`: samples whose first token predates `min_version`, and every
         sample of `prompt_ids`, leave at their engine's next step boundary with what they generated."""

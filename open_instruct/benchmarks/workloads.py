@@ -201,3 +201,23 @@ class DiesInWeightSyncActor(GenerationActor):
             Path(self.marker).touch()
             os._exit(1)
         return await super().receive_weights(update_info, version, timeout_s)
+
+
+class StallsActor(GenerationActor):
+    """Fault injection: engine `victim` stops producing tokens once it has completed `after_samples` samples:
+    its new samples wait forever while the actor still answers calls, as when the engine below hangs. Only
+    --engine_hang_timeout_s can find it. Once (the `marker` file), so its replacement works."""
+
+    def __init__(self, engine_id, settings, reward_settings=None, reward_workers=1, fault=(0, 8, "")):
+        super().__init__(engine_id, settings, reward_settings, reward_workers)
+        self.victim, self.after_samples, self.marker = fault
+
+    async def generate_sample(self, request: PromptRequest, sample_index: int) -> Completion:
+        import asyncio
+        from pathlib import Path
+
+        due = self.engine_id == self.victim and self._completed >= self.after_samples and not request.is_eval
+        if due and (not Path(self.marker).exists() or Path(self.marker).read_text() == str(id(self))):
+            Path(self.marker).write_text(str(id(self)))
+            await asyncio.Event().wait()
+        return await super().generate_sample(request, sample_index)
