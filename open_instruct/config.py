@@ -34,6 +34,7 @@ from open_instruct.config_parity import (
     pending_problems,
 )
 from open_instruct.config_resources import ResourceConfig, resource_problems
+from open_instruct.scheduling import sync_interval_check
 
 # ----------------------------------------------------------------------------- groups
 
@@ -467,15 +468,7 @@ def _generation_problems(cfg: Config) -> list[tuple[bool, str]]:
         ),
         (g.vllm_num_engines >= 1, "--vllm_num_engines must be >= 1"),
         (g.weight_sync_every_steps >= 1, "--weight_sync_every_steps must be >= 1"),
-        (
-            # Between syncs the engines fall up to N-1 versions behind; a tighter bound dooms every sample
-            # before the next sync, which then never comes (the learner waits forever).
-            g.off_policy_action == "downweight" or cfg.max_off_policy_steps >= g.weight_sync_every_steps - 1,
-            f"--weight_sync_every_steps {g.weight_sync_every_steps} leaves the engines up to "
-            f"{g.weight_sync_every_steps - 1} versions behind the learner, more than the staleness bound "
-            f"{cfg.max_off_policy_steps} allows: nothing would be trainable before the next sync; give "
-            f"--max_off_policy_steps >= {g.weight_sync_every_steps - 1} (or --off_policy_action downweight)",
-        ),
+        sync_interval_check(cfg.max_off_policy_steps, g.weight_sync_every_steps, g.off_policy_action),
         (g.vllm_tensor_parallel_size >= 1, "--vllm_tensor_parallel_size must be >= 1"),
         (0 < g.vllm_gpu_memory_utilization <= 1, "--vllm_gpu_memory_utilization must be in (0, 1]"),
         (g.vllm_kv_cache_gib > 0, "--vllm_kv_cache_gib must be > 0"),

@@ -1,22 +1,21 @@
 """Process bookkeeping for tests that start daemons in their own session (Ray, the code service)."""
 
+import importlib.util
 from pathlib import Path
 
+REPO = Path(__file__).resolve().parents[2]
 
-def session_pids(sid: int) -> list[int]:
-    """Live processes of session `sid`: the bash a test started and everything it spawned."""
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        fields = stat[stat.rindex(")") + 2 :].split()  # after "pid (comm) "
-        if fields[0] != "Z" and int(fields[3]) == sid:  # state ppid pgrp session; zombies are already dead
-            pids.append(int(entry.name))
-    return pids
+
+def _soak_script():
+    """scripts/soak.py runs standalone, so the session bookkeeping lives there and the tests borrow it."""
+    spec = importlib.util.spec_from_file_location("soak", REPO / "scripts" / "soak.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+# Live processes of a session: the bash (or trainer) a test started and everything it spawned.
+session_pids = _soak_script().session_pids
 
 
 def start_grpo_session(args: list[str], out: Path, log_path: Path):
