@@ -84,6 +84,7 @@ class EnginePool:
         self.partials = PartialSamples()
         self.hangs = HangWatch(hang_timeout_s)
         self.hung_engines = 0
+        self._hangs_checked_at = float("-inf")
         self._interrupting = False  # stop("interrupt") in progress: cut samples are kept, not delivered
 
     @property
@@ -147,6 +148,11 @@ class EnginePool:
         import ray
 
         now = time.monotonic()
+        # poll() calls this every 20 ms while it waits; probes go out every few seconds, so checking their
+        # answers a few times a second is enough.
+        if self.hangs.timeout_s <= 0 or now - self._hangs_checked_at < 0.25:
+            return
+        self._hangs_checked_at = now
         pending = self.hangs.pending()
         if pending:
             ready, _ = ray.wait(list(pending.values()), num_returns=len(pending), timeout=0)
@@ -243,9 +249,7 @@ class EnginePool:
                 self.ledger.started(message.prompt_id, message.engine_id)
             elif isinstance(message, SampleProgress):
                 self.partials.report(message)
-            elif message.prompt_id in self.ledger.reassigned and self.ledger.has(
-                message.prompt_id, message.sample_index
-            ):
+            elif self._is_duplicate(message):
                 self.duplicate_samples += 1
             elif self._interrupting and message.finish_reason == "abort" and not message.is_eval:
                 self.partials.interrupted(message)  # for the resume state: continued by the next run
