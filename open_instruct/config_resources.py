@@ -63,7 +63,10 @@ class ResourceConfig:
     backend_timeout: int = arg(120, "Minutes a learner collective may wait for another rank before failing.")
     fused_optimizer: bool = arg(True, "torch's fused AdamW (one kernel per step) instead of the per-tensor one.")
     vllm_sync_backend: str = arg(
-        "nccl", "Weight transport learner -> engines: nccl (on GPUs; gloo where there is no CUDA) or gloo."
+        "nccl",
+        "Weight transport learner -> engines: nccl (on GPUs; gloo where there is no CUDA) or gloo. With "
+        "--single_gpu_mode weights pass without a group (CUDA IPC on the shared GPU, a shared-memory file on a "
+        "CPU node) unless this says gloo.",
     )
     vllm_attention_backend: str | None = arg(None, "vLLM attention backend of the engines; None lets vLLM choose.")
     model_dtype: str = arg("bfloat16", "Dtype of the policy, reference and engines on GPU (see --dtype).")

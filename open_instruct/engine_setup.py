@@ -61,6 +61,7 @@ def engine_args(settings: EngineSettings):
     from vllm.engine.arg_utils import AsyncEngineArgs
 
     from open_instruct.config_parity import resolve_dtype
+    from open_instruct.weight_sync import transport
 
     backend = settings.weight_transfer_backend
     common = {
@@ -71,23 +72,16 @@ def engine_args(settings: EngineSettings):
         "enable_prefix_caching": settings.enable_prefix_caching,
         # Behaviour logprobs must be those of the distribution actually sampled from.
         "logprobs_mode": "processed_logprobs",
-        "weight_transfer_config": WeightTransferConfig(backend=backend),
         "dtype": resolve_dtype(settings.dtype, settings.gpu_dtype, torch.cuda.is_available()),
     }
     if settings.attention_backend:
         common["attention_backend"] = settings.attention_backend
-    if backend == "gloo":
-        from open_instruct.weight_transfer_gloo import WORKER_EXTENSION
-
-        # Importing the extension inside the worker process registers our gloo engine there.
-        common["worker_extension_cls"] = WORKER_EXTENSION
-    elif backend == "nccl":
-        from open_instruct.weight_transfer_nccl import ENGINE_BACKEND, WORKER_EXTENSION
-
-        # vLLM's own nccl engine leaves the model on meta tensors after a failed update; ours restores the
-        # previous weights. The extension's import registers it in the worker process.
-        common["weight_transfer_config"] = WeightTransferConfig(backend=ENGINE_BACKEND)
-        common["worker_extension_cls"] = WORKER_EXTENSION
+    # Each transport registers its vLLM engine when its module is imported; the worker extension makes the
+    # worker process import it. GPU nccl/ipc use our restoring subclasses of vLLM's engines: vLLM's own leave
+    # the model on meta tensors after a failed update.
+    wire = transport(backend)
+    common["weight_transfer_config"] = WeightTransferConfig(backend=wire.ENGINE_BACKEND)
+    common["worker_extension_cls"] = wire.WORKER_EXTENSION
     if torch.cuda.is_available():
         return AsyncEngineArgs(
             **common,

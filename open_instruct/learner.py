@@ -156,6 +156,8 @@ class LearnerActor:
         self.reference = None
         self.version = 0
         self.send_watchdog = SendWatchdog()
+        self._transport = None  # the weight transport's module, once opened (rank 0, or every rank for ipc)
+        self._transport_group = None
 
     def rendezvous_address(self) -> tuple[str, int]:
         """This node's address and a port free on it (called on rank 0)."""
@@ -363,24 +365,30 @@ class LearnerActor:
         return WeightMetadata(tuple(names), tuple(dtypes), tuple(shapes))
 
     def open_weight_transport(self, backend: str, host: str, port: int, world_size: int, timeout_s: float) -> int:
-        """Rank 0 opens the trainer end of the engines' weight-transfer group (rank 0 of it)."""
+        """Open the trainer end of the weight transport: rank 0 of the engines' transfer group, or, for a
+        staged transport, the stager (on every rank for `ipc`: each engine maps its own GPU's learner)."""
         from open_instruct.weight_sync import transport
 
-        if self.rank != 0:
-            raise RuntimeError(f"learner rank {self.rank} asked to open the weight transport; only rank 0 sends")
-        self._transport = transport(backend)
-        self._transport_group = self._transport.trainer_init(host, port, world_size, timeout_s)
+        wire = transport(backend)
+        if self.rank != 0 and not wire.EVERY_RANK_STAGES:
+            raise RuntimeError(f"learner rank {self.rank} asked to open the {backend} transport: only rank 0 sends")
+        self._transport = wire
+        self._transport_group = wire.trainer_init(host, port, world_size, timeout_s)
         return world_size
 
     def send_weights(self, metadata: WeightMetadata, bucket_bytes: int, version: int, timeout_s: float) -> WeightsSent:
         """Every rank: walk the parameters (under ZeRO-3 gathered whole or one at a time, see
-        --gather_whole_model); rank 0 broadcasts them bucket by bucket. Raises `WeightSyncError` when that
-        takes longer than `timeout_s` (see `SendWatchdog`), and at once on every call after that."""
+        --gather_whole_model); rank 0 broadcasts them bucket by bucket, or a staged transport's ranks stage
+        them (see `release_weights`). Raises `WeightSyncError` when that takes longer than `timeout_s` (see
+        `SendWatchdog`), and at once on every call after that."""
         import deepspeed
         import torch
 
         started = time.monotonic()
         zero3 = self.engine.zero_optimization_stage() == 3
+        wire = self._transport
+        # Staged handles point into the tensors themselves; a ZeRO-3 gather frees its whole copy on exit.
+        copy = zero3 and wire is not None and wire.KEEPS_REFERENCES
 
         named = list(self.engine.module.named_parameters())
 
@@ -391,20 +399,34 @@ class LearnerActor:
             with deepspeed.zero.GatheredParameters([p for _, p in named], enabled=whole):
                 for (name, param), dtype_name in zip(named, metadata.dtype_names):
                     with deepspeed.zero.GatheredParameters([param], enabled=zero3 and not whole):
-                        yield name, param.detach().to(getattr(torch, dtype_name))
+                        tensor = param.detach().to(getattr(torch, dtype_name))
+                        yield name, tensor.clone() if copy and tensor.data_ptr() == param.data_ptr() else tensor
 
-        def send() -> int:
-            if self.rank != 0:
+        def send() -> tuple[int, dict | None]:
+            if wire is None:  # not a sender: join the ZeRO-3 gathers only
                 for _ in gathered():
                     pass
-                return 0
-            return self._transport.trainer_send_stream(
+                return 0, None
+            if wire.STAGED:
+                md = metadata
+                info, staged = wire.trainer_stage(
+                    self._transport_group, gathered(), md.names, md.dtype_names, md.shapes, f"v{version}"
+                )
+                return staged, info
+            sent = wire.trainer_send_stream(
                 self._transport_group, gathered(), metadata.dtype_names, metadata.shapes, bucket_bytes
             )
+            return sent, None
 
         what = f"weight sync step 'send' of version {version} on learner {self.rank}"
-        sent = self.send_watchdog.run(send, timeout_s=timeout_s, what=what)
-        return WeightsSent(self.rank, sent, time.monotonic() - started)
+        sent, staged = self.send_watchdog.run(send, timeout_s=timeout_s, what=what)
+        return WeightsSent(self.rank, sent, time.monotonic() - started, staged)
+
+    def release_weights(self) -> None:
+        """A staged transport's sync is over (every engine loaded, or failed): free what was staged."""
+        wire = self._transport
+        if wire is not None and wire.STAGED:
+            wire.trainer_release(self._transport_group)
 
     def full_state_dict(self) -> dict:
         """HF-named CPU tensors of the current weights.

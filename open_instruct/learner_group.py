@@ -105,9 +105,16 @@ class LearnerGroup:
 
         return ray.get(self.actors[0].weight_metadata.remote(dtype_name), timeout=self.timeout_s)
 
-    def start_open_weight_transport(self, backend: str, host: str, port: int, world_size: int, timeout_s: float):
-        """Rank 0 opens the trainer end of the engines' transfer group; returns its ref (it blocks on the engines)."""
-        return self.actors[0].open_weight_transport.remote(backend, host, port, world_size, timeout_s)
+    def start_open_weight_transport(
+        self, backend: str, host: str, port: int, world_size: int, timeout_s: float, every_rank: bool = False
+    ) -> dict[str, object]:
+        """Rank 0 (`every_rank`: each rank) opens the trainer end of the weight transport; refs by actor name
+        (rank 0's blocks on the engines joining its group)."""
+        actors = self.actors if every_rank else self.actors[:1]
+        return {
+            f"learner {r}": a.open_weight_transport.remote(backend, host, port, world_size, timeout_s)
+            for r, a in enumerate(actors)
+        }
 
     def start_send_weights(
         self, metadata: WeightMetadata, bucket_bytes: int, version: int, timeout_s: float
@@ -118,6 +125,10 @@ class LearnerGroup:
             f"learner {r}": a.send_weights.remote(metadata, bucket_bytes, version, timeout_s)
             for r, a in enumerate(self.actors)
         }
+
+    def start_release_weights(self) -> dict[str, object]:
+        """A staged sync is over: every rank frees what it staged; refs by actor name."""
+        return {f"learner {r}": a.release_weights.remote() for r, a in enumerate(self.actors)}
 
     # -- checkpoints (collectives: every rank at once)
 

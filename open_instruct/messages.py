@@ -266,11 +266,14 @@ class WeightsReceived:
 
 @dataclass(frozen=True, slots=True)
 class WeightsSent:
-    """A learner rank's part of a weight sync: rank 0 broadcasts, the others join ZeRO-3 gathers."""
+    """A learner rank's part of a weight sync: rank 0 broadcasts, the others join ZeRO-3 gathers. With a
+    staged transport (shm, ipc) `staged` is this rank's part of the engines' update info (where the staged
+    weights are), and `bytes_sent` the bytes staged."""
 
     rank: int
     bytes_sent: int
     send_s: float
+    staged: dict | None = None
 
 
 @dataclass(frozen=True, slots=True)

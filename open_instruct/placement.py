@@ -52,7 +52,9 @@ class ClusterShape:
 
 @dataclass(frozen=True)
 class Placement:
-    transport: str  # "nccl" | "gloo": the weight-transfer backend of every engine and learner rank 0
+    # The weight-transfer backend of every engine and learner: "nccl" | "gloo" over a transfer group, or, for
+    # engines sharing the learners' machine or GPU, "shm" (CPU) | "ipc" (GPU): no group at all.
+    transport: str
     gpus_per_engine: float
     gpus_per_learner: float
     # One placement group per entry of --num_learners_per_node, each STRICT_PACK: a node's learners
@@ -93,8 +95,10 @@ def plan_placement(
     """The placement and the one transport for this run, or a `PlacementError` naming the fix.
 
     `sync_backend` is --vllm_sync_backend. nccl needs every rank on its own GPU: on a CPU cluster
-    it means gloo (open-instruct's default is nccl, so scripts pass it everywhere), and on a shared
-    GPU NCCL refuses two ranks on one device ("Duplicate GPU detected"), so gloo again.
+    it means gloo (open-instruct's default is nccl, so scripts pass it everywhere). With
+    --single_gpu_mode weights need no group, as in open-instruct: CUDA IPC on a shared GPU (NCCL
+    refuses two ranks on one device anyway), a shared-memory file on a CPU node whose learners all
+    sit on one machine. An explicit `--vllm_sync_backend gloo` keeps the gloo group there.
     """
     learner_groups = tuple(int(n) for n in num_learners_per_node)
     world_size = sum(learner_groups)
@@ -102,8 +106,10 @@ def plan_placement(
         raise PlacementError(problem)
     if shape.total_gpus == 0:
         engine_cores, learner_cores = split_cores(shape.node_cores)
+        one_machine = len(learner_groups) == 1  # one STRICT_PACK group: every learner and engine on one node
+        shared = single_gpu_mode and one_machine and sync_backend != "gloo"
         return Placement(
-            transport="gloo",
+            transport="shm" if shared else "gloo",
             gpus_per_engine=0,
             gpus_per_learner=0,
             learner_groups=learner_groups,
@@ -114,7 +120,7 @@ def plan_placement(
     _check_gpu_capacity(shape, num_engines, tensor_parallel_size, learner_groups, single_gpu_mode)
     if single_gpu_mode:
         return Placement(
-            transport="gloo",
+            transport="gloo" if sync_backend == "gloo" else "ipc",  # each engine maps its own GPU's learner
             gpus_per_engine=0.5,
             gpus_per_learner=0.5,
             learner_groups=learner_groups,

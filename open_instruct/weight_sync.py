@@ -30,18 +30,19 @@ from typing import TypeVar
 
 from open_instruct.messages import EnginePaused, WeightMetadata, WeightsReceived, WeightsSent
 
+TRANSPORTS = ("gloo", "nccl", "shm", "ipc")
+
 
 def transport(backend: str) -> ModuleType:
-    """The module implementing `backend`'s trainer/worker payloads and sends."""
-    if backend == "gloo":
-        from open_instruct import weight_transfer_gloo
+    """The module implementing `backend`'s trainer/worker payloads and sends (or stages, see `STAGED`)."""
+    if backend not in TRANSPORTS:
+        raise ValueError(
+            f"unknown weight-transfer backend {backend!r}: expected 'gloo' (CPU) or 'nccl' (GPU) over a group, "
+            "or 'shm' (CPU) / 'ipc' (GPU) for engines sharing the learner's machine or GPU"
+        )
+    import importlib
 
-        return weight_transfer_gloo
-    if backend == "nccl":
-        from open_instruct import weight_transfer_nccl
-
-        return weight_transfer_nccl
-    raise ValueError(f"unknown weight-transfer backend {backend!r}: expected 'gloo' (CPU) or 'nccl' (GPU)")
+    return importlib.import_module(f"open_instruct.weight_transfer_{backend}")
 
 
 class WeightSyncError(RuntimeError):
@@ -93,7 +94,7 @@ class SendWatchdog:
 
 @dataclass(frozen=True)
 class SyncSettings:
-    backend: str  # "gloo" | "nccl"
+    backend: str  # one of TRANSPORTS
     dtype_name: str  # the engines' dtype: weights are cast to it before sending
     inflight: bool = True
     bucket_bytes: int = 64 << 20
@@ -138,7 +139,8 @@ class WeightSync:
         return metrics
 
     def connect(self) -> dict[str, float]:
-        """Rendezvous the transfer group: engines join while rank 0 opens it (they block on each other)."""
+        """Rendezvous the transfer group: engines join while rank 0 opens it (they block on each other).
+        A staged transport (shm, ipc) has no group: the same calls only set both ends up."""
         s = self.settings
         started = time.monotonic()
         host, port = self.learners.rendezvous_address()
@@ -150,10 +152,13 @@ class WeightSync:
                 for i in range(self.engines.num_engines)
             ]
         )
-        refs["learner 0"] = self.learners.start_open_weight_transport(s.backend, host, port, world_size, s.timeout_s)
+        refs |= self.learners.start_open_weight_transport(
+            s.backend, host, port, world_size, s.timeout_s, every_rank=wire.EVERY_RANK_STAGES
+        )
         self._get("init transfer group", refs)
         self.metadata = self.learners.weight_metadata(s.dtype_name)
-        return {"weight_sync/connect_s": time.monotonic() - started, "weight_sync/group_size": float(world_size)}
+        group_size = 0.0 if wire.STAGED else float(world_size)
+        return {"weight_sync/connect_s": time.monotonic() - started, "weight_sync/group_size": group_size}
 
     def push(self, version: int, step_end_time: float | None = None) -> dict[str, float]:
         """Load `version` into every engine; returns metrics. Engines are resumed whatever happens.
@@ -171,20 +176,28 @@ class WeightSync:
     def _push(self, version: int, step_end_time: float | None) -> dict[str, float]:
         if self.metadata is None:
             raise WeightSyncError("weight sync not connected: call connect() first")
+        if not transport(self.settings.backend).STAGED:
+            return self._pause_transfer_resume(version, step_end_time, None)
+        try:
+            # Staging reads only the learners' weights: the engines go on generating meanwhile and pause
+            # just to load them.
+            started = time.monotonic()
+            sent = self._get("stage", self._start_send(version), timeout_s=self.settings.timeout_s + REPORT_GRACE_S)
+            stage_s = time.monotonic() - started
+            return self._pause_transfer_resume(version, step_end_time, sent) | {"time/weight_sync_stage_s": stage_s}
+        finally:
+            # Also after a failure: an engine that failed to load has stopped reading (it restored its weights).
+            self._get("release", self.learners.start_release_weights())
+
+    def _pause_transfer_resume(self, version: int, step_end_time: float | None, staged: list | None) -> dict:
         s = self.settings
-        md = self.metadata
         paused_at = time.monotonic()
         mode = "keep" if s.inflight else "wait"
         pauses: list[EnginePaused] = []
         try:
             pauses = self._get("pause", self.engines.start_pause(mode))
             transfer_at = time.monotonic()
-            info = transport(s.backend).update_info(
-                list(md.names), list(md.dtype_names), [list(x) for x in md.shapes], s.bucket_bytes
-            )
-            refs = self.engines.start_receive_weights(info, version, s.timeout_s)
-            refs.update(self.learners.start_send_weights(md, s.bucket_bytes, version, s.timeout_s))
-            reports = self._get("transfer", refs, timeout_s=s.timeout_s + REPORT_GRACE_S)
+            reports = self._transfer(version, staged)
             transferred_at = time.monotonic()
         finally:
             # After a failed transfer an engine may still sit in the group's collective until the
@@ -213,6 +226,23 @@ class WeightSync:
                 metrics[f"weight_sync/step_end_to_resume_s/engine_{i}"] = lag
             metrics["weight_sync/step_end_to_resume_s_max"] = max(lags)
         return metrics
+
+    def _start_send(self, version: int) -> dict:
+        s = self.settings
+        return self.learners.start_send_weights(self.metadata, s.bucket_bytes, version, s.timeout_s)
+
+    def _transfer(self, version: int, staged: list | None) -> list:
+        """The weights' way into the paused engines: a broadcast they receive concurrently, or the update
+        info of what the learners staged (`staged`: their reports). Returns the learners' and engines' reports."""
+        s, md = self.settings, self.metadata
+        wire = transport(s.backend)
+        if staged is None:
+            info = wire.update_info(list(md.names), list(md.dtype_names), [list(x) for x in md.shapes], s.bucket_bytes)
+            refs = self.engines.start_receive_weights(info, version, s.timeout_s) | self._start_send(version)
+            return self._get("transfer", refs, timeout_s=s.timeout_s + REPORT_GRACE_S)
+        info = wire.merge_staged([report.staged for report in staged])
+        loading = self.engines.start_receive_weights(info, version, s.timeout_s)
+        return staged + self._get("transfer", loading, timeout_s=s.timeout_s + REPORT_GRACE_S)
 
     def _get(self, step: str, refs: dict, timeout_s: float | None = None) -> list:
         """Results in `refs` order. The first failure is raised at once (its peers may be blocked in

@@ -55,7 +55,11 @@ from open_instruct.weight_reload import RestoringReload
 logger = logging.getLogger(__name__)
 
 BACKEND = "gloo"
+ENGINE_BACKEND = BACKEND  # its name in vLLM's WeightTransferEngineFactory
 WORKER_EXTENSION = f"{__name__}.GlooWeightTransferWorkerExtension"
+STAGED = False  # a broadcast the engines' `update_weights` receives concurrently (see weight_sync)
+EVERY_RANK_STAGES = False  # learner rank 0 is the only sender
+KEEPS_REFERENCES = False  # a sent tensor may be freed at once
 DEFAULT_BUCKET_BYTES = 64 << 20
 _ALIGN = 64
 DEFAULT_TIMEOUT_S = 600.0
@@ -306,15 +310,20 @@ def trainer_send_stream(
         for i, off, nb in items:
             name, tensor = next(named_tensors)
             tensor = tensor.detach().cpu().contiguous()
-            if _dtype_name(tensor.dtype) != dtype_names[i] or list(tensor.shape) != list(shapes[i]):
-                raise ValueError(
-                    f"weight {i} ({name}) is {_dtype_name(tensor.dtype)}{list(tensor.shape)} but the engines "
-                    f"were told {dtype_names[i]}{list(shapes[i])}"
-                )
+            check_matches_metadata(i, name, tensor, dtype_names, shapes)
             buf[off : off + nb].copy_(tensor.reshape(-1).view(torch.uint8))
         group.broadcast(buf, 0).wait()
         sent += total
     return sent
+
+
+def check_matches_metadata(i: int, name: str, tensor: torch.Tensor, dtype_names, shapes) -> None:
+    """Refuse weight `i` unless it is what the engines were told: they would load garbage or wait forever."""
+    if _dtype_name(tensor.dtype) != dtype_names[i] or list(tensor.shape) != list(shapes[i]):
+        raise ValueError(
+            f"weight {i} ({name}) is {_dtype_name(tensor.dtype)}{list(tensor.shape)} but the engines "
+            f"were told {dtype_names[i]}{list(shapes[i])}"
+        )
 
 
 def hf_named_weights(model: torch.nn.Module) -> list[tuple[str, torch.Tensor]]:

@@ -23,6 +23,9 @@ from open_instruct.weight_reload import RestoringReload
 BACKEND = "nccl"  # the transport's name (SyncSettings.backend, --vllm_sync_backend)
 ENGINE_BACKEND = "nccl_restoring"  # the engine's name in vLLM's WeightTransferEngineFactory
 WORKER_EXTENSION = f"{__name__}.RestoringNCCLWorkerExtension"
+STAGED = False
+EVERY_RANK_STAGES = False  # learner rank 0 is the only sender
+KEEPS_REFERENCES = False  # a sent tensor may be freed at once
 
 
 # ----------------------------------------------------------------------------- worker side

@@ -9,13 +9,15 @@
 # Parts:
 #   env          CUDA visible to torch; vllm, ray, deepspeed import; the versions
 #   optimizer    torch's fused AdamW steps on the GPU (--fused_optimizer; no DeepSpeed JIT build)
-#   single_gpu   3 training steps with --single_gpu_mode on GPU 0: engine and learner share it (gloo transport,
-#                the engine profiles its memory before the learner starts)
+#   single_gpu   3 training steps with --single_gpu_mode on GPU 0: engine and learner share it, weights by CUDA
+#                IPC (no group; the engine profiles its memory before the learner starts)
+#   single_gpu_gloo  the same with --vllm_sync_backend gloo, the fallback over a group (1 GPU; with 2+,
+#                train_gloo covers gloo)
 #   train_nccl   3 training steps: 1 vLLM engine, 1 DeepSpeed learner (ZeRO-2), NCCL in-flight sync, bf16 (2+ GPUs)
 #   train_gloo   the same with --vllm_sync_backend gloo (2+ GPUs)
 #   transfer_failure  one forced failed weight push (scripts/transfer_failure_check.py): the error names its
 #                step, the engine keeps serving its previous weights, the next push loads; over NCCL with
-#                2+ GPUs, else on the shared GPU
+#                2+ GPUs, else on the shared GPU over CUDA IPC
 #   two_learners 2 learner ranks (ZeRO-3) in one STRICT_PACK placement group (3+ GPUs)
 set -euo pipefail  # each part runs under `if`, so a failing part is reported, not fatal
 
@@ -28,7 +30,7 @@ failures=0
 export TOKENIZERS_PARALLELISM=false
 
 report() {  # name, status, detail
-  printf '%-13s %-4s %s\n' "$1" "$2" "$3"
+  printf '%-16s %-4s %s\n' "$1" "$2" "$3"
   [[ "$2" == "FAIL" ]] && failures=$((failures + 1))
   return 0
 }
@@ -108,6 +110,10 @@ gpus="$("$python_bin" -c 'import torch; print(torch.cuda.device_count())' 2>/dev
 part_env
 part_optimizer
 CUDA_VISIBLE_DEVICES=0 train single_gpu 150 --single_gpu_mode --num_learners_per_node 1 --deepspeed_stage 2
+if (( gpus < 2 )); then
+  CUDA_VISIBLE_DEVICES=0 train single_gpu_gloo 150 --single_gpu_mode --vllm_sync_backend gloo \
+    --num_learners_per_node 1 --deepspeed_stage 2
+fi
 if needs train_nccl 2; then
   train train_nccl 150 --vllm_sync_backend nccl --num_learners_per_node 1 --deepspeed_stage 2
 fi

@@ -98,11 +98,13 @@ def test_deepspeed_accepts_the_stage_0_bf16_config_and_trains_with_fp32_accumula
 
 
 @pytest.mark.slow
-def test_the_transfer_failure_check_passes_on_the_cpu_stack():
+@pytest.mark.parametrize("flags", [[], ["--single_gpu_mode"]], ids=["gloo", "shm"])
+def test_the_transfer_failure_check_passes_on_the_cpu_stack(flags):
     """scripts/transfer_failure_check.py is gpu_check.sh's forced-failure part; on CPU it runs over gloo,
-    through the same restoring reload the NCCL engine uses."""
+    and with --single_gpu_mode through the shared-memory file (the staged sequence the GPU's CUDA IPC path
+    takes), both through the same restoring reload the NCCL and IPC engines use."""
     result = subprocess.run(
-        [sys.executable, str(REPO / "scripts" / "transfer_failure_check.py")],
+        [sys.executable, str(REPO / "scripts" / "transfer_failure_check.py"), *flags],
         capture_output=True,
         text=True,
         timeout=900,

@@ -33,6 +33,7 @@ def test_cpu_cluster_uses_gloo_whatever_the_flag_says():
 
 def test_single_gpu_mode_on_cpu_splits_one_nodes_cores():
     placement = plan_placement(CPU_BOX, 1, 1, [1], single_gpu_mode=True)
+    assert placement.transport == "shm"  # one machine: a shared-memory file, no group
     assert placement.engines_in_learner_bundles
     assert (placement.engine_cores, placement.learner_cores) == ((0,), (1,))
     assert learner_bundles(placement) == [[{"CPU": 2}]]  # room for the learner and its engine
@@ -41,10 +42,22 @@ def test_single_gpu_mode_on_cpu_splits_one_nodes_cores():
     assert split_cores((6,)) == ((6,), (6,))
 
 
-def test_single_gpu_mode_on_a_gpu_shares_it_with_gloo_and_starts_engines_first():
+def test_single_gpu_mode_passes_weights_without_a_group_where_it_can():
+    # open-instruct's meaning: CUDA IPC on the shared GPU (NCCL refuses two ranks on one GPU anyway) ...
+    assert plan_placement(ONE_GPU, 1, 1, [1], single_gpu_mode=True, sync_backend="nccl").transport == "ipc"
+    assert plan_placement(ClusterShape((2, 2)), 2, 1, [1, 1], single_gpu_mode=True).transport == "ipc"
+    # ... and its CPU counterpart, a shared-memory file, when every learner (with its engine) is on one node.
+    assert plan_placement(ClusterShape((0,), tuple(range(8))), 2, 1, [2], single_gpu_mode=True).transport == "shm"
+    assert plan_placement(ClusterShape((0, 0)), 2, 1, [1, 1], single_gpu_mode=True).transport == "gloo"
+    # An explicit --vllm_sync_backend gloo keeps the gloo group.
+    for shape in (CPU_BOX, ONE_GPU):
+        assert plan_placement(shape, 1, 1, [1], single_gpu_mode=True, sync_backend="gloo").transport == "gloo"
+    # Without --single_gpu_mode every transport is a group, as before.
+    assert plan_placement(CPU_BOX, 1, 1, [1]).transport == "gloo"
+
+
+def test_single_gpu_mode_on_a_gpu_shares_it_and_starts_engines_first():
     placement = plan_placement(ONE_GPU, 1, 1, [1], single_gpu_mode=True, sync_backend="nccl")
-    # NCCL refuses two ranks on one GPU ("Duplicate GPU detected"): the shared device needs gloo.
-    assert placement.transport == "gloo"
     assert (placement.gpus_per_engine, placement.gpus_per_learner) == (0.5, 0.5)
     # vLLM aborts if another process frees GPU memory while it profiles.
     assert placement.engines_start_first and placement.engines_in_learner_bundles
@@ -115,4 +128,5 @@ def test_single_gpu_mode_trains_on_a_cpu_node_split_between_engine_and_learner(t
     assert steps_logged(tmp_path / "run") == list(range(steps))
     engine_cores, learner_cores = split_cores(tuple(os.sched_getaffinity(0)))
     assert f"engine_cores={engine_cores}, learner_cores={learner_cores}" in log
+    assert "Placement(transport='shm'" in log  # weights passed through shared memory, no group
     assert f"cores={learner_cores})" in log  # the learner reported the affinity it actually runs with

@@ -225,7 +225,7 @@ def test_single_gpu_runs_grpo_fast_with_one_engine_and_one_learner(tmp_path):
     assert argv[-2:] == ["--seed", "3"]
     cfg = parse_config(argv)
     assert cfg.generation.vllm_num_engines == 1 and cfg.learner.num_learners_per_node == [1]
-    assert cfg.resources.single_gpu_mode  # one GPU for both: shared placement, gloo transport
+    assert cfg.resources.single_gpu_mode  # one GPU for both: shared placement, CUDA-IPC transport
     assert cfg.generation.response_length == 1024
     assert not cfg.uses_embedded_default
 

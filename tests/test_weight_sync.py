@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 
 import pytest
@@ -56,11 +57,23 @@ def greedy(tokenizer, text: str, max_tokens: int, prompt_id: str) -> PromptReque
 
 
 def start_stack(
-    model_path, tokenizer, engines: int, learners: int, stage: int, inflight: bool, timeout_s=300, **learner_options
+    model_path,
+    tokenizer,
+    engines: int,
+    learners: int,
+    stage: int,
+    inflight: bool,
+    timeout_s=300,
+    backend="gloo",
+    **learner_options,
 ):
     cluster.init_ray(min_logical_cpus=engines + learners + 1)
     settings = EngineSettings(
-        model_path=model_path, max_model_len=MAX_MODEL_LEN, kv_cache_gib=0.25, enable_prefix_caching=True
+        model_path=model_path,
+        max_model_len=MAX_MODEL_LEN,
+        kv_cache_gib=0.25,
+        enable_prefix_caching=True,
+        weight_transfer_backend=backend,
     )
     pool = EnginePool(cluster.create_generation_actors(settings, engines), prompt_capacity=16)
     pool.start_engines()
@@ -86,11 +99,11 @@ def start_stack(
         group,
         pool,
         SyncSettings(
-            backend="gloo", dtype_name="float32", inflight=inflight, bucket_bytes=1 << 20, timeout_s=timeout_s
+            backend=backend, dtype_name="float32", inflight=inflight, bucket_bytes=1 << 20, timeout_s=timeout_s
         ),
     )
     connected = sync.connect()
-    assert connected["weight_sync/group_size"] == engines + 1
+    assert connected["weight_sync/group_size"] == (0 if backend == "shm" else engines + 1)
     group.train_step(rewarded_groups(tokenizer), 0)
     weights_b = group.full_state_dict()
     return pool.actors, group.actors, sync, weights_b
@@ -247,5 +260,57 @@ def test_a_failed_transfer_names_the_step_and_leaves_no_engine_paused(model_path
         assert stats.weight_version == 0  # the failed version was not committed
         [c] = ray.get(engine.generate.remote([greedy(tokenizer, "What is 1 + 1?", 8, "after")]), timeout=120)
         assert len(c.response_token_ids) == 8  # resumed and still serving
+    finally:
+        ray.shutdown()
+
+
+def staged_files() -> set[str]:
+    from open_instruct.weight_transfer_shm import FILE_PREFIX
+
+    return {name for name in os.listdir("/dev/shm") if name.startswith(FILE_PREFIX)}
+
+
+def test_shared_memory_transport_updates_running_engines_without_a_group(model_path, tokenizer):
+    """--single_gpu_mode on a CPU node: ZeRO-3 learner rank 0 stages the gathered weights in one
+    shared-memory file, both engines load them in flight (running requests keep their KV and switch
+    version), and the file is gone afterwards. A staged transfer that fails (metadata that disagrees with
+    the parameters) names the step, leaves no file, and the engines keep serving the previous version."""
+    import dataclasses
+
+    before = staged_files()
+    try:
+        engines, _learners, sync, weights_b = start_stack(
+            model_path, tokenizer, 2, 2, stage=3, inflight=True, backend="shm"
+        )
+        # Long enough to be running still after the staging, which happens before the pause.
+        prompts = [greedy(tokenizer, f"Count from {i}.", LONG, f"l{i}") for i in (0, 1)]
+        generating = [engines[i].generate.remote([prompts[i]]) for i in (0, 1)]
+        for engine in engines:
+            wait_until_running(engine, count=1, min_tokens=5)
+        metrics = sync.push(1)
+        running = [c for ref in generating for c in ray.get(ref, timeout=600)]
+        assert metrics["weight_sync/bytes"] > 4e6
+        assert metrics["time/weight_sync_stage_s"] > 0  # staged before the pause, engines still generating
+        # Every request still running at the pause switched version mid-generation with its KV kept (on a
+        # loaded machine one may have finished during the staging: it then has version 0 only).
+        switched = [c for c in running if [s.version for s in c.version_spans] == [0, 1]]
+        assert 1 <= len(switched) == metrics["weight_sync/kept_requests"]
+        assert all(len(c.response_token_ids) == LONG for c in running)
+        assert staged_files() == before
+
+        probe = greedy(tokenizer, "What is 4 + 5?", 24, "probe")
+        expected = fresh_greedy(hf_model(model_path, weights_b), probe.prompt_token_ids, 24)
+        for engine in engines:
+            [c] = ray.get(engine.generate.remote([probe]))
+            assert list(c.response_token_ids) == expected and [s.version for s in c.version_spans] == [1]
+
+        md = sync.metadata
+        sync.metadata = dataclasses.replace(md, shapes=((1,),) + md.shapes[1:])
+        with pytest.raises(WeightSyncError, match=r"step 'stage' failed on learner 0: .*embed_tokens"):
+            sync.push(2)
+        assert staged_files() == before
+        for engine in engines:
+            [c] = ray.get(engine.generate.remote([probe]), timeout=120)
+            assert list(c.response_token_ids) == expected and ray.get(engine.stats.remote()).weight_version == 1
     finally:
         ray.shutdown()

@@ -97,12 +97,19 @@ def test_streamed_send_follows_the_bucket_plan_and_checks_the_metadata():
 def test_weight_transports_share_one_interface():
     from open_instruct import weight_sync
 
-    for backend in ("gloo", "nccl"):
+    for backend in weight_sync.TRANSPORTS:
         module = weight_sync.transport(backend)
-        for call in ("worker_init_info", "update_info", "trainer_init", "trainer_send_stream"):
-            assert callable(getattr(module, call)), (backend, call)
+        assert backend == module.BACKEND and isinstance(module.ENGINE_BACKEND, str)
+        assert module.WORKER_EXTENSION.startswith(module.__name__)
         info = module.worker_init_info("10.0.0.1", 1234, 5, 60.0, rank_offset=3)
-        assert info["rank_offset"] == 3 and info["world_size"] == 5
-        assert module.update_info(["x"], ["bfloat16"], [[2]], 1024)["names"] == ["x"]
-    with pytest.raises(ValueError, match="unknown weight-transfer backend 'ipc'"):
-        weight_sync.transport("ipc")
+        assert isinstance(info, dict) and callable(module.trainer_init)
+        if module.STAGED:  # no group: stage, engines load, release
+            for call in ("trainer_stage", "merge_staged", "trainer_release"):
+                assert callable(getattr(module, call)), (backend, call)
+        else:
+            assert not module.EVERY_RANK_STAGES and not module.KEEPS_REFERENCES
+            assert info["rank_offset"] == 3 and info["world_size"] == 5
+            assert callable(module.trainer_send_stream)
+            assert module.update_info(["x"], ["bfloat16"], [[2]], 1024)["names"] == ["x"]
+    with pytest.raises(ValueError, match="unknown weight-transfer backend 'tcp'"):
+        weight_sync.transport("tcp")

@@ -1,11 +1,14 @@
-"""Benchmark: in-flight weight-sync pause vs model size on this machine (gloo, CPU).
+"""Benchmark: in-flight weight-sync pause vs model size on this machine, per CPU transport.
 
 For each model size a random tiny Qwen2 is built and served by a real AsyncLLM; while
 `--running` long requests are decoding, new weights are pushed `--syncs` times with the
-in-flight protocol (pause keep → start → update ∥ broadcast → finish → resume). Reported per
-size: bytes sent, how long the engine was frozen, the transfer alone, its bandwidth, and the
-bound `bytes / memory bandwidth` (one memory copy of the weights at the bandwidth measured
-here with a large tensor copy), so the overhead over the physical floor is visible.
+in-flight protocol (pause keep → start → update ∥ broadcast → finish → resume; for `shm`: stage
+while the engine generates, then pause → start → update(file) → finish → resume). Reported per
+size and transport: bytes sent, how long the engine was frozen, the transfer alone, its bandwidth,
+and the bound `bytes / memory bandwidth` (one memory copy of the weights at the bandwidth measured
+here with a large tensor copy), so the overhead over the physical floor is visible. With both transports
+(the default) each size also gets `shm_over_gloo_frozen`: the shared-memory file's frozen time over
+the gloo group's, measured side by side in this run.
 
     python -m open_instruct.benchmarks.weight_sync --sizes 128x4 512x6 1024x8 --output output/bench/weight_sync.json
 """
@@ -70,14 +73,26 @@ def build_model(hidden: int, layers: int, workdir: Path):
     return path, wt.hf_named_weights(model)
 
 
-async def push_while_decoding(engine, weights, args) -> tuple[list[dict], list[int]]:
+async def push_while_decoding(engine, weights, args, transport: str) -> tuple[list[dict], list[int]]:
     """`args.syncs` in-flight pushes while `args.running` requests decode; (timings, response lengths)."""
     import torch
     from vllm import SamplingParams
 
     from open_instruct import weight_transfer_gloo as wt
+    from open_instruct import weight_transfer_shm
 
-    group = await wt.init_engine_transfer(engine, "127.0.0.1", _free_port(), world_size=2, timeout_s=300)
+    if transport == "shm":
+        stager = weight_transfer_shm.Stager()
+
+        def push(version: int):
+            return weight_transfer_shm.push_weights(engine, stager, weights, version, dtype=torch.float32)
+    else:
+        group = await wt.init_engine_transfer(engine, "127.0.0.1", _free_port(), world_size=2, timeout_s=300)
+
+        def push(version: int):
+            bucket_bytes = args.bucket_mb << 20
+            return wt.push_weights(engine, group, weights, version, dtype=torch.float32, bucket_bytes=bucket_bytes)
+
     params = SamplingParams(max_tokens=args.max_tokens, ignore_eos=True, temperature=1.0, seed=0)
 
     async def decode(i: int) -> int:
@@ -92,33 +107,37 @@ async def push_while_decoding(engine, weights, args) -> tuple[list[dict], list[i
     for version in range(1, args.syncs + 1):
         for _, tensor in weights:  # new values each round, same shapes
             tensor.data.add_(1e-3)
-        timings.append(
-            await wt.push_weights(
-                engine, group, weights, version, dtype=torch.float32, bucket_bytes=args.bucket_mb << 20
-            )
-        )
+        timings.append(await push(version))
         await asyncio.sleep(0.2)
     return timings, list(await asyncio.gather(*running))
 
 
-async def measure_size(hidden: int, layers: int, args, workdir: Path) -> dict:
+async def measure_size(hidden: int, layers: int, args, workdir: Path, transport: str = "gloo") -> dict:
     from vllm.v1.engine.async_llm import AsyncLLM
 
     from open_instruct.engine_setup import EngineSettings, engine_args
 
     path, weights = build_model(hidden, layers, workdir)
     engine = AsyncLLM.from_engine_args(
-        engine_args(EngineSettings(model_path=str(path), max_model_len=args.max_tokens + 64, kv_cache_gib=0.5))
+        engine_args(
+            EngineSettings(
+                model_path=str(path),
+                max_model_len=args.max_tokens + 64,
+                kv_cache_gib=0.5,
+                weight_transfer_backend=transport,
+            )
+        )
     )
     try:
         await engine.update_weight_version("0")
-        timings, lengths = await push_while_decoding(engine, weights, args)
+        timings, lengths = await push_while_decoding(engine, weights, args, transport)
     finally:
         engine.shutdown()
     group_bytes = timings[-1]["bytes"]
     frozen = statistics.median(t["total_s"] for t in timings)
     transfer = statistics.median(t["transfer_s"] for t in timings)
     return {
+        "transport": transport,
         "hidden_size": hidden,
         "layers": layers,
         "params_m": sum(t.numel() for _, t in weights) / 1e6,
@@ -126,6 +145,7 @@ async def measure_size(hidden: int, layers: int, args, workdir: Path) -> dict:
         "sent_mb": group_bytes / 1e6,
         "pause_call_s": statistics.median(t["pause_s"] for t in timings),
         "frozen_s": frozen,
+        "stage_s": statistics.median(t.get("stage_s", 0.0) for t in timings),  # shm: before the pause
         "transfer_s": transfer,
         "bandwidth_mb_s": group_bytes / transfer / 1e6 if transfer > 0 else 0.0,
         "requests_completed_full_length": sum(1 for n in lengths if n == args.max_tokens),
@@ -147,6 +167,13 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--max_tokens", type=int, default=384)
     parser.add_argument("--warmup_s", type=float, default=0.5)
     parser.add_argument("--bucket_mb", type=int, default=64)
+    parser.add_argument(
+        "--transports",
+        nargs="+",
+        choices=["gloo", "shm"],
+        default=["gloo", "shm"],
+        help="gloo: the transfer group; shm: the shared-memory file of --single_gpu_mode on a CPU node",
+    )
     parser.add_argument("--output", default="output/bench/weight_sync.json")
     args = parser.parse_args(argv)
     os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
@@ -155,22 +182,30 @@ def main(argv: list[str] | None = None) -> dict:
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for hidden, layers in args.sizes:
-            row = asyncio.run(measure_size(hidden, layers, args, Path(tmp)))
-            row["bound_s"] = row["sent_mb"] * 1e6 / (bandwidth * 1e9)
-            row["frozen_over_bound"] = row["frozen_s"] / row["bound_s"] if row["bound_s"] > 0 else 0.0
-            rows.append(row)
+            for transport in args.transports:
+                row = asyncio.run(measure_size(hidden, layers, args, Path(tmp), transport))
+                row["bound_s"] = row["sent_mb"] * 1e6 / (bandwidth * 1e9)
+                row["frozen_over_bound"] = row["frozen_s"] / row["bound_s"] if row["bound_s"] > 0 else 0.0
+                rows.append(row)
     result = {"memory_bandwidth_gb_s": bandwidth, "cpu_count": os.cpu_count(), "sizes": rows}
+    by_size = {}
+    for r in rows:
+        by_size.setdefault(f"{r['hidden_size']}x{r['layers']}", {})[r["transport"]] = r["frozen_s"]
+    result["shm_over_gloo_frozen"] = {k: v["shm"] / v["gloo"] for k, v in by_size.items() if {"shm", "gloo"} <= set(v)}
     print(f"memory copy bandwidth: {bandwidth:.1f} GB/s; {args.running} requests decoding during each push")
     print(
-        f"{'model':>10} {'params M':>9} {'MB sent':>8} {'frozen s':>9} {'transfer s':>10} {'MB/s':>8} "
+        f"{'model':>10} {'via':>5} {'params M':>9} {'MB sent':>8} {'frozen s':>9} {'transfer s':>10} {'MB/s':>8} "
         f"{'bound s':>8} {'frozen/bound':>12} {'kept ok':>8}"
     )
     for r in rows:
         print(
-            f"{r['hidden_size']:>5}x{r['layers']:<4} {r['params_m']:>9.1f} {r['sent_mb']:>8.1f} {r['frozen_s']:>9.3f} "
+            f"{r['hidden_size']:>5}x{r['layers']:<4} {r['transport']:>5} {r['params_m']:>9.1f} {r['sent_mb']:>8.1f} "
+            f"{r['frozen_s']:>9.3f} "
             f"{r['transfer_s']:>10.3f} {r['bandwidth_mb_s']:>8.0f} {r['bound_s']:>8.4f} "
             f"{r['frozen_over_bound']:>12.0f} {r['requests_completed_full_length']:>4}/{r['requests_running']}"
         )
+    for size, ratio in result["shm_over_gloo_frozen"].items():
+        print(f"{size}: engine frozen with the shared-memory file / with the gloo group = {ratio:.2f}")
     out = Path(args.output)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1))
