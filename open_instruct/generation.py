@@ -106,7 +106,10 @@ class GenerationActor:
         """Build the engine (15-30 s on CPU). Separate from __init__ so failures surface as errors."""
         from vllm.v1.engine.async_llm import AsyncLLM
 
+        from open_instruct.weight_sync import transport
+
         os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
+        os.environ.update(transport(self.settings.weight_transfer_backend).ENGINE_ENV)
         if self.settings.cpu_cores:  # a shared CPU node (--single_gpu_mode): the learner has the other cores
             os.environ["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(map(str, self.settings.cpu_cores))
         started = time.monotonic()

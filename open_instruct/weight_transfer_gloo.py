@@ -60,6 +60,7 @@ WORKER_EXTENSION = f"{__name__}.GlooWeightTransferWorkerExtension"
 STAGED = False  # a broadcast the engines' `update_weights` receives concurrently (see weight_sync)
 EVERY_RANK_STAGES = False  # learner rank 0 is the only sender
 KEEPS_REFERENCES = False  # a sent tensor may be freed at once
+ENGINE_ENV: dict[str, str] = {}  # nothing the engine process must set for this transport
 DEFAULT_BUCKET_BYTES = 64 << 20
 _ALIGN = 64
 DEFAULT_TIMEOUT_S = 600.0

@@ -17,6 +17,8 @@ is the tested `shm` one, and `scripts/gpu_check.sh` runs it on a GPU.
 
 from __future__ import annotations
 
+import base64
+import pickle
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
@@ -31,6 +33,10 @@ WORKER_EXTENSION = f"{__name__}.RestoringIPCWorkerExtension"
 STAGED = True
 EVERY_RANK_STAGES = True  # each engine maps the memory of the learner on its own GPU
 KEEPS_REFERENCES = True  # handles point into the staged tensors: a gathered ZeRO-3 shard must be copied
+# A handle holds torch types (the tensor class, dtype, device) that vLLM's msgpack channel from AsyncLLM to its
+# engine core cannot carry: the handles travel pickled (`ipc_handles_pickled`), which vLLM's worker unpickles
+# only when this is set in the engine's process. The pickle comes from our own learner, never from a client.
+ENGINE_ENV = {"VLLM_ALLOW_INSECURE_SERIALIZATION": "1"}
 
 
 class RestoringIPCWeightTransferEngine(RestoringReload, IPCWeightTransferEngine):
@@ -97,7 +103,8 @@ def trainer_stage(
 
 
 def merge_staged(parts: Sequence[dict | None]) -> dict:
-    """One update info for every engine: per tensor, the handles of every rank's GPU (by UUID)."""
+    """One update info for every engine: per tensor, the handles of every rank's GPU (by UUID), pickled
+    (see `ENGINE_ENV`)."""
     staged = [p for p in parts if p is not None]
     if not staged:
         raise ValueError("no learner rank staged weights")
@@ -109,7 +116,8 @@ def merge_staged(parts: Sequence[dict | None]) -> dict:
     for part in staged:
         for slot, handle in zip(merged, part["ipc_handles"]):
             slot.update(handle)
-    return {**first, "ipc_handles": merged}
+    info = {key: value for key, value in first.items() if key != "ipc_handles"}
+    return info | {"ipc_handles_pickled": base64.b64encode(pickle.dumps(merged)).decode("ascii")}
 
 
 def trainer_release(stager: Stager) -> None:

@@ -26,6 +26,7 @@ WORKER_EXTENSION = f"{__name__}.RestoringNCCLWorkerExtension"
 STAGED = False
 EVERY_RANK_STAGES = False  # learner rank 0 is the only sender
 KEEPS_REFERENCES = False  # a sent tensor may be freed at once
+ENGINE_ENV: dict[str, str] = {}  # nothing the engine process must set for this transport
 
 
 # ----------------------------------------------------------------------------- worker side

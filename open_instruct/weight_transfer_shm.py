@@ -45,6 +45,7 @@ WORKER_EXTENSION = f"{__name__}.SharedMemoryWorkerExtension"
 STAGED = True  # stage → engines load → release, instead of a concurrent broadcast
 EVERY_RANK_STAGES = False  # one file on the node serves every engine: learner rank 0 writes it
 KEEPS_REFERENCES = False  # the bytes are copied into the file: gathered ZeRO-3 shards may be freed at once
+ENGINE_ENV: dict[str, str] = {}  # nothing the engine process must set for this transport
 FILE_PREFIX = "open_instruct-weights-"
 
 

@@ -101,13 +101,21 @@ def test_engines_read_learner_rank_0s_file_only():
         shm.merge_staged([None, None])
 
 
+def unpickled_handles(info: dict) -> list:
+    import base64
+    import pickle
+
+    return pickle.loads(base64.b64decode(info["ipc_handles_pickled"]))
+
+
 def test_ipc_handles_of_every_rank_are_merged_by_gpu():
     part = {"names": ["w", "b"], "dtype_names": ["bfloat16"] * 2, "shapes": [[2], [1]]}
     rank0 = {**part, "ipc_handles": [{"GPU-0": ("w0",)}, {"GPU-0": ("b0",)}]}
     rank1 = {**part, "ipc_handles": [{"GPU-1": ("w1",)}, {"GPU-1": ("b1",)}]}
     merged = ipc.merge_staged([rank0, rank1])
-    assert merged["names"] == ["w", "b"]
-    assert merged["ipc_handles"] == [{"GPU-0": ("w0",), "GPU-1": ("w1",)}, {"GPU-0": ("b0",), "GPU-1": ("b1",)}]
+    assert merged["names"] == ["w", "b"] and "ipc_handles" not in merged
+    expected = [{"GPU-0": ("w0",), "GPU-1": ("w1",)}, {"GPU-0": ("b0",), "GPU-1": ("b1",)}]
+    assert unpickled_handles(merged) == expected
     with pytest.raises(ValueError, match="learner rank 1 staged other weights"):
         ipc.merge_staged([rank0, {**rank1, "names": ["w", "x"]}])
     with pytest.raises(ValueError, match="no learner rank staged"):
@@ -137,12 +145,26 @@ def test_files_of_dead_learners_are_removed_when_a_learner_opens_the_transport(t
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([live.name, unrelated.name])
 
 
-def test_merged_ipc_info_is_what_vllms_ipc_engine_parses():
-    """The CUDA-IPC receive needs a GPU; the payload's shape does not: vLLM's own dataclasses accept it."""
+def test_merged_ipc_info_crosses_vllms_engine_channel_and_parses_in_its_worker(monkeypatch):
+    """The CUDA-IPC receive needs a GPU; the payload's way does not. A handle holds torch types, which
+    vLLM's msgpack channel (AsyncLLM -> engine core) refuses; pickled, it crosses, and vLLM's IPC update
+    info unpickles it in the worker when the engine process has `ENGINE_ENV`."""
+    from vllm import envs
     from vllm.distributed.weight_transfer.ipc_engine import IPCWeightTransferInitInfo, IPCWeightTransferUpdateInfo
+    from vllm.v1.serial_utils import MsgpackDecoder, MsgpackEncoder
 
-    part = {"names": ["w", "b"], "dtype_names": ["bfloat16"] * 2, "shapes": [[2], [1]]}
-    merged = ipc.merge_staged([{**part, "ipc_handles": [{"GPU-0": ("w0",)}, {"GPU-0": ("b0",)}]}])
-    parsed = IPCWeightTransferUpdateInfo(**merged)
-    assert parsed.names == ["w", "b"] and parsed.ipc_handles == [{"GPU-0": ("w0",)}, {"GPU-0": ("b0",)}]
+    if hasattr(envs, "disable_envs_cache"):
+        envs.disable_envs_cache()  # an engine built in this process would have frozen the variables
+    handle = (torch.Tensor, (2,), (1,), 0, torch.UntypedStorage, torch.bfloat16, 0, b"cuda-ipc-handle", 4, 0)
+    part = {"names": ["w"], "dtype_names": ["bfloat16"], "shapes": [[2]], "ipc_handles": [{"GPU-0": handle}]}
+    monkeypatch.delenv("VLLM_ALLOW_INSECURE_SERIALIZATION", raising=False)
+    with pytest.raises(TypeError, match="not serializable"):
+        MsgpackEncoder().encode({"update_info": part})  # raw handles cannot cross
+    merged = ipc.merge_staged([part])
+    crossed = MsgpackDecoder().decode(MsgpackEncoder().encode({"update_info": merged}))["update_info"]
+    with pytest.raises(ValueError, match="VLLM_ALLOW_INSECURE_SERIALIZATION"):
+        IPCWeightTransferUpdateInfo(**crossed)
+    monkeypatch.setenv(*next(iter(ipc.ENGINE_ENV.items())))
+    parsed = IPCWeightTransferUpdateInfo(**crossed)
+    assert parsed.names == ["w"] and parsed.ipc_handles == [{"GPU-0": handle}]
     assert not IPCWeightTransferInitInfo(**ipc.worker_init_info("h", 1, 2, 3.0)).packed
