@@ -84,6 +84,12 @@ def _align(n: int) -> int:
     return (n + _ALIGN - 1) // _ALIGN * _ALIGN
 
 
+def check_lengths(names: Sequence, dtype_names: Sequence, shapes: Sequence) -> None:
+    """Update info describes each weight by a name, a dtype and a shape: three lists of one length."""
+    if not (len(names) == len(dtype_names) == len(shapes)):
+        raise ValueError(f"names/dtype_names/shapes lengths differ: {len(names)}/{len(dtype_names)}/{len(shapes)}")
+
+
 def bucket_layout(dtype_names: Sequence[str], shapes: Sequence[Sequence[int]], bucket_bytes: int):
     """[(total_bytes, [(index, offset, nbytes), ...]), ...]: the bucket plan for the metadata."""
     buckets: list[tuple[int, list[tuple[int, int, int]]]] = []
@@ -121,10 +127,7 @@ class GlooWeightTransferUpdateInfo(WeightTransferUpdateInfo):
     bucket_bytes: int = DEFAULT_BUCKET_BYTES
 
     def __post_init__(self):
-        if not (len(self.names) == len(self.dtype_names) == len(self.shapes)):
-            raise ValueError(
-                f"names/dtype_names/shapes lengths differ: {len(self.names)}/{len(self.dtype_names)}/{len(self.shapes)}"
-            )
+        check_lengths(self.names, self.dtype_names, self.shapes)
 
 
 class GlooWeightTransferEngine(

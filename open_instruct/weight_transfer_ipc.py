@@ -26,6 +26,7 @@ from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
 from vllm.distributed.weight_transfer.ipc_engine import IPCWeightTransferEngine
 
 from open_instruct.weight_reload import RestoringReload
+from open_instruct.weight_transfer_gloo import check_matches_metadata
 
 BACKEND = "ipc"
 ENGINE_BACKEND = "ipc_restoring"
@@ -82,8 +83,6 @@ def trainer_stage(
     """Export every weight of this rank's GPU; returns (this rank's part of the update info, bytes)."""
     import torch
     from torch.multiprocessing.reductions import reduce_tensor
-
-    from open_instruct.weight_transfer_gloo import check_matches_metadata
 
     del tag
     trainer_release(stager)

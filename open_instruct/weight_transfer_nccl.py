@@ -19,6 +19,7 @@ from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
 from vllm.distributed.weight_transfer.nccl_engine import NCCLWeightTransferEngine
 
 from open_instruct.weight_reload import RestoringReload
+from open_instruct.weight_transfer_gloo import check_matches_metadata
 
 BACKEND = "nccl"  # the transport's name (SyncSettings.backend, --vllm_sync_backend)
 ENGINE_BACKEND = "nccl_restoring"  # the engine's name in vLLM's WeightTransferEngineFactory
@@ -94,8 +95,7 @@ def trainer_send_stream(
     stream = torch.cuda.current_stream()
     for i in range(len(dtype_names)):
         name, tensor = next(named_tensors)
-        if list(tensor.shape) != list(shapes[i]) or str(tensor.dtype).removeprefix("torch.") != dtype_names[i]:
-            raise ValueError(f"weight {i} ({name}) does not match the metadata sent to the engines")
+        check_matches_metadata(i, name, tensor, dtype_names, shapes)
         tensor = tensor.detach().to("cuda", non_blocking=True).contiguous()
         group.broadcast(tensor, src=0, stream=stream)
         sent += tensor.numel() * tensor.element_size()

@@ -35,7 +35,7 @@ from vllm.distributed.weight_transfer.base import (
 from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
 
 from open_instruct.weight_reload import RestoringReload
-from open_instruct.weight_transfer_gloo import bucket_layout, check_matches_metadata
+from open_instruct.weight_transfer_gloo import bucket_layout, check_lengths, check_matches_metadata
 
 logger = logging.getLogger(__name__)
 
@@ -72,10 +72,7 @@ class SharedMemoryUpdateInfo(WeightTransferUpdateInfo):
     total_bytes: int
 
     def __post_init__(self):
-        if not (len(self.names) == len(self.dtype_names) == len(self.shapes)):
-            raise ValueError(
-                f"names/dtype_names/shapes lengths differ: {len(self.names)}/{len(self.dtype_names)}/{len(self.shapes)}"
-            )
+        check_lengths(self.names, self.dtype_names, self.shapes)
 
 
 class SharedMemoryWeightTransferEngine(
@@ -259,14 +256,14 @@ async def push_weights(engine, stager: Stager, named_tensors, version: int | str
 
     from vllm.distributed.weight_transfer.base import WeightTransferUpdateRequest
 
-    from open_instruct.weight_transfer_gloo import _prepared
+    from open_instruct.weight_transfer_gloo import make_update_info
 
-    pairs = _prepared(named_tensors, dtype)
-    names, shapes = [n for n, _ in pairs], [t.shape for _, t in pairs]
-    dtype_names = [str(t.dtype).removeprefix("torch.") for _, t in pairs]
+    pairs = list(named_tensors)
+    md = make_update_info(pairs, dtype)  # names, cast dtypes and shapes, as the gloo push sends them
+    cast = [(name, t.to(getattr(torch, dt))) for (name, t), dt in zip(pairs, md["dtype_names"])]
     try:
         started = time.perf_counter()
-        info, staged = trainer_stage(stager, iter(pairs), names, dtype_names, shapes)
+        info, staged = trainer_stage(stager, iter(cast), md["names"], md["dtype_names"], md["shapes"])
         staged_at = time.perf_counter()
         await engine.pause_generation(mode="keep", clear_cache=False)
         paused = time.perf_counter()
