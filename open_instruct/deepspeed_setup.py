@@ -31,18 +31,23 @@ def deepspeed_config(
     offload_optimizer: bool = False,
     hpz_partition_size: int = 1,
     load_universal: bool = False,
+    param_persistence_threshold: int | None = None,
 ) -> dict[str, Any]:
     """DeepSpeed's config. `offload_*`: ZeRO-Offload of parameters (stage 3) / optimizer state (stage >= 1)
         to CPU memory. `hpz_partition_size` (--deepspeed_zpg): ZeRO++ secondary partitions of that many ranks
         (stage 3, only when it splits the ranks into several groups, as one node's GPUs do). Stage 0 with bf16
         accumulates gradients in fp32, which DeepSpeed runs as its stage 1 (see below). `load_universal`
-    (--deepspeed_checkpoint_load_universal): checkpoints load from their universal copy (`make_universal`)."""
+    (--deepspeed_checkpoint_load_universal): checkpoints load from their universal copy (`make_universal`).
+    `param_persistence_threshold` (stage 3): parameters with fewer elements stay whole on every rank; None
+    keeps zero3.json's. Tests set 0, or a tiny model would never be partitioned."""
     bf16 = on_gpu() if bf16 is None else bf16
     zero = zero_settings(stage)
     if offload_optimizer and stage >= 1:
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": on_gpu()}
     if offload_param and stage == 3:
         zero["offload_param"] = {"device": "cpu", "pin_memory": on_gpu()}
+    if stage == 3 and param_persistence_threshold is not None:
+        zero["stage3_param_persistence_threshold"] = param_persistence_threshold
     if stage == 3 and 1 < hpz_partition_size < world_size and world_size % hpz_partition_size == 0:
         zero["zero_hpz_partition_size"] = hpz_partition_size
     config: dict[str, Any] = {

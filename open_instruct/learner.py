@@ -25,7 +25,7 @@ from open_instruct.deepspeed_setup import (
     peak_memory_gib,
 )
 from open_instruct.messages import LearnerReady, LearnerStepResult, TrainBatch, WeightMetadata, WeightsSent
-from open_instruct.weight_sync import SendWatchdog
+from open_instruct.weight_sync import SendWatchdog, WeightSyncError
 
 # ----------------------------------------------------------------------------- the learner actor
 
@@ -73,6 +73,7 @@ class LearnerSettings:
     offload_optimizer: bool = False  # --deepspeed_offload_optimizer
     hpz_partition_size: int = 8  # --deepspeed_zpg
     gather_whole_model: bool = True  # --gather_whole_model: ZeRO-3 weight sends gather all shards at once
+    param_persistence_threshold: int | None = None  # ZeRO-3: None keeps zero3.json's (tests: 0 partitions all)
     cpu_cores: tuple[int, ...] = ()  # CPU --single_gpu_mode: the cores left to this learner by its engine
     load_universal: bool = False  # --deepspeed_checkpoint_load_universal: resume on any number of ranks
     sequence_parallel_size: int = 1  # --sequence_parallel_size: ranks that split each row (Ulysses)
@@ -213,6 +214,7 @@ class LearnerActor:
             offload_optimizer=s.offload_optimizer,
             hpz_partition_size=s.hpz_partition_size,
             load_universal=s.load_universal,
+            param_persistence_threshold=s.param_persistence_threshold,
         )
         mpu = None
         if s.sequence_parallel_size > 1:  # after loading: the policy and the reference both go through it
@@ -403,24 +405,50 @@ class LearnerActor:
                         yield name, tensor.clone() if copy and tensor.data_ptr() == param.data_ptr() else tensor
 
         def send() -> tuple[int, dict | None]:
-            if wire is None:  # not a sender: join the ZeRO-3 gathers only
-                for _ in gathered():
-                    pass
-                return 0, None
-            if wire.STAGED:
-                md = metadata
-                info, staged = wire.trainer_stage(
-                    self._transport_group, gathered(), md.names, md.dtype_names, md.shapes, f"v{version}"
+            tensors = gathered()
+            try:
+                if wire is None:  # not a sender: join the ZeRO-3 gathers only
+                    for _ in tensors:
+                        pass
+                    return 0, None
+                if wire.STAGED:
+                    md = metadata
+                    info, staged = wire.trainer_stage(
+                        self._transport_group, tensors, md.names, md.dtype_names, md.shapes, f"v{version}"
+                    )
+                    return staged, info
+                if self._transport_group is None:
+                    raise WeightSyncError(f"learner {self.rank}: the transfer group was closed after a failed send")
+                sent = wire.trainer_send_stream(
+                    self._transport_group, tensors, metadata.dtype_names, metadata.shapes, bucket_bytes
                 )
-                return staged, info
-            sent = wire.trainer_send_stream(
-                self._transport_group, gathered(), metadata.dtype_names, metadata.shapes, bucket_bytes
-            )
-            return sent, None
+                return sent, None
+            except Exception:
+                if zero3:  # the other ranks are in the same sequence of gathers: walk it to its end with them
+                    for _ in tensors:
+                        pass
+                raise
 
         what = f"weight sync step 'send' of version {version} on learner {self.rank}"
-        sent, staged = self.send_watchdog.run(send, timeout_s=timeout_s, what=what)
+        try:
+            sent, staged = self.send_watchdog.run(send, timeout_s=timeout_s, what=what)
+        except Exception as error:
+            if wire is not None and not wire.STAGED and self.send_watchdog.broken is None:
+                self._close_transfer_group(error)
+            raise
         return WeightsSent(self.rank, sent, time.monotonic() - started, staged)
+
+    def _close_transfer_group(self, error: BaseException) -> None:
+        """After a failed send. An engine that posts its receive after rank 0's broadcast failed would wait
+        for it until the group timeout (gloo delivers nothing of a failed collective); once our end's
+        sockets are closed its receive fails at once, and it restores its weights and serves on. The group
+        is formed anew by the next connect (`WeightSync.rejoin` after an engine is replaced)."""
+        import traceback
+
+        group, self._transport_group = self._transport_group, None
+        traceback.clear_frames(error.__traceback__)  # the failed send's frames still hold the group
+        if group is not None:
+            self._transport.trainer_close(group)
 
     def release_weights(self) -> None:
         """A staged transport's sync is over (every engine loaded, or failed): free what was staged."""

@@ -52,6 +52,10 @@ class WeightSyncError(RuntimeError):
 # The driver waits this much longer than each party's own timeout, so that the party's error (which names
 # the cause) arrives before the driver's own "timed out waiting for ..." does.
 REPORT_GRACE_S = 30.0
+# After the first failure of a step, how long the others may take to report theirs (see `root_cause`).
+FAILURE_SETTLE_S = 5.0
+# How a party says that another one left the transfer group: a consequence, not a cause.
+_PEER_GONE = ("Connection closed by peer", "Connection reset by peer")
 T = TypeVar("T")
 
 
@@ -245,25 +249,47 @@ class WeightSync:
         return staged + self._get("transfer", loading, timeout_s=s.timeout_s + REPORT_GRACE_S)
 
     def _get(self, step: str, refs: dict, timeout_s: float | None = None) -> list:
-        """Results in `refs` order. The first failure is raised at once (its peers may be blocked in
-        the transfer group waiting for it); a timeout names the actors still pending."""
+        """Results in `refs` order. A failure is raised without waiting for the rest (its peers may be blocked
+        in the transfer group waiting for it), after a short settle for the failure that caused it: see
+        `root_cause`. A timeout names the actors still pending."""
         import ray
 
         names = {ref: name for name, ref in refs.items()}
         timeout_s = timeout_s or self.settings.timeout_s
         deadline = time.monotonic() + timeout_s
         pending = list(names)
-        while pending:
+        failures: list[tuple[str, BaseException]] = []
+        while pending and not failures:
             done, pending = ray.wait(pending, num_returns=1, timeout=max(0.0, deadline - time.monotonic()))
             if not done:
                 late = ", ".join(names[r] for r in pending)
                 raise WeightSyncError(f"weight sync step '{step}' timed out after {timeout_s:.0f}s waiting for {late}")
-            for ref in done:
-                try:
-                    ray.get(ref)
-                except Exception as error:
-                    reason = str(error).strip().splitlines()[-1][:300] if str(error).strip() else ""
-                    raise WeightSyncError(
-                        f"weight sync step '{step}' failed on {names[ref]}: {type(error).__name__}: {reason}"
-                    ) from error
+            failures += _failures(done, names)
+        if failures:
+            done, _ = ray.wait(pending, num_returns=len(pending), timeout=FAILURE_SETTLE_S) if pending else ([], [])
+            name, error = root_cause(failures + _failures(done, names))
+            reason = str(error).strip().splitlines()[-1][:300] if str(error).strip() else ""
+            raise WeightSyncError(
+                f"weight sync step '{step}' failed on {name}: {type(error).__name__}: {reason}"
+            ) from error
         return [ray.get(ref) for ref in refs.values()]
+
+
+def _failures(done: list, names: dict) -> list[tuple[str, BaseException]]:
+    import ray
+
+    failures = []
+    for ref in done:
+        try:
+            ray.get(ref)
+        except Exception as error:
+            failures.append((names[ref], error))
+    return failures
+
+
+def root_cause(failures: list[tuple[str, BaseException]]) -> tuple[str, BaseException]:
+    """The failure that says why a step failed. When one party fails (an engine died, the learner refused a
+    weight), the learner closes its end of the group and the others fail with a lost connection, often
+    sooner than the cause reaches the driver: those are reported only when nothing else failed."""
+    causes = [(name, error) for name, error in failures if not any(gone in str(error) for gone in _PEER_GONE)]
+    return (causes or failures)[0]

@@ -238,6 +238,14 @@ def trainer_init(host: str, port: int, world_size: int = 2, timeout_s: float = D
     )
 
 
+def trainer_close(group) -> None:
+    """Close the trainer end after a failed send. gloo has no abort: peers see the group end only when its
+    sockets close, which happens when the last reference to `group` goes (the caller drops its own)."""
+    from vllm.distributed.utils import stateless_destroy_torch_distributed_process_group
+
+    stateless_destroy_torch_distributed_process_group(group)
+
+
 def worker_init_info(
     host: str, port: int, world_size: int = 2, timeout_s: float = DEFAULT_TIMEOUT_S, rank_offset: int = 1
 ) -> dict:

@@ -82,6 +82,12 @@ def trainer_init(host: str, port: int, world_size: int, timeout_s: float):
     return nccl_trainer_init({"master_address": host, "master_port": port, "world_size": world_size})
 
 
+def trainer_close(group) -> None:
+    """Nothing to do: NCCL cannot wake a peer waiting in a broadcast. An engine in the failed sync fails at
+    its own timeout; the trainer's communicator is dropped with the last reference to `group`."""
+    del group
+
+
 def trainer_send_stream(
     group,
     named_tensors: Iterator,

@@ -215,10 +215,18 @@ def test_inflight_update_from_a_real_learner_keeps_the_kv_cache(model_path, toke
 @pytest.mark.parametrize("gather_whole_model", [True, False])
 def test_zero3_learners_update_two_engines_after_draining(model_path, tokenizer, gather_whole_model):
     """--gather_whole_model True gathers every ZeRO-3 shard at once, False one parameter at a time: the
-    engines receive the same weights either way."""
+    engines receive the same weights either way. Every parameter is partitioned (persistence threshold 0:
+    the tiny model's are all under zero3.json's, which would keep them whole on each rank)."""
     try:
         engines, _learners, sync, weights_b = start_stack(
-            model_path, tokenizer, 2, 2, stage=3, inflight=False, gather_whole_model=gather_whole_model
+            model_path,
+            tokenizer,
+            2,
+            2,
+            stage=3,
+            inflight=False,
+            gather_whole_model=gather_whole_model,
+            param_persistence_threshold=0,
         )
         long_requests = {i: greedy(tokenizer, f"Count from {i} onwards.", 200, f"drain{i}") for i in range(2)}
         generating = [engines[i].generate.remote([long_requests[i]]) for i in range(2)]
@@ -245,21 +253,45 @@ def test_zero3_learners_update_two_engines_after_draining(model_path, tokenizer,
         ray.shutdown()
 
 
-def test_a_failed_transfer_names_the_step_and_leaves_no_engine_paused(model_path, tokenizer):
-    """Metadata that disagrees with the parameters: learner 0 refuses to send, the engine waiting in the
-    group times out (20 s here), finishes the reload with the old weights and resumes serving."""
+@pytest.mark.parametrize("learners, stage, gather_whole_model", [(1, 0, True), (2, 3, False)])
+def test_a_failed_transfer_names_the_step_and_leaves_no_engine_paused(
+    model_path, tokenizer, learners, stage, gather_whole_model
+):
+    """Metadata that disagrees with the parameters: learner 0 refuses to send and closes its end of the
+    group, so the engine waiting in it fails at once (not at the group timeout), finishes the reload with the
+    old weights and serves on. Under ZeRO-3 (every parameter partitioned, gathered one at a time) learner 1
+    finishes the parameter gathers with rank 0 instead of waiting in one until its watchdog breaks it. Once
+    reconnected, the next sync goes through."""
     import dataclasses
 
+    timeout_s = 120
     try:
-        [engine], _, sync, _ = start_stack(model_path, tokenizer, 1, 1, stage=0, inflight=True, timeout_s=20)
+        [engine], _, sync, _ = start_stack(
+            model_path,
+            tokenizer,
+            1,
+            learners,
+            stage=stage,
+            inflight=True,
+            timeout_s=timeout_s,
+            gather_whole_model=gather_whole_model,
+            param_persistence_threshold=0,
+        )
         md = sync.metadata
         sync.metadata = dataclasses.replace(md, shapes=((1,),) + md.shapes[1:])
+        failed_at = time.monotonic()
         with pytest.raises(WeightSyncError, match=r"step 'transfer' failed on learner 0: .*embed_tokens"):
             sync.push(1)
         stats = ray.get(engine.stats.remote())
         assert stats.weight_version == 0  # the failed version was not committed
         [c] = ray.get(engine.generate.remote([greedy(tokenizer, "What is 1 + 1?", 8, "after")]), timeout=120)
         assert len(c.response_token_ids) == 8  # resumed and still serving
+
+        sync.metadata = md
+        sync.connect()  # the failed send closed the group
+        sync.push(1)
+        assert ray.get(engine.stats.remote()).weight_version == 1
+        assert time.monotonic() - failed_at < timeout_s  # no party waited for a timeout
     finally:
         ray.shutdown()
 

@@ -4,6 +4,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -113,3 +114,81 @@ def test_weight_transports_share_one_interface():
             assert module.update_info(["x"], ["bfloat16"], [[2]], 1024)["names"] == ["x"]
     with pytest.raises(ValueError, match="unknown weight-transfer backend 'tcp'"):
         weight_sync.transport("tcp")
+
+
+def _transfer_party(rank: int, port: int, trainer_done, results) -> None:
+    """One process of a 3-rank transfer group: rank 0 the learner's end, 1 a live engine, 2 an engine that dies
+    right after joining. Runs in a spawned process (each rank needs its own gloo sockets)."""
+    from datetime import timedelta
+    from types import SimpleNamespace
+
+    from vllm.distributed.utils import stateless_init_torch_distributed_process_group
+
+    from open_instruct.learner import LearnerActor
+
+    timeout = timedelta(seconds=120)
+    if rank == 0:
+        group = wt.trainer_init("127.0.0.1", port, 3, timeout.total_seconds())
+    else:
+        group = stateless_init_torch_distributed_process_group("127.0.0.1", port, rank, 3, "gloo", timeout=timeout)
+    if rank == 2:
+        os._exit(1)
+    if rank == 1:
+        trainer_done.wait(60)  # the engine asks for the weights only after the learner's send failed
+        try:
+            group.broadcast(torch.empty(1024, dtype=torch.uint8), 0).wait()
+            results.put((rank, "received"))
+        except RuntimeError as error:
+            results.put((rank, str(error)))
+        return
+    learner = SimpleNamespace(_transport=wt, _transport_group=group)
+    del group  # as in the learner: the actor holds the only reference
+    time.sleep(1.0)  # rank 2 is gone by now
+    try:
+        wt.trainer_send_stream(learner._transport_group, iter([("w", torch.ones(256))]), ["float32"], [[256]])
+        results.put((rank, "sent"))
+    except RuntimeError as error:
+        LearnerActor._close_transfer_group(learner, error)
+        results.put((rank, f"closed after: {error}"))
+        reported = error  # alive, with its traceback, as while Ray reports it  # noqa: F841
+    trainer_done.set()
+    time.sleep(300)  # the process (not the group) stays up while rank 1 receives
+
+
+@pytest.mark.slow
+def test_a_failed_send_closes_the_trainer_end_so_a_late_receiver_fails_at_once():
+    """The CI hang: an engine died as a sync began, learner rank 0's broadcast failed, and the surviving
+    engine, posting its receive after that, waited for the group timeout (600 s). With the learner's end
+    closed after the failure its receive fails at once: 'Connection closed', not 'Timed out'."""
+    import multiprocessing
+    import queue
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    context = multiprocessing.get_context("spawn")
+    trainer_done, results = context.Event(), context.Queue()
+    parties = [context.Process(target=_transfer_party, args=(r, port, trainer_done, results)) for r in range(3)]
+    for party in parties:
+        party.start()
+    try:
+        outcome = dict(results.get(timeout=100) for _ in range(2))  # under the group's 120 s timeout
+    except queue.Empty:
+        outcome = {}
+    finally:
+        for party in parties:
+            party.kill()
+    assert outcome.get(0, "").startswith("closed after:"), outcome
+    assert "Connection closed" in outcome.get(1, ""), outcome
+
+
+def test_a_lost_connection_is_reported_only_when_nothing_else_failed():
+    from open_instruct.weight_sync import root_cause
+
+    closed = RuntimeError("Worker failed with error '[pair.cc:553] Connection closed by peer [127.0.0.1]:4515'")
+    refused = ValueError("weight 0 (model.embed_tokens.weight) has shape (8, 4), the engines expect (1,)")
+    died = RuntimeError("ActorDiedError: The actor died unexpectedly before finishing this task.")
+    assert root_cause([("engine 0", closed), ("learner 0", refused)]) == ("learner 0", refused)
+    assert root_cause([("learner 0", closed), ("engine 1", died), ("engine 0", closed)]) == ("engine 1", died)
+    assert root_cause([("engine 0", closed), ("engine 1", closed)]) == ("engine 0", closed)

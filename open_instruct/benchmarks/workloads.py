@@ -187,19 +187,27 @@ class ForcedTurnsActor(GenerationActor):
 class DiesInWeightSyncActor(GenerationActor):
     """Fault injection: engine `victim` ends its process when asked to receive weight version `at_version`,
     once (it leaves `marker` behind, so its replacement lives). The learner is then broadcasting into a group
-    with a dead member: the case a weight sync must survive without hanging."""
+    with a dead member: the case a weight sync must survive without hanging. The other engines ask for that
+    version a few seconds late, after the learner's broadcast has failed (what a loaded machine did in CI):
+    a receive that waits for a failed collective must not wait for the group timeout."""
 
     def __init__(self, engine_id, settings, reward_settings=None, reward_workers=1, fault=(0, 2, "")):
         super().__init__(engine_id, settings, reward_settings, reward_workers)
         self.victim, self.at_version, self.marker = fault
+        self._late_once = True
 
     async def receive_weights(self, update_info: dict, version: int, timeout_s: float = 600.0):
+        import asyncio
         import os
         from pathlib import Path
 
-        if self.engine_id == self.victim and version == self.at_version and not Path(self.marker).exists():
+        if version == self.at_version and self.engine_id == self.victim and not Path(self.marker).exists():
             Path(self.marker).touch()
             os._exit(1)
+        if version == self.at_version and self.engine_id != self.victim and self._late_once:
+            self._late_once = False
+            self._weights_settled.clear()  # as the receive does first: a resume waits for it to end
+            await asyncio.sleep(5.0)
         return await super().receive_weights(update_info, version, timeout_s)
 
 
