@@ -83,8 +83,8 @@ def trainer_init(host: str, port: int, world_size: int, timeout_s: float):
 
 
 def trainer_close(group) -> None:
-    """Nothing to do: NCCL cannot wake a peer waiting in a broadcast. An engine in the failed sync fails at
-    its own timeout; the trainer's communicator is dropped with the last reference to `group`."""
+    """Nothing to do: NCCL cannot wake a peer waiting in a broadcast (vLLM's receive has no timeout), so an
+    engine left waiting is found only by the sync's step timeout. The communicator goes with `group`."""
     del group
 
 

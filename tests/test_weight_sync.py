@@ -147,11 +147,13 @@ def fresh_greedy(model, prompt_ids, count: int) -> list[int]:
     return out
 
 
-def wait_until_running(actor, count: int, min_tokens: int, timeout_s: float = 120) -> dict[str, int]:
+def wait_until_running(actors: list, count: int, min_tokens: int, timeout_s: float = 120) -> list[dict[str, int]]:
+    """Until every engine runs `count` requests with `min_tokens` each. All engines are watched together: one
+    watched after another may have finished its requests while the first was still starting (seen in CI)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        progress = ray.get(actor.running_tokens.remote())
-        if len(progress) == count and min(progress.values()) >= min_tokens:
+        progress = ray.get([actor.running_tokens.remote() for actor in actors])
+        if all(len(p) == count and min(p.values()) >= min_tokens for p in progress):
             return progress
         time.sleep(0.005)
     raise AssertionError(f"requests did not reach {min_tokens} tokens: {progress}")
@@ -162,7 +164,7 @@ def test_inflight_update_from_a_real_learner_keeps_the_kv_cache(model_path, toke
         [engine], [_learner], sync, weights_b = start_stack(model_path, tokenizer, 1, 1, stage=0, inflight=True)
         long_requests = [greedy(tokenizer, f"Count from {n} onwards, please.", LONG, f"long{n}") for n in (1, 7)]
         generating = engine.generate.remote(long_requests)
-        at_trigger = wait_until_running(engine, count=2, min_tokens=SWITCH_AFTER)
+        [at_trigger] = wait_until_running([engine], count=2, min_tokens=SWITCH_AFTER)
         metrics = sync.push(1, step_end_time=time.time())
         completions = ray.get(generating, timeout=600)
 
@@ -228,14 +230,13 @@ def test_zero3_learners_update_two_engines_after_draining(model_path, tokenizer,
             gather_whole_model=gather_whole_model,
             param_persistence_threshold=0,
         )
-        long_requests = {i: greedy(tokenizer, f"Count from {i} onwards.", 200, f"drain{i}") for i in range(2)}
+        long_requests = {i: greedy(tokenizer, f"Count from {i} onwards.", LONG, f"drain{i}") for i in range(2)}
         generating = [engines[i].generate.remote([long_requests[i]]) for i in range(2)]
-        for engine in engines:
-            wait_until_running(engine, count=1, min_tokens=5)
+        wait_until_running(engines, count=1, min_tokens=5)
         metrics = sync.push(1, step_end_time=time.time())
         drained = [c for ref in generating for c in ray.get(ref, timeout=600)]
         # Waited for: every running request finished entirely on the old weights.
-        assert all([s.version for s in c.version_spans] == [0] and len(c.response_token_ids) == 200 for c in drained)
+        assert all([s.version for s in c.version_spans] == [0] and len(c.response_token_ids) == LONG for c in drained)
         assert metrics["weight_sync/kept_requests"] == 0 and metrics["time/weight_sync_drain_s"] > 0
         assert metrics["weight_sync/step_end_to_resume_s_max"] >= metrics["time/weight_sync_drain_s"]
 
@@ -317,8 +318,7 @@ def test_shared_memory_transport_updates_running_engines_without_a_group(model_p
         # Long enough to be running still after the staging, which happens before the pause.
         prompts = [greedy(tokenizer, f"Count from {i}.", LONG, f"l{i}") for i in (0, 1)]
         generating = [engines[i].generate.remote([prompts[i]]) for i in (0, 1)]
-        for engine in engines:
-            wait_until_running(engine, count=1, min_tokens=5)
+        wait_until_running(engines, count=1, min_tokens=5)
         metrics = sync.push(1)
         running = [c for ref in generating for c in ray.get(ref, timeout=600)]
         assert metrics["weight_sync/bytes"] > 4e6

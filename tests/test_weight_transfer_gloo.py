@@ -110,7 +110,7 @@ def test_weight_transports_share_one_interface():
         else:
             assert not module.EVERY_RANK_STAGES and not module.KEEPS_REFERENCES
             assert info["rank_offset"] == 3 and info["world_size"] == 5
-            assert callable(module.trainer_send_stream)
+            assert callable(module.trainer_send_stream) and callable(module.trainer_close)
             assert module.update_info(["x"], ["bfloat16"], [[2]], 1024)["names"] == ["x"]
     with pytest.raises(ValueError, match="unknown weight-transfer backend 'tcp'"):
         weight_sync.transport("tcp")
