@@ -407,9 +407,7 @@ class LearnerActor:
         def send() -> tuple[int, dict | None]:
             tensors = gathered()
             try:
-                if wire is None:  # not a sender: join the ZeRO-3 gathers only
-                    for _ in tensors:
-                        pass
+                if wire is None:  # not a sender: it only joins the ZeRO-3 gathers (below)
                     return 0, None
                 if wire.STAGED:
                     md = metadata
@@ -423,11 +421,10 @@ class LearnerActor:
                     self._transport_group, tensors, metadata.dtype_names, metadata.shapes, bucket_bytes
                 )
                 return sent, None
-            except Exception:
-                if zero3:  # the other ranks are in the same sequence of gathers: walk it to its end with them
+            finally:
+                if zero3:  # every rank walks the whole sequence of gathers, also after a failed send
                     for _ in tensors:
                         pass
-                raise
 
         what = f"weight sync step 'send' of version {version} on learner {self.rank}"
         try:
