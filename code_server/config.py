@@ -24,3 +24,8 @@ class SandboxConfig:
     max_request_bytes: int = 64 << 20
     max_tests: int = 4096
     work_root: str | None = None  # default: a fresh directory under the system temp dir
+    # `/execute` with language "bash" (the generic_sandbox environment): the sample's workspace travels with
+    # each request and reply as a tar.gz archive of at most this many bytes, and packing it may take this long
+    # after the command's own time limit.
+    max_workspace_bytes: int = 16 << 20
+    workspace_pack_s: float = 5.0

@@ -12,6 +12,7 @@ output is captured up to a cap.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import json
 import logging
@@ -33,7 +34,7 @@ from typing import IO, Any
 
 from code_server import sandbox
 from code_server.config import SandboxConfig
-from code_server.protocol import ExecuteRequest, TestRequest, outputs_match
+from code_server.protocol import BadRequestError, ExecuteRequest, TestRequest, outputs_match
 
 logger = logging.getLogger(__name__)
 
@@ -43,6 +44,10 @@ _RUNNER = os.path.abspath(sandbox.__file__)
 _EXIT_DRAIN_S = 0.5
 _READ_CHUNK = 1 << 16
 
+
+# A shell is not Python, so the audit-hook guard cannot watch it: `language` bash runs only where all of these
+# kernel layers are up (the service runs as root).
+BASH_LAYERS = ("netns", "mountns", "readonly_fs", "pidns", "uid_drop", "no_new_privs")
 
 _SANDBOX_FRAME = re.compile(r'  File "[^"]*code_server/sandbox\.py", line \d+, in \w+\n(    .*\n)?')
 
@@ -57,6 +62,7 @@ class RunOutcome:
     runtime: float
     stdout: bytes
     stderr: bytes
+    report: dict[str, Any] = field(default_factory=dict)  # the runner's "done" message (a bash job's results)
 
 
 class CodeExecutor:
@@ -70,6 +76,12 @@ class CodeExecutor:
         self._work_root = os.path.realpath(tempfile.mkdtemp(prefix="oi-code-exec-", dir=self.config.work_root))
         # Children with a dropped uid must traverse it but not list or write it.
         os.chmod(self._work_root, 0o711)
+        # Where a bash job's workspace is mounted, in the job's own mount namespace: an empty directory here,
+        # the same path for every job, so paths a command prints stay valid in the sample's next command.
+        self.workspace_path = os.path.join(self._work_root, "testbed")
+        os.mkdir(self.workspace_path)
+        os.chmod(self.workspace_path, 0o755)
+        self._bash = shutil.which("bash", path="/usr/bin:/bin")
         self._slots: queue.Queue[int] = queue.Queue()
         for slot in range(self.config.max_concurrency):
             self._slots.put(slot)
@@ -120,6 +132,10 @@ class CodeExecutor:
     def close(self) -> None:
         shutil.rmtree(self._work_root, ignore_errors=True)
 
+    @property
+    def bash_ready(self) -> bool:
+        return self._bash is not None and self._kernel and all(self._expected.get(k) for k in BASH_LAYERS)
+
     def run_request(self, request: TestRequest) -> dict[str, Any]:
         if not request.tests:
             return {"results": [], "runtimes": [], "statuses": []}
@@ -137,6 +153,8 @@ class CodeExecutor:
 
         Unlike open-instruct's tool server, stdout is kept when the snippet fails: what it printed
         before the exception is what the model needs to debug it."""
+        if request.language == "bash":
+            return self._execute_bash(request)
         outcome, _ = self._run(request.code, None, b"", request.timeout)
         status = "ok" if outcome.status == "exited:0" else outcome.status
         if status == "ok" and outcome.runtime > request.timeout:
@@ -154,6 +172,61 @@ class CodeExecutor:
             "success": status == "ok" and not stderr,
             "status": status,
             "runtime": outcome.runtime,
+        }
+
+    def _execute_bash(self, request: ExecuteRequest) -> dict[str, Any]:
+        """The generic_sandbox environment's command: run in the sample's workspace (unpacked from the request,
+        packed into the reply) with its previous shell state. A non-zero exit is a result, not an error; only a
+        run the supervisor had to cut (output flood, a stuck pack) loses the workspace, and says so."""
+        if not self.bash_ready:
+            raise BadRequestError(
+                "language bash needs /bin/bash and the kernel sandbox layers (" + ", ".join(BASH_LAYERS) + "): "
+                "run the service as root"
+            )
+        cfg = self.config
+        extra = {
+            "mode": "bash",
+            "workdir": self.workspace_path,
+            "bash": self._bash,
+            "command": request.code,
+            "command_timeout": request.timeout,
+            "workspace": base64.b64encode(request.workspace).decode(),
+            "shell_state": request.shell_state,
+            "workspace_bytes": cfg.max_workspace_bytes,
+        }
+        outcome, _ = self._run("", None, None, request.timeout + cfg.workspace_pack_s, job_extra=extra)
+        stdout, stderr = outcome.stdout.decode(errors="replace"), outcome.stderr.decode(errors="replace")
+        report = outcome.report
+        if outcome.status == "ok" and report.get("exit_code") is None:
+            raise BadRequestError(str(report.get("error", "the workspace could not be unpacked")))
+        if outcome.status == "ok":
+            return {
+                "output": stdout,
+                "error": stderr,
+                "success": report["exit_code"] == 0,
+                "status": "timeout" if report["timed_out"] else "ok",
+                "runtime": report["runtime"],
+                "exit_code": report["exit_code"],
+                "workspace": report["workspace"],
+                "shell_state": report["shell_state"],
+                "workspace_path": self.workspace_path,
+                "notes": report["notes"],
+            }
+        problem = {
+            "output_limit": f"output exceeded {cfg.max_output_bytes} bytes, so the command was stopped",
+            "timeout": "the command and the packing of its workspace overran their time",
+        }.get(outcome.status, f"the command ended abnormally ({outcome.status})")
+        return {
+            "output": stdout,
+            "error": stderr,
+            "success": False,
+            "status": outcome.status,
+            "runtime": outcome.runtime,
+            "exit_code": None,
+            "workspace": None,  # the workspace is as before the command
+            "shell_state": request.shell_state,
+            "workspace_path": self.workspace_path,
+            "notes": [problem + "; its changes to the workspace are lost"],
         }
 
     def _judge(self, request: TestRequest, test: Any) -> tuple[str, float]:
@@ -189,15 +262,24 @@ class CodeExecutor:
         expected: dict[str, bool] | None = None,
         slot: int | None = None,
         output_cap: int | None = None,
+        job_extra: dict[str, Any] | None = None,
     ) -> tuple[RunOutcome, dict[str, Any]]:
-        """Run one program (+ assert, or + stdin) in a fresh sandbox; returns outcome and its layers."""
+        """Run one program (+ assert, or + stdin) in a fresh sandbox; returns outcome and its layers.
+        `job_extra` overrides job fields (a bash job's mode, workspace and command)."""
         acquired = slot is None
         if acquired:
             slot = self._slots.get()
         expected = self._expected if expected is None else expected
         try:
             return self._run_in_slot(
-                program, test, stdin_data, limit, slot, expected, output_cap or self.config.max_output_bytes
+                program,
+                test,
+                stdin_data,
+                limit,
+                slot,
+                expected,
+                output_cap or self.config.max_output_bytes,
+                job_extra or {},
             )
         finally:
             if acquired:
@@ -212,6 +294,7 @@ class CodeExecutor:
         slot: int,
         expected: dict[str, bool],
         output_cap: int,
+        job_extra: dict[str, Any],
     ) -> tuple[RunOutcome, dict[str, Any]]:
         uid = self._uid_for_slot(slot)
         workdir = tempfile.mkdtemp(prefix=f"slot{slot}-", dir=self._work_root)
@@ -223,6 +306,7 @@ class CodeExecutor:
             if uid is not None:  # matters only without a mount namespace (its tmpfs has this owner)
                 os.chown(workdir, uid, uid)
             job = self._job(token, status_w, workdir, program, test, stdin_data is not None, uid, expected, limit)
+            job.update(job_extra)
             job_path = _write_job(workdir, job)
             if stdin_data is not None:
                 # A file, not a pipe: no writer thread, no deadlock if the program never reads.
@@ -290,6 +374,7 @@ class CodeExecutor:
             output_cap=output_cap,
             program_budget_s=limit + cfg.kill_margin_s,
             deadline=time.monotonic() + cfg.startup_timeout_s,
+            status_cap=cfg.max_workspace_bytes * 4 // 3 + (1 << 20),
         )
         _watch_until_done(proc, watch)
         _kill_group(proc)
@@ -308,6 +393,7 @@ class _Watch:
     output_cap: int
     program_budget_s: float  # from the runner's "start": the time limit plus the kill margin
     deadline: float  # the set-up deadline, until the program starts
+    status_cap: int = 1 << 20  # status messages are small, except a bash job's report with its workspace
     status_buf: bytearray = field(default_factory=bytearray)
     messages: list[dict[str, Any]] = field(default_factory=list)
     started_at: float | None = None
@@ -328,6 +414,10 @@ class _Watch:
 
     def _feed_status(self, chunk: bytes) -> None:
         self.status_buf += chunk
+        if b"\n" not in chunk:  # a long message still arriving: split only once it is complete
+            if len(self.status_buf) > self.status_cap:
+                self.verdict = "output_limit"
+            return
         *lines, rest = self.status_buf.split(b"\n")
         self.status_buf = bytearray(rest)
         for line in lines:
@@ -386,7 +476,7 @@ def _conclude(proc: subprocess.Popen[bytes], watch: _Watch) -> tuple[RunOutcome,
             verdict, runtime = f"error:{kinds['error'].get('error')}", float(kinds["error"]["runtime"])
         else:
             verdict = _describe_exit(proc.returncode)
-    return RunOutcome(verdict, runtime, stdout, stderr), layers
+    return RunOutcome(verdict, runtime, stdout, stderr, kinds.get("done", {})), layers
 
 
 def _write_job(workdir: str, job: dict[str, Any]) -> str:

@@ -130,10 +130,19 @@ def parse_test_request(body: Any, stdio: bool, config: SandboxConfig) -> TestReq
 
 @dataclass(frozen=True)
 class ExecuteRequest:
-    """`POST /execute`: one snippet for the `python` tool, run as `__main__` with empty stdin."""
+    """`POST /execute`: one snippet for the `python` tool, run as `__main__` with empty stdin; or, with
+    `language` "bash", one shell command run in a workspace the request carries (`workspace`, a tar.gz
+    archive, empty for a new one) with the exported variables and directory of the previous command
+    (`shell_state`, opaque text from the previous reply)."""
 
     code: str
     timeout: float
+    language: str = "python"
+    workspace: bytes = b""
+    shell_state: str = ""
+
+
+_MAX_SHELL_STATE = 1 << 20
 
 
 def parse_execute_request(body: Any, config: SandboxConfig) -> ExecuteRequest:
@@ -147,7 +156,25 @@ def parse_execute_request(body: Any, config: SandboxConfig) -> ExecuteRequest:
         raise BadRequestError("'timeout' must be a number")
     if not 0 < timeout <= config.max_execution_time_cap:
         raise BadRequestError(f"'timeout' must be in (0, {config.max_execution_time_cap}]")
-    return ExecuteRequest(code=code, timeout=float(timeout))
+    language = body.get("language", "python")
+    if language not in ("python", "bash"):
+        raise BadRequestError(f"'language' must be python or bash, got {language!r}")
+    if language == "python":
+        if "workspace" in body or "shell_state" in body:
+            raise BadRequestError("'workspace' and 'shell_state' go with language bash")
+        return ExecuteRequest(code=code, timeout=float(timeout))
+    workspace, shell_state = body.get("workspace") or "", body.get("shell_state") or ""
+    if not isinstance(workspace, str) or not isinstance(shell_state, str):
+        raise BadRequestError("'workspace' (base64 tar.gz) and 'shell_state' must be strings")
+    try:
+        archive = base64.b64decode(workspace, validate=True)
+    except (binascii.Error, ValueError):
+        raise BadRequestError("'workspace' is not base64") from None
+    if len(archive) > config.max_workspace_bytes:
+        raise BadRequestError(f"'workspace' is {len(archive)} bytes; at most {config.max_workspace_bytes}")
+    if len(shell_state) > _MAX_SHELL_STATE:
+        raise BadRequestError(f"'shell_state' is over {_MAX_SHELL_STATE} characters")
+    return ExecuteRequest(code, float(timeout), "bash", archive, shell_state)
 
 
 def _decimals(line: str) -> list[Decimal] | None:

@@ -32,6 +32,13 @@ Sandbox layers, per test process (`python -I -X utf8` with a minimal environment
     RLIMIT_NPROC (which root ignores, hence only here).
   Without root only the "always" layers apply: no network or filesystem isolation beyond the guard.
 
+Bash jobs (`/execute` with language bash, for the generic_sandbox environment) get the same layers except the
+Python guard, which cannot see into a shell; the executor runs them only where every kernel layer is up. The
+runner unpacks the carried workspace into the work dir (mounted at one fixed path for all bash jobs, each in
+its own mount namespace), runs the command in `bash` with the previous exported variables and directory,
+stops whatever the command left running (it is PID 1 of the job's PID namespace), and reports the exit code,
+the new shell state and the packed workspace on the status pipe.
+
 Every test pays this interpreter's start-up, so what only the kernel layers need (ctypes, re, signal) is
 imported where it is used.
 """
@@ -298,7 +305,9 @@ def status_sender(fd, token):
 
     # A closure, not a module-level function, for the same reason as the guard's local copies.
     def send(kind, **fields):
-        os.write(fd, (json.dumps(dict(kind=kind, token=token, **fields)) + "\n").encode())
+        data = memoryview((json.dumps(dict(kind=kind, token=token, **fields)) + "\n").encode())
+        while data:  # a bash job's report carries its workspace archive: more than one pipe write
+            data = data[os.write(fd, data) :]
 
     return send
 
@@ -368,6 +377,138 @@ def run_program(module, program, test, mode):
     return error, runtime
 
 
+# Runs the command in the same shell process as the restored state, so `cd` and `export` persist; the EXIT
+# trap saves them (also after an `exit` in the command). The state file lies in the workspace only while no
+# command runs: it is removed before the command and taken away by the runner before packing.
+BASH_WRAPPER = r"""__oi_state=$OI_STATE; unset OI_STATE
+if [ -f "$__oi_state" ]; then . "$__oi_state" >/dev/null 2>&1; rm -f -- "$__oi_state"; fi
+__oi_save() { { export -p; printf 'cd -- %q\n' "$PWD"; } >"$__oi_state" 2>/dev/null; }
+trap __oi_save EXIT
+eval "$1"
+"""
+STATE_FILE = ".oi-shell-state"
+
+
+def extract_workspace(archive, root, notes):
+    """Unpack the carried workspace; members a tar may not create (absolute or `..` paths) are skipped."""
+    import io
+    import tarfile
+
+    def keep(member, path):
+        try:
+            return tarfile.tar_filter(member, path)
+        except tarfile.FilterError as e:
+            notes.append(f"skipped {member.name!r}: {e}")
+            return None
+
+    with tarfile.open(fileobj=io.BytesIO(archive), mode="r:gz") as tar:
+        tar.extractall(root, filter=keep)
+
+
+def pack_workspace(root, notes):
+    """The workspace as tar.gz bytes. Entries are added one by one, so one unreadable file is skipped (and
+    named) instead of losing the command's other changes."""
+    import io
+    import tarfile
+
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz", compresslevel=6) as tar:
+        for directory, dirs, files in os.walk(root):
+            dirs.sort()
+            for name in sorted(dirs) + sorted(files):
+                path = os.path.join(directory, name)
+                arcname = os.path.relpath(path, root)
+                try:
+                    info = tar.gettarinfo(path, arcname)
+                    if info.isreg():
+                        with open(path, "rb") as f:
+                            tar.addfile(info, f)
+                    elif info.isdir() or info.issym():
+                        tar.addfile(info)
+                    else:
+                        notes.append(f"skipped {arcname!r}: not a file, directory or symlink")
+                except OSError as e:
+                    notes.append(f"skipped {arcname!r}: {e.strerror or e}")
+    return buffer.getvalue()
+
+
+def _bash_environment(root: str, state_path: str) -> dict[str, str]:
+    interpreter_bin = os.path.dirname(sys.executable)  # `python` in the shell is the python tool's interpreter
+    return {
+        "PATH": f"{interpreter_bin}:/usr/local/bin:/usr/bin:/bin",
+        "HOME": root,
+        "TMPDIR": root,
+        "LANG": "C.UTF-8",
+        "LC_ALL": "C.UTF-8",
+        "OMP_NUM_THREADS": "1",
+        "OPENBLAS_NUM_THREADS": "1",
+        "MKL_NUM_THREADS": "1",
+        "OI_STATE": state_path,
+    }
+
+
+def _run_shell(job, root: str, state_path: str) -> tuple[int, bool]:
+    """(exit code, timed out) of the command under the state wrapper; its process group dies on timeout."""
+    import signal
+    import subprocess
+
+    proc = subprocess.Popen(
+        [job["bash"], "-c", BASH_WRAPPER, "bash", job["command"]],
+        cwd=root,
+        env=_bash_environment(root, state_path),
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        return proc.wait(timeout=job["command_timeout"]), False
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        return 124, True  # what `timeout` reports, as open-instruct's backend shows it
+
+
+def run_bash(job, layers):
+    """Unpack the workspace, run the command under `bash` with the previous state, stop everything it
+    started, pack the workspace; returns the report fields (exit code, workspace, state, notes)."""
+    import base64
+    import signal
+
+    root, notes = job["workdir"], []
+    started = time.perf_counter()
+    if job["workspace"]:
+        try:
+            extract_workspace(base64.b64decode(job["workspace"]), root, notes)
+        except Exception as e:  # a corrupt archive, or one too large for the work dir: the command does not run
+            return {"exit_code": None, "error": f"the workspace could not be unpacked: {type(e).__name__}: {e}"}
+    state_path = os.path.join(root, STATE_FILE)
+    with open(state_path, "w", encoding="utf-8") as f:
+        f.write(job["shell_state"])
+    exit_code, timed_out = _run_shell(job, root, state_path)
+    runtime = time.perf_counter() - started
+    if layers.get("pidns"):
+        # PID 1 of the job's namespace: nothing the command left running (`cmd &`) outlives it or changes
+        # files while they are packed. Only here: outside a PID namespace -1 would reach other processes.
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(-1, signal.SIGKILL)
+    shell_state = job["shell_state"]
+    try:
+        with open(state_path, encoding="utf-8", errors="replace") as f:
+            shell_state = f.read()
+        os.unlink(state_path)
+    except OSError:
+        pass  # a killed or trap-less command saved nothing: keep the previous state
+    archive = pack_workspace(root, notes)
+    report = {"exit_code": exit_code, "timed_out": timed_out, "runtime": runtime, "shell_state": shell_state}
+    if len(archive) > job["workspace_bytes"]:
+        notes.append(f"the workspace archive is {len(archive)} bytes, over the {job['workspace_bytes']}-byte limit")
+        report["workspace"] = None
+    else:
+        report["workspace"] = base64.b64encode(archive).decode()
+    report["notes"] = notes[:20]
+    return report
+
+
 def main():
     job = read_job(sys.argv[1])
     send = status_sender(job["status_fd"], job.pop("token"))
@@ -380,6 +521,16 @@ def main():
         os._exit(SETUP_FAILED)
 
     mode = job["mode"]
+    if mode == "bash":
+        # The guard is Python's and cannot see a shell: a bash job relies on the kernel layers, which the
+        # executor requires for it (every expected one but the guard must be up).
+        missing = [k for k, wanted in job["expected_layers"].items() if wanted and not layers.get(k)]
+        if missing != [] and missing != ["python_guard"]:
+            send("setup_error", error="sandbox layers failed: " + ", ".join(missing), layers=layers, notes=notes)
+            os._exit(SETUP_FAILED)
+        send("start", layers=layers, notes=notes)
+        send("done", **run_bash(job, layers))
+        os._exit(0)
     module = program_module(mode)
     program, test = job.pop("program"), job.pop("test", None)
     if job["guard"]:

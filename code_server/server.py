@@ -11,7 +11,7 @@ is a drop-in local replacement that tests and CPU runs start themselves, in-proc
 
 HTTP API (compatible with open-instruct's `code_utils/api.py`):
 
-* `GET /health` -> `{"status": "healthy", "sandbox": {...active layers...}}`.
+* `GET /health` -> `{"status": "healthy", "sandbox": {...active layers...}, "bash": bool, "workspace_path": str}`.
 * `POST /test_program` `{"program", "tests": [assert, ...], "max_execution_time"}` -> `{"results": [0|1],
   "runtimes": [s, or -1.0 when not passed], "statuses": [...]}`. Each assert runs in its own process
   after the program (executed as module `solution`, so an `if __name__ == "__main__":` block does not run).
@@ -31,6 +31,13 @@ HTTP API (compatible with open-instruct's `code_utils/api.py`):
 * `POST /execute` `{"code", "timeout"}` -> `{"output", "error", "success", "status", "runtime"}`: the
   `python` tool's endpoint (open-instruct's tool-server contract). The snippet runs as `__main__` in the
   same sandbox, with empty stdin; nothing is echoed, so code must `print`.
+* `POST /execute` with `"language": "bash"`, `"workspace"` (base64 tar.gz, "" for an empty one) and `"shell_state"`
+  (the previous reply's, "" at first): the generic_sandbox environment's command. It runs under bash in the
+  workspace, unpacked at `workspace_path` (the same path for every command), with the exported variables and
+  directory the previous command left; the reply adds `exit_code`, `workspace` (packed after the command;
+  null when the run was cut and its changes are lost), `shell_state`, `workspace_path` and `notes`. The
+  server keeps nothing between requests: the client carries the sample's state. Only where the kernel layers
+  are up (root): the Python guard cannot watch a shell, so elsewhere this is a 400.
 * HTTP 500 means the service itself failed (e.g. a sandbox could not start), never a wrong program.
 
 The sandbox each test runs in is described in `code_server.sandbox`; concurrency in `code_server.executor`.
@@ -118,7 +125,9 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:
         if urlsplit(self.path).path.rstrip("/") == "/health":
-            self._send_json(200, {"status": "healthy", "sandbox": self.server.executor.layers})
+            executor = self.server.executor
+            bash = {"bash": executor.bash_ready, "workspace_path": executor.workspace_path}
+            self._send_json(200, {"status": "healthy", "sandbox": executor.layers, **bash})
         else:
             self._send_json(404, {"error": f"unknown path {self.path!r}"})
 
@@ -145,6 +154,9 @@ class _Handler(BaseHTTPRequestHandler):
                 result = executor.execute(request)
             else:
                 result = executor.run_request(request)
+        except BadRequestError as e:  # asks for what this service cannot do (bash without the kernel layers)
+            self._send_json(400, {"error": str(e)})
+            return
         except SandboxError as e:
             logger.error("code sandbox failure: %s", e)
             self._send_json(500, {"error": f"sandbox failure: {e}"})

@@ -41,7 +41,7 @@ def zero_std_groups(rewards_GN: torch.Tensor) -> torch.Tensor:
 def group_advantages(
     rewards_GN: torch.Tensor,
     normalization: Literal["centered", "standard"] = "centered",
-    eps: float = 1e-6,
+    eps: float = 1e-8,
 ) -> torch.Tensor:
     """Advantages `[G, N]`: reward minus its group's mean; "standard" also divides by the group's std.
 
@@ -49,7 +49,8 @@ def group_advantages(
     does (numpy's default `ddof=0`): it is the spread of the group itself, is defined for any N,
     and makes each group's z-scores have unit variance. (torch's default, the unbiased std that
     TRL's GRPO uses, gives advantages smaller by sqrt((N-1)/N) and NaN for N = 1.) `eps` is added
-    to the std so near-constant groups do not explode.
+    to the std so near-constant groups do not explode; its default is open-instruct's, so "standard"
+    gives its numbers.
 
     Groups whose rewards are all equal get exactly 0 advantages in both modes (no NaN, and no
     1e-17 / eps leftovers from rounding in the mean).

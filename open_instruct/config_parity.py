@@ -38,6 +38,9 @@ def pending(default: Any, reason: str, help: str = "", **kwargs) -> Any:
 # open-instruct's registry names of what our loader does (they run its rlvr_tokenize_v3 and
 # rlvr_max_length_filter_v2); its SFT and preference transforms do not make RL prompts.
 RLVR_TRANSFORMS = ("rlvr_tokenize_v1", "rlvr_max_length_filter_v1")
+# Filters open-instruct's grpo_fast also runs in the second place: preference_filter_v1 given only the prompt
+# limit drops the same prompts as rlvr_max_length_filter_v1 (its other limit is never passed there).
+RLVR_FILTERS = ("rlvr_max_length_filter_v1", "preference_filter_v1")
 
 _NO_EFFECT = "[no effect, as in open-instruct's grpo_fast: "
 
@@ -152,11 +155,11 @@ class TokenizerModelConfig:
     tokenizer_files_hash: list[str] | None = arg(None, "[internal in open-instruct; ignored]")
     dtype: str | None = arg(
         None,
-        "Dtype of the policy, reference and engines (float32, bfloat16, float16); default: "
+        "Dtype of the policy, reference and engines (float32, bfloat16, float16); default (or auto): "
         "--model_dtype on GPU, float32 on CPU.",
     )
     attn_implementation: Literal["torch", "flash_2", "flash_3", "flash_4", "te"] | None = arg(
-        None, "Learner attention: torch/te = SDPA, flash_N = FlashAttention N (needs flash_attn); None: SDPA."
+        None, "Learner attention: torch/te = SDPA, flash_N = FlashAttention N (needs flash-attn, -3, -4); None: SDPA."
     )
     use_cache: bool | None = arg(None, "The KV cache is always off in training (accepted for compatibility).")
     use_peft: bool = pending(False, NOT_IN_GRPO_FAST.format("LoRA"))
@@ -186,7 +189,8 @@ class DataExtrasConfig:
     dataset_transform_fn: list[str] = arg(
         list(RLVR_TRANSFORMS),
         "Row transforms, in order: chat template + tokenize (with --system_prompt_override and tool schemas), "
-        "then drop prompts over --max_prompt_token_length. grpo_fast accepts exactly this pair.",
+        "then drop prompts over --max_prompt_token_length. grpo_fast accepts exactly this pair (or "
+        "preference_filter_v1 second, which drops the same prompts there).",
     )
     dataset_config_hash: str | None = arg(
         None, "Reuse the training cache entries stored under this key (printed in the data report) as they are."
@@ -321,13 +325,18 @@ def importance_ratio_cap(cfg) -> float:
 
 
 DTYPES = ("float32", "bfloat16", "float16")
+# --dtype auto (transformers' "the checkpoint's dtype") is what a script writes to leave the choice to the
+# trainer; open-instruct's grpo_fast ignores --dtype, so here it means the default rule below.
+AUTO_DTYPE = "auto"
 
 
 def resolve_dtype(explicit: str | None, gpu_default: str, on_gpu: bool) -> str:
     """The dtype of the policy, the reference and the engines: --dtype, else --model_dtype on GPU, else fp32.
 
     Resolved inside each actor, where the device is known (the driver may have no GPU)."""
-    return explicit or (gpu_default if on_gpu else "float32")
+    if explicit and explicit != AUTO_DTYPE:
+        return explicit
+    return gpu_default if on_gpu else "float32"
 
 
 # The learner's --attn_implementation as transformers names it ("te" has no HF kernel; SDPA is its fallback).
@@ -338,6 +347,19 @@ HF_ATTENTION = {
     "flash_3": "flash_attention_3",
     "flash_4": "flash_attention_4",
 }
+# The distribution each flash kernel comes in, as transformers checks it (FA2 and FA4 share the `flash_attn`
+# module, so the module alone cannot tell them apart; FA3 is `flash_attn_interface` from flash-attn-3).
+FLASH_ATTENTION_PACKAGES = {"flash_2": "flash-attn", "flash_3": "flash-attn-3", "flash_4": "flash-attn-4"}
+
+
+def _installed(distribution: str) -> bool:
+    from importlib import metadata
+
+    try:
+        metadata.distribution(distribution)
+    except metadata.PackageNotFoundError:
+        return False
+    return True
 
 
 def state_save_every(cfg) -> tuple[int, ...]:
@@ -350,10 +372,27 @@ def state_save_every(cfg) -> tuple[int, ...]:
     return tuple(sorted({n for n in every if n > 0}))
 
 
+# Where the resumable state goes when a save interval is given without --checkpoint_state_dir.
+DEFAULT_STATE_SUBDIR = "checkpoint_state"
+
+
+def state_dir(cfg) -> str | None:
+    """The directory of the resumable state: --checkpoint_state_dir, else <output_dir>/checkpoint_state when
+    any save interval is set (open-instruct then saves nothing, and on Beaker mason fills the directory in:
+    a script that asks for state should get it), else None."""
+    if cfg.experiment.checkpoint_state_dir:
+        return cfg.experiment.checkpoint_state_dir
+    if state_save_every(cfg):
+        import os
+
+        return os.path.join(cfg.experiment.output_dir, DEFAULT_STATE_SUBDIR)
+    return None
+
+
 def _saving_problems(cfg) -> list[tuple[bool, str]]:
     import os
 
-    s, state_dir = cfg.schedule, cfg.experiment.checkpoint_state_dir
+    s = cfg.schedule
     explicit_steps = "checkpointing_steps" in cfg.explicit_flags
     checks = [
         (cfg.logging.logging_steps >= 1, f"--logging_steps {cfg.logging.logging_steps} must be >= 1"),
@@ -365,10 +404,6 @@ def _saving_problems(cfg) -> list[tuple[bool, str]]:
             s.ephemeral_save_interval is None or s.ephemeral_save_interval >= 1,
             f"--ephemeral_save_interval {s.ephemeral_save_interval} must be >= 1",
         ),
-        (
-            state_dir is not None or not (explicit_steps or s.ephemeral_save_interval),
-            "--checkpointing_steps and --ephemeral_save_interval save the resumable state: add --checkpoint_state_dir",
-        ),
     ]
     path = s.resume_from_checkpoint
     if path is not None:
@@ -378,8 +413,6 @@ def _saving_problems(cfg) -> list[tuple[bool, str]]:
 
 
 def _model_problems(cfg) -> list[tuple[bool, str]]:
-    import importlib.util
-
     from open_instruct.models import TOKENIZER_FNS
 
     t, r = cfg.tokenizer_model, cfg.resources
@@ -389,11 +422,15 @@ def _model_problems(cfg) -> list[tuple[bool, str]]:
             t.get_tokenizer_fn in TOKENIZER_FNS,
             f"--get_tokenizer_fn {t.get_tokenizer_fn} is not one of {', '.join(TOKENIZER_FNS)}",
         ),
-        (t.dtype is None or t.dtype in DTYPES, f"--dtype {t.dtype} must be one of {', '.join(DTYPES)}"),
+        (
+            t.dtype in (None, AUTO_DTYPE, *DTYPES),
+            f"--dtype {t.dtype} must be one of {', '.join(DTYPES)} (or {AUTO_DTYPE})",
+        ),
         (r.model_dtype in DTYPES, f"--model_dtype {r.model_dtype} must be one of {', '.join(DTYPES)}"),
         (
-            not attention.startswith("flash") or importlib.util.find_spec("flash_attn") is not None,
-            f"--attn_implementation {attention} needs the flash_attn package (a GPU install); use torch (SDPA)",
+            attention not in FLASH_ATTENTION_PACKAGES or _installed(FLASH_ATTENTION_PACKAGES[attention]),
+            f"--attn_implementation {attention} needs the {FLASH_ATTENTION_PACKAGES.get(attention)} package "
+            "(a GPU install); use torch (SDPA)",
         ),
     ]
     if r.vllm_attention_backend:
@@ -433,7 +470,7 @@ def _data_problems(cfg):
     d = cfg.data_extras
     transforms = tuple(d.dataset_transform_fn)
     yield (
-        transforms == RLVR_TRANSFORMS,
+        len(transforms) == 2 and transforms[0] == RLVR_TRANSFORMS[0] and transforms[1] in RLVR_FILTERS,
         f"--dataset_transform_fn {' '.join(transforms)}: grpo_fast runs exactly {' '.join(RLVR_TRANSFORMS)} "
         "(tokenize, then the prompt-length filter); SFT and preference transforms do not make RL prompts",
     )

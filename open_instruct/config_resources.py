@@ -13,6 +13,27 @@ from open_instruct.config_fields import arg
 from open_instruct.config_parity import no_effect
 from open_instruct.placement import shared_mode_problems
 
+# --lr_scheduler_type names that transformers' get_scheduler builds from the warm-up and the run length
+# alone, as open-instruct calls it; the learner hands the name to it (learner.make_scheduler).
+LR_SCHEDULERS = (
+    "linear",
+    "cosine",
+    "cosine_with_restarts",
+    "polynomial",
+    "constant",
+    "constant_with_warmup",
+    "inverse_sqrt",
+)
+# transformers names that open-instruct's call cannot run either, and why (refused here before any actor starts).
+LR_SCHEDULERS_UNRUNNABLE = {
+    "cosine_with_min_lr": "needs min_lr or min_lr_rate, which no flag passes",
+    "cosine_warmup_with_min_lr": "needs min_lr or min_lr_rate, which no flag passes",
+    "warmup_stable_decay": "needs num_decay_steps, which no flag passes",
+    "reduce_lr_on_plateau": "steps on a metric; the optimizer steps it without one",
+    "greedy": "steps on a metric; the optimizer steps it without one",
+}
+
+
 LEARNER_ISSUE = "learner and resource flags land with the learner-speed work"
 
 
@@ -172,3 +193,12 @@ def sequence_parallel_problems(cfg) -> list[str]:
         ),
     ]
     return [message for ok, message in checks if not ok]
+
+
+def lr_scheduler_check(name: str) -> tuple[bool, str]:
+    if name in LR_SCHEDULERS_UNRUNNABLE:
+        return (
+            False,
+            f"--lr_scheduler_type {name} {LR_SCHEDULERS_UNRUNNABLE[name]} (use one of {', '.join(LR_SCHEDULERS)})",
+        )
+    return name in LR_SCHEDULERS, f"--lr_scheduler_type {name!r} is not one of {', '.join(LR_SCHEDULERS)}"

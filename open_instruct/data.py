@@ -420,6 +420,7 @@ def _row_settings(data_cfg, model_cfg, tokenizer, verifier_remap: dict[str, str]
         tool_names=tuple(s.call_name for s in specs),
         known_environments=tuple(ENVIRONMENTS),
         tool_schemas=schemas,
+        tools_environments=tuple(dict.fromkeys(s.kind for s in specs if s.kind in ENVIRONMENTS)),
         pass_tools_to_chat_template=tools_cfg.pass_tools_to_chat_template,
     )
 

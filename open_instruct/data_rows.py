@@ -49,6 +49,9 @@ class RowSettings:
     tool_names: tuple[str, ...] = ()  # call names of --tools, what a row's `tools` column may list
     known_environments: tuple[str, ...] = ()
     tool_schemas: tuple[tuple[str, str], ...] = ()  # call name -> JSON schema, for the chat template
+    # Environments --tools lists: every row plays in them (with no reset arguments of its own) besides the ones
+    # its env_config names, as open-instruct starts every configured environment for every sample.
+    tools_environments: tuple[str, ...] = ()
     pass_tools_to_chat_template: bool = True
 
 
@@ -114,7 +117,7 @@ def parse_agent_columns(tools: Any, env_config: Any, t: RowSettings) -> AgentReq
     `env_config` takes open-instruct's three shapes: one {"env_name", ...reset kwargs} dict (a `max_steps`
     inside it is the row's call limit), a list of such dicts, or {"max_steps"?, "env_configs": [...]}.
     Anything else is a bad row here, where open-instruct silently plays no environment."""
-    if tools is None and env_config is None:
+    if tools is None and env_config is None and not t.tools_environments:
         return None
     if tools is not None and not (isinstance(tools, list) and all(isinstance(name, str) for name in tools)):
         raise BadRow(BAD_AGENT_COLUMN, f"{TOOLS_KEY!r} must be a list of tool call names, got {tools!r}")
@@ -134,6 +137,8 @@ def parse_agent_columns(tools: Any, env_config: Any, t: RowSettings) -> AgentReq
             sorted((k, v) for k, v in entry.items() if k not in ("env_name", "is_text_env") and v is not None)
         )
         envs.append(EnvSpec(entry["env_name"], kwargs))
+    named = {env.name for env in envs}
+    envs += [EnvSpec(name, ()) for name in t.tools_environments if name not in named]
     if max_steps is not None and not (isinstance(max_steps, int) and max_steps >= 1):
         raise BadRow(BAD_AGENT_COLUMN, f"{ENV_CONFIG_KEY!r} max_steps must be an integer >= 1, got {max_steps!r}")
     return AgentRequest(tools=tuple(tools or ()), envs=tuple(envs), max_steps=max_steps)

@@ -41,15 +41,9 @@ def deepspeed_config(
     `param_persistence_threshold` (stage 3): parameters with fewer elements stay whole on every rank; None
     keeps zero3.json's. Tests set 0, or a tiny model would never be partitioned."""
     bf16 = on_gpu() if bf16 is None else bf16
-    zero = zero_settings(stage)
-    if offload_optimizer and stage >= 1:
-        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": on_gpu()}
-    if offload_param and stage == 3:
-        zero["offload_param"] = {"device": "cpu", "pin_memory": on_gpu()}
+    zero = _zero_section(stage, world_size, offload_param, offload_optimizer, hpz_partition_size)
     if stage == 3 and param_persistence_threshold is not None:
         zero["stage3_param_persistence_threshold"] = param_persistence_threshold
-    if stage == 3 and 1 < hpz_partition_size < world_size and world_size % hpz_partition_size == 0:
-        zero["zero_hpz_partition_size"] = hpz_partition_size
     config: dict[str, Any] = {
         "train_micro_batch_size_per_gpu": micro_batch_size,
         "gradient_accumulation_steps": gradient_accumulation_steps,
@@ -67,16 +61,32 @@ def deepspeed_config(
     }
     if load_universal:
         config["checkpoint"] = {"load_universal": True}
-    if stage == 0 and bf16:
+    if stage in (0, 1) and bf16:
         # Stage 0 would accumulate the micro-batches' gradients in bf16 (DeepSpeed's bf16 DDP keeps them in
         # the bf16 .grad), rounding away small contributions. fp32 accumulation for bf16 parameters is
         # DeepSpeed's BF16_Optimizer, and 0.19 reaches it only from ZeRO stage 1 with this data type (stage 0
         # rejects "unsupported mix of model_dtype=bfloat16 and grad_accum_dtype=float32"). The update is stage
         # 0's: fp32 master weights and all-reduced fp32 gradients; only the optimizer state is split across
         # ranks, as BF16_Optimizer always does (older DeepSpeed chose it for stage 0 + bf16 by itself).
-        config["zero_optimization"] = {"stage": 1}
+        # Stage 1 asked for gets the same (open-instruct's ZeRO-1 also accumulates in fp32).
+        if stage == 0:
+            config["zero_optimization"] = {"stage": 1}
         config["data_types"] = {"grad_accum_dtype": "fp32"}
     return config
+
+
+def _zero_section(
+    stage: int, world_size: int, offload_param: bool, offload_optimizer: bool, hpz_partition_size: int
+) -> dict[str, Any]:
+    """The stage's settings file plus offload and ZeRO++ partitions, where the stage has them."""
+    zero = zero_settings(stage)
+    if offload_optimizer and stage >= 1:
+        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": on_gpu()}
+    if offload_param and stage == 3:
+        zero["offload_param"] = {"device": "cpu", "pin_memory": on_gpu()}
+    if stage == 3 and 1 < hpz_partition_size < world_size and world_size % hpz_partition_size == 0:
+        zero["zero_hpz_partition_size"] = hpz_partition_size
+    return zero
 
 
 def zero_settings(stage: int) -> dict[str, Any]:

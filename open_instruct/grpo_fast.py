@@ -28,12 +28,16 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
     from open_instruct import orchestrator
-    from open_instruct.config_parity import ignored_values
+    from open_instruct.config_parity import ignored_values, state_dir
 
     log = logging.getLogger("open_instruct")
     for line in ignored_values([getattr(cfg, name) for name in cfg.group_names]):
         log.warning(line)
+    if cfg.experiment.preflight:
+        return preflight(cfg)
     log.info(orchestrator.describe_sources(cfg))
+    if state_dir(cfg) and not cfg.experiment.checkpoint_state_dir:
+        log.info("resumable state: a save interval is set without --checkpoint_state_dir; saving to %s", state_dir(cfg))
     try:
         summary = orchestrator.run(cfg)
     except KeyboardInterrupt:
@@ -57,14 +61,23 @@ def main(argv: list[str] | None = None) -> int:
     return 130 if "SIGINT" in summary["status"] else 143
 
 
+def preflight(cfg) -> int:
+    """--preflight: the report on standard output; 0 when every check passed, else 2."""
+    from open_instruct.preflight import report, run_checks
+
+    checks = run_checks(cfg)
+    print(report(checks))
+    return 0 if all(check.ok for check in checks) else 2
+
+
 def resume_hint(cfg, argv: list[str]) -> str:
     """Where the run can pick up again: the same command resumes from --checkpoint_state_dir."""
     import shlex
 
     from open_instruct.checkpoints import latest_state
+    from open_instruct.config_parity import state_dir
 
-    state_dir = cfg.schedule.resume_from_checkpoint or cfg.experiment.checkpoint_state_dir
-    saved = latest_state(state_dir)
+    saved = latest_state(cfg.schedule.resume_from_checkpoint or state_dir(cfg))
     if saved is None:
         return "no resumable state was saved (--checkpoint_state_freq N --checkpoint_state_dir DIR keep one)"
     path, state = saved

@@ -7,7 +7,6 @@ engines through the transfer group. How DeepSpeed itself is built lives in deeps
 
 from __future__ import annotations
 
-import math
 import os
 import time
 from dataclasses import dataclass
@@ -37,9 +36,9 @@ class LearnerSettings:
     model_path: str
     deepspeed_stage: int = 0
     learning_rate: float = 2e-5
-    lr_scheduler_type: str = "linear"
-    warm_up_steps: int = 0
-    total_steps: int = 1
+    lr_scheduler_type: str = "linear"  # a transformers scheduler name (see make_scheduler)
+    warm_up_steps: int = 0  # optimizer steps
+    total_steps: int = 1  # optimizer steps in the run (scheduler_steps)
     weight_decay: float = 0.0
     max_grad_norm: float = 1.0
     micro_batch_size: int = 1
@@ -95,8 +94,8 @@ class LearnerSettings:
             learning_rate=lr.learning_rate,
             lr_scheduler_type=lr.lr_scheduler_type,
             # --warmup_ratio (open-instruct's) applies when --warm_up_steps is not given.
-            warm_up_steps=lr.warm_up_steps or int(cfg.schedule.warmup_ratio * max(1, cfg.num_training_steps)),
-            total_steps=max(1, cfg.num_training_steps),
+            warm_up_steps=lr.warm_up_steps or int(cfg.schedule.warmup_ratio * scheduler_steps(cfg)),
+            total_steps=scheduler_steps(cfg),
             weight_decay=lr.weight_decay,
             max_grad_norm=lr.max_grad_norm,
             micro_batch_size=lr.per_device_train_batch_size,
@@ -133,18 +132,24 @@ class LearnerSettings:
         )
 
 
-def _lr_lambda(settings: LearnerSettings):
-    def factor(step: int) -> float:
-        if step < settings.warm_up_steps:
-            return (step + 1) / settings.warm_up_steps
-        if settings.lr_scheduler_type in ("constant", "constant_with_warmup"):
-            return 1.0
-        progress = min(1.0, (step - settings.warm_up_steps) / max(1, settings.total_steps - settings.warm_up_steps))
-        if settings.lr_scheduler_type == "cosine":
-            return 0.5 * (1.0 + math.cos(math.pi * progress))
-        return 1.0 - progress
+def scheduler_steps(cfg) -> int:
+    """Optimizer steps in the whole run, the length of the learning-rate schedule: every training step takes
+    num_epochs x num_mini_batches optimizer steps (open-instruct's count too)."""
+    return max(1, cfg.num_training_steps * cfg.algorithm.num_epochs * cfg.algorithm.num_mini_batches)
 
-    return factor
+
+def make_scheduler(optimizer, settings: LearnerSettings):
+    """--lr_scheduler_type's schedule, built by transformers' `get_scheduler` from the name, as open-instruct
+    builds it (same warm-up and length arguments), so every name it accepts means the same curve here.
+    DeepSpeed steps it once per optimizer step."""
+    from transformers import get_scheduler
+
+    return get_scheduler(
+        settings.lr_scheduler_type,
+        optimizer=optimizer,
+        num_warmup_steps=settings.warm_up_steps,
+        num_training_steps=settings.total_steps,
+    )
 
 
 class LearnerActor:
@@ -202,7 +207,7 @@ class LearnerActor:
             decay_bias_and_norm=s.decay_bias_and_norm,
             fused=s.fused_optimizer,
         )
-        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _lr_lambda(self.settings))
+        scheduler = make_scheduler(optimizer, self.settings)
         config = deepspeed_config(
             stage=self.settings.deepspeed_stage,
             micro_batch_size=self.settings.micro_batch_size,

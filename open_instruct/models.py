@@ -6,10 +6,11 @@ model goes through.
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 from open_instruct import hub
-from open_instruct.chat_templates import resolve_chat_template
+from open_instruct.chat_templates import CHAT_TEMPLATE_NAMES, resolve_chat_template
 from open_instruct.embedded_default import EMBEDDED_MODEL_NAME, ensure_embedded_model
 from open_instruct.errors import UserError
 
@@ -91,8 +92,17 @@ def load_tokenizer(model_config, options=None):
     trust = bool(getattr(options, "trust_remote_code", False))
     use_fast = getattr(options, "use_fast", True) and not getattr(options, "use_slow_tokenizer", False)
     tokenizer = AutoTokenizer.from_pretrained(name, revision=revision, trust_remote_code=trust, use_fast=use_fast)
-    tokenizer.chat_template = resolve_chat_template(model_config.chat_template_name, tokenizer.chat_template)
     fn = getattr(options, "get_tokenizer_fn", "get_tokenizer_tulu_v2_2")
+    name = model_config.chat_template_name
+    own = tokenizer.chat_template
+    tokenizer.chat_template = resolve_chat_template(name, own, fallback_to_tokenizer=fn == TOKENIZER_FNS[-1])
+    if name is not None and name not in CHAT_TEMPLATE_NAMES:
+        logging.getLogger(__name__).warning(
+            "--chat_template_name %s is not a template name: the tokenizer's own template is used, as open-instruct's "
+            "%s does (check the spelling; --preflight shows the rendered prompt)",
+            name,
+            fn,
+        )
     pad_is_eos = tokenizer.pad_token_id is not None and tokenizer.pad_token_id == tokenizer.eos_token_id
     if fn != "get_tokenizer_simple_v1" and (tokenizer.pad_token_id is None or (pad_is_eos and fn != TOKENIZER_FNS[1])):
         tokenizer.add_special_tokens({"pad_token": "<pad>"})

@@ -26,7 +26,7 @@ from typing import Protocol
 
 from open_instruct import checkpoints
 from open_instruct.config import Config
-from open_instruct.config_parity import state_save_every
+from open_instruct.config_parity import state_dir, state_save_every
 from open_instruct.evaluation import EvalRound
 from open_instruct.messages import Completion, EngineStats, PartialSample, PromptRequest, SamplingSettings, StepReport
 from open_instruct.metrics import (
@@ -194,9 +194,7 @@ class TrainingLoop:
     def _resume(self) -> tuple[FeederState, tuple[PromptRequest, ...]]:
         """Learner state, step, replay buffer and untrained prompts from --resume_from_checkpoint or
         --checkpoint_state_dir, if saved there."""
-        resumed = checkpoints.latest_state(
-            self.cfg.schedule.resume_from_checkpoint or self.cfg.experiment.checkpoint_state_dir
-        )
+        resumed = checkpoints.latest_state(self.cfg.schedule.resume_from_checkpoint or state_dir(self.cfg))
         if resumed is None:
             return FeederState(), ()
         path, state = resumed
@@ -390,6 +388,7 @@ class TrainingLoop:
             "time/step_s": step_s,
             "perf/trained_tokens_per_s": self._trained_tokens / step_s if step_s > 0 else 0.0,
             "time/learner_wait_s": waited,
+            "data/epoch": float(self.feeder.state.epoch),  # the pass over the training mix admission is in
             **self.engines.pool_metrics(),
         }
 
@@ -425,13 +424,12 @@ class TrainingLoop:
             checkpoints.save_model(self.learners, self.tokenizer, e.output_dir, self.step, e.keep_last_n_checkpoints)
         stopping = self.stop.reason is not None
         due = any(self.step % every == 0 for every in state_save_every(self.cfg))
-        if e.checkpoint_state_dir and (due or stopping) and self.step < self.num_steps:
+        saved_in = state_dir(self.cfg)
+        if saved_in and (due or stopping) and self.step < self.num_steps:
             if stopping:  # running samples are cut and kept whole in the state, to continue after the resume
                 self.receive(self.engines.stop("interrupt"))
                 self.settle_dropped()
-            checkpoints.save_state(
-                self.learners, e.checkpoint_state_dir, self.driver_state(), e.keep_last_n_checkpoints
-            )
+            checkpoints.save_state(self.learners, saved_in, self.driver_state(), e.keep_last_n_checkpoints)
 
     def driver_state(self) -> checkpoints.DriverState:
         """Open groups keep their delivered samples; their prompts are re-queued for the missing ones only,
@@ -500,17 +498,16 @@ def describe_sources(cfg: Config) -> str:
     return f"model {model}; training mix {data}"
 
 
-def check_enough_prompts(cfg: Config, count: int) -> None:
-    """open-instruct's rule: the lookahead's prompts must exist at once, or one prompt would be in
-    flight twice under two ids (and the staleness bound would mean little)."""
-    from open_instruct.data import DatasetError
-
-    needed = cfg.lookahead_max * cfg.generation.num_unique_prompts_rollout
+def note_small_dataset(cfg: Config, count: int) -> None:
+    """A mix smaller than the lookahead is a valid run (open-instruct goes on into the next pass): prompts
+    recur, reshuffled, under new ids (`<row>@<epoch>`), possibly while an earlier pass's copy still generates."""
+    needed = (cfg.lookahead_max + 1) * cfg.generation.num_unique_prompts_rollout
     if count < needed:
-        raise DatasetError(
-            f"the training mix has {count} prompts after filtering, fewer than --async_steps "
-            f"{cfg.generation.async_steps} x --num_unique_prompts_rollout {cfg.generation.num_unique_prompts_rollout} "
-            f"= {needed} (with auto: --max_off_policy_steps); add data or lower --async_steps"
+        logger.info(
+            "the training mix has %d prompts, fewer than the %d the lookahead may admit at once: later passes "
+            "(epochs, reshuffled, counted in data/epoch) start while earlier ones are still generating",
+            count,
+            needed,
         )
 
 
@@ -565,7 +562,7 @@ def run(cfg: Config, engine_class=None, engine_args: tuple = ()) -> dict:
         forced_cache_key=keys.dataset_config_hash,
     )  # fmt: skip
     logger.info("training data:\n%s", train.report.summary())
-    check_enough_prompts(cfg, len(train.prompts))
+    note_small_dataset(cfg, len(train.prompts))
     check_services(cfg, train.prompts)
     evaluation = data.load_prompt_dataset(
         eval_data, model_cfg, tokenizer, "eval", cfg.remap_verifier, seed=seed, tools_cfg=cfg.tools,

@@ -233,7 +233,8 @@ def test_the_word_list_ships_sorted_common_words():
 
 
 def test_make_environment_names_the_problem_in_one_line():
-    with pytest.raises(ValueError, match=r"unknown environment 'chess' \(known: counter, guess_number, wordle\)"):
+    known = r"\(known: counter, generic_sandbox, guess_number, wordle\)"
+    with pytest.raises(ValueError, match=r"unknown environment 'chess' " + known):
         make_environment("chess", {})
     with pytest.raises(ValueError) as error:
         make_environment("counter", {"foo": 1})
@@ -242,7 +243,7 @@ def test_make_environment_names_the_problem_in_one_line():
         make_environment("guess_number", {"step": 2, "max_val": 10})
     env = make_environment("guess_number", {"max_val": "10"})
     assert isinstance(env, GuessNumberEnv) and env.max_val == 10
-    assert set(ENVIRONMENTS) == {"counter", "guess_number", "wordle"}
+    assert set(ENVIRONMENTS) == {"counter", "guess_number", "wordle", "generic_sandbox"}
 
 
 def test_a_fresh_instance_after_reset_has_no_leftover_state():

@@ -69,15 +69,17 @@ def test_non_default_values_land_in_the_config_and_the_engine_settings():
         (["--tools", "python", "--tool_configs", "{bad"], "--tool_configs entry 1 ('{bad') is not a JSON object"),
         (["--tools", "python", "--tool_configs", "[1]"], "is not a JSON object"),
         (["--tools", "calculator"], "--tools 'calculator' is not a known tool or environment"),
-        (["--tools", "serper_search"], "--tools serper_search is not supported yet: needs the Serper API"),
-        (["--tools", "generic_mcp"], "--tools generic_mcp is not supported yet"),
+        (["--tools", "serper_search"], "--tools serper_search needs the SERPER_API_KEY environment variable"),
+        (["--tools", "generic_mcp"], 'transport http needs a "server_url"'),
+        (["--tools", "dr_agent_mcp"], "--tools dr_agent_mcp is not supported yet"),
         (["--tools", "python", "python"], "--tool_call_names: python used twice"),
         (["--tools", "python", "--tool_configs", '{"endpoint": "x"}'], "--tool_configs for 'python': unknown key"),
         (["--tools", "http"], "--tool_configs for 'http' needs a \"url\""),
         (["--tools", "counter", "--tool_configs", '{"goal": 3}'], "--tool_configs for 'counter': unknown key 'goal'"),
     ],
 )
-def test_bad_tool_flags_fail_at_parse_time_naming_the_flag(argv, message):
+def test_bad_tool_flags_fail_at_parse_time_naming_the_flag(argv, message, monkeypatch):
+    monkeypatch.delenv("SERPER_API_KEY", raising=False)
     with pytest.raises(ConfigError) as error:
         parse_config(argv)
     assert message in str(error.value)
@@ -132,6 +134,16 @@ def test_rows_without_agent_columns_stay_single_turn():
     assert parse_agent_columns(None, None, ROWS) is None
     assert agent_to_json(None) == "" and agent_from_json("") is None
     assert parse_agent_columns([], None, ROWS) == AgentRequest()
+
+
+def test_environments_listed_in_tools_join_every_row_besides_those_its_env_config_names():
+    from dataclasses import replace
+
+    settings = replace(ROWS, tools_environments=("generic_sandbox", "counter"))
+    plain = parse_agent_columns(None, None, settings)
+    assert plain.envs == (EnvSpec("generic_sandbox", ()), EnvSpec("counter", ()))
+    own = parse_agent_columns(None, {"env_name": "counter", "target": "4"}, settings)
+    assert own.envs == (EnvSpec("counter", (("target", "4"),)), EnvSpec("generic_sandbox", ()))
 
 
 def test_the_python_tools_endpoint_runs_code_and_reports_errors():

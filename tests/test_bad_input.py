@@ -49,7 +49,11 @@ CASES = {
     "state without a folder": (lambda tmp: ["--checkpoint_state_freq", "1"], "--checkpoint_state_dir"),
     "token budget under a row": (lambda tmp: ["--micro_batch_token_budget", "100"], "--micro_batch_token_budget"),
     "LoRA": (lambda tmp: ["--use_peft"], "--use_peft"),
-    "unknown chat template": (lambda tmp: ["--chat_template_name", "nosuch"], "--chat_template_name 'nosuch'"),
+    # open-instruct's default tokenizer function keeps the tokenizer's template for an unknown name; v2_1 refuses
+    "unknown chat template": (
+        lambda tmp: ["--chat_template_name", "nosuch", "--get_tokenizer_fn", "get_tokenizer_tulu_v2_1"],
+        "--chat_template_name 'nosuch'",
+    ),
     "universal without ZeRO": (
         lambda tmp: ["--deepspeed_checkpoint_load_universal"],
         "--deepspeed_checkpoint_load_universal",

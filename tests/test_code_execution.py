@@ -30,7 +30,7 @@ from code_server import CodeExecutionServer, SandboxConfig, code_server, outputs
 from open_instruct.rewards import VerifierInput, VerifierSettings, get_verifier
 from open_instruct.rewards.code_tests import CodeServiceError, endpoint_url, extract_program
 
-SAMPLES = Path("/work/shared/reference/rlvr_samples")
+SAMPLES = Path(__file__).parent / "fixtures" / "rlvr_samples"
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
 # --------------------------------------------------------------------------------------------------

@@ -114,9 +114,7 @@ def test_defaults_select_the_embedded_model():
         (["--kl_estimator", "kl9"], r"--kl_estimator 'kl9' is not one of"),
         (["--dataset_mixer_list", "a", "1.0", "b"], r"--dataset_mixer_list takes NAME WEIGHT pairs"),
         (["--dataset_mixer_list", "a", "lots"], r"weight of a must be a number"),
-        (["--deepspeed_stage", "1"], r"--deepspeed_stage 1 must be 0, 2 or 3"),
-        (["--num_learners_per_node", "3"], r"must split evenly over 3 learners"),
-        (["--checkpoint_state_freq", "5"], r"--checkpoint_state_freq > 0 needs --checkpoint_state_dir"),
+        (["--deepspeed_stage", "4"], r"--deepspeed_stage 4 must be 0, 1, 2 or 3"),
         (["--remap_verifier", "ifeval"], r"--remap_verifier 'ifeval' must look like OLD=NEW"),
         (["--total_episodes", "3"], r"--total_episodes 3 is less than one step's batch"),
         (["--loss_denominator", "tokens"], r"--loss_denominator 'tokens' must be 'token' or a positive number"),
@@ -165,15 +163,31 @@ def test_entry_point_rejects_bad_flags_before_starting_anything(capsys):
 
 def test_entry_point_refuses_features_not_built_yet(capsys):
     assert grpo_fast.main(["--push_to_hub", "True"]) == 2
-    assert re.search(r"--push_to_hub: .* not supported yet", capsys.readouterr().err)
+    assert re.search(r"--push_to_hub True: not supported yet: uploading needs the Hub", capsys.readouterr().err)
+
+
+@pytest.mark.parametrize("off", ["false", "False", "0"])
+def test_push_to_hub_off_is_accepted_as_open_instructs_scripts_write_it(off):
+    from open_instruct.config import unsupported_features
+
+    assert unsupported_features(parse_config(["--push_to_hub", off])) == []
 
 
 def test_every_seed_flag_is_a_supported_feature():
     from open_instruct.config import unsupported_features
 
     assert unsupported_features(parse_config(seed_argv())) == []
-    # Only pushing to the hub (needs network) is refused, even when written with its default value.
-    assert unsupported_features(parse_config(["--push_to_hub", "False"])) != []
+
+
+def test_a_save_interval_without_a_state_dir_saves_under_the_output_dir(tmp_path):
+    from open_instruct.config_parity import state_dir
+
+    out = str(tmp_path / "out")
+    assert state_dir(parse_config(["--output_dir", out])) is None
+    for flags in (["--checkpoint_state_freq", "5"], ["--ephemeral_save_interval", "4"], ["--checkpointing_steps", "9"]):
+        assert state_dir(parse_config(["--output_dir", out, *flags])) == f"{out}/checkpoint_state"
+    given = str(tmp_path / "state")
+    assert state_dir(parse_config(["--checkpoint_state_freq", "5", "--checkpoint_state_dir", given])) == given
 
 
 def test_config_equality_is_value_based():

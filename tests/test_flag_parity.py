@@ -18,7 +18,7 @@ import pytest
 from open_instruct.config import GROUPS, ConfigError, parse_config, unsupported_features
 
 TABLE = Path(__file__).parent / "data" / "open_instruct_grpo_fast_flags.tsv"
-REFERENCE = Path("/work/shared/reference/open_instruct_cli_flags.md")
+REFERENCE = Path(__file__).resolve().parents[2] / "shared" / "reference" / "open_instruct_cli_flags.md"
 FLAGS = [line.split("\t")[0] for line in TABLE.read_text().splitlines() if line and not line.startswith("#")]
 FIELDS = {f.name: (group, f) for group in GROUPS for f in fields(group)}
 

@@ -44,8 +44,6 @@ def test_state_is_saved_at_every_interval_given_and_checkpointing_steps_only_whe
     assert state_save_every(parse_config([*state, "--checkpointing_steps", "500"])) == (500,)
     cfg = parse_config([*state, "--checkpoint_state_freq", "6", "--ephemeral_save_interval", "4"])
     assert state_save_every(cfg) == (4, 6)
-    with pytest.raises(ConfigError, match="add --checkpoint_state_dir"):
-        parse_config(["--ephemeral_save_interval", "4"])
 
 
 def test_checkpointing_steps_saves_state_and_resume_from_checkpoint_continues_from_it(tmp_path):
@@ -94,7 +92,7 @@ def test_dtype_is_explicit_or_model_dtype_on_gpu_or_fp32_on_cpu():
     assert resolve_dtype("bfloat16", "float16", on_gpu=False) == "bfloat16"
     with pytest.raises(ConfigError, match="--dtype fp8"):
         parse_config(["--dtype", "fp8"])
-    with pytest.raises(ConfigError, match="flash_attn"):
+    with pytest.raises(ConfigError, match="--attn_implementation flash_2 needs the flash-attn package"):
         parse_config(["--attn_implementation", "flash_2"])
 
 

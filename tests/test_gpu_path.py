@@ -75,6 +75,8 @@ def test_zero_stage_0_in_bf16_accumulates_gradients_in_fp32():
     fp32 = deepspeed_config(stage=0, micro_batch_size=1, bf16=False)
     assert fp32["zero_optimization"]["stage"] == 0 and "data_types" not in fp32
     assert "data_types" not in deepspeed_config(stage=2, micro_batch_size=1, bf16=True)
+    stage1 = deepspeed_config(stage=1, micro_batch_size=1, bf16=True)  # ZeRO-1 asked for: the same fp32 path
+    assert stage1["zero_optimization"]["stage"] == 1 and stage1["data_types"] == {"grad_accum_dtype": "fp32"}
 
 
 @pytest.mark.slow

@@ -231,6 +231,17 @@ def test_solved_prompts_are_not_admitted_again_in_later_epochs(tmp_path):
     assert run.log.history[-1]["data/solved_prompts"] == 2.0
 
 
+def test_a_mix_smaller_than_the_lookahead_runs_on_into_later_epochs_and_counts_them():
+    # 3 prompts, 2 per step, 4 steps ahead: open-instruct goes on into the next pass, so must we.
+    run = fakes.build(fakes.config("--async_steps", "4", steps=6, prompts=2), train_rows=fakes.rows(3))
+    assert run.loop.run()["status"] == "completed"
+    trained = run.learners.trained_ids
+    assert len(trained) == len(set(trained)) == 6 * 2  # every group trained once, under its own epoch id
+    epochs = [h["data/epoch"] for h in run.log.history]
+    assert epochs == sorted(epochs) and epochs[-1] >= 3  # 12 trained + the lookahead's over 3 rows a pass
+    assert {pid.split("@")[0] for pid in trained} == {f"fake:train:{i}" for i in range(3)}
+
+
 def test_auto_lookahead_converges_on_the_need_and_holds():
     # Groups take 4.5 s from admission; a step is 1 s of training plus the push: about 4 steps of need.
     run = fakes.build(fakes.config("--async_steps", "auto", "--max_off_policy_steps", "6", steps=40, prompts=2),

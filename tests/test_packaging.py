@@ -17,6 +17,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 def test_zero_settings_come_from_the_package_files():
     assert zero_settings(0) == {"stage": 0}  # plain data parallelism: nothing to tune, no file
+    assert zero_settings(1)["stage"] == 1
     for stage in (2, 3):
         settings = zero_settings(stage)
         assert settings["stage"] == stage and settings["contiguous_gradients"] is True
@@ -24,8 +25,8 @@ def test_zero_settings_come_from_the_package_files():
 
 
 def test_a_missing_settings_file_is_an_error_not_a_bare_stage():
-    with pytest.raises(FileNotFoundError, match=r"ZeRO-1 settings missing: .*zero1\.json"):
-        zero_settings(1)
+    with pytest.raises(FileNotFoundError, match=r"ZeRO-4 settings missing: .*zero4\.json"):
+        zero_settings(4)
 
 
 def test_the_wheel_carries_the_settings_and_the_code_server(tmp_path):
@@ -48,6 +49,6 @@ def test_the_wheel_carries_the_settings_and_the_code_server(tmp_path):
     )
     [wheel] = tmp_path.glob("open_instruct-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
-    assert {"open_instruct/ds_configs/zero2.json", "open_instruct/ds_configs/zero3.json"} <= names
+    assert {f"open_instruct/ds_configs/zero{stage}.json" for stage in (1, 2, 3)} <= names
     assert {"open_instruct/agents/wordle_words.txt", "open_instruct/agents/rollout.py"} <= names
     assert {"code_server/server.py", "code_server/sandbox.py", "open_instruct/benchmarks/simulator.py"} <= names

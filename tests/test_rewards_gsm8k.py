@@ -8,7 +8,7 @@ import pytest
 from open_instruct.rewards import VerifierInput, VerifierSettings
 from open_instruct.rewards.gsm8k import extract_last_number, gsm8k
 
-SAMPLES = Path("/work/shared/reference/rlvr_samples")
+SAMPLES = Path(__file__).parent / "fixtures" / "rlvr_samples"
 SETTINGS = VerifierSettings()
 
 

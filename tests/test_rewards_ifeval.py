@@ -13,7 +13,7 @@ from open_instruct.rewards import VerifierInput, VerifierSettings
 from open_instruct.rewards.ifeval import OLD_FUNCTIONS, UnknownInstructionError, ifeval, ifeval_old
 from open_instruct.rewards.ifeval_checks import CHECKS, split_sentences, word_tokens, words
 
-SAMPLES = Path("/work/shared/reference/rlvr_samples")
+SAMPLES = Path(__file__).parent / "fixtures" / "rlvr_samples"
 SETTINGS = VerifierSettings()
 
 ENGLISH = "the weather is lovely today. we walked along the river and watched the boats go by."

@@ -20,7 +20,7 @@ from open_instruct.rewards.math_answer import (
     strip_string,
 )
 
-SAMPLES = Path("/work/shared/reference/rlvr_samples")
+SAMPLES = Path(__file__).parent / "fixtures" / "rlvr_samples"
 SETTINGS = VerifierSettings()
 
 # (boxed prediction, gold): each equivalent only through real math equivalence or normalisation.

@@ -16,7 +16,7 @@ from open_instruct.rewards.string_match import (
     token_f1,
 )
 
-SAMPLES = Path("/work/shared/reference/rlvr_samples")
+SAMPLES = Path(__file__).parent / "fixtures" / "rlvr_samples"
 SETTINGS = VerifierSettings()
 
 

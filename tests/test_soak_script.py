@@ -43,7 +43,7 @@ def test_rss_is_read_from_the_vmrss_line_and_absent_for_kernel_threads():
         ("ray::LearnerActor.train_step\0\0\0", "ray::LearnerActor"),  # the method Ray shows while it runs
         ("ray::LearnerActor\0", "ray::LearnerActor"),
         ("VLLM::EngineCore\0", "VLLM::EngineCore"),
-        ("/work/.venv/bin/python\0/work/open_instruct/grpo_fast.py\0--output_dir\0/tmp/x\0", "grpo_fast.py"),
+        ("/home/user/.venv/bin/python\0/home/user/open_instruct/grpo_fast.py\0--output_dir\0/tmp/x\0", "grpo_fast.py"),
         ("/venv/lib/python3.11/site-packages/ray/core/src/ray/gcs/gcs_server\0--port=0\0", "gcs_server"),
         ("", "?"),
     ],

@@ -9,8 +9,21 @@ them). `ToolDefinition` is the OpenAI-style function schema that chat templates 
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
+
+# Environments answer in microseconds unless they do I/O; this bounds a buggy one (and tells a network-backed
+# environment how long its step may take).
+ENV_STEP_TIMEOUT_S = 60.0
+
+
+def default_execute_url() -> str:
+    """Our code service's /execute (python tool, sandbox environment); code_api_setup.sh exports CODE_API_URL,
+    the service's base URL, for the job it starts."""
+    base = os.environ.get("CODE_API_URL", "http://localhost:1234").rstrip("/")
+    return base.removesuffix("/test_program") + "/execute"
+
 
 Role = Literal["tool", "user"]
 
@@ -87,3 +100,12 @@ class Environment(Protocol):
 
     @classmethod
     def tool_definitions(cls) -> tuple[ToolDefinition, ...]: ...
+
+
+@dataclass(frozen=True)
+class ToolSpec:
+    """One --tools entry, resolved: registry kind, the name the model calls, its JSON config."""
+
+    kind: str
+    call_name: str
+    config: dict[str, Any] = field(default_factory=dict)

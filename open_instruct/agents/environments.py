@@ -20,6 +20,7 @@ from importlib import resources
 from typing import Any
 
 from open_instruct.agents.base import Environment, Role, StepResult, ToolCall, ToolDefinition
+from open_instruct.agents.sandbox_env import SandboxEnv
 
 
 def _no_parameters() -> dict[str, Any]:
@@ -311,7 +312,12 @@ class WordleEnv:
         }
 
 
-ENVIRONMENTS: dict[str, type] = {"counter": CounterEnv, "guess_number": GuessNumberEnv, "wordle": WordleEnv}
+ENVIRONMENTS: dict[str, type] = {
+    "counter": CounterEnv,
+    "guess_number": GuessNumberEnv,
+    "wordle": WordleEnv,
+    "generic_sandbox": SandboxEnv,  # execute_bash + str_replace_editor in our code service (sandbox_env.py)
+}
 
 
 def make_environment(name: str, config: dict[str, Any]) -> Environment:

@@ -26,12 +26,9 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from open_instruct.agents.base import Role, StepResult, ToolCall
+from open_instruct.agents.base import ENV_STEP_TIMEOUT_S, Role, StepResult, ToolCall
 from open_instruct.agents.tools import Toolbox, call_guarded
 from open_instruct.messages import AgentRequest, AgentTrace, Completion, ToolCallRecord, VersionSpan
-
-# Environments answer in microseconds unless they do I/O; this bounds a buggy one.
-ENV_STEP_TIMEOUT_S = 60.0
 
 # (context token ids, max new tokens, extra stop strings, turn index) -> one engine request's result.
 GenerateTurn = Callable[[tuple[int, ...], int, tuple[str, ...], int], Awaitable[Completion]]

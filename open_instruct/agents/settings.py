@@ -8,24 +8,21 @@ actor receives: resolved call names, parsed JSON configs, limits.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
-from typing import Any, Literal
+from dataclasses import dataclass
+from typing import Literal
 
+from open_instruct.agents.base import ToolSpec
 from open_instruct.config_fields import arg
 
 # Registry names of open-instruct that need infrastructure we do not ship; each is refused at parse time
 # with its reason instead of failing mid-run.
 UNSUPPORTED_TOOLS = {
-    "jina_browse": "needs Jina's hosted reader API (JINA_API_KEY); use 'http' with --tool_configs '{\"url\": ...}'",
-    "s2_search": "needs the Semantic Scholar API (S2_API_KEY); use 'http' with --tool_configs '{\"url\": ...}'",
-    "serper_search": "needs the Serper API (SERPER_API_KEY); use 'http' with --tool_configs '{\"url\": ...}'",
-    "crawl4ai_browse": "needs a Crawl4AI deployment; use 'http' with --tool_configs '{\"url\": ...}'",
-    "generic_mcp": "MCP client sessions are not built yet; expose the tool over HTTP and use 'http'",
-    "dr_agent_mcp": "needs the dr_agent package and its MCP backend",
-    "generic_sandbox": "needs a Docker daemon per sample; use 'python' (our sandboxed code service)",
+    "dr_agent_mcp": "its calls are dr_agent's <call_tool> text, parsed and answered by the dr_agent package's own "
+    "tool classes (with --tool_parser_type dr_tulu), not plain MCP calls; for an MCP server's tools, dr_agent's "
+    "backend included, use generic_mcp",
 }
-SHIPPED_TOOLS = ("python", "http")
-SHIPPED_ENVIRONMENTS = ("counter", "guess_number", "wordle")
+SHIPPED_TOOLS = ("python", "http", "serper_search", "s2_search", "jina_browse", "crawl4ai_browse", "generic_mcp")
+SHIPPED_ENVIRONMENTS = ("counter", "guess_number", "wordle", "generic_sandbox")
 
 
 @dataclass(frozen=True)
@@ -35,7 +32,11 @@ class ToolsConfig:
     tools: list[str] = arg(
         [],
         "Tools and environments the model may call: python (our code-execution service), http (any JSON "
-        "endpoint), counter, guess_number, wordle. Environments named by a row's env_config need not be listed.",
+        "endpoint), serper_search, s2_search, jina_browse, crawl4ai_browse (web search and browsing; keys from "
+        "SERPER_API_KEY, S2_API_KEY, JINA_API_KEY, CRAWL4AI_API_URL/_API_KEY/_BLOCKLIST_PATH), generic_mcp (an "
+        "MCP server's tools, one per server tool unless tool_name is set), counter, guess_number, wordle, "
+        "generic_sandbox (execute_bash and str_replace_editor in our code service). Environments named by a "
+        "row's env_config need not be listed.",
     )
     tool_call_names: list[str] = arg([], "Function name the model writes for each --tools entry (default: the tool's).")
     tool_configs: list[str] = arg(
@@ -61,20 +62,19 @@ class ToolsConfig:
     )
 
 
-@dataclass(frozen=True)
-class ToolSpec:
-    """One --tools entry, resolved: registry kind, the name the model calls, its JSON config."""
+def tool_specs(t: ToolsConfig, resolve: bool = True) -> tuple[ToolSpec, ...]:
+    """--tools / --tool_call_names / --tool_configs zipped; assumes `tool_problems` found nothing.
 
-    kind: str
-    call_name: str
-    config: dict[str, Any] = field(default_factory=dict)
-
-
-def tool_specs(t: ToolsConfig) -> tuple[ToolSpec, ...]:
-    """--tools / --tool_call_names / --tool_configs zipped; assumes `tool_problems` found nothing."""
+    With `resolve`, an entry that stands for several tools (generic_mcp without a tool_name) becomes one spec
+    per tool, which asks its server once per process (mcp_tools.expand_specs); without it there is no I/O."""
     names = t.tool_call_names or t.tools
     configs = t.tool_configs or ["{}"] * len(t.tools)
-    return tuple(ToolSpec(kind, name, json.loads(raw)) for kind, name, raw in zip(t.tools, names, configs))
+    specs = tuple(ToolSpec(kind, name, json.loads(raw)) for kind, name, raw in zip(t.tools, names, configs))
+    if resolve and any(spec.kind == "generic_mcp" for spec in specs):
+        from open_instruct.agents.mcp_tools import expand_specs
+
+        specs = expand_specs(specs)
+    return specs
 
 
 def tool_problems(t: ToolsConfig) -> list[str]:
@@ -131,10 +131,12 @@ class AgentSettings:
     @classmethod
     def from_config(cls, cfg) -> AgentSettings:
         from open_instruct.agents.parsers import PARSER_ALIASES
+        from open_instruct.agents.web_tools import with_credentials
 
         t = cfg.tools
         return cls(
-            tools=tool_specs(t),
+            # keys are read once, on the driver: engines on other nodes need not have them exported
+            tools=tuple(with_credentials(spec) for spec in tool_specs(t)),
             parser_type=PARSER_ALIASES.get(t.tool_parser_type, t.tool_parser_type),
             max_steps=t.max_steps,
             per_turn_max_tokens=t.per_turn_max_tokens,

@@ -13,27 +13,22 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
-import os
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from open_instruct.agents.base import StepResult, ToolDefinition, string_tool
+from open_instruct.agents.base import StepResult, ToolDefinition, default_execute_url, string_tool
+from open_instruct.agents.http_client import HttpClient, parse_tool_config
+from open_instruct.agents.mcp_tools import MCPTool
 from open_instruct.agents.settings import AgentSettings, ToolsConfig, ToolSpec, tool_specs
+from open_instruct.agents.web_tools import WEB_TOOLS
 
-_RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
 _GUARD_MARGIN_S = 2.0  # the outer timeout leaves the tool's own timeout room to report itself (at most 2x)
-
-
-def _default_execute_url() -> str:
-    """code_api_setup.sh exports CODE_API_URL (the code service's base URL) for the job it starts."""
-    base = os.environ.get("CODE_API_URL", "http://localhost:1234").rstrip("/")
-    return base.removesuffix("/test_program") + "/execute"
 
 
 @dataclass(frozen=True)
 class PythonToolConfig:
-    api_endpoint: str = field(default_factory=_default_execute_url)
+    api_endpoint: str = field(default_factory=default_execute_url)
     timeout: float = 3.0
     max_retries: int = 3
 
@@ -52,56 +47,15 @@ class HttpToolConfig:
     max_retries: int = 3
 
 
-def _parse_config(config_class, kind: str, config: dict[str, Any]):
-    known = {f.name for f in dataclasses.fields(config_class)}
-    unknown = sorted(set(config) - known - {"pool_size"})
-    if unknown:
-        raise ValueError(f"--tool_configs for {kind!r}: unknown key {unknown[0]!r} (known: {', '.join(sorted(known))})")
-    return config_class(**{k: v for k, v in config.items() if k in known})
-
-
-class _Http:
-    """One aiohttp session per tool and actor, opened on first use (it must be made inside the event loop)."""
-
-    def __init__(self) -> None:
-        self._session = None
-
-    async def request(self, method: str, url: str, payload: Any, timeout: float, headers: dict, retries: int):
-        """(status, body text); raises asyncio.TimeoutError or the last connection error."""
-        import aiohttp
-
-        if self._session is None:
-            self._session = aiohttp.ClientSession()
-        attempt = 0
-        while True:
-            try:
-                async with self._session.request(
-                    method, url, json=payload, headers=headers, timeout=aiohttp.ClientTimeout(total=timeout)
-                ) as response:
-                    text = await response.text()
-                    if response.status not in _RETRY_STATUSES or attempt >= retries:
-                        return response.status, response.reason or "", text
-            except aiohttp.ClientConnectionError:
-                if attempt >= retries:
-                    raise
-            attempt += 1
-            await asyncio.sleep(0.25 * 2**attempt)
-
-    async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
-
-
 class PythonTool:
     """Runs a snippet in our sandboxed code-execution service (`POST /execute`, code_server)."""
 
     def __init__(self, call_name: str, config: dict[str, Any]):
-        self.settings = _parse_config(PythonToolConfig, "python", config)
+        self.settings = parse_tool_config(PythonToolConfig, "python", config)
         self.call_name = call_name
         self.timeout_s = float(self.settings.timeout)
         self.definition = string_tool(call_name, "Run Python code; what it prints comes back.", "code", "the code")
-        self._http = _Http()
+        self._http = HttpClient()
 
     async def call(self, args: dict[str, Any]) -> StepResult:
         code = str(args.get("code", ""))
@@ -128,13 +82,13 @@ class HttpTool:
     """Any JSON web service: the call's arguments are the request body, the reply (or one key of it) the result."""
 
     def __init__(self, call_name: str, config: dict[str, Any]):
-        self.settings = _parse_config(HttpToolConfig, "http", config)
+        self.settings = parse_tool_config(HttpToolConfig, "http", config)
         if not self.settings.url:
             raise ValueError("--tool_configs for 'http' needs a \"url\"")
         self.call_name = call_name
         self.timeout_s = float(self.settings.timeout)
         self.definition = ToolDefinition(call_name, self.settings.description, self.settings.parameters)
-        self._http = _Http()
+        self._http = HttpClient()
 
     async def call(self, args: dict[str, Any]) -> StepResult:
         s = self.settings
@@ -153,7 +107,7 @@ class HttpTool:
         await self._http.close()
 
 
-TOOLS = {"python": PythonTool, "http": HttpTool}
+TOOLS = {"python": PythonTool, "http": HttpTool, **WEB_TOOLS, "generic_mcp": MCPTool}
 
 
 def make_tool(spec: ToolSpec):
@@ -165,7 +119,7 @@ def config_problems(t: ToolsConfig) -> list[str]:
     from open_instruct.agents.environments import make_environment
 
     problems = []
-    for spec in tool_specs(t):
+    for spec in tool_specs(t, resolve=False):  # no I/O at parse time: MCP servers are asked at start
         try:
             if spec.kind in TOOLS:
                 make_tool(spec)

@@ -1,8 +1,8 @@
 """IFEvalG constraint checkers (IFEval originals + AI2 additions), keyed by `instruction_id`.
 
 Each checker is `fn(text, **kwargs) -> bool` over the answer-side text (think block removed by the
-caller). Semantics follow the IFEvalG registry used by open-instruct; see
-`/work/shared/reference/rlvr_formats.md` §5. Deliberate differences, all in the direction of the
+caller). Semantics follow the IFEvalG registry used by open-instruct (`open_instruct/IFEvalG/` in its
+repository). Deliberate differences, all in the direction of the
 instruction's wording:
 
 - No NLTK: sentences come from `split_sentences` (a deterministic punctuation splitter with an

@@ -1,4 +1,4 @@
-"""String-comparison verifiers: `string_f1`, `string_matcher`, `flan` and `puzzle`.
+"""String-comparison verifiers: `string_f1`, `string_matcher`, `flan`, `puzzle`, `re_search` and `re_search_f1`.
 
 All four compare a piece of the response with a reference after SQuAD-style normalisation
 (lower-case, drop ASCII punctuation, drop the articles a/an/the, collapse whitespace):
@@ -9,12 +9,20 @@ All four compare a piece of the response with a reference after SQuAD-style norm
   tags are missing, so it also rewards the answer format.
 - `flan`: exact match of the text after the last "The answer is: ".
 - `puzzle`: exact match of the whole answer-side text.
+- `re_search` (Search-R1): exact match of the first `<finish>...</finish>` span (tags in any case)
+  against any reference.
+- `re_search_f1` (ReSearch): token F1 of the text closed by `</finish>` after the last `<finish>`; a
+  response in that format whose F1 is 0 still scores 0.1.
+
+The two search verifiers read a string label as JSON when it parses (a list is a list of references),
+as the search datasets store them.
 
 `remove_thinking` and `normalize_text` are shared with the ifeval verifiers.
 """
 
 from __future__ import annotations
 
+import json
 import re
 import string
 from collections import Counter
@@ -109,3 +117,53 @@ def puzzle(inp: VerifierInput, settings: VerifierSettings) -> VerifierResult:
     answer = remove_thinking(inp.prediction)
     hit = any(exact_match(answer, label) for label in as_label_list(inp.ground_truth))
     return VerifierResult(score=float(hit), extracted=answer)
+
+
+_FINISH = re.compile(r"<finish>(.*?)</finish>", re.IGNORECASE | re.DOTALL)
+
+
+def _json_label(ground_truth: Any) -> Any:
+    """The search datasets store labels JSON-encoded; a label that is not JSON is taken as text."""
+    if not isinstance(ground_truth, str):
+        return ground_truth
+    try:
+        return json.loads(ground_truth)
+    except json.JSONDecodeError:
+        return ground_truth.strip()
+
+
+def _squad_f1(prediction: str, reference: str) -> float:
+    # Plain SQuAD normalisation on both sides (no one-letter exception): these verifiers score free text.
+    pred_tokens, ref_tokens = normalize_text(prediction).split(), normalize_text(reference).split()
+    overlap = sum((Counter(pred_tokens) & Counter(ref_tokens)).values())
+    if overlap == 0:
+        return 0.0
+    precision, recall = overlap / len(pred_tokens), overlap / len(ref_tokens)
+    return 2 * precision * recall / (precision + recall)
+
+
+@register("re_search")
+def re_search(inp: VerifierInput, settings: VerifierSettings) -> VerifierResult:
+    label = _json_label(inp.ground_truth)
+    labels = label if isinstance(label, list) else [label]
+    match = _FINISH.search(inp.prediction)
+    answer = match.group(1).strip() if match else ""
+    if not answer:
+        return VerifierResult(score=0.0, details={"reason": "no non-empty <finish>...</finish> span"})
+    hit = any(normalize_text(answer) == normalize_text(str(ref)) for ref in labels)
+    return VerifierResult(score=float(hit), extracted=answer)
+
+
+@register("re_search_f1")
+def re_search_f1(inp: VerifierInput, settings: VerifierSettings) -> VerifierResult:
+    text = inp.prediction
+    if "<finish>" not in text and "</finish>" not in text:
+        return VerifierResult(score=0.0, details={"reason": "no <finish> tag"})
+    answer = text.rsplit("<finish>", 1)[-1].split("</finish>", 1)[0]
+    if not answer:
+        return VerifierResult(score=0.0, details={"reason": "empty <finish> span"})
+    label = _json_label(inp.ground_truth)
+    labels = label if isinstance(label, list) else [label]
+    f1 = max((_squad_f1(answer, str(ref)) for ref in labels), default=0.0)
+    # The format is rewarded a little even when the answer shares no token with the reference.
+    return VerifierResult(score=f1 if f1 > 0 else 0.1, extracted=answer)

@@ -1,0 +1,328 @@
+"""open-instruct's four web tools: `serper_search` (Google results through Serper), `s2_search` (Semantic
+Scholar snippet search), `jina_browse` (Jina Reader) and `crawl4ai_browse` (a Crawl4AI deployment).
+
+They exist so that open-instruct's search-agent recipes (the DR Tulu scripts pass `--tools serper_search
+jina_browse s2_search`) run here unchanged: each tool sends the request open-instruct's client sends, with
+the key from the same environment variable, and gives the model the same observation text, so a policy
+trained on one trainer sees the same tool answers on the other. The services are third-party; tests and
+self-hosted deployments point a tool elsewhere with its `base_url` (crawl4ai: `api_url`) config key.
+
+A missing variable fails at parse time (`config_problems` builds every tool once; constructors do no
+network I/O). `with_credentials` lets the driver copy the variables into the tool configs, so generation
+actors on other nodes need neither the variables nor the blocklist file; keys never show in a repr.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import urllib.parse
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from open_instruct.agents.base import StepResult, ToolSpec, string_tool
+from open_instruct.agents.http_client import HttpClient, parse_tool_config
+
+NO_RESULTS = "Query returned no results."
+_EMPTY_QUERY = "Empty query. Please provide a search query."
+_EMPTY_URL = "Empty URL. Please provide a URL to fetch."
+
+
+class _Secret(str):
+    """An API key that stays out of reprs (configs cross into actors and end up in error messages)."""
+
+    def __repr__(self) -> str:
+        return "'<hidden>'"
+
+
+@dataclass(frozen=True)
+class SerperConfig:
+    num_results: int = 5
+    timeout: float = 10
+    base_url: str = "https://google.serper.dev"
+    api_key: str | None = field(default=None, repr=False)  # None: SERPER_API_KEY
+    max_retries: int = 3
+
+
+@dataclass(frozen=True)
+class S2Config:
+    num_results: int = 10
+    timeout: float = 60
+    base_url: str = "https://api.semanticscholar.org/graph/v1"
+    api_key: str | None = field(default=None, repr=False)  # None: S2_API_KEY
+    max_retries: int = 3
+
+
+@dataclass(frozen=True)
+class JinaConfig:
+    timeout: float = 30
+    base_url: str = "https://r.jina.ai"
+    api_key: str | None = field(default=None, repr=False)  # None: JINA_API_KEY
+    max_retries: int = 3
+
+
+@dataclass(frozen=True)
+class Crawl4AIConfig:
+    timeout: float = 180
+    ignore_links: bool = True
+    bypass_cache: bool = False
+    include_html: bool = False
+    max_content_length: int | None = 5000  # None or 0: no limit
+    api_url: str | None = None  # None: CRAWL4AI_API_URL
+    api_key: str | None = field(default=None, repr=False)  # None: CRAWL4AI_API_KEY
+    blocklist: list[str] | None = None  # domains; None: the lines of the file CRAWL4AI_BLOCKLIST_PATH names
+    max_retries: int = 3
+
+
+class _WebTool:
+    """One HTTP request per call; every failure becomes the observation text open-instruct gives."""
+
+    kind: ClassVar[str]
+    config_class: ClassVar[type]
+    from_env: ClassVar[dict[str, str]]  # config key -> the environment variable it defaults to
+    description: ClassVar[str]
+    argument: ClassVar[str]
+    argument_help: ClassVar[str]
+    empty_message: ClassVar[str]
+
+    def __init__(self, call_name: str, config: dict[str, Any]):
+
+        settings = parse_tool_config(self.config_class, self.kind, config)
+        for key, variable in self.from_env.items():
+            if getattr(settings, key) is None:
+                value = os.environ.get(variable)
+                if not value:
+                    raise ValueError(f"--tools {self.kind} needs the {variable} environment variable")
+                settings = dataclasses.replace(settings, **{key: value})
+        self.settings = settings
+        self.call_name = call_name
+        self.timeout_s = float(settings.timeout)
+        self.definition = string_tool(call_name, self.description, self.argument, self.argument_help)
+        self._http = HttpClient()
+
+    @classmethod
+    def resolve(cls, config: dict[str, Any]) -> dict[str, Any]:
+        """`config` with what the tool would read from this process's environment filled in."""
+        resolved = dict(config)
+        for key, variable in cls.from_env.items():
+            if resolved.get(key) is None and os.environ.get(variable):
+                resolved[key] = _Secret(os.environ[variable]) if key == "api_key" else os.environ[variable]
+        return resolved
+
+    def request(self, argument: str) -> tuple[str, str, Any, dict[str, str]]:
+        """(method, url, JSON body or None, headers)."""
+        raise NotImplementedError
+
+    def observe(self, data: Any) -> tuple[str, str | None]:
+        """(observation, error) from the decoded reply of a successful request."""
+        raise NotImplementedError
+
+    async def call(self, args: dict[str, Any]) -> StepResult:
+        import aiohttp
+
+        value = args.get(self.argument)
+        argument = "" if value is None else str(value)
+        if not argument.strip():
+            # open-instruct shows the model nothing here; the message only reaches the statistics.
+            return StepResult("", error=self.empty_message)
+        s = self.settings
+        method, url, body, headers = self.request(argument)
+        try:
+            status, reason, text = await self._http.request(method, url, body, s.timeout, headers, s.max_retries)
+        except TimeoutError:
+            message = f"Timeout after {s.timeout:g} seconds"
+            return StepResult(message, error=message, timed_out=True)
+        except aiohttp.ClientError as error:
+            message = f"Connection error: {error}"
+            return StepResult(message, error=message)
+        if status >= 400:
+            message = f"HTTP error: {status} {reason}"
+            return StepResult(message, error=message)
+        try:
+            data = json.loads(text)
+        except ValueError:
+            message = f"Bad reply: HTTP {status} with a body that is not JSON"
+            return StepResult(message, error=message)
+        if not isinstance(data, dict):
+            message = f"Bad reply: HTTP {status} with a JSON {type(data).__name__}, not an object"
+            return StepResult(message, error=message)
+        observation, error = self.observe(data)
+        return StepResult(observation, error=error)
+
+    async def close(self) -> None:
+        await self._http.close()
+
+
+class SerperSearchTool(_WebTool):
+    kind = "serper_search"
+    config_class = SerperConfig
+    from_env: ClassVar[dict[str, str]] = {"api_key": "SERPER_API_KEY"}
+    description = "Google search via the Serper API"
+    argument, argument_help = "query", "The search query for Google"
+    empty_message = _EMPTY_QUERY
+
+    def request(self, argument):
+        s = self.settings
+        headers = {"X-API-KEY": s.api_key, "Content-Type": "application/json"}
+        return "POST", s.base_url.rstrip("/") + "/search", {"q": argument, "num": s.num_results}, headers
+
+    def observe(self, data):
+        blocks = [
+            f"**{hit.get('title', '')}**\n{hit['snippet']}\nSource: {hit.get('link', '')}"
+            for hit in (data.get("organic") or [])[: self.settings.num_results]
+            if isinstance(hit, dict) and hit.get("snippet")
+        ]
+        box = data.get("answerBox")
+        if isinstance(box, dict) and "answer" in box:
+            blocks.insert(0, f"**Direct Answer:** {box['answer']}")
+        elif isinstance(box, dict) and "snippet" in box:
+            blocks.insert(0, f"**Featured Snippet:** {box['snippet']}")
+        if not blocks:
+            return NO_RESULTS, NO_RESULTS
+        return "\n\n".join(blocks).strip(), None
+
+
+class S2SearchTool(_WebTool):
+    kind = "s2_search"
+    config_class = S2Config
+    from_env: ClassVar[dict[str, str]] = {"api_key": "S2_API_KEY"}
+    description = "Searches Semantic Scholar for academic papers and citations"
+    argument, argument_help = "query", "The search query for Semantic Scholar"
+    empty_message = _EMPTY_QUERY
+
+    def request(self, argument):
+        s = self.settings
+        query = urllib.parse.urlencode({"limit": s.num_results, "query": argument})
+        return "GET", f"{s.base_url.rstrip('/')}/snippet/search?{query}", None, {"x-api-key": s.api_key}
+
+    def observe(self, data):
+        texts = [
+            text
+            for item in data.get("data") or []
+            if isinstance(item, dict) and (text := (item.get("snippet") or {}).get("text"))
+        ]
+        if not texts:
+            return NO_RESULTS, NO_RESULTS
+        return "\n".join(texts).strip(), None
+
+
+class JinaBrowseTool(_WebTool):
+    kind = "jina_browse"
+    config_class = JinaConfig
+    from_env: ClassVar[dict[str, str]] = {"api_key": "JINA_API_KEY"}
+    description = "Fetches and converts webpage content to clean markdown using Jina Reader API"
+    argument, argument_help = "url", "The URL of the webpage to fetch"
+    empty_message = _EMPTY_URL
+
+    def request(self, argument):
+        s = self.settings
+        # The page's URL is the reader's path; only its scheme and path separators stay unescaped.
+        target = urllib.parse.quote(argument.strip(), safe=":/")
+        headers = {"Accept": "application/json", "Authorization": f"Bearer {s.api_key}", "X-Return-Format": "markdown"}
+        return "GET", f"{s.base_url.rstrip('/')}/{target}", None, headers
+
+    def observe(self, data):
+        if data.get("code") != 200:
+            message = f"Jina API error: {data.get('message', 'Unknown error')}"
+            return message, message
+        page = data.get("data") or {}
+        content, title = page.get("content") or "", page.get("title") or ""
+        return (f"# {title}\n\n{content}" if title and content else content), None
+
+
+class Crawl4AIBrowseTool(_WebTool):
+    kind = "crawl4ai_browse"
+    config_class = Crawl4AIConfig
+    from_env: ClassVar[dict[str, str]] = {"api_url": "CRAWL4AI_API_URL", "api_key": "CRAWL4AI_API_KEY"}
+    description = "Fetches and converts webpage content to clean markdown using Crawl4AI"
+    argument, argument_help = "url", "The URL of the webpage to fetch"
+    empty_message = _EMPTY_URL
+
+    def __init__(self, call_name: str, config: dict[str, Any]):
+        super().__init__(call_name, config)
+        self._blocklist_path = None
+        if self.settings.blocklist is None:
+            path = os.environ.get("CRAWL4AI_BLOCKLIST_PATH")
+            if not path:
+                raise ValueError(f"--tools {self.kind} needs the CRAWL4AI_BLOCKLIST_PATH environment variable")
+            if not os.path.isfile(path):
+                raise ValueError(f"--tools {self.kind}: the blocklist file {path} (CRAWL4AI_BLOCKLIST_PATH) is missing")
+            self._blocklist_path = path  # read on first use: constructors run at parse time and do no I/O
+
+    @classmethod
+    def resolve(cls, config):
+        resolved = super().resolve(config)
+        path = os.environ.get("CRAWL4AI_BLOCKLIST_PATH")
+        if resolved.get("blocklist") is None and path and os.path.isfile(path):
+            resolved["blocklist"] = _read_blocklist(path)
+        return resolved
+
+    def blocklist(self) -> list[str]:
+        if self.settings.blocklist is None:
+            self.settings = dataclasses.replace(self.settings, blocklist=_read_blocklist(self._blocklist_path))
+        return list(self.settings.blocklist)
+
+    def request(self, argument):
+        s = self.settings
+        # Crawl4AI's Docker API takes serialised BrowserConfig / CrawlerRunConfig objects; the blocklist is
+        # its `exclude_domains`, so the service drops links to those domains (the page itself is fetched).
+        crawler = {
+            "cache_mode": "bypass" if s.bypass_cache else "enabled",
+            "word_count_threshold": 10,
+            "exclude_social_media_links": True,
+            "excluded_tags": ["form", "header", "footer", "nav"],
+            "page_timeout": int((s.timeout - 1) * 1000),  # ms, one second under ours so the service answers first
+            "exclude_domains": self.blocklist(),
+        }
+        if s.ignore_links:
+            crawler["exclude_external_links"] = True
+        body = {
+            "urls": [argument.strip()],
+            "browser_config": {"type": "BrowserConfig", "params": {"headless": True}},
+            "crawler_config": {"type": "CrawlerRunConfig", "params": crawler},
+        }
+        headers = {"Content-Type": "application/json", "x-api-key": s.api_key}
+        return "POST", s.api_url.rstrip("/") + "/crawl", body, headers
+
+    def observe(self, data):
+        results = data.get("results") or []
+        if not results:
+            message = f"Crawl4AI error: {data.get('error', 'No results returned')}"
+            return message, message
+        page = results[0]
+        if not page.get("success", False):
+            message = f"Crawl4AI error: {page.get('error_message', page.get('error', 'Unknown error'))}"
+            return message, message
+        markdown = page.get("markdown") or ""
+        if isinstance(markdown, dict):  # pruned markdown first, the raw conversion otherwise
+            content = markdown.get("fit_markdown") or markdown.get("raw_markdown") or ""
+        else:
+            content = markdown
+        if not content and self.settings.include_html:
+            content = page.get("html") or page.get("cleaned_html") or ""
+        metadata = page.get("metadata")
+        title = metadata.get("title", "") if isinstance(metadata, dict) else ""
+        if title and content:
+            content = f"# {title}\n\n{content}"
+        limit = self.settings.max_content_length
+        if limit and len(content) > limit:
+            content = content[:limit] + "\n\n[Content truncated]"
+        return content, None
+
+
+def _read_blocklist(path: str) -> list[str]:
+    with open(path, encoding="utf-8") as handle:
+        return [line.strip() for line in handle if line.strip()]
+
+
+WEB_TOOLS: dict[str, type[_WebTool]] = {
+    tool.kind: tool for tool in (SerperSearchTool, S2SearchTool, JinaBrowseTool, Crawl4AIBrowseTool)
+}
+
+
+def with_credentials(spec: ToolSpec) -> ToolSpec:
+    """The driver's half of a web tool's set-up: its environment variables (and crawl4ai's blocklist) copied
+    into the config, so the engines that build the tool need not see them. Other specs pass unchanged."""
+    tool = WEB_TOOLS.get(spec.kind)
+    return spec if tool is None else dataclasses.replace(spec, config=tool.resolve(spec.config))
