@@ -255,3 +255,6 @@ class Stack:
         if self.learners is not None:
             self.learners.kill()
         shutdown_ray()
+        from open_instruct import shm_sweep
+
+        shm_sweep.sweep()  # vLLM message queues of engines killed with the cluster (kept while still mapped)

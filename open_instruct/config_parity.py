@@ -405,6 +405,9 @@ def _saving_problems(cfg) -> list[tuple[bool, str]]:
             f"--ephemeral_save_interval {s.ephemeral_save_interval} must be >= 1",
         ),
     ]
+    for flag, folder in (("output_dir", cfg.experiment.output_dir), ("checkpoint_state_dir", state_dir(cfg))):
+        # a file where a folder goes would fail only when the first thing is written, minutes in
+        checks.append((not folder or not os.path.isfile(folder), f"--{flag} {folder} is a file; give a directory"))
     path = s.resume_from_checkpoint
     if path is not None:
         found = os.path.isfile(os.path.join(path, "latest")) or os.path.isfile(os.path.join(path, "driver.pkl"))

@@ -36,6 +36,12 @@ LR_SCHEDULERS_UNRUNNABLE = {
 
 LEARNER_ISSUE = "learner and resource flags land with the learner-speed work"
 
+# --single_gpu_mode on a GPU: the engines start first and take their share, the learner gets what is left and needs
+# several times the engine's memory (weights, gradients, fp32 AdamW state, activations). open-instruct's own
+# single-GPU scripts pass 0.3 or 0.4.
+SHARED_GPU_DEFAULT_SHARE = 0.3  # when --vllm_gpu_memory_utilization is not given
+SHARED_GPU_MAX_SHARE = 0.6  # an explicit value above this leaves the learner under 40% of the device
+
 
 @dataclass(frozen=True)
 class ResourceConfig:
@@ -43,9 +49,12 @@ class ResourceConfig:
 
     single_gpu_mode: bool = arg(
         False,
-        "Each engine shares one learner's device: on a GPU, half of it each (lower --vllm_gpu_memory_utilization "
-        "to fit), engines start first, weights move over gloo (NCCL refuses two ranks on one GPU); on CPU, the "
-        "node's cores split between them. Needs --vllm_tensor_parallel_size 1 and no more engines than learners.",
+        "Each engine shares one learner's device. On a GPU the engine starts first and takes "
+        f"--vllm_gpu_memory_utilization of it (default {SHARED_GPU_DEFAULT_SHARE} here, at most "
+        f"{SHARED_GPU_MAX_SHARE}), the learner the rest; weights move by CUDA IPC handles (no group: NCCL refuses "
+        "two ranks on one GPU). On CPU the node's cores split between them and weights move through a "
+        "shared-memory file. --vllm_sync_backend gloo moves them over a gloo group instead. Needs "
+        "--vllm_tensor_parallel_size 1 and no more engines than learners.",
     )
     max_engine_restarts: int = arg(
         3,
@@ -132,6 +141,27 @@ def micro_batch_token_budget(cfg) -> int:
     return cfg.learner.pack_length if cfg.learner.per_device_train_batch_size == 1 else 0
 
 
+def engine_gpu_share(cfg) -> float:
+    """The fraction of its GPU each engine may use: --vllm_gpu_memory_utilization, or with --single_gpu_mode
+    and the flag not given, SHARED_GPU_DEFAULT_SHARE (the flag's default 0.9 would starve the learner)."""
+    if cfg.resources.single_gpu_mode and "vllm_gpu_memory_utilization" not in cfg.explicit_flags:
+        return SHARED_GPU_DEFAULT_SHARE
+    return cfg.generation.vllm_gpu_memory_utilization
+
+
+def shared_gpu_share_problems(cfg) -> list[str]:
+    share = cfg.generation.vllm_gpu_memory_utilization
+    if not cfg.resources.single_gpu_mode or "vllm_gpu_memory_utilization" not in cfg.explicit_flags:
+        return []
+    if share <= SHARED_GPU_MAX_SHARE:
+        return []
+    return [
+        f"--vllm_gpu_memory_utilization {share} with --single_gpu_mode leaves the learner {1 - share:.0%} of the "
+        f"shared GPU, less than its weights, gradients and optimizer state need: give at most "
+        f"{SHARED_GPU_MAX_SHARE} (unset: {SHARED_GPU_DEFAULT_SHARE})"
+    ]
+
+
 def resource_problems(cfg) -> list[str]:
     """Contradictions of the learner and resource flags, each naming the flag and the fix."""
     budget, pack_length = cfg.resources.micro_batch_token_budget or 0, cfg.learner.pack_length
@@ -165,6 +195,7 @@ def resource_problems(cfg) -> list[str]:
     shared = shared_mode_problems(
         r.single_gpu_mode, cfg.generation.vllm_num_engines, cfg.generation.vllm_tensor_parallel_size, cfg.world_size
     )
+    shared += shared_gpu_share_problems(cfg)
     return [message for ok, message in checks if not ok] + sequence_parallel_problems(cfg) + shared
 
 

@@ -23,6 +23,7 @@ import logging
 import time
 from collections.abc import Callable
 
+from open_instruct import shm_sweep
 from open_instruct.engine_faults import HangWatch, PartialSamples
 from open_instruct.messages import (
     Completion,
@@ -213,6 +214,7 @@ class EnginePool:
         version = ray.get(actor.stats.remote(), timeout=60).weight_version
         logger.info("engine %d replaced (%s); it joined at weight version %d: %s", engine_id, info, version, sync)
         self._loops[actor.run.remote(self.prompts, self.results)] = engine_id
+        shm_sweep.sweep()  # the killed engine's vLLM message queues in /dev/shm, once no process maps them
 
     def _pulled_unannounced(self, settle_s: float = 2.0) -> list[str]:
         """Prompts an engine took from the queue but died before announcing (`PromptStarted` follows the

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from open_instruct.agents.settings import AgentSettings
+from open_instruct.config_resources import engine_gpu_share
 
 
 @dataclass(frozen=True)
@@ -42,7 +43,7 @@ class EngineSettings:
             max_model_len=cfg.data.max_prompt_token_length + max(g.response_length, cfg.eval_response_length),
             seed=cfg.experiment.seed,
             tensor_parallel_size=g.vllm_tensor_parallel_size,
-            gpu_memory_utilization=g.vllm_gpu_memory_utilization,
+            gpu_memory_utilization=engine_gpu_share(cfg),
             enable_prefix_caching=g.vllm_enable_prefix_caching,
             enforce_eager=g.vllm_enforce_eager,
             kv_cache_gib=g.vllm_kv_cache_gib,
@@ -54,8 +55,33 @@ class EngineSettings:
         )
 
 
-def engine_args(settings: EngineSettings):
-    """AsyncEngineArgs for this machine: fp32 + explicit KV bytes on CPU, bf16 on GPU (unless --dtype)."""
+def executor_backend(tensor_parallel_size: int) -> str | None:
+    """vLLM's executor for an engine: "mp" for tensor parallelism, None (vLLM's "uni") for one rank.
+
+    An engine actor holds all of its `tp` GPUs in one bundle of the engines' placement group
+    (`placement.engine_bundles`), and vLLM's multiprocessing workers use them inside the actor. Left to
+    choose (vLLM 0.33), vLLM would pick Ray and fail:
+    - vllm/engine/arg_utils.py:2373-2378 copies `ray.util.get_current_placement_group()` into the
+      parallel config (line 2609) whenever it runs in a Ray actor;
+    - vllm/config/parallel.py:1054-1095: with no backend given and world size > 1 it chooses "ray"
+      when that placement group is set (1085-1086) or current (1088-1094);
+    - vllm/v1/executor/ray_utils.py:330-348 (initialize_ray_cluster) then refuses a bundle with more
+      than one GPU, and Ray workers would need GPUs that the actor already holds.
+    An explicit "mp" skips that choice (the block runs only when the backend is None);
+    vllm/v1/executor/abstract.py:80-83 maps it to MultiprocExecutor, which never reads the placement
+    group (vllm/v1/executor/multiproc_executor.py has no Ray code). Its workers are spawned
+    (vllm/utils/system_utils.py:130-137 forces spawn in a Ray actor; `cluster.init_ray` sets
+    VLLM_WORKER_MULTIPROC_METHOD=spawn anyway) and inherit the CUDA_VISIBLE_DEVICES that Ray set to the
+    actor's GPUs: worker i takes visible device i (vllm/v1/worker/gpu_worker.py:486-500). No other env or
+    argument is needed. One rank keeps vLLM's default, the in-process "uni" executor (parallel.py:1098).
+    """
+    return "mp" if tensor_parallel_size > 1 else None
+
+
+def engine_args(settings: EngineSettings, on_gpu: bool | None = None):
+    """AsyncEngineArgs for this machine: fp32 + explicit KV bytes on CPU, bf16 on GPU (unless --dtype).
+
+    `on_gpu`: None asks torch; tests pass it to see the arguments a GPU engine gets."""
     import torch
     from vllm.config import WeightTransferConfig
     from vllm.engine.arg_utils import AsyncEngineArgs
@@ -64,6 +90,7 @@ def engine_args(settings: EngineSettings):
     from open_instruct.weight_sync import transport
 
     backend = settings.weight_transfer_backend
+    on_gpu = torch.cuda.is_available() if on_gpu is None else on_gpu
     common = {
         "model": settings.model_path,
         "seed": settings.seed,
@@ -72,7 +99,8 @@ def engine_args(settings: EngineSettings):
         "enable_prefix_caching": settings.enable_prefix_caching,
         # Behaviour logprobs must be those of the distribution actually sampled from.
         "logprobs_mode": "processed_logprobs",
-        "dtype": resolve_dtype(settings.dtype, settings.gpu_dtype, torch.cuda.is_available()),
+        "dtype": resolve_dtype(settings.dtype, settings.gpu_dtype, on_gpu),
+        "distributed_executor_backend": executor_backend(settings.tensor_parallel_size),
     }
     if settings.attention_backend:
         common["attention_backend"] = settings.attention_backend
@@ -82,7 +110,7 @@ def engine_args(settings: EngineSettings):
     wire = transport(backend)
     common["weight_transfer_config"] = WeightTransferConfig(backend=wire.ENGINE_BACKEND)
     common["worker_extension_cls"] = wire.WORKER_EXTENSION
-    if torch.cuda.is_available():
+    if on_gpu:
         return AsyncEngineArgs(
             **common,
             gpu_memory_utilization=settings.gpu_memory_utilization,

@@ -175,7 +175,10 @@ def learner_bundles(placement: Placement) -> list[list[dict[str, float]]]:
 
 
 def engine_bundles(placement: Placement, num_engines: int) -> list[dict[str, float]]:
-    """One bundle per engine (all its tensor-parallel GPUs on one node), for the engines' own group."""
+    """One bundle per engine (all its tensor-parallel GPUs on one node), for the engines' own group.
+
+    The engine actor holds the whole bundle and vLLM's multiprocessing workers use its GPUs inside it
+    (`engine_setup.executor_backend`: vLLM's Ray executor refuses a bundle with more than one GPU)."""
     return [{"CPU": 1, "GPU": placement.gpus_per_engine} for _ in range(num_engines)]
 
 

@@ -10,9 +10,11 @@ in each request's weight-version spans. `inflight=False` is the conservative bas
 running requests first finish with the old weights ("wait"), then the update happens.
 
 Every step has a timeout; a failure names the step and the engine or learner, and `resume`
-is always attempted, so no engine is left paused. The parties bound their own part too: a
-learner's send by the same timeout (`SendWatchdog`), and an engine whose update failed keeps
-its previous weights (`weight_reload`) and serves on. Tensors travel through the transfer
+is always attempted, so no engine is left paused. The first failure is the sync's error: a resume
+that then times out is its consequence, noted after it (see `WeightSync._resume_after`). The
+parties bound their own part too: a learner's send by the same timeout (`SendWatchdog`), and an
+engine whose update failed keeps its previous weights (`weight_reload`) and serves on. Which
+transport recovers from which failure: `WeightSync.push`. Tensors travel through the transfer
 group (`weight_transfer_gloo` on CPU, `weight_transfer_nccl` on GPU: the same five calls),
 metadata through Ray. `WeightSync` is a driver-side handle like `EnginePool` and
 `LearnerGroup`: it starts their calls and waits on both sides at once.
@@ -20,6 +22,7 @@ metadata through Ray. `WeightSync` is a driver-side handle like `EnginePool` and
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import threading
 import time
@@ -46,7 +49,21 @@ def transport(backend: str) -> ModuleType:
 
 
 class WeightSyncError(RuntimeError):
-    """A weight sync step failed or timed out; says which step and which actors."""
+    """A weight sync step failed or timed out; says which step and which actors.
+
+    Raised by the driver, it also carries `step` and `party` (the actor whose failure is the cause, None
+    for a timeout), and `retry`: False once engines were left in a receive they cannot leave, where
+    replacing a dead engine and syncing again cannot succeed."""
+
+    step: str | None = None
+    party: str | None = None
+    retry: bool = True
+
+    @classmethod
+    def of(cls, message: str, step: str, party: str | None = None) -> WeightSyncError:
+        error = cls(message)
+        error.step, error.party = step, party
+        return error
 
 
 # The driver waits this much longer than each party's own timeout, so that the party's error (which names
@@ -54,9 +71,29 @@ class WeightSyncError(RuntimeError):
 REPORT_GRACE_S = 30.0
 # After the first failure of a step, how long the others may take to report theirs (see `root_cause`).
 FAILURE_SETTLE_S = 5.0
+# After a transfer failed on a learner, or over a transport whose receive has no timeout (NCCL), how long the
+# engines may take to resume before the sync ends with that failure: over gloo they leave their receive at once
+# (the learner closed its end of the group); over NCCL they never do, and `resume` waits behind the receive.
+RESUME_AFTER_FAILURE_S = 30.0
 # How a party says that another one left the transfer group: a consequence, not a cause.
 _PEER_GONE = ("Connection closed by peer", "Connection reset by peer")
 T = TypeVar("T")
+
+
+class RayWaiter:
+    """How the driver waits on actor calls (`ray.wait`/`ray.get`) and reads the time; tests pass a fake."""
+
+    now = staticmethod(time.monotonic)
+
+    def wait(self, refs: list, num_returns: int, timeout: float) -> tuple[list, list]:
+        import ray
+
+        return ray.wait(refs, num_returns=num_returns, timeout=timeout)
+
+    def get(self, ref):
+        import ray
+
+        return ray.get(ref)
 
 
 class SendWatchdog:
@@ -120,17 +157,18 @@ class SyncSettings:
 class WeightSync:
     """Connects learner rank 0 to every engine once, then pushes versions on demand."""
 
-    def __init__(self, learners, engines, settings: SyncSettings):
+    def __init__(self, learners, engines, settings: SyncSettings, waiter=None):
         self.learners = learners  # LearnerGroup
         self.engines = engines  # EnginePool
         self.settings = settings
+        self.waiter = waiter or RayWaiter()
         self.metadata: WeightMetadata | None = None
         self.syncs = 0
         self.version = 0  # the last version every engine loaded
 
     def with_settings(self, **changes) -> WeightSync:
         """The same connected group with other settings (e.g. a benchmark switching `inflight` per mode)."""
-        other = WeightSync(self.learners, self.engines, dataclasses.replace(self.settings, **changes))
+        other = WeightSync(self.learners, self.engines, dataclasses.replace(self.settings, **changes), self.waiter)
         other.metadata, other.syncs, other.version = self.metadata, self.syncs, self.version
         return other
 
@@ -168,12 +206,32 @@ class WeightSync:
         """Load `version` into every engine; returns metrics. Engines are resumed whatever happens.
 
         An engine that died since the last sync is replaced first; one that dies during this sync fails
-        it for the others (each step has its timeout), then it is replaced and the sync runs once more."""
+        it for the others (each step has its timeout), then it is replaced and the sync runs once more,
+        where the others could leave the transfer:
+
+        ==================  =======================  ===========================  ==========================
+        transport           learner dies mid-send    engine dies mid-receive      a step times out
+        ==================  =======================  ===========================  ==========================
+        gloo (CPU)          ends the sync at once    replaced, synced again       ends the sync (the group
+                            with the learner's       (the others' receive fails   timeout frees the others,
+                            error; engines resume    at once)                     which resume)
+        shm (CPU), ipc      ends the sync at once    replaced, synced again       ends the sync; engines
+        (GPU)               (nothing in flight)      (the others finish loading)  resume
+        nccl (GPU)          ends the sync at once    ends the run with the        ends the run with the
+                            with the learner's       engine's error: the others   first error: engines stay
+                            error; engines stay in   stay in the receive, the     in the receive; restart
+                            the receive: restart     learner's send in its        (from a checkpoint)
+                            (from a checkpoint)      watchdog
+        ==================  =======================  ===========================  ==========================
+
+        "Ends" means a `WeightSyncError` naming the first failure (step, actor, cause) within
+        `FAILURE_SETTLE_S` + `RESUME_AFTER_FAILURE_S` of it over NCCL or after a learner's failure, never
+        a later resume timeout. A learner whose send ran past its watchdog refuses every later send."""
         self.engines.check_engines()
         try:
             return self._push(version, step_end_time)
-        except WeightSyncError:
-            if not self.engines.replace_dead():
+        except WeightSyncError as error:
+            if not error.retry or not self.engines.replace_dead():
                 raise
             return self._push(version, step_end_time)
 
@@ -188,10 +246,15 @@ class WeightSync:
             started = time.monotonic()
             sent = self._get("stage", self._start_send(version), timeout_s=self.settings.timeout_s + REPORT_GRACE_S)
             stage_s = time.monotonic() - started
-            return self._pause_transfer_resume(version, step_end_time, sent) | {"time/weight_sync_stage_s": stage_s}
-        finally:
+            metrics = self._pause_transfer_resume(version, step_end_time, sent)
+        except BaseException:
             # Also after a failure: an engine that failed to load has stopped reading (it restored its weights).
-            self._get("release", self.learners.start_release_weights())
+            # The first failure stays the sync's error.
+            with contextlib.suppress(WeightSyncError):
+                self._get("release", self.learners.start_release_weights())
+            raise
+        self._get("release", self.learners.start_release_weights())
+        return metrics | {"time/weight_sync_stage_s": stage_s}
 
     def _pause_transfer_resume(self, version: int, step_end_time: float | None, staged: list | None) -> dict:
         s = self.settings
@@ -203,10 +266,11 @@ class WeightSync:
             transfer_at = time.monotonic()
             reports = self._transfer(version, staged)
             transferred_at = time.monotonic()
-        finally:
-            # After a failed transfer an engine may still sit in the group's collective until the
-            # group timeout fires; only then can it finish the reload and resume.
-            resumed = self._get("resume", self.engines.start_resume(), timeout_s=2 * s.timeout_s + 60)
+        except BaseException as error:
+            self._resume_after(error)
+            raise
+        # Each engine resumes once it has finished loading (the reload's post-processing included).
+        resumed = self._get("resume", self.engines.start_resume(), timeout_s=2 * s.timeout_s + 60)
         resumed_at = time.monotonic()
         self.syncs += 1
         self.version = version
@@ -231,6 +295,33 @@ class WeightSync:
             metrics["weight_sync/step_end_to_resume_s_max"] = max(lags)
         return metrics
 
+    def _resume_after(self, failure: BaseException) -> None:
+        """Resume every engine after `failure` of the pause or the transfer; `failure` stays the sync's error.
+
+        After a failed transfer over gloo an engine may sit in the group's collective until the group
+        timeout, then finishes the reload and resumes: waited for (`2 x timeout + 60`). A transfer that failed
+        on a learner first, or any over NCCL (whose receive has no timeout), gets `RESUME_AFTER_FAILURE_S`:
+        engines still receiving then are named in the error. A transfer that failed over NCCL is not retried
+        (`retry`): the learner's broadcast cannot finish either, and its watchdog refuses later sends."""
+        s = self.settings
+        in_transfer = getattr(failure, "step", None) == "transfer"
+        sender_failed = in_transfer and (getattr(failure, "party", None) or "").startswith("learner")
+        receive_can_hang = in_transfer and getattr(transport(s.backend), "RECEIVE_CAN_HANG", False)
+        timeout_s = RESUME_AFTER_FAILURE_S if sender_failed or receive_can_hang else 2 * s.timeout_s + 60
+        refs = self.engines.start_resume()
+        names = {ref: name for name, ref in refs.items()}
+        _, pending = self.waiter.wait(list(names), num_returns=len(names), timeout=timeout_s)
+        late = [names[ref] for ref in pending]  # a failed resume is a dead engine: the pool replaces it
+        where = " (still in the transfer's receive" if in_transfer else ""
+        where += ", which has no timeout over NCCL)" if receive_can_hang else ")" if in_transfer else ""
+        note = f"; then {', '.join(late)} did not resume within {timeout_s:.0f}s{where}: restart the run"
+        if isinstance(failure, WeightSyncError):
+            failure.retry = failure.retry and not late and not receive_can_hang
+            if late:
+                failure.args = (f"{failure}{note}",)
+        elif late:
+            failure.add_note(note[2:])
+
     def _start_send(self, version: int) -> dict:
         s = self.settings
         return self.learners.start_send_weights(self.metadata, s.bucket_bytes, version, s.timeout_s)
@@ -252,36 +343,33 @@ class WeightSync:
         """Results in `refs` order. A failure is raised without waiting for the rest (its peers may be blocked
         in the transfer group waiting for it), after a short settle for the failure that caused it: see
         `root_cause`. A timeout names the actors still pending."""
-        import ray
-
+        waiter = self.waiter
         names = {ref: name for name, ref in refs.items()}
         timeout_s = timeout_s or self.settings.timeout_s
-        deadline = time.monotonic() + timeout_s
+        deadline = waiter.now() + timeout_s
         pending = list(names)
         failures: list[tuple[str, BaseException]] = []
         while pending and not failures:
-            done, pending = ray.wait(pending, num_returns=1, timeout=max(0.0, deadline - time.monotonic()))
+            done, pending = waiter.wait(pending, num_returns=1, timeout=max(0.0, deadline - waiter.now()))
             if not done:
                 late = ", ".join(names[r] for r in pending)
-                raise WeightSyncError(f"weight sync step '{step}' timed out after {timeout_s:.0f}s waiting for {late}")
-            failures += _failures(done, names)
+                message = f"weight sync step '{step}' timed out after {timeout_s:.0f}s waiting for {late}"
+                raise WeightSyncError.of(message, step)
+            failures += _failures(done, names, waiter)
         if failures:
-            done, _ = ray.wait(pending, num_returns=len(pending), timeout=FAILURE_SETTLE_S) if pending else ([], [])
-            name, error = root_cause(failures + _failures(done, names))
+            done, _ = waiter.wait(pending, num_returns=len(pending), timeout=FAILURE_SETTLE_S) if pending else ([], [])
+            name, error = root_cause(failures + _failures(done, names, waiter))
             reason = str(error).strip().splitlines()[-1][:300] if str(error).strip() else ""
-            raise WeightSyncError(
-                f"weight sync step '{step}' failed on {name}: {type(error).__name__}: {reason}"
-            ) from error
-        return [ray.get(ref) for ref in refs.values()]
+            message = f"weight sync step '{step}' failed on {name}: {type(error).__name__}: {reason}"
+            raise WeightSyncError.of(message, step, name) from error
+        return [waiter.get(ref) for ref in refs.values()]
 
 
-def _failures(done: list, names: dict) -> list[tuple[str, BaseException]]:
-    import ray
-
+def _failures(done: list, names: dict, waiter) -> list[tuple[str, BaseException]]:
     failures = []
     for ref in done:
         try:
-            ray.get(ref)
+            waiter.get(ref)
         except Exception as error:
             failures.append((names[ref], error))
     return failures

@@ -27,6 +27,8 @@ WORKER_EXTENSION = f"{__name__}.RestoringNCCLWorkerExtension"
 STAGED = False
 EVERY_RANK_STAGES = False  # learner rank 0 is the only sender
 KEEPS_REFERENCES = False  # a sent tensor may be freed at once
+# vLLM's NCCL receive has no timeout: after a failed transfer an engine may never leave it (see weight_sync).
+RECEIVE_CAN_HANG = True
 ENGINE_ENV: dict[str, str] = {}  # nothing the engine process must set for this transport
 
 
@@ -95,15 +97,38 @@ def trainer_send_stream(
     shapes: Sequence[Sequence[int]],
     bucket_bytes: int = 0,
 ) -> int:
+    """Broadcast every tensor on `send_stream()`: the tensors are produced (gathered, cast, copied) on the
+    current stream, which each broadcast waits for, never the other way round."""
     import torch
 
     sent = 0
-    stream = torch.cuda.current_stream()
+    stream = send_stream()
+    producer = torch.cuda.current_stream()
     for i in range(len(dtype_names)):
         name, tensor = next(named_tensors)
         check_matches_metadata(i, name, tensor, dtype_names, shapes)
         tensor = tensor.detach().to("cuda", non_blocking=True).contiguous()
+        stream.wait_stream(producer)
+        tensor.record_stream(stream)  # its memory is not reused before the broadcast has read it
         group.broadcast(tensor, src=0, stream=stream)
         sent += tensor.numel() * tensor.element_size()
     stream.synchronize()
     return sent
+
+
+_SEND_STREAMS: dict[int, object] = {}
+
+
+def send_stream():
+    """The learner's dedicated CUDA stream for broadcasts (one per device). A broadcast to an engine that died
+    never finishes and blocks its stream for good (a collective cannot be cancelled); on the default stream
+    that would stall the learner's training and checkpointing too. Streams from torch's pool are created
+    non-blocking (no implicit sync with the legacy default stream); this one comes from the high-priority
+    pool, which DeepSpeed's and torch's own side streams (default priority) do not draw from. Only called on
+    a GPU: the CPU paths (gloo, shm) never reach it."""
+    import torch
+
+    device = torch.cuda.current_device()
+    if device not in _SEND_STREAMS:
+        _SEND_STREAMS[device] = torch.cuda.Stream(device=device, priority=-1)
+    return _SEND_STREAMS[device]

@@ -1,12 +1,23 @@
 #!/usr/bin/env bash
 # GPU check: short real runs of the whole stack on this machine's GPU(s), each part printed PASS or FAIL
-# with what it measured (the in-flight weight-sync pause and the learner step time). Under 8 minutes.
+# with what it measured (the in-flight weight-sync pause and the learner step time). About 10 minutes.
 # Hardware: 1+ NVIDIA GPUs. With one GPU only the parts that share it (--single_gpu_mode) run; the others
 # say SKIP and how many GPUs they need.
-# Needs the GPU stack (`pip install -e ".[gpu,dev]"`: vllm 0.33 with its CUDA torch, ray, deepspeed) and
-# nothing from the network: it trains the embedded tiny model on the embedded dataset, in bf16.
-# Usage: bash scripts/gpu_check.sh        (OUT=dir keeps the runs' outputs; default: a temp dir)
+# Usage: bash scripts/gpu_check.sh [--dry_run]   (OUT=dir keeps the runs' outputs; default: a temp dir)
+# Runs with $PYTHON (default python3). Where that lacks the GPU stack (vllm 0.33 with its CUDA torch, ray,
+# deepspeed, this package) it installs it once into .venv-gpu (GPU_VENV=dir), the only step that needs
+# the network: python3 -m venv --system-site-packages .venv-gpu && .venv-gpu/bin/pip install -e ".[gpu,dev]"
+# Then it builds the embedded tiny model and dataset (trained on, in bf16) before the timed parts.
+# --dry_run (or CHECK_ONLY=1): the parts that need no GPU only, the others SKIP with the GPUs they need.
+# Timeouts: each part its own (below); the first part that starts an engine WARMUP_S (300) more, for vLLM's
+# cold compile and CUDA-graph capture, cached for the later parts.
 # Parts:
+#   python       the interpreter and its version
+#   driver       the GPU name and count, the driver and its CUDA version (nvidia-smi): NEEDS_CUDA (13.0,
+#                vllm 0.33's torch) or newer
+#   compiler     a C compiler (cc or gcc): Triton builds its launchers with it
+#   install      vllm, ray, deepspeed and open_instruct import (installed into .venv-gpu when they do not)
+#   model        the embedded model and dataset are built (once; cached in ~/.cache/open_instruct)
 #   env          CUDA visible to torch; vllm, ray, deepspeed import; the versions
 #   optimizer    torch's fused AdamW steps on the GPU (--fused_optimizer; no DeepSpeed JIT build)
 #   single_gpu   3 training steps with --single_gpu_mode on GPU 0: engine and learner share it, weights by CUDA
@@ -19,11 +30,24 @@
 #                step, the engine keeps serving its previous weights, the next push loads; over NCCL with
 #                2+ GPUs, else on the shared GPU over CUDA IPC
 #   two_learners 2 learner ranks (ZeRO-3) in one STRICT_PACK placement group (3+ GPUs)
+#   tensor_parallel  3 training steps: 1 engine with --vllm_tensor_parallel_size 2 (one 2-GPU bundle, vLLM's mp
+#                workers inside the engine actor) + 1 learner, NCCL sync to both engine ranks (3+ GPUs)
 set -euo pipefail  # each part runs under `if`, so a failing part is reported, not fatal
 
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$repo"
-python_bin="${PYTHON:-python}"
+python_bin="${PYTHON:-python3}"
+venv="${GPU_VENV:-$repo/.venv-gpu}"
+needs_cuda="${NEEDS_CUDA:-13.0}"
+warmup_s="${WARMUP_S:-300}"  # added to the first part that starts an engine (see `first_engine`)
+check_only="${CHECK_ONLY:-0}"
+for arg in "$@"; do
+  case "$arg" in
+    --dry_run) check_only=1 ;;
+    *) echo "gpu_check: unknown argument $arg (usage: bash scripts/gpu_check.sh [--dry_run])" >&2; exit 2 ;;
+  esac
+done
+[[ "$check_only" == "0" ]] && check_only=0 || check_only=1
 out="${OUT:-$(mktemp -d)}"
 mkdir -p "$out"
 failures=0
@@ -33,6 +57,88 @@ report() {  # name, status, detail
   printf '%-16s %-4s %s\n' "$1" "$2" "$3"
   [[ "$2" == "FAIL" ]] && failures=$((failures + 1))
   return 0
+}
+
+part_python() {
+  local version
+  if version="$("$python_bin" -c 'import sys; print(sys.version.split()[0])' 2>&1)"; then
+    if ! printf '%s\n%s\n' 3.11 "$version" | sort -V -C; then
+      report python FAIL "$python_bin is Python $version; the package needs 3.11+ (set PYTHON=python3.11)"
+      return 1
+    fi
+    report python PASS "$python_bin: Python $version"
+  else
+    report python FAIL "no working $python_bin (set PYTHON=...): $(tail -1 <<<"$version")"
+    return 1
+  fi
+}
+
+part_driver() {
+  local smi names cuda driver
+  if ! command -v nvidia-smi >/dev/null || ! smi="$(nvidia-smi 2>&1)"; then
+    if (( check_only )); then report driver SKIP "no working nvidia-smi: the GPU parts need 1+ GPUs"; return 0; fi
+    report driver FAIL "no working nvidia-smi (no NVIDIA driver?): $(tail -1 <<<"${smi:-not on PATH}")"
+    return 0
+  fi
+  names="$(nvidia-smi --query-gpu=name --format=csv,noheader)"
+  driver="$(nvidia-smi --query-gpu=driver_version --format=csv,noheader | head -1)"
+  cuda="$(grep -o 'CUDA Version: *[0-9.]*' <<<"$smi" | grep -o '[0-9.]*$' || true)"
+  local detail
+  detail="$(wc -l <<<"$names" | tr -d ' ') x $(head -1 <<<"$names"); driver $driver, CUDA ${cuda:-unknown}"
+  if [[ -n "$cuda" ]] && printf '%s
+%s
+' "$needs_cuda" "$cuda" | sort -V -C; then
+    report driver PASS "$detail"
+  else
+    report driver FAIL "$detail: vllm 0.33's torch needs a driver for CUDA $needs_cuda or newer"
+  fi
+}
+
+part_compiler() {
+  local cc_bin
+  if cc_bin="$(command -v cc || command -v gcc)"; then
+    report compiler PASS "$cc_bin: $("$cc_bin" --version 2>&1 | head -1)"
+  elif (( check_only )); then
+    report compiler SKIP "no cc or gcc: the GPU parts need one (Triton compiles its launchers)"
+  else
+    report compiler FAIL "no cc or gcc: Triton compiles its launchers with one (e.g. apt-get install gcc)"
+  fi
+}
+
+has_stack() {  # interpreter: true when the GPU parts' imports work with it
+  "$1" -c 'import vllm, ray, deepspeed, open_instruct' >/dev/null 2>&1
+}
+
+part_install() {  # sets python_bin to an interpreter with the stack; false when there is none
+  local command="$python_bin -m venv --system-site-packages $venv && $venv/bin/pip install -e \".[gpu,dev]\""
+  if has_stack "$python_bin"; then
+    report install PASS "$python_bin imports vllm, ray, deepspeed, open_instruct"
+  elif [[ -x "$venv/bin/python" ]] && has_stack "$venv/bin/python"; then
+    python_bin="$venv/bin/python"
+    report install PASS "$python_bin (installed earlier)"
+  elif (( check_only )); then
+    report install SKIP "$python_bin lacks the GPU stack; a full run installs it: $command"
+    return 1
+  elif { "$python_bin" -m venv --system-site-packages "$venv" && "$venv/bin/pip" install -e ".[gpu,dev]"; } \
+      >"$out/install.log" 2>&1 && has_stack "$venv/bin/python"; then
+    python_bin="$venv/bin/python"
+    report install PASS "installed the GPU stack into $venv (log: $out/install.log)"
+  else
+    report install FAIL "could not install (log: $out/install.log; no venv module? apt-get install python3-venv); run: $command"
+    return 1
+  fi
+}
+
+part_model() {  # built here, untimed by the parts: every run after it finds it cached
+  local detail
+  if detail="$(timeout 900 "$python_bin" - 2>&1 <<'PY'
+import time
+from open_instruct.embedded_default import ensure_embedded_dataset, ensure_embedded_model
+started = time.monotonic()
+model, data = ensure_embedded_model(), ensure_embedded_dataset()
+print(f"{model.name} and {data.name} ready in {time.monotonic() - started:.0f} s")
+PY
+)"; then report model PASS "$(tail -1 <<<"$detail")"; else report model FAIL "$(tail -1 <<<"$detail")"; return 1; fi
 }
 
 part_env() {
@@ -67,7 +173,8 @@ PY
 }
 
 train() {  # name, timeout, extra flags...
-  local name="$1" limit="$2"
+  local name="$1" limit="$(( $2 + warmup_s ))"  # the first part that starts an engine pays its cold start
+  warmup_s=0
   shift 2
   local dir="$out/$name"
   if timeout "$limit" "$python_bin" open_instruct/grpo_fast.py --output_dir "$dir" --exp_name "$name" \
@@ -90,8 +197,9 @@ PY
 }
 
 part_transfer_failure() {  # extra flags...
-  local log="$out/transfer_failure.log"
-  if timeout 200 "$python_bin" scripts/transfer_failure_check.py --dtype bfloat16 --vllm_num_engines 1 \
+  local log="$out/transfer_failure.log" limit="$(( 200 + warmup_s ))"
+  warmup_s=0
+  if timeout "$limit" "$python_bin" scripts/transfer_failure_check.py --dtype bfloat16 --vllm_num_engines 1 \
       --num_learners_per_node 1 --vllm_gpu_memory_utilization 0.3 "$@" >"$log" 2>&1; then
     report transfer_failure PASS "$(grep -c '^PASS' "$log") checks passed ($*)"
   else
@@ -99,18 +207,40 @@ part_transfer_failure() {  # extra flags...
   fi
 }
 
-needs() {  # part, GPUs it needs: true when this machine has them, else reports SKIP
-  if (( gpus >= $2 )); then return 0; fi
-  report "$1" SKIP "needs $2 GPUs; this machine has $gpus"
+part_tensor_parallel() {  # the engine actor holds 2 GPUs; vLLM's mp executor runs a worker on each
+  train tensor_parallel 180 --vllm_tensor_parallel_size 2 --vllm_sync_backend nccl --num_learners_per_node 1 \
+    --deepspeed_stage 2
+}
+
+needs() {  # part, GPUs it needs: true when this machine has them (and this is no dry run), else reports SKIP
+  if (( ! check_only && gpus >= $2 )); then return 0; fi
+  local plural="s" why="this machine has $gpus"
+  (( $2 == 1 )) && plural=""
+  (( check_only )) && why="dry run (this machine has $gpus)"
+  report "$1" SKIP "needs $2 GPU$plural; $why"
   return 1
 }
 
-echo "gpu_check: outputs in $out"
-gpus="$("$python_bin" -c 'import torch; print(torch.cuda.device_count())' 2>/dev/null || echo 0)"
-part_env
-part_optimizer
-CUDA_VISIBLE_DEVICES=0 train single_gpu 150 --single_gpu_mode --num_learners_per_node 1 --deepspeed_stage 2
-if (( gpus < 2 )); then
+echo "gpu_check: outputs in $out$( (( check_only )) && echo '; dry run: only the parts that need no GPU')"
+part_python || { echo "gpu_check: no Python to run with"; exit 1; }
+part_driver || true  # (`||`: a failing command inside reports, it does not end the script)
+part_compiler || true
+gpus=0
+if part_install; then
+  if ! part_model && (( ! check_only )); then echo "gpu_check: stopped: no embedded model to train"; exit 1; fi
+  gpus="$("$python_bin" -c 'import torch; print(torch.cuda.device_count())' 2>/dev/null || echo 0)"
+elif (( check_only )); then
+  report model SKIP "needs the GPU stack (install)"
+else
+  echo "gpu_check: stopped: no GPU stack to run with"
+  exit 1
+fi
+if needs env 1; then part_env; fi
+if needs optimizer 1; then part_optimizer; fi
+if needs single_gpu 1; then
+  CUDA_VISIBLE_DEVICES=0 train single_gpu 150 --single_gpu_mode --num_learners_per_node 1 --deepspeed_stage 2
+fi
+if (( gpus < 2 )) && needs single_gpu_gloo 1; then
   CUDA_VISIBLE_DEVICES=0 train single_gpu_gloo 150 --single_gpu_mode --vllm_sync_backend gloo \
     --num_learners_per_node 1 --deepspeed_stage 2
 fi
@@ -120,13 +250,16 @@ fi
 if needs train_gloo 2; then
   train train_gloo 150 --vllm_sync_backend gloo --num_learners_per_node 1 --deepspeed_stage 2
 fi
-if (( gpus >= 2 )); then
+if (( gpus >= 2 && ! check_only )); then
   part_transfer_failure --vllm_sync_backend nccl
-else
+elif needs transfer_failure 1; then
   CUDA_VISIBLE_DEVICES=0 part_transfer_failure --single_gpu_mode
 fi
 if needs two_learners 3; then
   train two_learners 150 --vllm_sync_backend nccl --num_learners_per_node 2 --deepspeed_stage 3
+fi
+if needs tensor_parallel 3; then
+  part_tensor_parallel
 fi
 echo "gpu_check: $failures part(s) failed"
 exit $(( failures > 0 ))

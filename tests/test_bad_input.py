@@ -30,6 +30,12 @@ def write_rows(path: Path, rows: list) -> Path:
     return path
 
 
+def a_file(tmp: Path) -> Path:
+    path = tmp / "not_a_folder"
+    path.write_text("a file where a folder goes\n")
+    return path
+
+
 def rows_case(name: str, rows: list, culprit: str, *extra: str):
     def argv(tmp: Path) -> list[str]:
         return ["--dataset_mixer_list", str(write_rows(tmp / name, rows)), "1.0", *extra]
@@ -46,7 +52,11 @@ CASES = {
     "unknown sync backend": (lambda tmp: ["--vllm_sync_backend", "mpi"], "--vllm_sync_backend mpi"),
     "sequence parallel on ZeRO-0": (lambda tmp: ["--sequence_parallel_size", "2"], "--sequence_parallel_size 2"),
     "shared device, two engines": (lambda tmp: ["--single_gpu_mode", "--vllm_num_engines", "2"], "--single_gpu_mode"),
-    "state without a folder": (lambda tmp: ["--checkpoint_state_freq", "1"], "--checkpoint_state_dir"),
+    "output folder is a file": (lambda tmp: ["--output_dir", str(a_file(tmp))], "--output_dir"),
+    "state folder is a file": (
+        lambda tmp: ["--checkpoint_state_freq", "1", "--checkpoint_state_dir", str(a_file(tmp))],
+        "--checkpoint_state_dir",
+    ),
     "token budget under a row": (lambda tmp: ["--micro_batch_token_budget", "100"], "--micro_batch_token_budget"),
     "LoRA": (lambda tmp: ["--use_peft"], "--use_peft"),
     # open-instruct's default tokenizer function keeps the tokenizer's template for an unknown name; v2_1 refuses

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import pytest
@@ -113,6 +114,88 @@ def test_single_gpu_mode_flag_checks_at_parse_time():
     assert cfg.resources.single_gpu_mode
     with pytest.raises(ConfigError, match="at most one engine"):
         parse_config(["--single_gpu_mode", "--vllm_num_engines", "2"])
+
+
+def gpu_engine_args(tensor_parallel_size: int, backend: str = "nccl"):
+    from open_instruct.engine_setup import EngineSettings, engine_args
+
+    settings = EngineSettings(
+        model_path="not/loaded", max_model_len=512, tensor_parallel_size=tensor_parallel_size,
+        weight_transfer_backend=backend,
+    )  # fmt: skip
+    return engine_args(settings, on_gpu=True)
+
+
+def test_a_tensor_parallel_engine_holds_its_gpus_and_runs_vllms_mp_workers_inside():
+    # 3 GPUs: one tp-2 engine holds both GPUs of its one bundle, the learner the third.
+    placement = plan_placement(ClusterShape((3,)), 1, 2, [1])
+    assert (placement.transport, placement.gpus_per_engine) == ("nccl", 2)
+    assert engine_bundles(placement, 1) == [{"CPU": 1, "GPU": 2}]
+    args = gpu_engine_args(2)
+    assert (args.tensor_parallel_size, args.distributed_executor_backend) == (2, "mp")
+    # From the flags of gpu_check.sh's part tensor_parallel to the settings the engine actor gets.
+    from open_instruct.config import parse_config
+    from open_instruct.engine_setup import EngineSettings
+
+    cfg = parse_config(["--vllm_tensor_parallel_size", "2", "--vllm_num_engines", "1", "--num_learners_per_node", "1"])
+    assert EngineSettings.from_config(cfg, "m").tensor_parallel_size == 2
+    assert args.gpu_memory_utilization == 0.9 and args.dtype == "bfloat16"
+    # One rank: vLLM's default, the in-process executor.
+    assert gpu_engine_args(1).distributed_executor_backend is None
+
+
+def test_vllm_would_pick_ray_in_the_actors_placement_group_unless_told_mp():
+    """What `engine_setup.executor_backend` guards against, in vLLM's own config: inside an engine actor
+    vLLM copies the current placement group into its parallel config, and then picks its Ray executor
+    (which refuses a bundle of more than one GPU); an explicit "mp" stays "mp"."""
+    from ray._raylet import PlacementGroupID
+    from ray.util.placement_group import PlacementGroup
+    from vllm.config import ParallelConfig
+
+    group = PlacementGroup(PlacementGroupID(os.urandom(18)), bundle_cache=[{"CPU": 1, "GPU": 2}])
+    chosen = {
+        backend: ParallelConfig(
+            tensor_parallel_size=2, placement_group=group, distributed_executor_backend=backend
+        ).distributed_executor_backend
+        for backend in (None, "mp")
+    }
+    assert chosen == {None: "ray", "mp": "mp"}
+
+
+def test_single_gpu_mode_gives_the_engine_a_safe_share_of_the_gpu_unless_told():
+    from open_instruct.config import parse_config
+    from open_instruct.config_resources import SHARED_GPU_DEFAULT_SHARE, engine_gpu_share
+    from open_instruct.engine_setup import EngineSettings
+
+    shared = parse_config(["--single_gpu_mode"])
+    assert shared.generation.vllm_gpu_memory_utilization == 0.9  # the flag itself is left as parsed
+    assert engine_gpu_share(shared) == SHARED_GPU_DEFAULT_SHARE == 0.3
+    assert EngineSettings.from_config(shared, "m").gpu_memory_utilization == 0.3
+    # Given explicitly (open-instruct's single-GPU scripts pass 0.3 or 0.4), the value is used as is.
+    for share in (0.3, 0.4, 0.6):
+        cfg = parse_config(["--single_gpu_mode", "--vllm_gpu_memory_utilization", str(share)])
+        assert engine_gpu_share(cfg) == share
+    # Without --single_gpu_mode the engine has its GPUs to itself: the flag, default 0.9.
+    assert engine_gpu_share(parse_config([])) == 0.9
+    assert engine_gpu_share(parse_config(["--vllm_gpu_memory_utilization", "0.95"])) == 0.95
+
+
+def test_single_gpu_mode_refuses_a_share_that_leaves_the_learner_too_little():
+    from open_instruct.config import ConfigError, parse_config
+
+    with pytest.raises(ConfigError) as caught:
+        parse_config(["--single_gpu_mode", "--vllm_gpu_memory_utilization", "0.9"])
+    (line,) = [line for line in str(caught.value).splitlines() if "vllm_gpu_memory_utilization" in line]
+    assert "leaves the learner 10% of the shared GPU" in line and "at most 0.6" in line
+    parse_config(["--vllm_gpu_memory_utilization", "0.9"])  # fine on a GPU of its own
+
+
+def test_single_gpu_mode_help_names_the_transport_placement_picks():
+    from open_instruct.config_resources import ResourceConfig
+
+    help_text = " ".join(f.metadata.get("help", "") for f in dataclasses.fields(ResourceConfig))
+    assert "CUDA IPC" in help_text and "shared-memory file" in help_text
+    assert "weights move over gloo" not in help_text
 
 
 @pytest.mark.slow

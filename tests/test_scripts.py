@@ -340,3 +340,49 @@ def test_gpu_check_trains_with_flags_grpo_fast_accepts():
     flags = grpo_fast_flags(REPO / "scripts" / "gpu_check.sh")
     assert {"--dtype", "--vllm_sync_backend", "--inflight_updates", "--single_gpu_mode"} <= set(flags)
     assert not sorted(set(flags) - known)
+
+
+def gpu_check_dry_run(tmp_path: Path, python: str) -> tuple[subprocess.CompletedProcess, dict[str, tuple[str, str]]]:
+    base = {k: v for k, v in os.environ.items() if k not in SCRIPT_ENV + ("CHECK_ONLY", "GPU_VENV", "WARMUP_S")}
+    result = subprocess.run(
+        ["bash", "scripts/gpu_check.sh", "--dry_run"],
+        cwd=REPO,
+        env={**base, "PYTHON": python, "OUT": str(tmp_path)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    lines = [line.split(None, 2) for line in result.stdout.splitlines() if not line.startswith("gpu_check:")]
+    return result, {name: (status, detail) for name, status, detail in lines}
+
+
+def test_gpu_check_dry_run_runs_the_cpu_parts_and_names_the_gpus_each_gpu_part_needs(tmp_path, model_path):
+    """`gpu_check.sh --dry_run` on a CPU machine with the stack: the interpreter, compiler, imports and the
+    embedded model are checked for real (as a fresh GPU machine would before its timed parts); every part
+    that needs a GPU is SKIP with how many, and nothing fails."""
+    result, parts = gpu_check_dry_run(tmp_path, sys.executable)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert parts["python"][0] == "PASS" and parts["install"][0] == "PASS" and parts["model"][0] == "PASS", parts
+    assert parts["compiler"][0] in ("PASS", "SKIP") and parts["driver"][0] in ("PASS", "SKIP")
+    need = {"env": 1, "optimizer": 1, "single_gpu": 1, "train_nccl": 2, "train_gloo": 2, "transfer_failure": 1}
+    need |= {"two_learners": 3}
+    for name, gpus in need.items():
+        assert parts[name] == ("SKIP", parts[name][1]) and parts[name][1].startswith(f"needs {gpus} GPU"), parts
+    names = list(parts)
+    gpu_parts = names[names.index("model") + 1 :]
+    assert set(need) <= set(gpu_parts) and all(parts[n][0] == "SKIP" for n in gpu_parts), parts
+
+
+def test_gpu_check_dry_run_without_the_stack_says_how_a_full_run_installs_it(tmp_path):
+    """An interpreter without vllm/ray/deepspeed (the base Python of our venv): the install is SKIP with the
+    exact command a full run executes, the model build waits for it, the GPU parts still list their needs."""
+    base_python = Path(sys.base_prefix) / "bin" / "python3"
+    probe = subprocess.run([str(base_python), "-c", "import vllm"], capture_output=True, check=False)
+    if probe.returncode == 0:
+        pytest.skip("the base interpreter has vllm: no interpreter without the stack here")
+    result, parts = gpu_check_dry_run(tmp_path, str(base_python))
+    assert result.returncode == 0, result.stdout + result.stderr
+    status, detail = parts["install"]
+    assert status == "SKIP" and "-m venv --system-site-packages" in detail and 'pip install -e ".[gpu,dev]"' in detail
+    assert parts["model"][0] == "SKIP" and parts["single_gpu"][1].startswith("needs 1 GPU")

@@ -1,0 +1,162 @@
+"""Which error a failed weight sync ends with, and when: the driver's waits on fake actor calls and a virtual
+clock (`WeightSync`'s `waiter`), no Ray. A call either answers at a scripted time or never (an engine
+blocked in vLLM's NCCL receive, which has no timeout, and its `resume` queued behind it)."""
+
+from __future__ import annotations
+
+import pytest
+
+from open_instruct import weight_sync
+from open_instruct.messages import EnginePaused, WeightMetadata, WeightsReceived, WeightsSent
+from open_instruct.weight_sync import SyncSettings, WeightSync, WeightSyncError
+
+TIMEOUT_S = 600.0
+NEVER = None
+
+
+class Call:
+    def __init__(self, at: float | None, value=None, error: BaseException | None = None):
+        self.at, self.value, self.error = at, value, error
+
+
+class VirtualWaiter:
+    """`ray.wait`/`ray.get` on `Call`s: time moves only when the driver waits."""
+
+    def __init__(self):
+        self.clock = 0.0
+
+    def now(self) -> float:
+        return self.clock
+
+    def wait(self, refs: list, num_returns: int, timeout: float) -> tuple[list, list]:
+        answering = sorted((c.at, i) for i, c in enumerate(refs) if c.at is not None and c.at <= self.clock + timeout)
+        if len(answering) >= num_returns:
+            self.clock = max(self.clock, answering[num_returns - 1][0])
+        else:
+            self.clock += timeout
+        done = [c for c in refs if c.at is not None and c.at <= self.clock]
+        return done, [c for c in refs if c not in done]
+
+    def get(self, call: Call):
+        assert call.at is not None and call.at <= self.clock, "ray.get of a call that has not answered"
+        if call.error is not None:
+            raise call.error
+        return call.value
+
+
+class Engines:
+    """Two engines; `receive` and `resume` say when each answers (relative to the call) and how."""
+
+    num_engines = 2
+
+    def __init__(self, waiter: VirtualWaiter, receive: list[Call], resume: list[Call]):
+        self.waiter, self.receive, self.resume = waiter, receive, resume
+        self.replaced = 0
+
+    def _started(self, calls: list[Call]) -> dict[str, Call]:
+        now = self.waiter.clock
+        return {
+            f"engine {i}": Call(None if c.at is None else now + c.at, c.value, c.error) for i, c in enumerate(calls)
+        }
+
+    def check_engines(self) -> None:
+        pass
+
+    def replace_dead(self) -> int:
+        self.replaced += 1
+        return 0
+
+    def start_pause(self, mode: str) -> dict[str, Call]:
+        return self._started([Call(0.1, EnginePaused(0, 0.1, 0, 0))] * self.num_engines)
+
+    def start_receive_weights(self, info: dict, version: int, timeout_s: float) -> dict[str, Call]:
+        return self._started(self.receive)
+
+    def start_resume(self) -> dict[str, Call]:
+        return self._started(self.resume)
+
+
+class Learners:
+    def __init__(self, waiter: VirtualWaiter, send: Call):
+        self.waiter, self.send = waiter, send
+
+    def start_send_weights(self, metadata, bucket_bytes: int, version: int, timeout_s: float) -> dict[str, Call]:
+        at = None if self.send.at is None else self.waiter.clock + self.send.at
+        return {"learner 0": Call(at, self.send.value, self.send.error)}
+
+
+def make_sync(backend: str, send: Call, receive: list[Call], resume: list[Call]) -> tuple[WeightSync, Engines]:
+    waiter = VirtualWaiter()
+    engines = Engines(waiter, receive, resume)
+    sync = WeightSync(Learners(waiter, send), engines, SyncSettings(backend, "float32", timeout_s=TIMEOUT_S), waiter)
+    sync.metadata = WeightMetadata(names=("w",), dtype_names=("float32",), shapes=((2,),))
+    return sync, engines
+
+
+REFUSED = ValueError("weight 0 (model.embed_tokens.weight) has shape (8, 4), the engines expect (1,)")
+CLOSED = RuntimeError("Worker failed with error '[pair.cc:553] Connection closed by peer [127.0.0.1]:4515'")
+DIED = RuntimeError("ActorDiedError: The actor died unexpectedly before finishing this task.")
+RESUMED = Call(0.1, 1.0)
+
+
+def test_a_learner_failure_first_ends_the_sync_with_it_while_nccl_engines_stay_blocked():
+    """The learner refuses at t=3; both engines sit in the NCCL receive for good, their resume queued
+    behind it. The sync ends with the learner's error within the settle and resume margins (not after
+    `2 x timeout + 60` s as a resume timeout), names the engines left blocked, and is not retried."""
+    sync, engines = make_sync("nccl", Call(3.0, error=REFUSED), [Call(NEVER)] * 2, [Call(NEVER)] * 2)
+    with pytest.raises(WeightSyncError) as raised:
+        sync.push(1)
+    error = raised.value
+    assert str(error).startswith("weight sync step 'transfer' failed on learner 0: ValueError: weight 0"), error
+    assert "engine 0, engine 1 did not resume" in str(error) and "restart the run" in str(error)
+    assert "'resume' timed out" not in str(error)
+    assert (error.step, error.party, error.retry) == ("transfer", "learner 0", False)
+    assert sync.waiter.clock <= 3.0 + 0.1 + weight_sync.FAILURE_SETTLE_S + weight_sync.RESUME_AFTER_FAILURE_S
+    assert sync.waiter.clock < TIMEOUT_S  # one-sided: far below any step timeout
+    assert engines.replaced == 0 and sync.version == 0
+
+
+def test_over_gloo_a_learner_failure_wins_over_the_engines_lost_connections_and_they_resume():
+    """The learner closes its end: the engines' receives fail at once with a lost connection (a consequence)
+    and they resume. The sync ends with the learner's error, without a note, and may be retried."""
+    receive = [Call(0.5, error=CLOSED), Call(0.2, error=CLOSED)]
+    sync, engines = make_sync("gloo", Call(1.0, error=REFUSED), receive, [RESUMED] * 2)
+    with pytest.raises(
+        WeightSyncError, match=r"^weight sync step 'transfer' failed on learner 0: ValueError"
+    ) as raised:
+        sync.push(1)
+    assert "resume" not in str(raised.value) and raised.value.retry
+    assert engines.replaced == 1  # asked whether an engine died: none did, so the error stands
+
+
+def test_an_engine_failure_then_a_resume_timeout_ends_with_the_engine_failure():
+    """Engine 1 dies mid-receive; engine 0 never leaves the receive (its resume never answers). Over gloo
+    the driver waits the long resume bound, then still reports the engine's death first; over NCCL it
+    waits only the short margin and does not retry (the learner's broadcast cannot finish either)."""
+    for backend, bound in (("gloo", 2 * TIMEOUT_S + 60), ("nccl", weight_sync.RESUME_AFTER_FAILURE_S)):
+        receive = [Call(NEVER), Call(2.0, error=DIED)]
+        sync, _ = make_sync(backend, Call(NEVER), receive, [Call(NEVER), Call(0.1, error=DIED)])
+        with pytest.raises(WeightSyncError) as raised:
+            sync.push(1)
+        message = str(raised.value)
+        assert message.startswith("weight sync step 'transfer' failed on engine 1: RuntimeError: ActorDiedError")
+        assert f"engine 0 did not resume within {bound:.0f}s" in message, message
+        assert raised.value.retry is False
+        assert sync.waiter.clock <= 2.1 + weight_sync.FAILURE_SETTLE_S + bound
+
+
+def test_a_dead_engine_over_nccl_is_not_replaced_and_synced_again():
+    """The only engine dies mid-receive over NCCL: every engine resumed or died, but the learner's broadcast
+    is stuck in its watchdog, so replacing the engine and syncing again cannot succeed."""
+    sync, engines = make_sync("nccl", Call(NEVER), [Call(2.0, error=DIED)] * 2, [Call(0.1, error=DIED)] * 2)
+    with pytest.raises(WeightSyncError, match="failed on engine 0") as raised:
+        sync.push(1)
+    assert raised.value.retry is False and engines.replaced == 0
+
+
+def test_a_sync_that_goes_through_waits_for_every_party():
+    received = [Call(1.0, WeightsReceived(0, 1, 0.9)), Call(1.5, WeightsReceived(1, 1, 1.4))]
+    sync, _ = make_sync("nccl", Call(1.2, WeightsSent(0, 8, 1.1)), received, [RESUMED] * 2)
+    metrics = sync.push(1)
+    assert sync.version == 1 and metrics["weight_sync/bytes"] == 8.0
+    assert metrics["weight_sync/engine_receive_s_max"] == 1.4
