@@ -458,9 +458,13 @@ def pool(model_path, server):
         tools = (
             with_credentials(ToolSpec("serper_search", "search", {"base_url": url, "timeout": 10})),
             with_credentials(ToolSpec("jina_browse", "browse", {"base_url": url, "timeout": 10})),
+            with_credentials(ToolSpec("s2_search", "snippets", {"base_url": url + "/graph/v1", "timeout": 10})),
+            ToolSpec(
+                "crawl4ai_browse", "crawl", {"api_url": url + "/crawl4ai/", "api_key": CRAWL4AI_KEY, "blocklist": []}
+            ),
         )
-    agent = AgentSettings(tools=tools, max_model_len=512)
-    settings = EngineSettings(model_path=model_path, max_model_len=512, kv_cache_gib=0.25, agent=agent)
+    agent = AgentSettings(tools=tools, max_model_len=1024)
+    settings = EngineSettings(model_path=model_path, max_model_len=1024, kv_cache_gib=0.25, agent=agent)
     cluster.init_ray(min_logical_cpus=3)
     actors = cluster.create_generation_actors(settings, 1, RewardSettings(), actor_class=ForcedTurnsActor)
     pool = EnginePool(actors, prompt_capacity=8)
@@ -471,7 +475,7 @@ def pool(model_path, server):
 
 
 @pytest.mark.slow
-def test_search_then_browse_observations_land_in_the_completion(pool, server, model_path):
+def test_each_hosted_tools_observation_lands_in_the_completion(pool, server, model_path):
     from transformers import AutoTokenizer
 
     from open_instruct.messages import AgentRequest, PromptRequest, SamplingSettings
@@ -480,18 +484,21 @@ def test_search_then_browse_observations_land_in_the_completion(pool, server, mo
     stub.reset()
     stub.script("/search", (200, SEARCH_REPLY))
     stub.script("/https:", (200, jina_page("Paris", "Paris is a city.")))
+    stub.script("/graph/v1/snippet/search", (200, S2_REPLY))
+    stub.script(
+        "/crawl4ai/crawl", (200, crawl_reply(markdown={"fit_markdown": "pruned text"}, metadata={"title": "Ex"}))
+    )
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     ids = tokenizer.apply_chat_template(
         [{"role": "user", "content": "Search, then browse."}], add_generation_prompt=True, tokenize=True
     )["input_ids"]
     request = PromptRequest(
         prompt_id="web:0", prompt_token_ids=tuple(ids), ground_truths=("Paris",), verifier_names=("gsm8k",),
-        sampling=SamplingSettings(max_tokens=200, temperature=1.0), num_samples=1, seed=3, admitted_version=0,
+        sampling=SamplingSettings(max_tokens=640, temperature=1.0), num_samples=1, seed=3, admitted_version=0,
         agent=AgentRequest(),
     )  # fmt: skip
-    pool.call_all(
-        "set_forced_turns", (re.escape("<search>paris</search>"), re.escape("<browse>https://ex.com/paris</browse>"))
-    )
+    turns = ("<search>paris</search>", "<browse>https://ex.com/paris</browse>", "<snippets>attention</snippets>")
+    pool.call_all("set_forced_turns", (*map(re.escape, turns), re.escape("<crawl>https://example.com/</crawl>")))
     pool.submit([request])
     got, deadline = [], time.monotonic() + 120
     while not got:
@@ -499,9 +506,16 @@ def test_search_then_browse_observations_land_in_the_completion(pool, server, mo
         got = pool.poll(timeout_s=0.2)
     [c] = got
     assert c.error is None, c
-    assert [(call.name, call.ok) for call in c.agent.calls][:2] == [("search", True), ("browse", True)]
+    names = ["search", "browse", "snippets", "crawl"]
+    assert [(call.name, call.ok) for call in c.agent.calls][:4] == [(name, True) for name in names]
     observations = [tokenizer.decode(c.response_token_ids[s:e]) for s, e in c.agent.observation_spans]
-    assert observations[:2] == [f"<output>\n{SEARCH_TEXT}\n</output>\n", f"<output>\n{BROWSE_TEXT}\n</output>\n"]
+    texts = [
+        SEARCH_TEXT,
+        BROWSE_TEXT,
+        "Attention is all you need.\nTransformers replace recurrence.",
+        "# Ex\n\npruned text",
+    ]
+    assert observations[:4] == [f"<output>\n{text}\n</output>\n" for text in texts]
     search, browse = stub.requests[:2]
     assert search["headers"]["X-API-KEY"] == "serper-key" and json.loads(search["body"]) == {"q": "paris", "num": 5}
     assert browse["path"] == "/https://ex.com/paris" and browse["headers"]["Authorization"] == "Bearer jina-key"
