@@ -111,8 +111,7 @@ def _datasets(cfg, tokenizer):
 
 def _data_services(cfg, prompts):
     """The code service and the judge endpoint, when the data's verifiers call them."""
-    import os
-
+    from open_instruct.rewards import judge_base_url
     from open_instruct.rewards.code_tests import CODE_VERIFIERS, check_code_service
 
     verifiers = {name for prompt in prompts for name in prompt.verifier_names}
@@ -122,7 +121,7 @@ def _data_services(cfg, prompts):
         called.append(f"code service {cfg.reward.code_api_url}")
     judges = sorted(v for v in verifiers if v.startswith("general-") or v == "rubric")
     if judges or cfg.reward_extras.apply_evolving_rubric_reward:
-        base = os.environ.get("LLM_JUDGE_BASE_URL", os.environ.get("OPENAI_BASE_URL", ""))
+        base = judge_base_url()
         if not base:
             raise UserError(f"verifiers {', '.join(judges)} need LLM_JUDGE_BASE_URL (or OPENAI_BASE_URL)")
         reach("the judge endpoint (LLM_JUDGE_BASE_URL)", base)

@@ -14,6 +14,7 @@ import re
 import time
 
 import pytest
+from helpers.forced_engine import forced_turns_engine, the_one_sample
 from helpers.mcp_server import McpServerProcess, free_port, stdio_config
 
 from open_instruct.agents.base import ToolCall
@@ -288,23 +289,9 @@ def test_dr_agent_mcp_stays_refused_with_its_reason():
 
 @pytest.fixture(scope="module")
 def engine_pool(model_path, server):
-    import ray
-
-    from open_instruct import cluster
-    from open_instruct.benchmarks.workloads import ForcedTurnsActor
-    from open_instruct.engine_pool import EnginePool
-    from open_instruct.engine_setup import EngineSettings
-    from open_instruct.rewards.scoring import RewardSettings
-
-    agent = AgentSettings(tools=tool_specs(entry(server.url, timeout=GENEROUS_S)), max_model_len=512)
-    settings = EngineSettings(model_path=model_path, max_model_len=512, kv_cache_gib=0.25, agent=agent)
-    cluster.init_ray(min_logical_cpus=3)
-    actors = cluster.create_generation_actors(settings, 1, RewardSettings(), actor_class=ForcedTurnsActor)
-    pool = EnginePool(actors, prompt_capacity=8)
-    pool.start()
-    yield pool
-    pool.shutdown()
-    ray.shutdown()
+    tools = tool_specs(entry(server.url, timeout=GENEROUS_S))
+    with forced_turns_engine(model_path, tools) as pool:
+        yield pool
 
 
 @pytest.mark.slow
@@ -324,11 +311,7 @@ def test_a_forced_mcp_call_on_a_real_engine_puts_the_servers_answer_in_the_obser
     )  # fmt: skip
     engine_pool.call_all("set_forced_turns", (re.escape("<echo>hello from the model</echo>"),))
     engine_pool.submit([request])
-    got, deadline = [], time.monotonic() + 300
-    while not got:
-        assert time.monotonic() < deadline, "the sample did not arrive"
-        got = engine_pool.poll(timeout_s=0.2)
-    [c] = got
+    c = the_one_sample(engine_pool, timeout_s=300)
     assert c.error is None and [(call.name, call.ok) for call in c.agent.calls][:1] == [("echo", True)]
     observations = [tokenizer.decode(c.response_token_ids[s:e]) for s, e in c.agent.observation_spans]
     assert observations[0] == "<output>\necho: hello from the model\n</output>\n"

@@ -8,15 +8,15 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-import time
 import urllib.error
 import urllib.request
 
 import pytest
+from helpers.forced_engine import forced_turns_engine, the_one_sample
 
 from open_instruct.agents.base import ToolCall
 from open_instruct.agents.environments import ENVIRONMENTS, make_environment
-from open_instruct.agents.settings import AgentSettings, ToolSpec
+from open_instruct.agents.settings import ToolSpec
 from open_instruct.messages import AgentRequest, EnvSpec
 
 
@@ -260,24 +260,9 @@ def test_it_is_registered_with_open_instructs_function_names_and_parses_as_a_too
 
 @pytest.fixture(scope="module")
 def engine_pool(model_path, service):
-    import ray
-
-    from open_instruct import cluster
-    from open_instruct.benchmarks.workloads import ForcedTurnsActor
-    from open_instruct.engine_pool import EnginePool
-    from open_instruct.engine_setup import EngineSettings
-    from open_instruct.rewards.scoring import RewardSettings
-
     sandbox = ToolSpec("generic_sandbox", "generic_sandbox", {"api_endpoint": service + "/execute", "timeout": 20})
-    agent = AgentSettings(tools=(sandbox,), max_model_len=1024)
-    settings = EngineSettings(model_path=model_path, max_model_len=1024, kv_cache_gib=0.25, agent=agent)
-    cluster.init_ray(min_logical_cpus=3)
-    actors = cluster.create_generation_actors(settings, 1, RewardSettings(), actor_class=ForcedTurnsActor)
-    pool = EnginePool(actors, prompt_capacity=8)
-    pool.start()
-    yield pool
-    pool.shutdown()
-    ray.shutdown()
+    with forced_turns_engine(model_path, (sandbox,), max_model_len=1024) as pool:
+        yield pool
 
 
 @pytest.mark.slow
@@ -298,11 +283,7 @@ def test_forced_sandbox_calls_on_a_real_engine_keep_the_workspace_between_turns(
     forced = ("<execute_bash>echo $((6*7)) > answer.txt</execute_bash>", "<execute_bash>cat answer.txt</execute_bash>")
     engine_pool.call_all("set_forced_turns", tuple(re.escape(turn) for turn in forced))
     engine_pool.submit([request])
-    got, deadline = [], time.monotonic() + 300
-    while not got:
-        assert time.monotonic() < deadline, "the sample did not arrive"
-        got = engine_pool.poll(timeout_s=0.2)
-    [c] = got
+    c = the_one_sample(engine_pool, timeout_s=300)
     assert c.error is None and [(call.name, call.ok) for call in c.agent.calls][:2] == [("execute_bash", True)] * 2
     observations = [tokenizer.decode(c.response_token_ids[s:e]) for s, e in c.agent.observation_spans]
     assert observations[0].startswith("<output>\nExit code: 0\n")

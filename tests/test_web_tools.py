@@ -17,6 +17,7 @@ import urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
+from helpers.forced_engine import forced_turns_engine, the_one_sample
 
 from open_instruct.agents.settings import AgentSettings, ToolSpec
 from open_instruct.agents.tools import TOOLS, Toolbox
@@ -443,14 +444,6 @@ BROWSE_TEXT = "# Paris\n\nParis is a city."
 def pool(model_path, server):
     """One engine whose `search`/`browse` tools are serper_search/jina_browse against the stand-in. The keys
     are resolved here, in the driver, then removed: the engine process never sees the variables."""
-    import ray
-
-    from open_instruct import cluster
-    from open_instruct.benchmarks.workloads import ForcedTurnsActor
-    from open_instruct.engine_pool import EnginePool
-    from open_instruct.engine_setup import EngineSettings
-    from open_instruct.rewards.scoring import RewardSettings
-
     _, url = server
     with pytest.MonkeyPatch.context() as env:
         for name, value in KEYS.items():
@@ -463,15 +456,8 @@ def pool(model_path, server):
                 "crawl4ai_browse", "crawl", {"api_url": url + "/crawl4ai/", "api_key": CRAWL4AI_KEY, "blocklist": []}
             ),
         )
-    agent = AgentSettings(tools=tools, max_model_len=1024)
-    settings = EngineSettings(model_path=model_path, max_model_len=1024, kv_cache_gib=0.25, agent=agent)
-    cluster.init_ray(min_logical_cpus=3)
-    actors = cluster.create_generation_actors(settings, 1, RewardSettings(), actor_class=ForcedTurnsActor)
-    pool = EnginePool(actors, prompt_capacity=8)
-    pool.start()
-    yield pool
-    pool.shutdown()
-    ray.shutdown()
+    with forced_turns_engine(model_path, tools, max_model_len=1024) as pool:
+        yield pool
 
 
 @pytest.mark.slow
@@ -500,11 +486,7 @@ def test_each_hosted_tools_observation_lands_in_the_completion(pool, server, mod
     turns = ("<search>paris</search>", "<browse>https://ex.com/paris</browse>", "<snippets>attention</snippets>")
     pool.call_all("set_forced_turns", (*map(re.escape, turns), re.escape("<crawl>https://example.com/</crawl>")))
     pool.submit([request])
-    got, deadline = [], time.monotonic() + 120
-    while not got:
-        assert time.monotonic() < deadline, "the sample did not arrive"
-        got = pool.poll(timeout_s=0.2)
-    [c] = got
+    c = the_one_sample(pool, timeout_s=120)
     assert c.error is None, c
     names = ["search", "browse", "snippets", "crawl"]
     assert [(call.name, call.ok) for call in c.agent.calls][:4] == [(name, True) for name in names]

@@ -55,13 +55,20 @@ class VerifierSettings:
         )
 
 
+def judge_base_url() -> str:
+    """The judge endpoint of the general-* and rubric verifiers, from the environment (OpenAI's names too)."""
+    import os
+
+    return os.environ.get("LLM_JUDGE_BASE_URL", os.environ.get("OPENAI_BASE_URL", ""))
+
+
 def _judge_settings(x) -> dict[str, Any]:
     """--llm_judge_* flags, plus the endpoint from the environment (OpenAI's variable names)."""
     import os
 
     return {
         "llm_judge_model": x.llm_judge_model,
-        "llm_judge_base_url": os.environ.get("LLM_JUDGE_BASE_URL", os.environ.get("OPENAI_BASE_URL", "")),
+        "llm_judge_base_url": judge_base_url(),
         "llm_judge_api_key": os.environ.get("LLM_JUDGE_API_KEY", os.environ.get("OPENAI_API_KEY", "")),
         "llm_judge_extra_body": os.environ.get("LLM_JUDGE_EXTRA_BODY", ""),
         "llm_judge_max_tokens": x.llm_judge_max_tokens,

@@ -193,10 +193,7 @@ def substitute(script: str, tmp: Path, endpoints: dict[str, str], learners: int 
     if values.get("tools"):
         values["tool_configs"] = _tool_configs(values["tools"], values.get("tool_configs", []), endpoints)
     values["vllm_kv_cache_gib"] = ["0.25"]
-    argv = []
-    for flag, words in values.items():
-        argv += [f"--{flag}", *words]
-    return argv
+    return as_argv(values)
 
 
 def original(script: str) -> list[str]:
@@ -205,7 +202,9 @@ def original(script: str) -> list[str]:
     values = flag_values(COMMANDS[script])
     if "system_prompt_override_file" in values:
         values["system_prompt_override_file"] = [str(SYSTEM_PROMPT)]
-    argv = []
-    for flag, words in values.items():
-        argv += [f"--{flag}", *words]
-    return argv
+    return as_argv(values)
+
+
+def as_argv(values: dict[str, list[str]]) -> list[str]:
+    """The inverse of `flag_values`."""
+    return [word for flag, words in values.items() for word in (f"--{flag}", *words)]
