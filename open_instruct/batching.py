@@ -44,7 +44,7 @@ class BatchSettings:
 
     @classmethod
     def from_config(cls, cfg, pad_token_id: int) -> BatchSettings:
-        from open_instruct.config_resources import micro_batch_token_budget
+        from open_instruct.config.resources import micro_batch_token_budget
 
         a = cfg.algorithm
         flash = (cfg.tokenizer_model.attn_implementation or "").startswith("flash")

@@ -11,21 +11,32 @@ ones, and the delivered samples of incomplete ones), and the admitted prompts th
 yet, each for its missing samples only, with the tokens those had when the run stopped (they continue
 after the resume instead of starting over). `latest` names the newest complete state; it is written
 last, so a kill during a save leaves the previous state in charge.
+
+`driver.pkl` carries `DriverState.schema`; `load_driver_state` reads any older schema through one function,
+`migrate`: classes that moved are found at their new place, fields added since get their defaults. A state
+newer than this code is refused in one line (an old checkout cannot know what it would drop).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import pickle
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from open_instruct.errors import UserError
 from open_instruct.messages import PromptRequest
 from open_instruct.prompt_feeder import FeederState
 from open_instruct.replay_buffer import BufferState
 
 logger = logging.getLogger(__name__)
+
+# 1: states written before the schema was recorded (the flat package layout); 2: the subpackage layout.
+SCHEMA_VERSION = 2
+# Where schema 1 kept the classes a driver state may hold, and where they live now.
+_MOVED_MODULES = {"open_instruct.evolving_rubrics": "open_instruct.rewards.evolving_rubrics"}
 
 
 @dataclass(frozen=True)
@@ -38,6 +49,31 @@ class DriverState:
     episodes: int  # samples trained so far
     outcomes: dict[str, int] = field(default_factory=dict)  # metrics.PromptOutcomes.totals()
     rubrics: tuple | None = None  # evolving rubrics: (queries -> QueryRubrics, row id -> ground truths)
+    schema: int = SCHEMA_VERSION
+
+
+class _MigratingUnpickler(pickle.Unpickler):
+    def find_class(self, module: str, name: str):
+        return super().find_class(_MOVED_MODULES.get(module, module), name)
+
+
+def migrate(state: DriverState) -> DriverState:
+    """Any stored `DriverState` as this code's schema: fields a state predates take their defaults (pickle
+    restores the stored fields only), and `schema` becomes the current one."""
+    stored = vars(state)
+    schema = stored.get("schema", 1)
+    if schema > SCHEMA_VERSION:
+        raise UserError(
+            f"the resumable state has schema {schema}, newer than this code's {SCHEMA_VERSION}: "
+            "resume it with the version of open_instruct that wrote it"
+        )
+    known = {f.name for f in dataclasses.fields(DriverState)} - {"schema"}
+    return DriverState(**{name: value for name, value in stored.items() if name in known}, schema=SCHEMA_VERSION)
+
+
+def load_driver_state(path: Path) -> DriverState:
+    with open(path, "rb") as f:
+        return migrate(_MigratingUnpickler(f).load())
 
 
 def _step_dirs(root: Path) -> list[Path]:
@@ -90,8 +126,7 @@ def latest_state(state_dir: str | None) -> tuple[Path, DriverState] | None:
         path = Path(state_dir) / pointer.read_text().strip()
     else:
         return None
-    with open(path / "driver.pkl", "rb") as f:
-        return path, pickle.load(f)
+    return path, load_driver_state(path / "driver.pkl")
 
 
 def load_learners(learners, path: Path) -> int:

@@ -134,7 +134,7 @@ def create_generation_actors(
     `indices`: the engine ids (default 0..count-1; a replacement takes the id of the engine it replaces)."""
     import ray
 
-    from open_instruct.generation import GenerationActor
+    from open_instruct.generation.actor import GenerationActor
 
     if gpus_per_engine is None:
         gpus_per_engine = settings.tensor_parallel_size if gpus_available() else 0
@@ -158,7 +158,7 @@ def create_learner_actors(settings, num_learners_per_node: list[int], placement=
     import ray
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-    from open_instruct.learner import LearnerActor
+    from open_instruct.learner.actor import LearnerActor
     from open_instruct.placement import Placement, rank_bundle
 
     if placement is None:
@@ -193,13 +193,13 @@ class Stack:
 
     def _build(self, cfg, model_path: str, pad_token_id: int, engine_class, engine_args: tuple) -> None:
         from open_instruct.batching import BatchSettings
-        from open_instruct.engine_pool import EnginePool
-        from open_instruct.engine_setup import EngineSettings
-        from open_instruct.learner import LearnerSettings
-        from open_instruct.learner_group import LearnerGroup
+        from open_instruct.generation.engine_setup import EngineSettings
+        from open_instruct.generation.pool import EnginePool
+        from open_instruct.learner.actor import LearnerSettings
+        from open_instruct.learner.group import LearnerGroup
         from open_instruct.placement import plan_placement
         from open_instruct.rewards.scoring import RewardSettings
-        from open_instruct.weight_sync import SyncSettings, WeightSync
+        from open_instruct.weights.sync import SyncSettings, WeightSync
 
         g, r = cfg.generation, cfg.resources
         init_ray(min_logical_cpus=2 * (g.vllm_num_engines + cfg.world_size) + 1)
@@ -255,6 +255,6 @@ class Stack:
         if self.learners is not None:
             self.learners.kill()
         shutdown_ray()
-        from open_instruct import shm_sweep
+        from open_instruct.weights import shm_sweep
 
         shm_sweep.sweep()  # vLLM message queues of engines killed with the cluster (kept while still mapped)

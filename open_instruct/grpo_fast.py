@@ -1,18 +1,26 @@
 """Entry point: `python open_instruct/grpo_fast.py [flags]` (flags compatible with open-instruct).
 
-Parses and validates the configuration, refuses features that do not exist yet, then hands
-over to the orchestrator. No logic lives here. With neither --model_name_or_path nor
---dataset_mixer_list it runs on the embedded tiny default, so it works offline.
+Parses and validates the configuration, refuses features that do not exist yet, loads the data,
+builds the Ray-backed collaborators (`cluster.Stack`) and hands them to the training loop
+(`orchestrator.TrainingLoop`). With neither --model_name_or_path nor --dataset_mixer_list it runs on
+the embedded tiny default, so it works offline.
 """
 
 from __future__ import annotations
 
 import logging
 import sys
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from open_instruct.config.core import Config
+
+logger = logging.getLogger(__name__)
 
 
-def main(argv: list[str] | None = None) -> int:
-    from open_instruct.config import ConfigError, parse_config, unsupported_features
+def main(argv: list[str] | None = None, engine_class=None) -> int:
+    """`engine_class`: a GenerationActor subclass (tests and benchmarks shape or hold samples)."""
+    from open_instruct.config.core import ConfigError, parse_config, unsupported_features
     from open_instruct.errors import UserError
 
     try:
@@ -27,19 +35,18 @@ def main(argv: list[str] | None = None) -> int:
         print("grpo_fast.py: " + "; ".join(missing), file=sys.stderr)
         return 2
 
-    from open_instruct import orchestrator
-    from open_instruct.config_parity import ignored_values, state_dir
+    from open_instruct.config.parity import ignored_values, state_dir
 
     log = logging.getLogger("open_instruct")
     for line in ignored_values([getattr(cfg, name) for name in cfg.group_names]):
         log.warning(line)
     if cfg.experiment.preflight:
         return preflight(cfg)
-    log.info(orchestrator.describe_sources(cfg))
+    log.info(describe_sources(cfg))
     if state_dir(cfg) and not cfg.experiment.checkpoint_state_dir:
         log.info("resumable state: a save interval is set without --checkpoint_state_dir; saving to %s", state_dir(cfg))
     try:
-        summary = orchestrator.run(cfg)
+        summary = run(cfg, engine_class)
     except KeyboardInterrupt:
         print("grpo_fast.py: interrupted; actors shut down", file=sys.stderr)
         return 130
@@ -75,7 +82,7 @@ def resume_hint(cfg, argv: list[str]) -> str:
     import shlex
 
     from open_instruct.checkpoints import latest_state
-    from open_instruct.config_parity import state_dir
+    from open_instruct.config.parity import state_dir
 
     saved = latest_state(cfg.schedule.resume_from_checkpoint or state_dir(cfg))
     if saved is None:
@@ -83,6 +90,93 @@ def resume_hint(cfg, argv: list[str]) -> str:
     path, state = saved
     command = shlex.join([sys.executable, *argv])
     return f"the last saved state is {path} (step {state.next_step}); resume with: {command}"
+
+
+def describe_sources(cfg: Config) -> str:
+    from open_instruct.data.embedded_default import EMBEDDED_DATASET_NAME, EMBEDDED_MODEL_NAME
+
+    if cfg.uses_embedded_default:
+        return (
+            f"using the embedded default: model {EMBEDDED_MODEL_NAME} and dataset {EMBEDDED_DATASET_NAME} "
+            "(no --model_name_or_path / --dataset_mixer_list given; built on first use)"
+        )
+    model = cfg.model.model_name_or_path or EMBEDDED_MODEL_NAME
+    data = " ".join(cfg.data.dataset_mixer_list) or EMBEDDED_DATASET_NAME
+    return f"model {model}; training mix {data}"
+
+
+def note_small_dataset(cfg: Config, count: int) -> None:
+    """A mix smaller than the lookahead is a valid run (open-instruct goes on into the next pass): prompts
+    recur, reshuffled, under new ids (`<row>@<epoch>`), possibly while an earlier pass's copy still generates."""
+    needed = (cfg.lookahead_max + 1) * cfg.generation.num_unique_prompts_rollout
+    if count < needed:
+        logger.info(
+            "the training mix has %d prompts, fewer than the %d the lookahead may admit at once: later passes "
+            "(epochs, reshuffled, counted in data/epoch) start while earlier ones are still generating",
+            count,
+            needed,
+        )
+
+
+def check_services(cfg: Config, prompts) -> None:
+    """The services the data needs answer, before anything starts (a missing one is a user's error)."""
+    from open_instruct.rewards.code_tests import CODE_VERIFIERS, check_code_service
+
+    if any(name in CODE_VERIFIERS for prompt in prompts for name in prompt.verifier_names):
+        check_code_service(cfg.reward.code_api_url)
+
+
+def run(cfg: Config, engine_class=None, engine_args: tuple = ()) -> dict:
+    """Load the data, build the Ray-backed collaborators, train; every actor is gone when this returns.
+    `engine_class`/`engine_args`: a GenerationActor subclass (benchmarks and tests shape or force samples)."""
+    from open_instruct.cluster import Stack
+    from open_instruct.data import dataset as data
+    from open_instruct.data.models import check_model_sources, load_tokenizer, packing_pad_id, resolve_model_path
+    from open_instruct.orchestrator import StopRequest, SystemClock, TrainingLoop
+    from open_instruct.tracking import RunLog
+
+    check_model_sources(cfg.model, cfg.tokenizer_model)  # before anything starts: a bad name costs seconds
+    model_path = resolve_model_path(cfg.model.model_name_or_path)
+    tokenizer = load_tokenizer(cfg.model, cfg.tokenizer_model)
+    seed = cfg.experiment.seed
+    model_cfg, train_data, eval_data = data.data_inputs(cfg)
+    keys = cfg.data_extras
+    train = data.load_prompt_dataset(
+        train_data, model_cfg, tokenizer, "train", cfg.remap_verifier, seed=seed, tools_cfg=cfg.tools,
+        forced_cache_key=keys.dataset_config_hash,
+    )  # fmt: skip
+    logger.info("training data:\n%s", train.report.summary())
+    note_small_dataset(cfg, len(train.prompts))
+    check_services(cfg, train.prompts)
+    evaluation = data.load_prompt_dataset(
+        eval_data, model_cfg, tokenizer, "eval", cfg.remap_verifier, seed=seed, tools_cfg=cfg.tools,
+        forced_cache_key=keys.dataset_config_eval_hash,
+    )  # fmt: skip
+    logger.info("evaluation data:\n%s", evaluation.report.summary())
+    if cfg.data_extras.cache_dataset_only:
+        return {"status": "completed", "cached_only": True, "train_prompts": len(train.prompts)}
+    stop = StopRequest()
+    stack = None
+    try:
+        stack = Stack(cfg, model_path, packing_pad_id(tokenizer, model_path), engine_class, engine_args)
+        stop.install()  # after ray.init, whose core worker installs its own (fatal) SIGTERM handler
+        loop = TrainingLoop(
+            cfg,
+            engines=stack.pool,
+            learners=stack.learners,
+            weight_sync=stack.sync,
+            clock=SystemClock(),
+            log=RunLog(cfg),
+            train_rows=train.prompts,
+            eval_rows=evaluation.prompts,
+            tokenizer=tokenizer,
+            stop=stop,
+        )
+        return loop.run()
+    finally:
+        stop.uninstall()
+        if stack is not None:
+            stack.close()
 
 
 if __name__ == "__main__":

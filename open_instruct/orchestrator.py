@@ -9,8 +9,8 @@
 
 `TrainingLoop` owns the driver-side state (feeder, replay buffer, evaluation round) and reaches
 everything else through its collaborators, given to its constructor: an engine pool, a learner
-group, a weight sync, a clock and a run log (the `Protocol`s below say what each must do). `run`
-builds the Ray-backed ones (`cluster.Stack`); tests pass in-process fakes, and the simulator
+group, a weight sync, a clock and a run log (the `Protocol`s below say what each must do). The entry
+point (`grpo_fast.run`) builds the Ray-backed ones (`cluster.Stack`); tests pass in-process fakes, and the simulator
 passes simulated ones on a virtual clock, so all three exercise this same loop. Nothing here
 imports Ray.
 """
@@ -25,8 +25,8 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from open_instruct import checkpoints
-from open_instruct.config import Config
-from open_instruct.config_parity import state_dir, state_save_every
+from open_instruct.config.core import Config
+from open_instruct.config.parity import state_dir, state_save_every
 from open_instruct.evaluation import EvalRound
 from open_instruct.messages import Completion, EngineStats, PartialSample, PromptRequest, SamplingSettings, StepReport
 from open_instruct.metrics import (
@@ -48,7 +48,7 @@ logger = logging.getLogger(__name__)
 
 
 class Engines(Protocol):
-    """Generation: admitted prompts in, finished samples out (`engine_pool.EnginePool`)."""
+    """Generation: admitted prompts in, finished samples out (`generation.pool.EnginePool`)."""
 
     def start_loops(self) -> None: ...
     def submit(self, requests: list[PromptRequest]) -> None: ...
@@ -65,7 +65,7 @@ class Engines(Protocol):
 
 
 class Learners(Protocol):
-    """The learner ranks (`learner_group.LearnerGroup`); checkpoint calls are collectives."""
+    """The learner ranks (`learner.group.LearnerGroup`); checkpoint calls are collectives."""
 
     def train_step(self, groups: list[Group], step: int) -> StepReport: ...
     def save_model(self, path: str) -> None: ...
@@ -183,7 +183,7 @@ class TrainingLoop:
         """--apply_evolving_rubric_reward: the rubric book (restored on resume), feeding the feeder's labels."""
         if not self.cfg.reward_extras.apply_evolving_rubric_reward:
             return None
-        from open_instruct.evolving_rubrics import EvolvingRubrics
+        from open_instruct.rewards.evolving_rubrics import EvolvingRubrics
 
         queries, overrides = self._resumed_rubrics or ({}, {})
         rubrics = EvolvingRubrics.from_config(self.cfg, queries)
@@ -198,7 +198,7 @@ class TrainingLoop:
         if resumed is None:
             return FeederState(), ()
         path, state = resumed
-        self._resumed_rubrics = getattr(state, "rubrics", None)  # states saved before evolving rubrics existed
+        self._resumed_rubrics = state.rubrics
         self.version = checkpoints.load_learners(self.learners, path)
         if self.version != state.version:
             raise RuntimeError(f"{path}: learner version {self.version} != driver version {state.version}")
@@ -325,7 +325,7 @@ class TrainingLoop:
     def _evolve_rubrics(self, groups: list[Group], requests: dict) -> dict:
         if self.rubrics is None:
             return {}
-        from open_instruct.evolving_rubrics import rubric_groups
+        from open_instruct.rewards.evolving_rubrics import rubric_groups
 
         return self.rubrics.step(rubric_groups(groups, requests), self.step)
 
@@ -482,35 +482,6 @@ class TrainingLoop:
         return summary
 
 
-# ----------------------------------------------------------------------------- entry
-
-
-def describe_sources(cfg: Config) -> str:
-    from open_instruct.embedded_default import EMBEDDED_DATASET_NAME, EMBEDDED_MODEL_NAME
-
-    if cfg.uses_embedded_default:
-        return (
-            f"using the embedded default: model {EMBEDDED_MODEL_NAME} and dataset {EMBEDDED_DATASET_NAME} "
-            "(no --model_name_or_path / --dataset_mixer_list given; built on first use)"
-        )
-    model = cfg.model.model_name_or_path or EMBEDDED_MODEL_NAME
-    data = " ".join(cfg.data.dataset_mixer_list) or EMBEDDED_DATASET_NAME
-    return f"model {model}; training mix {data}"
-
-
-def note_small_dataset(cfg: Config, count: int) -> None:
-    """A mix smaller than the lookahead is a valid run (open-instruct goes on into the next pass): prompts
-    recur, reshuffled, under new ids (`<row>@<epoch>`), possibly while an earlier pass's copy still generates."""
-    needed = (cfg.lookahead_max + 1) * cfg.generation.num_unique_prompts_rollout
-    if count < needed:
-        logger.info(
-            "the training mix has %d prompts, fewer than the %d the lookahead may admit at once: later passes "
-            "(epochs, reshuffled, counted in data/epoch) start while earlier ones are still generating",
-            count,
-            needed,
-        )
-
-
 def _trace_writer(cfg: Config):
     """--save_traces: a TraceWriter in --rollouts_save_path, else None."""
     if not cfg.logging.save_traces:
@@ -521,75 +492,3 @@ def _trace_writer(cfg: Config):
         f.name: dataclasses.asdict(getattr(cfg, f.name)) for f in dataclasses.fields(cfg) if f.name != "explicit_flags"
     }
     return TraceWriter(cfg.logging.rollouts_save_path, cfg.run_name, config)
-
-
-def data_inputs(cfg: Config):
-    """(model, train data, eval data) configs as the data loader sees them: --system_prompt_override_file read
-    into the system prompt, --dataset_skip_cache as a disabled cache."""
-    model, train, evaluation = cfg.model, cfg.train_data, cfg.eval_data
-    if cfg.data_extras.system_prompt_override_file:
-        with open(cfg.data_extras.system_prompt_override_file) as f:
-            model = dataclasses.replace(model, system_prompt_override=f.read().strip())
-    if cfg.data_extras.dataset_skip_cache:
-        train, evaluation = (dataclasses.replace(d, dataset_local_cache_dir="") for d in (train, evaluation))
-    return model, train, evaluation
-
-
-def check_services(cfg: Config, prompts) -> None:
-    """The services the data needs answer, before anything starts (a missing one is a user's error)."""
-    from open_instruct.rewards.code_tests import CODE_VERIFIERS, check_code_service
-
-    if any(name in CODE_VERIFIERS for prompt in prompts for name in prompt.verifier_names):
-        check_code_service(cfg.reward.code_api_url)
-
-
-def run(cfg: Config, engine_class=None, engine_args: tuple = ()) -> dict:
-    """Load the data, build the Ray-backed collaborators, train; every actor is gone when this returns.
-    `engine_class`/`engine_args`: a GenerationActor subclass (benchmarks and tests shape or force samples)."""
-    from open_instruct import data
-    from open_instruct.cluster import Stack
-    from open_instruct.models import check_model_sources, load_tokenizer, packing_pad_id, resolve_model_path
-    from open_instruct.tracking import RunLog
-
-    check_model_sources(cfg.model, cfg.tokenizer_model)  # before anything starts: a bad name costs seconds
-    model_path = resolve_model_path(cfg.model.model_name_or_path)
-    tokenizer = load_tokenizer(cfg.model, cfg.tokenizer_model)
-    seed = cfg.experiment.seed
-    model_cfg, train_data, eval_data = data_inputs(cfg)
-    keys = cfg.data_extras
-    train = data.load_prompt_dataset(
-        train_data, model_cfg, tokenizer, "train", cfg.remap_verifier, seed=seed, tools_cfg=cfg.tools,
-        forced_cache_key=keys.dataset_config_hash,
-    )  # fmt: skip
-    logger.info("training data:\n%s", train.report.summary())
-    note_small_dataset(cfg, len(train.prompts))
-    check_services(cfg, train.prompts)
-    evaluation = data.load_prompt_dataset(
-        eval_data, model_cfg, tokenizer, "eval", cfg.remap_verifier, seed=seed, tools_cfg=cfg.tools,
-        forced_cache_key=keys.dataset_config_eval_hash,
-    )  # fmt: skip
-    logger.info("evaluation data:\n%s", evaluation.report.summary())
-    if cfg.data_extras.cache_dataset_only:
-        return {"status": "completed", "cached_only": True, "train_prompts": len(train.prompts)}
-    stop = StopRequest()
-    stack = None
-    try:
-        stack = Stack(cfg, model_path, packing_pad_id(tokenizer, model_path), engine_class, engine_args)
-        stop.install()  # after ray.init, whose core worker installs its own (fatal) SIGTERM handler
-        loop = TrainingLoop(
-            cfg,
-            engines=stack.pool,
-            learners=stack.learners,
-            weight_sync=stack.sync,
-            clock=SystemClock(),
-            log=RunLog(cfg),
-            train_rows=train.prompts,
-            eval_rows=evaluation.prompts,
-            tokenizer=tokenizer,
-            stop=stop,
-        )
-        return loop.run()
-    finally:
-        stop.uninstall()
-        if stack is not None:
-            stack.close()

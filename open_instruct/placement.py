@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from open_instruct.config_fields import ConfigError
+from open_instruct.config.fields import ConfigError
 
 
 class PlacementError(ConfigError):

@@ -66,7 +66,7 @@ def _guarded(checks: list[Check], name: str, work):
 
 
 def _tokenizer(cfg):
-    from open_instruct.models import check_model_sources, load_tokenizer
+    from open_instruct.data.models import check_model_sources, load_tokenizer
 
     check_model_sources(cfg.model, cfg.tokenizer_model)
     tokenizer = load_tokenizer(cfg.model, cfg.tokenizer_model)
@@ -78,7 +78,7 @@ def _render(cfg, tokenizer):
     """The template renders a system + user prompt, with the tool schemas when tools are configured."""
     from open_instruct.agents.settings import AgentSettings
     from open_instruct.agents.tools import Toolbox
-    from open_instruct.data_rows import render_prompt
+    from open_instruct.data.rows import render_prompt
 
     messages = [{"role": "system", "content": "You are helpful."}, {"role": "user", "content": "What is 1 + 1?"}]
     tools = None
@@ -92,10 +92,9 @@ def _render(cfg, tokenizer):
 
 
 def _datasets(cfg, tokenizer):
-    from open_instruct import data
-    from open_instruct.orchestrator import data_inputs
+    from open_instruct.data import dataset as data
 
-    model_cfg, train_data, eval_data = data_inputs(cfg)
+    model_cfg, train_data, eval_data = data.data_inputs(cfg)
     loaded = {}
     for which, data_cfg, key in (
         ("train", train_data, cfg.data_extras.dataset_config_hash),

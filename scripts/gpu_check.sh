@@ -133,7 +133,7 @@ part_model() {  # built here, untimed by the parts: every run after it finds it 
   local detail
   if detail="$(timeout 900 "$python_bin" - 2>&1 <<'PY'
 import time
-from open_instruct.embedded_default import ensure_embedded_dataset, ensure_embedded_model
+from open_instruct.data.embedded_default import ensure_embedded_dataset, ensure_embedded_model
 started = time.monotonic()
 model, data = ensure_embedded_model(), ensure_embedded_dataset()
 print(f"{model.name} and {data.name} ready in {time.monotonic() - started:.0f} s")
@@ -157,7 +157,7 @@ part_optimizer() {
   local detail
   if detail="$(timeout 120 "$python_bin" - 2>&1 <<'PY'
 import time, torch
-from open_instruct.deepspeed_setup import make_optimizer
+from open_instruct.learner.deepspeed_setup import make_optimizer
 model = torch.nn.Sequential(torch.nn.Linear(1024, 1024), torch.nn.LayerNorm(1024)).cuda().bfloat16()
 optimizer = make_optimizer(model, learning_rate=1e-3, weight_decay=0.1, fused=True)
 before = model[0].weight.detach().clone()

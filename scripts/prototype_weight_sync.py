@@ -62,14 +62,14 @@ async def main(args) -> dict:
     from vllm.config import WeightTransferConfig
     from vllm.v1.engine.async_llm import AsyncLLM
 
-    from open_instruct import weight_transfer_gloo as wt
-    from open_instruct.embedded_default import (
+    from open_instruct.data.embedded_default import (
         TinyModelSpec,
         build_tokenizer,
         build_untrained_model,
         ensure_embedded_model,
     )
-    from open_instruct.engine_setup import EngineSettings, engine_args
+    from open_instruct.generation.engine_setup import EngineSettings, engine_args
+    from open_instruct.weights import gloo as wt
 
     path = str(ensure_embedded_model())
     tok = build_tokenizer()

@@ -26,10 +26,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from open_instruct.cluster import Stack
-from open_instruct.config import parse_config
+from open_instruct.config.core import parse_config
+from open_instruct.data.models import load_tokenizer, packing_pad_id, resolve_model_path
 from open_instruct.messages import PromptRequest, SamplingSettings
-from open_instruct.models import load_tokenizer, packing_pad_id, resolve_model_path
-from open_instruct.weight_sync import WeightSyncError
+from open_instruct.weights.transport import WeightSyncError
 
 BOGUS_NAME = "model.not_a_weight_of_this_model"  # vLLM names it without the "model." prefix
 

@@ -5,6 +5,6 @@ import pytest
 
 @pytest.fixture(scope="session")
 def model_path() -> str:
-    from open_instruct.embedded_default import ensure_embedded_model
+    from open_instruct.data.embedded_default import ensure_embedded_model
 
     return str(ensure_embedded_model())

@@ -18,11 +18,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from open_instruct.config import parse_config
-from open_instruct.data import PromptRow
+from open_instruct.config.core import parse_config
+from open_instruct.data.dataset import PromptRow
+from open_instruct.generation.ledger import DeliveryLedger
+from open_instruct.generation.queues import LocalChannel
 from open_instruct.messages import Completion, EngineStats, PartialSample, PromptRequest, StepReport, VersionSpan
-from open_instruct.prompt_feeder import DeliveryLedger
-from open_instruct.queues import LocalChannel
 
 
 class FakeClock:

@@ -26,11 +26,16 @@ def raising(inp: VerifierInput, settings: VerifierSettings) -> VerifierResult:
 
 @register("test_sleep")
 def sleeping(inp: VerifierInput, settings: VerifierSettings) -> VerifierResult:
-    """Ground truth: {"seconds": float, "pid_file": optional path to record the worker's pid}."""
+    """Ground truth: {"seconds": float, "pid_file": optional path to record the worker's pid, "log_file": optional
+    path to append "<pid> <start> <end>" to (monotonic clock, shared by the processes of one machine)}."""
     if inp.ground_truth.get("pid_file"):
         with open(inp.ground_truth["pid_file"], "w") as f:
             f.write(str(os.getpid()))
+    started = time.monotonic()
     time.sleep(inp.ground_truth["seconds"])
+    if inp.ground_truth.get("log_file"):
+        with open(inp.ground_truth["log_file"], "a") as f:
+            f.write(f"{os.getpid()} {started} {time.monotonic()}\n")
     return VerifierResult(score=1.0)
 
 

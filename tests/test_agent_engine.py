@@ -62,8 +62,8 @@ def pool(model_path, services):
 
     from open_instruct import cluster
     from open_instruct.benchmarks.workloads import ForcedTurnsActor
-    from open_instruct.engine_pool import EnginePool
-    from open_instruct.engine_setup import EngineSettings
+    from open_instruct.generation.engine_setup import EngineSettings
+    from open_instruct.generation.pool import EnginePool
     from open_instruct.rewards.scoring import RewardSettings
 
     code_url, web_url = services

@@ -9,9 +9,9 @@ import pytest
 import requests
 
 from open_instruct.agents.settings import AgentSettings
-from open_instruct.config import ConfigError, parse_config
-from open_instruct.data_cache import agent_from_json, agent_to_json
-from open_instruct.data_rows import BadRow, RowSettings, parse_agent_columns
+from open_instruct.config.core import ConfigError, parse_config
+from open_instruct.data.cache import agent_from_json, agent_to_json
+from open_instruct.data.rows import BadRow, RowSettings, parse_agent_columns
 from open_instruct.messages import AgentRequest, EnvSpec
 
 # open-instruct's defaults (EnvsConfig and the two loader fields), flag by flag.
@@ -165,8 +165,8 @@ def test_multi_turn_rows_load_render_their_tool_schemas_and_survive_the_cache(tm
     from transformers import AutoTokenizer
 
     from open_instruct.agents.settings import ToolsConfig
-    from open_instruct.config import DataConfig, ModelConfig
-    from open_instruct.data import load_prompt_dataset
+    from open_instruct.config.core import DataConfig, ModelConfig
+    from open_instruct.data.dataset import load_prompt_dataset
 
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     # A template that renders the tool names it is given, so the test sees what reached it.

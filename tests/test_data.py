@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from open_instruct import data
-from open_instruct.config import DataConfig, ModelConfig
-from open_instruct.data import DatasetError, load_prompt_dataset
-from open_instruct.embedded_default import EMBEDDED_DATASET_NAME, build_tokenizer
+from open_instruct.config.core import DataConfig, ModelConfig
+from open_instruct.data import dataset as data
+from open_instruct.data.dataset import DatasetError, load_prompt_dataset
+from open_instruct.data.embedded_default import EMBEDDED_DATASET_NAME, build_tokenizer
 
 SAMPLES = Path(__file__).parent / "fixtures" / "rlvr_samples"
 
@@ -402,7 +402,7 @@ def test_hub_path_runs_the_same_row_processing(tmp_path, tok, monkeypatch):
     """`datasets.load_dataset(name, split=...)` on a local folder stands in for a hub repo (no network here)."""
     import datasets
 
-    from open_instruct import data_sources
+    from open_instruct.data import sources as data_sources
 
     monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "hf_cache")
     folder = tmp_path / "fake_hub_repo"

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from open_instruct import embedded_default as ed
+from open_instruct.data import embedded_default as ed
 from open_instruct.rewards import get_verifier
 
 

@@ -24,7 +24,7 @@ def read_jsonl(path: Path) -> list[dict]:
 
 def test_a_killed_engine_is_replaced_and_the_run_finishes_with_nothing_lost(tmp_path):
     from helpers.processes import kill_actor_when, start_grpo_session
-    from test_training_loop import COMMON, steps_logged
+    from helpers.runs import COMMON, steps_logged
 
     out, admitted = tmp_path / "run", tmp_path / "admitted.jsonl"
     args = list(COMMON)
@@ -70,11 +70,11 @@ def test_an_engine_that_dies_during_a_weight_sync_is_replaced_and_the_sync_compl
     broadcast failed: engine 0's receive fails at once (the learner closed its end) instead of waiting for the
     group timeout (600 s, which is what CI once saw), the engine is replaced, the sync runs again, and the
     run trains to the end."""
-    from test_training_loop import COMMON
+    from helpers.runs import COMMON
 
     from open_instruct.benchmarks.workloads import DiesInWeightSyncActor
-    from open_instruct.config import parse_config
-    from open_instruct.orchestrator import run
+    from open_instruct.config.core import parse_config
+    from open_instruct.grpo_fast import run
 
     args = list(COMMON)
     args[args.index("--total_episodes") + 1] = str(4 * 32)
@@ -92,11 +92,11 @@ def test_an_engine_that_dies_during_a_weight_sync_is_replaced_and_the_sync_compl
 def test_an_engine_that_stalls_is_found_by_the_hang_timeout_and_replaced(tmp_path):
     """Engine 1 keeps answering calls but its samples stop producing tokens: within --engine_hang_timeout_s it
     is killed and replaced like a dead one, its samples go back to the queue, and the run trains to the end."""
-    from test_training_loop import COMMON
+    from helpers.runs import COMMON
 
     from open_instruct.benchmarks.workloads import StallsActor
-    from open_instruct.config import parse_config
-    from open_instruct.orchestrator import run
+    from open_instruct.config.core import parse_config
+    from open_instruct.grpo_fast import run
 
     args = list(COMMON)
     args[args.index("--total_episodes") + 1] = str(8 * 32)  # long enough that the stalled groups starve it

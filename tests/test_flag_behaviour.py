@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from open_instruct.config import ConfigError, parse_config, unsupported_features
+from open_instruct.config.core import ConfigError, parse_config, unsupported_features
 
 
 def test_run_name_tracking_and_wandb_names():
@@ -20,7 +20,7 @@ def test_run_name_tracking_and_wandb_names():
 
 
 def test_schedule_flags_shape_the_run_and_the_learning_rate():
-    from open_instruct.learner import LearnerSettings
+    from open_instruct.learner.actor import LearnerSettings
 
     cfg = parse_config(["--total_episodes", "640", "--max_train_steps", "4", "--warmup_ratio", "0.5"])
     assert cfg.num_training_steps == 4  # 640 episodes would be 10 steps
@@ -59,7 +59,7 @@ def test_data_loader_seed_changes_the_prompt_order_but_not_the_sampling_seeds():
 
 
 def test_eval_response_length_sizes_eval_requests_and_the_engines():
-    from open_instruct.engine_setup import EngineSettings
+    from open_instruct.generation.engine_setup import EngineSettings
 
     cfg = parse_config(["--response_length", "64", "--eval_response_length", "200", "--pack_length", "512"])
     assert cfg.eval_response_length == 200
@@ -68,7 +68,7 @@ def test_eval_response_length_sizes_eval_requests_and_the_engines():
 
 
 def test_data_inputs_read_the_system_prompt_file_and_skip_the_cache(tmp_path):
-    from open_instruct.orchestrator import data_inputs
+    from open_instruct.data.dataset import data_inputs
 
     path = tmp_path / "system.txt"
     path.write_text("  Answer tersely.\n")
@@ -84,7 +84,7 @@ def test_data_inputs_read_the_system_prompt_file_and_skip_the_cache(tmp_path):
 
 
 def test_rho_correction_flags_map_onto_the_importance_cap():
-    from open_instruct.learner import LearnerSettings
+    from open_instruct.learner.actor import LearnerSettings
 
     def cap(*flags):
         return LearnerSettings.from_config(parse_config(list(flags)), "m").importance_ratio_cap
@@ -185,7 +185,7 @@ def test_record_entropy_computes_the_tempered_entropy_of_each_sampled_token():
 
     import torch
 
-    from open_instruct.learner import LearnerSettings
+    from open_instruct.learner.actor import LearnerSettings
     from open_instruct.packing import token_entropy_from_logits
 
     logits = torch.tensor([[[0.0, 0.0, 0.0, 0.0], [10.0, 0.0, 0.0, 0.0], [1.0, 2.0, 3.0, 4.0]]])
@@ -239,7 +239,7 @@ def test_save_traces_writes_every_trained_rollout_and_reads_back(tmp_path):
 def test_use_vllm_logprobs_anchors_pi_old_at_the_engines_logprobs_where_they_exist():
     import torch
 
-    from open_instruct.learner import LearnerSettings, engine_logprobs_as_old
+    from open_instruct.learner.actor import LearnerSettings, engine_logprobs_as_old
 
     mb = {
         "old_logprobs": torch.tensor([[-1.0, -2.0, -3.0, -4.0]]),
@@ -252,7 +252,7 @@ def test_use_vllm_logprobs_anchors_pi_old_at_the_engines_logprobs_where_they_exi
 
 
 def test_rho_flags_become_the_learners_bounds():
-    from open_instruct.learner import LearnerSettings
+    from open_instruct.learner.actor import LearnerSettings
     from open_instruct.loss import RhoBounds
 
     flags = ["--rho_clamp_lower_bound", "0.5", "--rho_mask_lower_bound", "0.2", "--rho_mask_upper_bound", "5",
@@ -281,7 +281,7 @@ def test_cache_dataset_only_builds_the_cache_and_exits_without_training(tmp_path
 
 
 def test_tokenizer_flags_reach_the_tokenizer(model_path):
-    from open_instruct.models import load_tokenizer
+    from open_instruct.data.models import load_tokenizer
 
     # --tokenizer_name is an alias of --tokenizer_name_or_path: the tokenizer comes from there.
     cfg = parse_config(["--model_name_or_path", "/nonexistent/model", "--tokenizer_name", model_path])

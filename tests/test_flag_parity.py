@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from open_instruct.config import GROUPS, ConfigError, parse_config, unsupported_features
+from open_instruct.config.core import GROUPS, ConfigError, parse_config, unsupported_features
 
 TABLE = Path(__file__).parent / "data" / "open_instruct_grpo_fast_flags.tsv"
 REFERENCE = Path(__file__).resolve().parents[2] / "shared" / "reference" / "open_instruct_cli_flags.md"

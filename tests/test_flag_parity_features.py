@@ -18,9 +18,9 @@ import fakes
 import pytest
 
 from open_instruct import checkpoints
-from open_instruct.config import ConfigError, parse_config, unsupported_features
-from open_instruct.config_parity import ignored_values, resolve_dtype, state_save_every
-from open_instruct.data import PromptRow
+from open_instruct.config.core import ConfigError, parse_config, unsupported_features
+from open_instruct.config.parity import ignored_values, resolve_dtype, state_save_every
+from open_instruct.data.dataset import PromptRow
 from open_instruct.rewards import VerifierInput, VerifierSettings
 from open_instruct.tracking import MetricWindow
 
@@ -97,8 +97,8 @@ def test_dtype_is_explicit_or_model_dtype_on_gpu_or_fp32_on_cpu():
 
 
 def test_dtype_and_attention_backend_reach_the_engine_and_the_learner(model_path):
-    from open_instruct.engine_setup import EngineSettings, engine_args
-    from open_instruct.learner import LearnerSettings
+    from open_instruct.generation.engine_setup import EngineSettings, engine_args
+    from open_instruct.learner.actor import LearnerSettings
 
     cfg = parse_config(["--dtype", "bfloat16", "--vllm_attention_backend", "CPU_ATTN", "--attn_implementation", "te"])
     args = engine_args(EngineSettings.from_config(cfg, model_path))
@@ -113,8 +113,8 @@ def test_dtype_and_attention_backend_reach_the_engine_and_the_learner(model_path
 def test_weight_decay_skips_biases_and_norms_unless_told_otherwise(model_path):
     from transformers import AutoModelForCausalLM
 
-    from open_instruct.deepspeed_setup import weight_decay_groups
-    from open_instruct.learner import LearnerSettings
+    from open_instruct.learner.actor import LearnerSettings
+    from open_instruct.learner.deepspeed_setup import weight_decay_groups
 
     model = AutoModelForCausalLM.from_pretrained(model_path)
     names = {id(p): n for n, p in model.named_parameters()}
@@ -154,7 +154,7 @@ def pad_is_eos_tokenizer(model_path, tmp_path):
     ],
 )
 def test_get_tokenizer_fn_pad_rules(pad_is_eos_tokenizer, fn, adds_pad):
-    from open_instruct.models import load_tokenizer, packing_pad_id
+    from open_instruct.data.models import load_tokenizer, packing_pad_id
 
     cfg = parse_config(["--tokenizer_name", pad_is_eos_tokenizer, "--get_tokenizer_fn", fn, "--use_slow_tokenizer"])
     tokenizer = load_tokenizer(cfg.model, cfg.tokenizer_model)
@@ -167,8 +167,8 @@ def test_get_tokenizer_fn_pad_rules(pad_is_eos_tokenizer, fn, adds_pad):
 
 
 def test_dataset_config_hash_reloads_the_recorded_mix_without_reading_the_source(model_path, tmp_path):
-    from open_instruct.data import DatasetError, load_prompt_dataset
-    from open_instruct.models import load_tokenizer
+    from open_instruct.data.dataset import DatasetError, load_prompt_dataset
+    from open_instruct.data.models import load_tokenizer
 
     rows = tmp_path / "rows.jsonl"
     rows.write_text(
@@ -280,7 +280,7 @@ def test_the_rubric_verifier_weights_each_criterion_and_negative_rubrics_subtrac
 
 
 def test_the_rubric_book_caps_active_rubrics_oldest_first_and_never_caps_the_datasets():
-    from open_instruct.evolving_rubrics import RubricBook, parse_generated
+    from open_instruct.rewards.evolving_rubrics import RubricBook, parse_generated
     from open_instruct.rewards.rubric import parse_rubric_truth
 
     truth = parse_rubric_truth(rubric_truth("q", "Own rubric."))

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from open_instruct.config import GROUPS, ConfigError, flag_names, parse_config, unsupported_features
+from open_instruct.config.core import GROUPS, ConfigError, flag_names, parse_config, unsupported_features
 
 TABLE = Path(__file__).parent / "data" / "open_instruct_flag_values.tsv"
 FLAGS_TABLE = Path(__file__).parent / "data" / "open_instruct_grpo_fast_flags.tsv"
@@ -80,7 +80,7 @@ def _lr_schedule(cfg, value):
     import torch
     from transformers import get_scheduler
 
-    from open_instruct.learner import LearnerSettings, make_scheduler
+    from open_instruct.learner.actor import LearnerSettings, make_scheduler
 
     cfg = parse_config(
         ["--lr_scheduler_type", value, "--warmup_ratio", "0.25", "--num_epochs", "2", "--num_mini_batches", "2"]
@@ -119,7 +119,7 @@ def _kl(cfg, value):
 
 def _learner_setting(attribute, expected):
     def check(cfg, value):
-        from open_instruct.learner import LearnerSettings
+        from open_instruct.learner.actor import LearnerSettings
 
         assert getattr(LearnerSettings.from_config(cfg, "unused"), attribute) == expected(value)
 
@@ -127,7 +127,7 @@ def _learner_setting(attribute, expected):
 
 
 def _deepspeed_stage(cfg, value):
-    from open_instruct.deepspeed_setup import deepspeed_config
+    from open_instruct.learner.deepspeed_setup import deepspeed_config
 
     _learner_setting("deepspeed_stage", int)(cfg, value)
     # fp32 keeps DeepSpeed's ZeRO stage as asked (bf16 stage 0 runs its stage 1, see deepspeed_config)
@@ -136,14 +136,14 @@ def _deepspeed_stage(cfg, value):
 
 
 def _dtype(cfg, value):
-    from open_instruct.config_parity import resolve_dtype
+    from open_instruct.config.parity import resolve_dtype
 
     expected = "bfloat16" if value == "auto" else value
     assert resolve_dtype(cfg.tokenizer_model.dtype, cfg.resources.model_dtype, on_gpu=True) == expected
 
 
 def _model_dtype(cfg, value):
-    from open_instruct.config_parity import resolve_dtype
+    from open_instruct.config.parity import resolve_dtype
 
     assert resolve_dtype(cfg.tokenizer_model.dtype, cfg.resources.model_dtype, on_gpu=True) == value
 
@@ -151,7 +151,7 @@ def _model_dtype(cfg, value):
 def _vllm_attention(cfg, value):
     from vllm.config.attention import AttentionConfig
 
-    from open_instruct.engine_setup import EngineSettings
+    from open_instruct.generation.engine_setup import EngineSettings
 
     assert EngineSettings.from_config(cfg, "unused").attention_backend == value
     AttentionConfig.validate_backend_before(value)  # what vLLM does with the name, in both trainers
@@ -205,14 +205,14 @@ def _report_to(cfg, value):
 
 
 def _attention(cfg, value):
-    from open_instruct.learner import LearnerSettings
+    from open_instruct.learner.actor import LearnerSettings
 
     expected = {"torch": "sdpa", "te": "sdpa"}.get(value, f"flash_attention_{value[-1]}")
     assert LearnerSettings.from_config(cfg, "unused").attn_implementation == expected
 
 
 def _tokenizer_fn(cfg, value):
-    from open_instruct.models import TOKENIZER_FNS
+    from open_instruct.data.models import TOKENIZER_FNS
 
     assert cfg.tokenizer_model.get_tokenizer_fn == value and value in TOKENIZER_FNS
 

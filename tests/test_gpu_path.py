@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from open_instruct.weight_sync import SendWatchdog, WeightSyncError
+from open_instruct.weights.transport import WeightSyncError
+from open_instruct.weights.watchdog import SendWatchdog
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -55,7 +56,7 @@ def test_a_send_blocked_in_a_collective_trips_the_watchdog_and_every_later_send_
 def test_the_optimizer_is_torchs_adamw_fused_by_flag_never_a_jit_built_op(fused):
     import torch
 
-    from open_instruct.deepspeed_setup import make_optimizer
+    from open_instruct.learner.deepspeed_setup import make_optimizer
 
     model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.LayerNorm(4))
     optimizer = make_optimizer(model, learning_rate=1e-3, weight_decay=0.1, fused=fused)
@@ -67,7 +68,7 @@ def test_the_optimizer_is_torchs_adamw_fused_by_flag_never_a_jit_built_op(fused)
 
 
 def test_zero_stage_0_in_bf16_accumulates_gradients_in_fp32():
-    from open_instruct.deepspeed_setup import deepspeed_config
+    from open_instruct.learner.deepspeed_setup import deepspeed_config
 
     bf16 = deepspeed_config(stage=0, micro_batch_size=1, gradient_accumulation_steps=4, bf16=True)
     assert bf16["data_types"] == {"grad_accum_dtype": "fp32"}

@@ -16,7 +16,7 @@ import pytest
 from helpers.launch_commands import COMMANDS, DATA, REFUSED, original, substitute
 
 from open_instruct import grpo_fast
-from open_instruct.config import ConfigError, parse_config, unsupported_features
+from open_instruct.config.core import ConfigError, parse_config, unsupported_features
 from open_instruct.preflight import run_checks
 
 TOOL_KEYS = {

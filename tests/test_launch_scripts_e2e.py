@@ -18,7 +18,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 from helpers.launch_commands import STEPS, substitute
 
-from open_instruct.config import parse_config
+from open_instruct.config.core import parse_config
 from open_instruct.traces import read_traces
 
 pytestmark = pytest.mark.slow
@@ -70,7 +70,7 @@ def environment(monkeypatch):
 def train(script, tmp_path, endpoints, learners=1, forced=()):
     """Run the substituted command for STEPS steps; the summary, the per-step metrics and the traces."""
     from open_instruct.benchmarks.workloads import ForcedTurnsActor
-    from open_instruct.orchestrator import run
+    from open_instruct.grpo_fast import run
 
     cfg = parse_config(substitute(script, tmp_path, endpoints, learners=learners))
     summary = run(cfg, engine_class=ForcedTurnsActor, engine_args=(tuple(forced),))

@@ -39,8 +39,8 @@ def run_group(
     import ray
 
     from open_instruct import cluster
-    from open_instruct.learner import LearnerSettings
-    from open_instruct.learner_group import LearnerGroup
+    from open_instruct.learner.actor import LearnerSettings
+    from open_instruct.learner.group import LearnerGroup
 
     taken, tokenizer = groups
     settings = LearnerSettings(
@@ -211,8 +211,8 @@ def test_offloaded_unfused_zero3_learners_take_the_same_step(model_path, groups)
 
 def start_group(model_path, tokenizer, world_size: int, stage: int, **learner_options):
     from open_instruct import cluster
-    from open_instruct.learner import LearnerSettings
-    from open_instruct.learner_group import LearnerGroup
+    from open_instruct.learner.actor import LearnerSettings
+    from open_instruct.learner.group import LearnerGroup
 
     settings = LearnerSettings(
         model_path=model_path, deepspeed_stage=stage, learning_rate=1e-3, lr_scheduler_type="constant",
@@ -261,7 +261,7 @@ def test_a_universal_checkpoint_resumes_two_ranks_state_on_one_rank(model_path, 
 
 
 def test_a_conversion_failure_names_the_checkpoint_in_one_line(tmp_path):
-    from open_instruct.deepspeed_setup import make_universal
+    from open_instruct.learner.deepspeed_setup import make_universal
 
     (tmp_path / "learner").mkdir()
     with pytest.raises(RuntimeError, match=r"ds_to_universal could not convert .*learner: ") as error:

@@ -9,11 +9,11 @@ from collections import Counter
 from dataclasses import replace
 
 import pytest
-from test_packing import make_item
+from helpers.items import make_item
 
 from open_instruct.batching import BatchSettings, assemble
 from open_instruct.benchmarks.learner_step import heavy_tailed_groups
-from open_instruct.learner import LearnerSettings
+from open_instruct.learner.actor import LearnerSettings
 from open_instruct.packing import (
     COST_LINEAR,
     COST_QUADRATIC,
@@ -95,8 +95,8 @@ def test_pi_old_comes_from_the_training_forward_only_with_one_mini_batch(mini_ba
 
 
 def test_resource_flags_shape_the_deepspeed_config_and_the_engines(model_path):
-    from open_instruct.config import ConfigError, parse_config
-    from open_instruct.deepspeed_setup import deepspeed_config
+    from open_instruct.config.core import ConfigError, parse_config
+    from open_instruct.learner.deepspeed_setup import deepspeed_config
 
     zero = deepspeed_config(
         stage=3, micro_batch_size=1, world_size=16, offload_param=True, offload_optimizer=True, hpz_partition_size=8
@@ -125,7 +125,7 @@ def test_resource_flags_shape_the_deepspeed_config_and_the_engines(model_path):
 
 def test_the_token_budget_defaults_to_the_pack_length_for_one_row_micro_batches():
     from open_instruct.batching import BatchSettings
-    from open_instruct.config import parse_config
+    from open_instruct.config.core import parse_config
 
     def budget(*argv: str) -> int:
         return BatchSettings.from_config(parse_config(["--pack_length", "512", *argv]), 0).token_budget

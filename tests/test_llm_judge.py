@@ -134,7 +134,7 @@ WRITER_REGEX = (
 def test_evolving_rubrics_are_written_by_a_local_vllm_server_and_graded_by_it(judge_server):
     """One rubric-writing step against the real server, then the rubric verifier grades a response with the
     rubrics it wrote (each criterion a separate judge call)."""
-    from open_instruct.evolving_rubrics import EvolvingRubrics, RubricGroup
+    from open_instruct.rewards.evolving_rubrics import EvolvingRubrics, RubricGroup
     from open_instruct.rewards.llm_judge import ask_judge
     from open_instruct.rewards.rubric import rubric
 

@@ -22,7 +22,7 @@ from open_instruct.agents.mcp_tools import MCPServerError, MCPTool, expand_specs
 from open_instruct.agents.rollout import run_rollout
 from open_instruct.agents.settings import AgentSettings, ToolsConfig, ToolSpec, tool_specs
 from open_instruct.agents.tools import Toolbox
-from open_instruct.config import ConfigError, parse_config
+from open_instruct.config.core import ConfigError, parse_config
 from open_instruct.messages import AgentRequest, Completion, VersionSpan
 
 GENEROUS_S = 60.0  # a loaded CI machine must not turn a working call into a timeout

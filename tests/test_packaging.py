@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from open_instruct.deepspeed_setup import zero_settings
+from open_instruct.learner.deepspeed_setup import zero_settings
 
 REPO = Path(__file__).resolve().parents[1]
 

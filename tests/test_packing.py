@@ -12,6 +12,7 @@ from collections import Counter
 
 import pytest
 import torch
+from helpers.items import make_item
 
 from open_instruct.packing import (
     PAD_VERSION,
@@ -40,29 +41,6 @@ ROW_FIELDS = (
     "behaviour_logprobs",
     "versions",
 )
-
-
-def make_item(
-    sample_id: str,
-    query_len: int,
-    response_len: int,
-    *,
-    seed: int = 0,
-    vocab: int = 200,
-    mask: tuple[int, ...] | None = None,
-    version: int = 3,
-) -> PackItem:
-    """An item whose floats are float32-representable (as engine logprobs are), so round trips are exact."""
-    gen = torch.Generator().manual_seed(seed)
-    return PackItem(
-        query_ids=tuple(torch.randint(10, vocab, (query_len,), generator=gen).tolist()),
-        response_ids=tuple(torch.randint(10, vocab, (response_len,), generator=gen).tolist()),
-        behaviour_logprobs=tuple((-torch.rand(response_len, generator=gen) * 5).tolist()),
-        advantage=float(torch.randn((), generator=gen)),
-        response_mask=mask,
-        version=version,
-        sample_id=sample_id,
-    )
 
 
 def varied_items(count: int = 12, max_len: int = 30, seed: int = 0) -> list[PackItem]:
@@ -320,13 +298,13 @@ def test_logprobs_from_logits_bf16_and_document_starts():
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    from open_instruct.embedded_default import build_tokenizer
+    from open_instruct.data.embedded_default import build_tokenizer
 
     return build_tokenizer()
 
 
 def tiny_qwen2(tokenizer, attn_implementation: str):
-    from open_instruct.embedded_default import build_untrained_model
+    from open_instruct.data.embedded_default import build_untrained_model
 
     model = build_untrained_model(tokenizer)
     model.set_attn_implementation(attn_implementation)

@@ -3,9 +3,9 @@ resubmission with the missing indices only, and the hang verdicts (probe unanswe
 
 from __future__ import annotations
 
-from open_instruct.engine_faults import HangWatch, PartialSamples
+from open_instruct.generation.faults import HangWatch, PartialSamples
+from open_instruct.generation.ledger import DeliveryLedger
 from open_instruct.messages import Completion, PromptRequest, SampleProgress, SamplingSettings, VersionSpan
-from open_instruct.prompt_feeder import DeliveryLedger
 
 
 def request(num_samples: int = 3, **changes) -> PromptRequest:

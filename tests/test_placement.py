@@ -108,7 +108,7 @@ def test_learners_of_one_node_entry_must_fit_a_node():
 
 
 def test_single_gpu_mode_flag_checks_at_parse_time():
-    from open_instruct.config import ConfigError, parse_config
+    from open_instruct.config.core import ConfigError, parse_config
 
     cfg = parse_config(["--single_gpu_mode"])
     assert cfg.resources.single_gpu_mode
@@ -117,7 +117,7 @@ def test_single_gpu_mode_flag_checks_at_parse_time():
 
 
 def gpu_engine_args(tensor_parallel_size: int, backend: str = "nccl"):
-    from open_instruct.engine_setup import EngineSettings, engine_args
+    from open_instruct.generation.engine_setup import EngineSettings, engine_args
 
     settings = EngineSettings(
         model_path="not/loaded", max_model_len=512, tensor_parallel_size=tensor_parallel_size,
@@ -134,8 +134,8 @@ def test_a_tensor_parallel_engine_holds_its_gpus_and_runs_vllms_mp_workers_insid
     args = gpu_engine_args(2)
     assert (args.tensor_parallel_size, args.distributed_executor_backend) == (2, "mp")
     # From the flags of gpu_check.sh's part tensor_parallel to the settings the engine actor gets.
-    from open_instruct.config import parse_config
-    from open_instruct.engine_setup import EngineSettings
+    from open_instruct.config.core import parse_config
+    from open_instruct.generation.engine_setup import EngineSettings
 
     cfg = parse_config(["--vllm_tensor_parallel_size", "2", "--vllm_num_engines", "1", "--num_learners_per_node", "1"])
     assert EngineSettings.from_config(cfg, "m").tensor_parallel_size == 2
@@ -163,9 +163,9 @@ def test_vllm_would_pick_ray_in_the_actors_placement_group_unless_told_mp():
 
 
 def test_single_gpu_mode_gives_the_engine_a_safe_share_of_the_gpu_unless_told():
-    from open_instruct.config import parse_config
-    from open_instruct.config_resources import SHARED_GPU_DEFAULT_SHARE, engine_gpu_share
-    from open_instruct.engine_setup import EngineSettings
+    from open_instruct.config.core import parse_config
+    from open_instruct.config.resources import SHARED_GPU_DEFAULT_SHARE, engine_gpu_share
+    from open_instruct.generation.engine_setup import EngineSettings
 
     shared = parse_config(["--single_gpu_mode"])
     assert shared.generation.vllm_gpu_memory_utilization == 0.9  # the flag itself is left as parsed
@@ -181,7 +181,7 @@ def test_single_gpu_mode_gives_the_engine_a_safe_share_of_the_gpu_unless_told():
 
 
 def test_single_gpu_mode_refuses_a_share_that_leaves_the_learner_too_little():
-    from open_instruct.config import ConfigError, parse_config
+    from open_instruct.config.core import ConfigError, parse_config
 
     with pytest.raises(ConfigError) as caught:
         parse_config(["--single_gpu_mode", "--vllm_gpu_memory_utilization", "0.9"])
@@ -191,7 +191,7 @@ def test_single_gpu_mode_refuses_a_share_that_leaves_the_learner_too_little():
 
 
 def test_single_gpu_mode_help_names_the_transport_placement_picks():
-    from open_instruct.config_resources import ResourceConfig
+    from open_instruct.config.resources import ResourceConfig
 
     help_text = " ".join(f.metadata.get("help", "") for f in dataclasses.fields(ResourceConfig))
     assert "CUDA IPC" in help_text and "shared-memory file" in help_text
@@ -200,7 +200,7 @@ def test_single_gpu_mode_help_names_the_transport_placement_picks():
 
 @pytest.mark.slow
 def test_single_gpu_mode_trains_on_a_cpu_node_split_between_engine_and_learner(tmp_path):
-    from tests.test_training_loop import COMMON, run_grpo, steps_logged
+    from helpers.runs import COMMON, run_grpo, steps_logged
 
     steps = 2
     args = list(COMMON)

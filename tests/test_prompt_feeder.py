@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from open_instruct.data import PromptRow
+from open_instruct.data.dataset import PromptRow
+from open_instruct.generation.ledger import DeliveryError, DeliveryLedger
 from open_instruct.messages import Completion, SamplingSettings
-from open_instruct.prompt_feeder import DeliveryError, DeliveryLedger, FeederState, PromptFeeder, request_seed
+from open_instruct.prompt_feeder import FeederState, PromptFeeder, request_seed
 
 SAMPLING = SamplingSettings(max_tokens=8)
 

@@ -242,7 +242,7 @@ def test_bad_configs_are_one_line_errors(config, message):
 
 
 def test_it_is_registered_with_open_instructs_function_names_and_parses_as_a_tool():
-    from open_instruct.config import parse_config
+    from open_instruct.config.core import parse_config
 
     names = [d.name for d in ENVIRONMENTS["generic_sandbox"].tool_definitions()]
     assert names == ["execute_bash", "str_replace_editor"]

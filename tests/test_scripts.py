@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from open_instruct.config import build_parser, parse_config
+from open_instruct.config.core import build_parser, parse_config
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPTS = sorted((REPO / "scripts").glob("*.sh"))

@@ -8,8 +8,8 @@ import torch
 from helpers.batches import rewarded_groups
 
 from open_instruct.batching import BatchSettings, assemble
+from open_instruct.learner.sequence_parallel import FORWARD_INPUT_IDS, FORWARD_POSITION_IDS, shard
 from open_instruct.packing import ROW_TENSOR_FIELDS, PackItem, collate, pack_singly, packed_token_logprobs
-from open_instruct.sequence_parallel import FORWARD_INPUT_IDS, FORWARD_POSITION_IDS, shard
 
 
 def one_document_rows():
@@ -49,7 +49,7 @@ def test_the_windows_of_a_group_cover_every_target_once_and_the_slices_every_inp
 def test_the_window_logprobs_of_one_shard_are_the_whole_rows_targets(model_path):
     from transformers import AutoModelForCausalLM
 
-    from open_instruct.sequence_parallel import window_logprobs
+    from open_instruct.learner.sequence_parallel import window_logprobs
 
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
     batch = collate(one_document_rows()[:1])
@@ -69,14 +69,14 @@ def test_the_window_logprobs_of_one_shard_are_the_whole_rows_targets(model_path)
     ],
 )
 def test_the_flag_refuses_what_ulysses_cannot_run(argv, message):
-    from open_instruct.config import ConfigError, parse_config
+    from open_instruct.config.core import ConfigError, parse_config
 
     with pytest.raises(ConfigError, match=message):
         parse_config(["--sequence_parallel_size", "2", "--num_learners_per_node", "2", *argv])
 
 
 def test_a_sequence_parallel_group_is_one_data_parallel_rank_of_one_document_rows():
-    from open_instruct.config import parse_config
+    from open_instruct.config.core import parse_config
 
     cfg = parse_config(["--sequence_parallel_size", "2", "--num_learners_per_node", "4", "--deepspeed_stage", "3"])
     settings = BatchSettings.from_config(cfg, 0)
@@ -91,8 +91,8 @@ def test_two_ulysses_ranks_take_the_same_step_as_one_rank_with_whole_rows(model_
     from transformers import AutoTokenizer
 
     from open_instruct import cluster
-    from open_instruct.learner import LearnerSettings
-    from open_instruct.learner_group import LearnerGroup
+    from open_instruct.learner.actor import LearnerSettings
+    from open_instruct.learner.group import LearnerGroup
 
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     groups = rewarded_groups(tokenizer, 2)
@@ -135,7 +135,7 @@ def test_two_ulysses_ranks_take_the_same_step_as_one_rank_with_whole_rows(model_
 def test_a_run_with_two_sequence_parallel_learners_trains_syncs_and_saves(tmp_path):
     """The whole stack under --sequence_parallel_size 2: engines, the Ulysses learner group, weight syncs
     from it, and a resumable state."""
-    from tests.test_training_loop import COMMON, run_grpo, steps_logged
+    from helpers.runs import COMMON, run_grpo, steps_logged
 
     steps = 2
     args = list(COMMON)

@@ -1,4 +1,4 @@
-"""The sweep of shared-memory files left by killed engines (`open_instruct.shm_sweep`): the decision on its
+"""The sweep of shared-memory files left by killed engines (`open_instruct.weights.shm_sweep`): the decision on its
 own, then with files in a temp dir standing in for /dev/shm and a fake /proc, then one real child process
 that maps a file (kept) next to an unmapped old one (removed)."""
 
@@ -9,7 +9,7 @@ import subprocess
 import sys
 import time
 
-from open_instruct import shm_sweep
+from open_instruct.weights import shm_sweep
 
 NOW = 1_000_000.0
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from open_instruct.embedded_default import STOP_STRING
+from open_instruct.data.embedded_default import STOP_STRING
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[1]
@@ -42,7 +42,7 @@ def test_vllm_async_engine_generates_inside_a_ray_actor(model_path):
     from transformers import AutoTokenizer
 
     from open_instruct import cluster
-    from open_instruct.engine_setup import EngineSettings
+    from open_instruct.generation.engine_setup import EngineSettings
     from open_instruct.messages import PromptRequest, SamplingSettings
     from open_instruct.rewards.scoring import RewardSettings
 

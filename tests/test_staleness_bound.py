@@ -16,7 +16,7 @@ import json
 import math
 
 import pytest
-from test_training_loop import read_jsonl, run_grpo
+from helpers.runs import read_jsonl, run_grpo
 
 pytestmark = pytest.mark.slow
 STEPS, PROMPTS, SAMPLES = 6, 4, 4

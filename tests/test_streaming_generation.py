@@ -11,7 +11,7 @@ from dataclasses import replace
 
 import pytest
 
-from open_instruct.embedded_default import STOP_STRING
+from open_instruct.data.embedded_default import STOP_STRING
 from open_instruct.messages import PromptRequest, SamplingSettings
 from open_instruct.prompt_feeder import PromptFeeder
 
@@ -39,8 +39,8 @@ def ray_cluster():
 
 def make_pool(model_path, engines: int, partial_report_tokens: int = 16):
     from open_instruct import cluster
-    from open_instruct.engine_pool import EnginePool
-    from open_instruct.engine_setup import EngineSettings
+    from open_instruct.generation.engine_setup import EngineSettings
+    from open_instruct.generation.pool import EnginePool
     from open_instruct.rewards.scoring import RewardSettings
 
     settings = EngineSettings(
@@ -196,7 +196,7 @@ def test_an_interrupted_sample_continues_from_its_kept_tokens_with_one_prefill(p
 
 
 def test_staleness_bound_holds_when_the_learner_never_steps(pool, tokenizer):
-    from open_instruct.data import PromptRow
+    from open_instruct.data.dataset import PromptRow
 
     rows = [
         PromptRow("stale:train", i, prompt_ids(tokenizer, i % 10, 1), (str(i % 10 + 1),), ("gsm8k",)) for i in range(50)
@@ -258,18 +258,30 @@ def test_engine_metrics_account_for_the_whole_uptime(pool):
     }  # fmt: skip
 
 
+def wait_until_both_decode(pool, deadline_s: float = 120.0) -> None:
+    """Both submitted requests have their first tokens and are far from their end (a handshake on progress)."""
+    deadline = time.monotonic() + deadline_s
+    while True:
+        running = [t for s in pool.call_all("running_tokens") for t in s.values()]
+        if len(running) == 2 and all(t > 0 for t in running):
+            assert max(running) < 500, running  # they cannot reach 1000 tokens before the pause lands
+            return
+        assert time.monotonic() < deadline, f"the requests never started decoding: {running}"
+        time.sleep(0.01)
+
+
 def test_pause_keeps_requests_and_resume_finishes_them(pool, tokenizer):
-    requests = [request(tokenizer, max_tokens=300, ignore_eos=True, samples=1) for _ in range(2)]
+    requests = [request(tokenizer, max_tokens=1000, ignore_eos=True, samples=1) for _ in range(2)]
     pool.submit(requests)
-    time.sleep(1.0)
+    wait_until_both_decode(pool)
     paused = pool.call_all("pause", "keep")
     assert all(p.pause_s < 30 for p in paused)
     assert sum(p.kept_requests for p in paused) == 2  # both requests frozen mid-generation, not dropped
     paused_at = time.time()
-    time.sleep(1.0)
+    time.sleep(1.0)  # a pause of known length, for the accounting below (not a synchronisation)
     pool.call_all("resume")
     arrivals = collect(pool, requests)
-    assert all(c.finish_reason == "length" and len(c.response_token_ids) == 300 for _, c in arrivals)
+    assert all(c.finish_reason == "length" and len(c.response_token_ids) == 1000 for _, c in arrivals)
     assert all(c.finished_at > paused_at for _, c in arrivals)
     assert all(s.pauses >= 1 and s.paused_s >= 0.9 for s in pool.stats())
 
@@ -312,7 +324,7 @@ def test_abort_at_shutdown_still_delivers_every_sample(pool, tokenizer):
 def test_a_dead_engine_is_detected_within_seconds_and_its_prompts_named(ray_cluster, model_path, tokenizer):
     import ray
 
-    from open_instruct.engine_pool import EngineFailure
+    from open_instruct.generation.pool import EngineFailure
 
     pool = make_pool(model_path, engines=1)
     try:

@@ -1,7 +1,8 @@
-"""The package's shape stays what the README promises: an acyclic import graph, pure numeric and
-scheduling modules, Ray waits only in the driver-side handles, and modules and functions that fit on
-a screen. Imports inside functions count (a lazy import is still a dependency); imports under
-`if TYPE_CHECKING:` do not (they never run)."""
+"""The package's shape stays what the README promises: an acyclic import graph, floors imported only
+downwards (core < actors < driver handles < loop < entry), pure numeric and scheduling modules, Ray
+waits only in the driver-side handles, and classes and functions that fit in a reading. Imports inside
+functions count (a lazy import is still a dependency); imports under `if TYPE_CHECKING:` do not (they
+never run)."""
 
 from __future__ import annotations
 
@@ -14,15 +15,62 @@ PACKAGE = REPO / "open_instruct"
 # Pure logic: no Ray, vLLM or DeepSpeed, and not the actors that own them, so each is tested on a
 # CPU in-process and reused by the simulator.
 PURE = (
-    "advantages", "loss", "packing", "replay_buffer", "prompt_feeder", "messages", "config", "metrics",
-    "batching", "rewards", "scheduling", "agents.base", "agents.parsers", "agents.environments", "agents.settings",
-    "agents.tools", "agents.rollout", "data_rows",
-)  # fmt: skip
-FORBIDDEN_FOR_PURE = {"ray", "vllm", "deepspeed", "open_instruct.generation", "open_instruct.learner"}
-# The only modules that wait on actors: the driver-side handles.
-HANDLES = {"open_instruct.engine_pool", "open_instruct.learner_group", "open_instruct.weight_sync"}
-MAX_CORE_MODULE_LINES = 600
+    "advantages",
+    "loss",
+    "packing",
+    "replay_buffer",
+    "prompt_feeder",
+    "messages",
+    "config",
+    "metrics",
+    "batching",
+    "rewards",
+    "scheduling",
+    "agents.base",
+    "agents.parsers",
+    "agents.environments",
+    "agents.settings",
+    "agents.tools",
+    "agents.rollout",
+    "data.rows",
+    "generation.ledger",
+    "generation.faults",
+)
+FORBIDDEN_FOR_PURE = {"ray", "vllm", "deepspeed", "open_instruct.generation.actor", "open_instruct.learner.actor"}
+
+# The floors of the house, lowest first: a module imports only from its own floor or below. Every module
+# not named here is on the core floor (pure logic, configuration, data, rewards, agents, messages).
+ACTORS = {
+    "generation.actor",
+    "generation.engine_setup",
+    "generation.outputs",
+    "generation.queues",
+    "learner.actor",
+    "learner.deepspeed_setup",
+    "learner.sequence_parallel",
+    "weights.gloo",
+    "weights.nccl",
+    "weights.shm",
+    "weights.ipc",
+    "weights.reload",
+    "weights.watchdog",
+    "weights.shm_sweep",
+}
+# The only modules that wait on actors: the driver-side handles (and the cluster that builds them).
+HANDLES = {"generation.pool", "learner.group", "weights.sync", "cluster"}
+LOOP = {"orchestrator"}
+ENTRY = {"grpo_fast", "preflight", "benchmarks"}
+FLOORS = ("core", "actors", "driver handles", "loop", "entry")
+MAX_CLASS_LINES = 400
 MAX_FUNCTION_LINES = 60
+
+
+def floor(module: str) -> int:
+    name = module.removeprefix("open_instruct.")
+    for level, members in enumerate((ACTORS, HANDLES, LOOP, ENTRY), start=1):
+        if any(name == m or name.startswith(m + ".") for m in members):
+            return level
+    return 0
 
 
 def module_name(path: Path) -> str:
@@ -124,7 +172,7 @@ def test_only_the_driver_side_handles_wait_on_ray():
             and isinstance(node.value, ast.Name)
             and node.value.id == "ray"
         ]
-        if name not in HANDLES:
+        if name.removeprefix("open_instruct.") not in HANDLES:
             assert not calls, f"{path.relative_to(REPO)} waits on Ray at lines {calls}; go through a handle"
 
 
@@ -132,25 +180,65 @@ def test_the_orchestrator_does_not_import_ray():
     assert not {"ray", "vllm", "deepspeed"} & graph()["open_instruct.orchestrator"]
 
 
-def test_core_modules_and_functions_fit_on_a_screen():
+def test_each_floor_imports_only_from_its_own_floor_or_below():
+    """core < actors < driver handles < loop < entry: an actor never reaches a driver handle, the loop never
+    reaches the entry point, and pure code never reaches either."""
+    upward = [
+        f"{module} ({FLOORS[floor(module)]}) imports {dep} ({FLOORS[floor(dep)]})"
+        for module, deps in graph().items()
+        for dep in deps
+        if dep.startswith("open_instruct") and floor(dep) > floor(module)
+    ]
+    assert not upward, "\n".join(upward)
+
+
+def test_every_floor_is_populated_by_existing_modules():
+    """The floor lists name real modules (a renamed module would otherwise slip onto the core floor)."""
+    names = {m.removeprefix("open_instruct.") for m in modules()}
+    for members in (ACTORS, HANDLES, LOOP, ENTRY):
+        for member in members:
+            assert any(n == member or n.startswith(member + ".") for n in names), f"{member} does not exist"
+
+
+def test_subpackages_hold_only_a_map_in_their_init():
+    """Importing `open_instruct.learner.group` on the driver must not import DeepSpeed through the package."""
+    for init in PACKAGE.glob("*/__init__.py"):
+        tree = ast.parse(init.read_text())
+        if init.parent.name in ("config", "data", "generation", "learner", "weights"):
+            assert ast.get_docstring(tree), f"{init.relative_to(REPO)} has no map of its package"
+            assert len(tree.body) == 1, f"{init.relative_to(REPO)} holds code; it should only map the package"
+
+
+def test_classes_and_functions_fit_in_a_reading():
     too_long = []
-    for name, path in modules().items():
-        lines = path.read_text().splitlines()
-        if not name.startswith("open_instruct.benchmarks") and len(lines) > MAX_CORE_MODULE_LINES:
-            too_long.append(f"{path.relative_to(REPO)}: {len(lines)} lines")
     for path in [*PACKAGE.rglob("*.py"), *(REPO / "code_server").rglob("*.py")]:
+        in_benchmarks = "benchmarks" in path.relative_to(REPO).parts
         for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                length = node.end_lineno - node.lineno + 1
-                if length > MAX_FUNCTION_LINES and node.name not in ("parse_args", "build_parser"):
-                    too_long.append(f"{path.relative_to(REPO)}:{node.lineno} {node.name}(): {length} lines")
+            length = getattr(node, "end_lineno", 0) - getattr(node, "lineno", 0) + 1
+            if isinstance(node, ast.ClassDef) and length > MAX_CLASS_LINES and not in_benchmarks:
+                too_long.append(f"{path.relative_to(REPO)}:{node.lineno} class {node.name}: {length} lines")
+            is_function = isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+            if is_function and length > MAX_FUNCTION_LINES and node.name not in ("parse_args", "build_parser"):
+                too_long.append(f"{path.relative_to(REPO)}:{node.lineno} {node.name}(): {length} lines")
     assert not too_long, "\n".join(too_long)
 
 
 def test_the_graph_sees_lazy_imports_and_package_imports():
     """The checks above are only as good as the import parser: it must see what actually runs."""
     g = graph()
-    assert "open_instruct.learner" in g["open_instruct.cluster"]  # imported inside a function
+    assert "open_instruct.learner.actor" in g["open_instruct.cluster"]  # imported inside a function
     assert "open_instruct.checkpoints" in g["open_instruct.orchestrator"]  # `from open_instruct import checkpoints`
-    assert "ray" in g["open_instruct.engine_pool"]
+    assert "ray" in g["open_instruct.generation.pool"]
     assert "open_instruct.benchmarks.simulator" not in g["open_instruct.benchmarks.simulator_plots"]  # TYPE_CHECKING
+
+
+def test_test_files_share_code_through_helpers_never_through_each_other():
+    offenders = []
+    for path in sorted((REPO / "tests").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            names += [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            offenders += [
+                f"{path.relative_to(REPO)} imports {n}" for n in names if n.split(".")[-1].startswith("test_")
+            ]
+    assert not offenders, "\n".join(offenders)

@@ -17,16 +17,14 @@ import math
 import os
 import re
 import shlex
-import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
+from helpers.runs import COMMON, REPO, STEPS, read_jsonl, run_grpo, steps_logged
 
 pytestmark = pytest.mark.slow
-REPO = Path(__file__).resolve().parents[1]
 CONTRACT_KEYS = {
     "training_step",
     "episode",
@@ -48,78 +46,6 @@ CONTRACT_KEYS = {
     "queue/prompt_depth",
     "queue/result_depth",
 }
-STEPS = 8
-# High temperature makes the tiny model ramble to the length limit: generation is then slower than a
-# learner step, so engines are busy when each sync lands and samples span two weight versions.
-COMMON = [
-    "--num_unique_prompts_rollout",
-    "8",
-    "--num_samples_per_prompt_rollout",
-    "4",
-    "--total_episodes",
-    str(STEPS * 32),
-    "--response_length",
-    "64",
-    "--temperature",
-    "1.6",
-    "--max_prompt_token_length",
-    "64",
-    "--pack_length",
-    "256",
-    "--stop_strings",
-    "</answer>",
-    "--learning_rate",
-    "1e-4",
-    "--lr_scheduler_type",
-    "constant",
-    "--beta",
-    "0",
-    "--async_steps",
-    "1",
-    # No staleness bound here: which groups a bound would requeue depends on timing, and these tests
-    # compare admissions across runs (the bound's own runs are in test_staleness_bound.py).
-    "--max_off_policy_steps",
-    "100",
-    "--vllm_kv_cache_gib",
-    "0.25",
-    "--seed",
-    "5",
-]
-
-
-def run_grpo(args: list[str], out: Path, stop_after_step: int | None = None, timeout_s: float = 900, cwd=REPO):
-    """Run grpo_fast.py; optionally SIGTERM it once metrics.jsonl shows `stop_after_step`."""
-    log_path = out.parent / f"{out.name}.log"
-    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "WANDB_MODE": "offline"}
-    with open(log_path, "a") as log:
-        proc = subprocess.Popen(
-            [sys.executable, str(REPO / "open_instruct" / "grpo_fast.py"), "--output_dir", str(out), *args],
-            cwd=cwd,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env=env,
-        )
-        deadline = time.monotonic() + timeout_s
-        while proc.poll() is None and time.monotonic() < deadline:
-            if stop_after_step is not None and stop_after_step in steps_logged(out):
-                proc.send_signal(signal.SIGTERM)
-                stop_after_step = None
-            time.sleep(0.2)
-        if proc.poll() is None:
-            proc.kill()
-            raise AssertionError(f"grpo_fast.py did not finish in {timeout_s}s; see {log_path}")
-    return proc.returncode, log_path.read_text()
-
-
-def steps_logged(out: Path) -> list[int]:
-    path = out / "metrics.jsonl"
-    if not path.exists():
-        return []
-    return [json.loads(line)["training_step"] for line in path.read_text().splitlines() if line.strip()]
-
-
-def read_jsonl(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 @pytest.fixture(scope="module")
@@ -196,7 +122,7 @@ def test_checkpoints_load_in_transformers(uninterrupted):
         from vllm import SamplingParams
         from vllm.v1.engine.async_llm import AsyncLLM
 
-        from open_instruct.engine_setup import EngineSettings, engine_args
+        from open_instruct.generation.engine_setup import EngineSettings, engine_args
 
         engine = AsyncLLM.from_engine_args(
             engine_args(EngineSettings(str(saved[-1]), max_model_len=128, kv_cache_gib=0.1))
@@ -222,13 +148,15 @@ def test_kill_and_resume_loses_no_prompt_and_trains_none_twice(uninterrupted, tm
         "--num_evals", "0", "--save_freq", "0", "--checkpoint_state_freq", "100", "--checkpoint_state_dir", str(state),
         "--save_traces", "--rollouts_save_path", str(traces), "--run_name", "resumed",
     ]  # fmt: skip
-    code, log = run_grpo(args, out, stop_after_step=2)
+    # Samples admitted at version 2 (step 3's, under --async_steps 1) are held once they have a few tokens:
+    # step 2 is the last one the first run can train, and the stop always finds samples running.
+    holding = {"script": REPO / "tests" / "helpers" / "grpo_holding.py", "env": {"HOLD_FROM_VERSION": "2"}}
+    code, log = run_grpo(args, out, stop_after_step=2, **holding)
     assert code == 143, log[-4000:]
     assert "SIGTERM received" in log and (state / "latest").exists()
-    stopped_at = max(steps_logged(out))
-    assert 2 <= stopped_at < STEPS - 1
+    assert max(steps_logged(out)) == 2
     kept = {(r.prompt_id, p.sample_index): p for r in latest_state(str(state))[1].requeue for p in r.partials}
-    assert kept, "no sample was running at the stop"
+    assert kept and all(p.token_ids for p in kept.values()), kept  # step 3's samples, cut mid-answer
 
     code, log = run_grpo(args, out)
     assert code == 0, log[-4000:]

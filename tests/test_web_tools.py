@@ -22,7 +22,7 @@ from helpers.forced_engine import forced_turns_engine, the_one_sample
 from open_instruct.agents.settings import AgentSettings, ToolSpec
 from open_instruct.agents.tools import TOOLS, Toolbox
 from open_instruct.agents.web_tools import NO_RESULTS, with_credentials
-from open_instruct.config import ConfigError, parse_config
+from open_instruct.config.core import ConfigError, parse_config
 
 KEYS = {"SERPER_API_KEY": "serper-key", "S2_API_KEY": "s2-key", "JINA_API_KEY": "jina-key"}
 CRAWL4AI_KEY = "crawl-key"

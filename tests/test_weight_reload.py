@@ -11,8 +11,8 @@ import sys
 import pytest
 import torch
 
-from open_instruct import weight_reload
-from open_instruct.weight_reload import RestoringReload, finish_reload
+from open_instruct.weights import reload as weight_reload
+from open_instruct.weights.reload import RestoringReload, finish_reload
 
 
 class Pair(torch.nn.Module):
@@ -173,7 +173,7 @@ def test_the_nccl_engine_is_registered_and_restores_the_old_weights_when_an_upda
     from vllm.config import WeightTransferConfig
     from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
 
-    from open_instruct import weight_transfer_nccl as nccl
+    from open_instruct.weights import nccl
 
     model, old = toy_in_reload()
     engine = WeightTransferEngineFactory.create_engine(
@@ -191,8 +191,8 @@ def test_the_nccl_engine_is_registered_and_restores_the_old_weights_when_an_upda
 
 
 def test_gpu_engines_get_the_restoring_nccl_engine_imported_in_their_workers(model_path):
-    from open_instruct import weight_transfer_nccl as nccl
-    from open_instruct.engine_setup import EngineSettings, engine_args
+    from open_instruct.generation.engine_setup import EngineSettings, engine_args
+    from open_instruct.weights import nccl
 
     args = engine_args(EngineSettings(model_path, max_model_len=128, weight_transfer_backend="nccl"))
     assert args.weight_transfer_config.backend == "nccl_restoring"

@@ -22,12 +22,13 @@ from helpers.batches import rewarded_groups
 
 from open_instruct import cluster
 from open_instruct.batching import BatchSettings
-from open_instruct.engine_pool import EnginePool
-from open_instruct.engine_setup import EngineSettings
-from open_instruct.learner import LearnerSettings
-from open_instruct.learner_group import LearnerGroup
+from open_instruct.generation.engine_setup import EngineSettings
+from open_instruct.generation.pool import EnginePool
+from open_instruct.learner.actor import LearnerSettings
+from open_instruct.learner.group import LearnerGroup
 from open_instruct.messages import PromptRequest, SamplingSettings
-from open_instruct.weight_sync import SyncSettings, WeightSync, WeightSyncError
+from open_instruct.weights.sync import SyncSettings, WeightSync
+from open_instruct.weights.transport import WeightSyncError
 
 pytestmark = pytest.mark.slow
 MAX_MODEL_LEN = 512
@@ -298,7 +299,7 @@ def test_a_failed_transfer_names_the_step_and_leaves_no_engine_paused(
 
 
 def staged_files() -> set[str]:
-    from open_instruct.weight_transfer_shm import FILE_PREFIX
+    from open_instruct.weights.shm import FILE_PREFIX
 
     return {name for name in os.listdir("/dev/shm") if name.startswith(FILE_PREFIX)}
 

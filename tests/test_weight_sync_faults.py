@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import pytest
 
-from open_instruct import weight_sync
 from open_instruct.messages import EnginePaused, WeightMetadata, WeightsReceived, WeightsSent
-from open_instruct.weight_sync import SyncSettings, WeightSync, WeightSyncError
+from open_instruct.weights import sync as weight_sync
+from open_instruct.weights.sync import SyncSettings, WeightSync
+from open_instruct.weights.transport import WeightSyncError
 
 TIMEOUT_S = 600.0
 NEVER = None

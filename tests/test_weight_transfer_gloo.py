@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from open_instruct import weight_transfer_gloo as wt
+from open_instruct.weights import gloo as wt
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -95,28 +95,7 @@ def test_streamed_send_follows_the_bucket_plan_and_checks_the_metadata():
         wt.trainer_send_stream(_RecordingGroup(), iter(pairs), ["float32", "float32"], [[2, 3], [4]], 1 << 20)
 
 
-def test_weight_transports_share_one_interface():
-    from open_instruct import weight_sync
-
-    for backend in weight_sync.TRANSPORTS:
-        module = weight_sync.transport(backend)
-        assert backend == module.BACKEND and isinstance(module.ENGINE_BACKEND, str)
-        assert module.WORKER_EXTENSION.startswith(module.__name__)
-        info = module.worker_init_info("10.0.0.1", 1234, 5, 60.0, rank_offset=3)
-        assert isinstance(info, dict) and callable(module.trainer_init)
-        if module.STAGED:  # no group: stage, engines load, release
-            for call in ("trainer_stage", "merge_staged", "trainer_release"):
-                assert callable(getattr(module, call)), (backend, call)
-        else:
-            assert not module.EVERY_RANK_STAGES and not module.KEEPS_REFERENCES
-            assert info["rank_offset"] == 3 and info["world_size"] == 5
-            assert callable(module.trainer_send_stream) and callable(module.trainer_close)
-            assert module.update_info(["x"], ["bfloat16"], [[2]], 1024)["names"] == ["x"]
-    with pytest.raises(ValueError, match="unknown weight-transfer backend 'tcp'"):
-        weight_sync.transport("tcp")
-
-
-def _transfer_party(rank: int, port: int, trainer_done, results) -> None:
+def _transfer_party(rank: int, port: int, peer_gone, trainer_done, results) -> None:
     """One process of a 3-rank transfer group: rank 0 the learner's end, 1 a live engine, 2 an engine that dies
     right after joining. Runs in a spawned process (each rank needs its own gloo sockets)."""
     from datetime import timedelta
@@ -124,7 +103,7 @@ def _transfer_party(rank: int, port: int, trainer_done, results) -> None:
 
     from vllm.distributed.utils import stateless_init_torch_distributed_process_group
 
-    from open_instruct.learner import LearnerActor
+    from open_instruct.learner.actor import LearnerActor
 
     timeout = timedelta(seconds=120)
     if rank == 0:
@@ -143,7 +122,7 @@ def _transfer_party(rank: int, port: int, trainer_done, results) -> None:
         return
     learner = SimpleNamespace(_transport=wt, _transport_group=group)
     del group  # as in the learner: the actor holds the only reference
-    time.sleep(1.0)  # rank 2 is gone by now
+    assert peer_gone.wait(100), "rank 2 never exited"  # the test saw its process end
     try:
         wt.trainer_send_stream(learner._transport_group, iter([("w", torch.ones(256))]), ["float32"], [[256]])
         results.put((rank, "sent"))
@@ -168,10 +147,14 @@ def test_a_failed_send_closes_the_trainer_end_so_a_late_receiver_fails_at_once()
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     context = multiprocessing.get_context("spawn")
-    trainer_done, results = context.Event(), context.Queue()
-    parties = [context.Process(target=_transfer_party, args=(r, port, trainer_done, results)) for r in range(3)]
+    peer_gone, trainer_done, results = context.Event(), context.Event(), context.Queue()
+    parties = [
+        context.Process(target=_transfer_party, args=(r, port, peer_gone, trainer_done, results)) for r in range(3)
+    ]
     for party in parties:
         party.start()
+    parties[2].join(timeout=100)  # rank 2 exits right after joining the group
+    peer_gone.set()
     try:
         outcome = dict(results.get(timeout=100) for _ in range(2))  # under the group's 120 s timeout
     except queue.Empty:
@@ -184,7 +167,7 @@ def test_a_failed_send_closes_the_trainer_end_so_a_late_receiver_fails_at_once()
 
 
 def test_a_lost_connection_is_reported_only_when_nothing_else_failed():
-    from open_instruct.weight_sync import root_cause
+    from open_instruct.weights.sync import root_cause
 
     closed = RuntimeError("Worker failed with error '[pair.cc:553] Connection closed by peer [127.0.0.1]:4515'")
     refused = ValueError("weight 0 (model.embed_tokens.weight) has shape (8, 4), the engines expect (1,)")

@@ -12,8 +12,7 @@ import os
 import pytest
 import torch
 
-from open_instruct import weight_transfer_ipc as ipc
-from open_instruct import weight_transfer_shm as shm
+from open_instruct.weights import ipc, shm
 
 WEIGHTS = [
     ("model.embed_tokens.weight", torch.randn(7, 5)),

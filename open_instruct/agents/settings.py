@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from open_instruct.agents.base import ToolSpec
-from open_instruct.config_fields import arg
+from open_instruct.config.fields import arg
 
 # Registry names of open-instruct that need infrastructure we do not ship; each is refused at parse time
 # with its reason instead of failing mid-run.

@@ -124,8 +124,8 @@ def mode_config(base, mode: str, output_dir: Path):
 
 
 def run_mode(stack, cfg, mode: str, tokenizer, rows) -> tuple[dict, list]:
+    from open_instruct.generation.ledger import DeliveryLedger
     from open_instruct.orchestrator import SystemClock, TrainingLoop
-    from open_instruct.prompt_feeder import DeliveryLedger
     from open_instruct.tracking import RunLog
 
     sync = stack.sync.with_settings(inflight=cfg.generation.inflight_updates)
@@ -288,7 +288,7 @@ CALL_HEADROOM_TOKENS = 128
 
 def base_config(args, out: Path, tool_flags: list[str]):
     """The grpo_fast flags every mode shares; modes differ only in --async_steps and --inflight_updates."""
-    from open_instruct.config import parse_config
+    from open_instruct.config.core import parse_config
 
     response_length = args.max_tokens + CALL_HEADROOM_TOKENS
     flags = {
@@ -348,9 +348,9 @@ def main(argv: list[str] | None = None) -> dict:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 
-    from open_instruct import data
     from open_instruct.cluster import Stack
-    from open_instruct.models import load_tokenizer, resolve_model_path
+    from open_instruct.data import dataset as data
+    from open_instruct.data.models import load_tokenizer, resolve_model_path
 
     workloads = {
         "heavy_tail": ShapedWorkload("heavy_tail", args.median_tokens, args.sigma, args.max_tokens),

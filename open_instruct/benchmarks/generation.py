@@ -26,7 +26,7 @@ logger = logging.getLogger(__name__)
 
 
 def build_requests(tokenizer, lengths: list[int], samples: int, tag: str):
-    from open_instruct.embedded_default import arith_rows
+    from open_instruct.data.embedded_default import arith_rows
     from open_instruct.messages import PromptRequest, SamplingSettings
 
     rows, _ = arith_rows()
@@ -100,9 +100,9 @@ def main(argv: list[str] | None = None) -> dict:
 
     from open_instruct import cluster
     from open_instruct.benchmarks.workloads import lognormal_lengths
-    from open_instruct.embedded_default import ensure_embedded_model
-    from open_instruct.engine_pool import EnginePool
-    from open_instruct.engine_setup import EngineSettings
+    from open_instruct.data.embedded_default import ensure_embedded_model
+    from open_instruct.generation.engine_setup import EngineSettings
+    from open_instruct.generation.pool import EnginePool
 
     model_path = str(ensure_embedded_model())
     tokenizer = AutoTokenizer.from_pretrained(model_path)

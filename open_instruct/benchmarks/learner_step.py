@@ -67,7 +67,7 @@ def heavy_tailed_groups(prompts: int, samples: int, max_response: int, seed: int
 
 def build_model(size: str, workdir: Path) -> str:
     """'embedded' (the tiny default) or HIDDENxLAYERS: a random Qwen2 of that size (the embedded tokenizer)."""
-    from open_instruct.models import resolve_model_path
+    from open_instruct.data.models import resolve_model_path
 
     if size == "embedded":
         return resolve_model_path(None)
@@ -85,8 +85,8 @@ def train_steps(
     import ray
 
     from open_instruct import cluster
-    from open_instruct.learner import LearnerSettings
-    from open_instruct.learner_group import LearnerGroup
+    from open_instruct.learner.actor import LearnerSettings
+    from open_instruct.learner.group import LearnerGroup
 
     settings = LearnerSettings(
         model_path=model_path, deepspeed_stage=stage, learning_rate=1e-5, lr_scheduler_type="constant",
@@ -191,10 +191,17 @@ def calibrate(model_path: str, repeats: int = 3) -> dict:
             best = min(best, time.perf_counter() - started)
             model.zero_grad(set_to_none=True)
         points.append((length, best))
+    return {"points": points, **fit_row_cost(points)}
+
+
+def fit_row_cost(points: list[tuple[int, float]]) -> dict[str, float]:
+    """Least-squares a L^2 + b L through (row length, seconds) points: the packing cost model's constants."""
+    import torch
+
     xs = torch.tensor([[length * length, length] for length, _ in points], dtype=torch.float64)
     ys = torch.tensor([s for _, s in points], dtype=torch.float64)
     quadratic, linear = torch.linalg.lstsq(xs, ys[:, None]).solution.flatten().tolist()
-    return {"points": points, "COST_QUADRATIC": quadratic, "COST_LINEAR": linear}
+    return {"COST_QUADRATIC": quadratic, "COST_LINEAR": linear}
 
 
 def main(argv: list[str] | None = None) -> dict:

@@ -70,7 +70,7 @@ def record_embedded_prompts(path: Path, count: int, samples: int) -> None:
     """A prompt file in the training run's format, from the embedded dataset (what a run would save)."""
     from transformers import AutoTokenizer
 
-    from open_instruct.embedded_default import STOP_STRING, ensure_embedded_dataset, ensure_embedded_model
+    from open_instruct.data.embedded_default import STOP_STRING, ensure_embedded_dataset, ensure_embedded_model
     from open_instruct.messages import SamplingSettings
     from open_instruct.prompt_feeder import make_request, record_prompts
 
@@ -250,9 +250,9 @@ def main(argv: list[str] | None = None) -> dict:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
     from open_instruct import cluster
-    from open_instruct.embedded_default import ensure_embedded_model
-    from open_instruct.engine_pool import EnginePool
-    from open_instruct.engine_setup import EngineSettings
+    from open_instruct.data.embedded_default import ensure_embedded_model
+    from open_instruct.generation.engine_setup import EngineSettings
+    from open_instruct.generation.pool import EnginePool
 
     out = Path(args.output)
     out.mkdir(parents=True, exist_ok=True)
@@ -292,7 +292,7 @@ def main(argv: list[str] | None = None) -> dict:
 
 def sweep_caps(pool, recorded: list, caps: list[int], model: str) -> list[dict]:
     """The recorded prompts once per response-length cap, on engines started once."""
-    from open_instruct.prompt_feeder import DeliveryLedger
+    from open_instruct.generation.ledger import DeliveryLedger
 
     pool.start()
     # The first requests after start pay one-off costs (kernel selection, allocator growth).

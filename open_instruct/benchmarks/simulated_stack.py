@@ -41,9 +41,9 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from open_instruct.benchmarks.workloads import capped_lognormal
+from open_instruct.generation.ledger import DeliveryLedger
+from open_instruct.generation.queues import LocalChannel
 from open_instruct.messages import Completion, EngineStats, PromptRequest, StepReport, VersionSpan
-from open_instruct.prompt_feeder import DeliveryLedger
-from open_instruct.queues import LocalChannel
 from open_instruct.replay_buffer import sample_tokens
 
 _EPS = 1e-9  # seconds; float slack when locating step boundaries

@@ -63,7 +63,7 @@ from open_instruct.benchmarks.simulated_stack import (
     Workload,
 )
 from open_instruct.benchmarks.simulator_plots import plot_sweep, plot_timelines
-from open_instruct.config import Config, DataConfig, ExperimentConfig, GenerationConfig, LearnerConfig
+from open_instruct.config.core import Config, DataConfig, ExperimentConfig, GenerationConfig, LearnerConfig
 from open_instruct.metrics import async_steps_needed, mean
 from open_instruct.orchestrator import TrainingLoop
 from open_instruct.tracking import MemoryLog

@@ -55,8 +55,8 @@ def parse_size(text: str) -> tuple[int, int]:
 
 def build_model(hidden: int, layers: int, workdir: Path):
     """A random tiny Qwen2 of the given size saved under `workdir`; returns (path, HF-named weights)."""
-    from open_instruct import weight_transfer_gloo as wt
-    from open_instruct.embedded_default import TinyModelSpec, build_tokenizer, build_untrained_model
+    from open_instruct.data.embedded_default import TinyModelSpec, build_tokenizer, build_untrained_model
+    from open_instruct.weights import gloo as wt
 
     tokenizer = build_tokenizer()
     spec = TinyModelSpec(
@@ -78,14 +78,14 @@ async def push_while_decoding(engine, weights, args, transport: str) -> tuple[li
     import torch
     from vllm import SamplingParams
 
-    from open_instruct import weight_transfer_gloo as wt
-    from open_instruct import weight_transfer_shm
+    from open_instruct.weights import gloo as wt
+    from open_instruct.weights import shm
 
     if transport == "shm":
-        stager = weight_transfer_shm.Stager()
+        stager = shm.Stager()
 
         def push(version: int):
-            return weight_transfer_shm.push_weights(engine, stager, weights, version, dtype=torch.float32)
+            return shm.push_weights(engine, stager, weights, version, dtype=torch.float32)
     else:
         group = await wt.init_engine_transfer(engine, "127.0.0.1", _free_port(), world_size=2, timeout_s=300)
 
@@ -115,7 +115,7 @@ async def push_while_decoding(engine, weights, args, transport: str) -> tuple[li
 async def measure_size(hidden: int, layers: int, args, workdir: Path, transport: str = "gloo") -> dict:
     from vllm.v1.engine.async_llm import AsyncLLM
 
-    from open_instruct.engine_setup import EngineSettings, engine_args
+    from open_instruct.generation.engine_setup import EngineSettings, engine_args
 
     path, weights = build_model(hidden, layers, workdir)
     engine = AsyncLLM.from_engine_args(

@@ -25,7 +25,7 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from open_instruct.generation import GenerationActor
+from open_instruct.generation.actor import GenerationActor
 from open_instruct.messages import AgentRequest, Completion, EnvSpec, PromptRequest
 
 WAIT_TOOL = "wait"  # the call name the tool workload's http tool is configured with

@@ -13,7 +13,7 @@ import torch
 def main(stage: int, model_path: str, port: int, dtype: str = "float32") -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from open_instruct import deepspeed_setup
+    from open_instruct.learner import deepspeed_setup
 
     deepspeed_setup.init_distributed(rank=0, world_size=1, master_port=port)
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=getattr(torch, dtype))

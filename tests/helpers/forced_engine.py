@@ -19,8 +19,8 @@ def forced_turns_engine(model_path: str, tools: tuple, max_model_len: int = 512)
     from open_instruct import cluster
     from open_instruct.agents.settings import AgentSettings
     from open_instruct.benchmarks.workloads import ForcedTurnsActor
-    from open_instruct.engine_pool import EnginePool
-    from open_instruct.engine_setup import EngineSettings
+    from open_instruct.generation.engine_setup import EngineSettings
+    from open_instruct.generation.pool import EnginePool
     from open_instruct.rewards.scoring import RewardSettings
 
     agent = AgentSettings(tools=tools, max_model_len=max_model_len)

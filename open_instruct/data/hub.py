@@ -2,7 +2,7 @@
 
 transformers and datasets retry an unreachable Hub for most of a minute and then print pages of traceback;
 a run checks its model and dataset names first with one request under `HUB_TIMEOUT_S` (models.py,
-data_sources.py) and turns a failure into one line.
+data/sources.py) and turns a failure into one line.
 """
 
 from __future__ import annotations

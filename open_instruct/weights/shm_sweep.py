@@ -3,7 +3,7 @@
 vLLM's engine processes talk through `multiprocessing.shared_memory` segments (`/dev/shm/psm_*`, see
 vllm/distributed/device_communicators/shm_broadcast.py). An engine that exits cleanly unlinks them; one
 that is killed (replaced after a failure, or ended with the cluster) leaves them, and a long run with
-restarts fills /dev/shm. Like our own staged weight files (`weight_transfer_shm.remove_orphans`) they are
+restarts fills /dev/shm. Like our own staged weight files (`weights.shm.remove_orphans`) they are
 swept: after an engine is replaced (`EnginePool`) and at shutdown (`cluster`).
 
 A file is removed only when all of these hold: its name starts with `psm_`; it belongs to this user and

@@ -1,8 +1,8 @@
-"""GPU `nccl` transport for the weight sync: the same five calls as `weight_transfer_gloo`.
+"""GPU `nccl` transport for the weight sync: the same five calls as `weights.gloo`.
 
 The engine side is vLLM's `nccl` weight-transfer engine, extended by `RestoringNCCLWeightTransferEngine`
 (registered as "nccl_restoring"): after a failed update it restores the previous weights and re-processes
-the tied head like our gloo engine (`weight_reload`). This module builds the init/update payloads and
+the tied head like our gloo engine (`weights.reload`). This module builds the init/update payloads and
 drives the trainer end (rank 0 of the transfer group). Tensors go one by one (vLLM's unpacked mode), in
 metadata order, straight from GPU memory.
 
@@ -18,8 +18,8 @@ from collections.abc import Iterator, Sequence
 from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
 from vllm.distributed.weight_transfer.nccl_engine import NCCLWeightTransferEngine
 
-from open_instruct.weight_reload import RestoringReload
-from open_instruct.weight_transfer_gloo import check_matches_metadata
+from open_instruct.weights.reload import RestoringReload
+from open_instruct.weights.transport import check_matches_metadata
 
 BACKEND = "nccl"  # the transport's name (SyncSettings.backend, --vllm_sync_backend)
 ENGINE_BACKEND = "nccl_restoring"  # the engine's name in vLLM's WeightTransferEngineFactory

@@ -4,7 +4,7 @@ An engine that shares a learner's GPU can map that learner's memory: NCCL refuse
 and gloo would copy every weight to the host and back. Each learner rank stages its own copy (every
 rank holds whole parameters under ZeRO-0/1/2, and a ZeRO-3 gather gives every rank the whole parameter),
 exports one handle per tensor keyed by its GPU's UUID, and the driver merges the ranks' handles; each
-engine rebuilds the tensors of the GPU it runs on. Same staged sequence as `weight_transfer_shm`:
+engine rebuilds the tensors of the GPU it runs on. Same staged sequence as `weights.shm`:
 stage → engines load → release.
 
 The engine side is vLLM's `ipc` engine with our restoring reload (registered as "ipc_restoring"). The
@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
 from vllm.distributed.weight_transfer.ipc_engine import IPCWeightTransferEngine
 
-from open_instruct.weight_reload import RestoringReload
-from open_instruct.weight_transfer_gloo import check_matches_metadata
+from open_instruct.weights.reload import RestoringReload
+from open_instruct.weights.transport import check_matches_metadata
 
 BACKEND = "ipc"
 ENGINE_BACKEND = "ipc_restoring"
@@ -37,6 +37,7 @@ KEEPS_REFERENCES = True  # handles point into the staged tensors: a gathered ZeR
 # A handle holds torch types (the tensor class, dtype, device) that vLLM's msgpack channel from AsyncLLM to its
 # engine core cannot carry: the handles travel pickled (`ipc_handles_pickled`), which vLLM's worker unpickles
 # only when this is set in the engine's process. The pickle comes from our own learner, never from a client.
+RECEIVE_CAN_HANG = False  # a staged load maps memory that is already complete
 ENGINE_ENV = {"VLLM_ALLOW_INSECURE_SERIALIZATION": "1"}
 
 

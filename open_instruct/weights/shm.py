@@ -4,14 +4,14 @@ With `--single_gpu_mode` on a CPU node, learner and engine share the machine's m
 group (gloo over loopback: the bytes are copied into socket buffers and back) is needless work. The
 learner stages every weight once into a memory-mapped file, the engines map the same file and load
 from it, then the learner removes it. This is the CPU counterpart of vLLM's CUDA-IPC (`ipc`) path,
-which `weight_transfer_ipc` uses on a shared GPU.
+which `weights.ipc` uses on a shared GPU.
 
 One sync is staged, not concurrent (unlike gloo/nccl, where `update` and the broadcast block on each
 other): `trainer_stage` → every engine `update_weights(info)` → `trainer_release`. The file lives in
 /dev/shm when it has room (else the temp directory: the page cache still makes it shared memory) and
 its space is reserved up front, so a full disk is an error here instead of a SIGBUS in a write.
 A failed update (a missing file, metadata that does not match) leaves the previous weights in place
-(`weight_reload.RestoringReload`), like the other engines.
+(`weights.reload.RestoringReload`), like the other engines.
 """
 
 from __future__ import annotations
@@ -34,8 +34,8 @@ from vllm.distributed.weight_transfer.base import (
 )
 from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
 
-from open_instruct.weight_reload import RestoringReload
-from open_instruct.weight_transfer_gloo import bucket_layout, check_lengths, check_matches_metadata
+from open_instruct.weights.reload import RestoringReload
+from open_instruct.weights.transport import bucket_layout, check_lengths, check_matches_metadata
 
 logger = logging.getLogger(__name__)
 
@@ -45,6 +45,7 @@ WORKER_EXTENSION = f"{__name__}.SharedMemoryWorkerExtension"
 STAGED = True  # stage → engines load → release, instead of a concurrent broadcast
 EVERY_RANK_STAGES = False  # one file on the node serves every engine: learner rank 0 writes it
 KEEPS_REFERENCES = False  # the bytes are copied into the file: gathered ZeRO-3 shards may be freed at once
+RECEIVE_CAN_HANG = False  # a staged load reads a file that is already complete
 ENGINE_ENV: dict[str, str] = {}  # nothing the engine process must set for this transport
 FILE_PREFIX = "open_instruct-weights-"
 
@@ -249,14 +250,14 @@ def trainer_release(stager: Stager) -> None:
 
 
 async def push_weights(engine, stager: Stager, named_tensors, version: int | str, *, dtype=None) -> dict:
-    """The whole in-flight update for an AsyncLLM in this event loop, like `weight_transfer_gloo.push_weights`:
+    """The whole in-flight update for an AsyncLLM in this event loop, like `weights.gloo.push_weights`:
     stage (the engine still generating) → pause(keep, KV kept) → start → update(file) → finish(version) →
     resume → release. Returns timings; `total_s` is how long the engine was frozen."""
     import time
 
     from vllm.distributed.weight_transfer.base import WeightTransferUpdateRequest
 
-    from open_instruct.weight_transfer_gloo import make_update_info
+    from open_instruct.weights.transport import make_update_info
 
     pairs = list(named_tensors)
     md = make_update_info(pairs, dtype)  # names, cast dtypes and shapes, as the gloo push sends them

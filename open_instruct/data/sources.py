@@ -3,7 +3,7 @@
 Every source yields the same thing, `RawRows`: plain dicts holding only the columns the
 trainer reads (extra columns such as `output` can be gigabytes and are dropped as early as
 each format allows), plus a way to say where row i lives in a file, so error messages can
-name the file and line. Row processing in `open_instruct.data` is therefore identical for
+name the file and line. Row processing in `open_instruct.data.dataset` is therefore identical for
 all sources; only reading differs.
 
 Local JSON/JSONL is read with the json module rather than `datasets.load_dataset("json")`:
@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from open_instruct.embedded_default import EMBEDDED_DATASET_NAME, ensure_embedded_dataset
+from open_instruct.data.embedded_default import EMBEDDED_DATASET_NAME, ensure_embedded_dataset
 from open_instruct.errors import UserError
 
 SUPPORTED_SUFFIXES = (".jsonl", ".json", ".parquet")
@@ -116,7 +116,7 @@ class HubSource(Source):
 
     def _check_reachable(self) -> None:
         """One request with a timeout: `datasets` retries an unreachable Hub for most of a minute."""
-        from open_instruct import hub
+        from open_instruct.data import hub
 
         if Path(self.name).exists() or hub.offline():
             return  # a local folder; or offline, where `datasets` reads its cache and fails at once without it

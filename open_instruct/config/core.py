@@ -19,8 +19,8 @@ from typing import Literal
 
 from open_instruct.agents.settings import ToolsConfig, tool_problems
 from open_instruct.agents.tools import config_problems
-from open_instruct.config_fields import BEAKER_ONLY, ConfigError, arg, mixer_problems, unknown_flags_message
-from open_instruct.config_parity import (
+from open_instruct.config.fields import BEAKER_ONLY, ConfigError, arg, mixer_problems, unknown_flags_message
+from open_instruct.config.parity import (
     PARITY_GROUPS,
     DataExtrasConfig,
     EvalExtrasConfig,
@@ -34,7 +34,7 @@ from open_instruct.config_parity import (
     pending,
     pending_problems,
 )
-from open_instruct.config_resources import LR_SCHEDULERS, ResourceConfig, lr_scheduler_check, resource_problems
+from open_instruct.config.resources import LR_SCHEDULERS, ResourceConfig, lr_scheduler_check, resource_problems
 from open_instruct.scheduling import sync_interval_check
 
 # ----------------------------------------------------------------------------- groups
@@ -362,14 +362,14 @@ class Config:
     @property
     def stop_strings(self) -> tuple[str, ...]:
         """--stop_strings, or the embedded dataset's answer terminator when running the embedded default."""
-        from open_instruct.embedded_default import STOP_STRING
+        from open_instruct.data.embedded_default import STOP_STRING
 
         return tuple(self.generation.stop_strings) or ((STOP_STRING,) if self.uses_embedded_default else ())
 
     @property
     def train_data(self) -> DataConfig:
         """The data config with the training mix resolved (the embedded dataset when none is given)."""
-        from open_instruct.embedded_default import EMBEDDED_DATASET_NAME
+        from open_instruct.data.embedded_default import EMBEDDED_DATASET_NAME
 
         d = self.data
         if d.dataset_mixer_list:
@@ -379,7 +379,7 @@ class Config:
     @property
     def eval_data(self) -> DataConfig:
         """The eval mix, falling back to the training mix's test split (or the embedded eval split)."""
-        from open_instruct.embedded_default import EMBEDDED_DATASET_NAME
+        from open_instruct.data.embedded_default import EMBEDDED_DATASET_NAME
 
         d = self.data
         if d.dataset_mixer_eval_list:

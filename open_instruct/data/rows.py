@@ -1,6 +1,6 @@
 """One RLVR row -> prompt messages, labels and verifier names; then chat template and tokens.
 
-Split out of `open_instruct.data` so the per-row rules read in one place. `parse_row`
+Split out of `open_instruct.data.dataset` so the per-row rules read in one place. `parse_row`
 applies open-instruct's semantics (string `dataset` wraps both columns into one-element
 lists; list `dataset` needs as many labels; a trailing assistant turn is dropped when
 there is more than one message; --system_prompt_override replaces or inserts the system
@@ -15,7 +15,7 @@ import difflib
 from dataclasses import dataclass
 from typing import Any
 
-from open_instruct.data_sources import ROW_ERROR_KEY, ROW_KEYS_KEY
+from open_instruct.data.sources import ROW_ERROR_KEY, ROW_KEYS_KEY
 from open_instruct.messages import AgentRequest, EnvSpec
 
 VERIFIER_KEY = "dataset"  # fixed by the RLVR format: the verifier name(s) of the row

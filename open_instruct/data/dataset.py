@@ -9,8 +9,8 @@ strict mode (the default) the first malformed row stops the run with a message n
 dataset, split, row and fix. Validation of all sources runs before any tokenization, so a
 bad row in the last dataset fails in seconds, not after tokenizing the others.
 
-Reading sources lives in `open_instruct.data_sources`, per-row rules and tokenization in
-`open_instruct.data_rows`, the tokenized-result cache in `open_instruct.data_cache`.
+Reading sources lives in `open_instruct.data.sources`, per-row rules and tokenization in
+`open_instruct.data.rows`, the tokenized-result cache in `open_instruct.data.cache`.
 """
 
 from __future__ import annotations
@@ -19,12 +19,13 @@ import logging
 import os
 import random
 from collections import Counter
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
-from open_instruct import data_cache
-from open_instruct.data_rows import (
+from open_instruct.data import cache as data_cache
+from open_instruct.data.embedded_default import EMBEDDED_DATASET_NAME
+from open_instruct.data.rows import (
     ENV_CONFIG_KEY,
     TEMPLATE_ERROR,
     TOOLS_KEY,
@@ -36,8 +37,7 @@ from open_instruct.data_rows import (
     render_prompt,
     row_tool_schemas,
 )
-from open_instruct.data_sources import DatasetError, RawRows, Source, open_source
-from open_instruct.embedded_default import EMBEDDED_DATASET_NAME
+from open_instruct.data.sources import DatasetError, RawRows, Source, open_source
 from open_instruct.messages import AgentRequest
 
 __all__ = [
@@ -454,3 +454,15 @@ def _tokenized(pending: _Pending, tokenizer, t: RowSettings) -> tuple[MixEntry, 
     if failure:
         logger.warning("could not cache %s: %s", pending.entry.label, failure)
     return pending.entry, records, SourceReport(**{**asdict(report), "cache_note": failure or str(pending.cache_path)})
+
+
+def data_inputs(cfg):
+    """(model, train data, eval data) configs as the data loader sees them: --system_prompt_override_file read
+    into the system prompt, --dataset_skip_cache as a disabled cache."""
+    model, train, evaluation = cfg.model, cfg.train_data, cfg.eval_data
+    if cfg.data_extras.system_prompt_override_file:
+        with open(cfg.data_extras.system_prompt_override_file) as f:
+            model = replace(model, system_prompt_override=f.read().strip())
+    if cfg.data_extras.dataset_skip_cache:
+        train, evaluation = (replace(d, dataset_local_cache_dir="") for d in (train, evaluation))
+    return model, train, evaluation

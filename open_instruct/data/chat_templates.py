@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 
-from open_instruct.config_fields import ConfigError
+from open_instruct.config.fields import ConfigError
 
 # ----------------------------------------------------------------------------- building blocks
 #

@@ -22,21 +22,21 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import replace
 
-from open_instruct.engine_outputs import continued, from_output, progress_report, sampling_params
-from open_instruct.engine_setup import EngineSettings, engine_args, scheduler_probe
+from open_instruct.generation.agent_turns import agent_sample
+from open_instruct.generation.engine_setup import EngineSettings, engine_args, scheduler_probe
+from open_instruct.generation.outputs import continued, from_output, progress_report, sampling_params
+from open_instruct.generation.queues import ChannelTimeout
+from open_instruct.generation.scoring import scored
+from open_instruct.generation.weight_receive import WeightReceiver
 from open_instruct.messages import (
-    AgentRequest,
     Completion,
     EngineLoopEnded,
-    EnginePaused,
     EngineStarted,
     EngineStats,
     EngineStopped,
     PromptRequest,
     PromptStarted,
-    WeightsReceived,
 )
-from open_instruct.queues import ChannelTimeout
 
 logger = logging.getLogger(__name__)
 
@@ -66,7 +66,7 @@ class _Occupancy:
             self.underfilled_s += elapsed
 
 
-class GenerationActor:
+class GenerationActor(WeightReceiver):
     def __init__(self, engine_id: int, settings: EngineSettings, reward_settings=None, reward_workers: int = 1):
         self.engine_id = engine_id
         self.settings = settings
@@ -106,7 +106,7 @@ class GenerationActor:
         """Build the engine (15-30 s on CPU). Separate from __init__ so failures surface as errors."""
         from vllm.v1.engine.async_llm import AsyncLLM
 
-        from open_instruct.weight_sync import transport
+        from open_instruct.weights.transport import transport
 
         os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
         os.environ.update(transport(self.settings.weight_transfer_backend).ENGINE_ENV)
@@ -277,7 +277,9 @@ class GenerationActor:
         if completion.finish_reason in ("error", "abort"):
             return completion  # delivered as is: nothing to verify
         self._completed += 1
-        return await self._scored(completion, request)
+        if self.scorer is None:
+            return completion
+        return await scored(self.scorer, self.reward_settings, self.settings.agent, self.tokenizer, completion, request)
 
     async def generate_sample(self, request: PromptRequest, sample_index: int) -> Completion:
         """One sample, not scored yet. The one hook for benchmarks: a subclass may reshape the request
@@ -287,45 +289,7 @@ class GenerationActor:
         return await self._generate_sample(request, sample_index)
 
     async def _agent_sample(self, request: PromptRequest, sample_index: int) -> Completion:
-        """A multi-turn sample (tools, environments): one engine request per turn, one Completion."""
-        from open_instruct.agents.rollout import run_rollout
-
-        def turn(context: tuple[int, ...], max_tokens: int, stops: tuple[str, ...], index: int):
-            # The parser reads the closing tag of a call, so stop strings stay in every turn's output.
-            sampling = replace(
-                request.sampling,
-                max_tokens=max_tokens,
-                stop_strings=request.sampling.stop_strings + stops,
-                include_stop_str_in_output=True,
-            )
-            turn_request = replace(request, prompt_token_ids=context, sampling=sampling)
-            return self._generate_sample(turn_request, sample_index, part=f"/t{index}", turn=index)
-
-        def encode(text: str) -> list[int]:
-            return self.tokenizer.encode(text, add_special_tokens=False)
-
-        try:
-            out, trace = await run_rollout(
-                request.prompt_token_ids,
-                request.agent or AgentRequest(),
-                self.toolbox,
-                turn,
-                encode,
-                request.sampling.max_tokens,
-                self._parking,
-            )
-        except ValueError as error:  # a row's env_config its environment refuses (a missing reset key, ...)
-            return self._empty(request, sample_index, "error", f"env_config of {request.prompt_id}: {error}")
-        first = out.first_turn
-        return Completion(
-            prompt_id=request.prompt_id, sample_index=sample_index, prompt_token_ids=request.prompt_token_ids,
-            response_token_ids=tuple(out.response_ids), behaviour_logprobs=tuple(out.logprobs),
-            finish_reason=out.finish_reason, version_spans=tuple(out.version_spans),  # type: ignore[arg-type]
-            admitted_version=request.admitted_version, engine_id=self.engine_id,
-            response_text=self.tokenizer.decode(out.response_ids, skip_special_tokens=True), error=out.error,
-            is_eval=request.is_eval, queued_at=request.queued_at, started_at=first.started_at if first else time.time(),
-            first_token_at=first.first_token_at if first else 0.0, agent=trace,
-        )  # fmt: skip
+        return await agent_sample(self, request, sample_index)
 
     @contextlib.asynccontextmanager
     async def _parking(self):
@@ -420,113 +384,7 @@ class GenerationActor:
         finally:
             self._progress.pop(request_id, None)
 
-    async def _scored(self, completion: Completion, request: PromptRequest) -> Completion:
-        if self.scorer is None:
-            return completion
-        outcome = await self.scorer.score(
-            f"{completion.prompt_id}/{completion.sample_index}",
-            completion.response_text,
-            list(request.ground_truths),
-            list(request.verifier_names),
-            completion.finish_reason,
-            len(completion.response_token_ids),
-            query=self.tokenizer.decode(request.prompt_token_ids, skip_special_tokens=True),
-        )
-        reward = outcome.reward
-        if completion.agent is not None:
-            from open_instruct.agents.rollout import agent_reward
-            from open_instruct.rewards.scoring import has_think_answer_format
-
-            rs, agent = self.reward_settings, self.settings.agent
-            format_part = rs.format_reward if has_think_answer_format(completion.response_text) else 0.0
-            penalised = rs.non_stop_penalty and completion.finish_reason != "stop"
-            reward = agent_reward(
-                reward,
-                format_part,
-                completion.agent,
-                agent.reward_aggregator,
-                agent.only_reward_good_outputs,
-                penalised,
-            )
-        return replace(
-            completion,
-            reward=reward,
-            verifier_scores=dict(outcome.per_verifier),
-            reward_errors=tuple(outcome.errors),
-        )
-
-    # ------------------------------------------------------------------ control and metrics
-
-    async def pause(self, mode: str = "keep") -> EnginePaused:
-        """Stop admitting requests and freeze the engine for a weight sync.
-
-        'keep': running requests stay in the engine with their KV cache and continue with the
-        new weights after `resume` (in-flight update). 'wait': running requests first finish
-        with the current weights (the conservative baseline). The cache is never cleared:
-        clearing would preempt and recompute every running request.
-        """
-        if mode not in ("keep", "wait"):
-            raise ValueError(f"pause mode must be 'keep' or 'wait', got {mode!r}")
-        started = time.monotonic()
-        self._set_paused(True)
-        self._resumed.clear()
-        running = len(self._progress)
-        await self.engine.pause_generation(mode=mode, clear_cache=False)
-        return EnginePaused(self.engine_id, time.monotonic() - started, running, len(self._progress))
-
-    async def init_weight_transfer(self, init_info: dict) -> dict:
-        """Join the trainer's weight-transfer group (concurrently with the trainer's own init)."""
-        from vllm.distributed.weight_transfer.base import WeightTransferInitRequest
-
-        started = time.monotonic()
-        await self.engine.init_weight_transfer_engine(WeightTransferInitRequest(init_info=init_info))
-        return {"engine_id": self.engine_id, "init_s": time.monotonic() - started}
-
-    async def receive_weights(self, update_info: dict, version: int, timeout_s: float = 600.0) -> WeightsReceived:
-        """start → update (concurrently with the trainer's broadcast) → finish(version), engine paused.
-
-        Each step has its own timeout and a failure names it; after a failed transfer the engine
-        keeps serving its previous weights (see `weight_reload.RestoringReload`).
-        """
-        from vllm.distributed.weight_transfer.base import WeightTransferUpdateRequest
-
-        if not self._paused:
-            raise RuntimeError(f"engine {self.engine_id}: receive_weights called while not paused")
-        started = time.monotonic()
-        step = "start_weight_update"
-        self._weights_settled.clear()
-        try:
-            await asyncio.wait_for(self.engine.start_weight_update(), timeout_s)
-            step = "update_weights"
-            # A failed update ends vLLM's update session itself (our gloo and nccl engines restore the old
-            # weights first), so `finish` runs only after a complete transfer.
-            await asyncio.wait_for(
-                self.engine.update_weights(WeightTransferUpdateRequest(update_info=update_info)), timeout_s
-            )
-            step = "finish_weight_update"
-            await asyncio.wait_for(self.engine.finish_weight_update(weight_version=str(version)), timeout_s)
-        except Exception as error:
-            raise RuntimeError(
-                f"engine {self.engine_id}: weight sync step '{step}' failed: {type(error).__name__}: {error}"
-            ) from error
-        finally:
-            self._weights_settled.set()
-        self.weight_version = version
-        self._weight_updates += 1
-        return WeightsReceived(self.engine_id, version, time.monotonic() - started)
-
-    async def resume(self) -> float:
-        """Resume generation; returns the wall-clock time it resumed (for step-end-to-resume lag).
-
-        After a failed sync the driver resumes every engine at once, while one may still be receiving or
-        restoring its previous weights: decoding then would run on layers still on the meta device (seen
-        as an EngineCore crash), so the resume waits for the receive to end first."""
-        await self._weights_settled.wait()
-        await self.engine.resume_generation()
-        self._set_paused(False)
-        self._resumed.set()
-        self._room.set()
-        return time.time()
+    # ------------------------------------------------------------------ metrics
 
     def running_tokens(self) -> dict[str, int]:
         """Tokens generated so far by each running request (tests watch a request's progress)."""

@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any, Literal
 
-from open_instruct.config_fields import BEAKER_ONLY, arg
+from open_instruct.config.fields import BEAKER_ONLY, arg
 
 # LoRA and quantization flags are no-ops in open-instruct's grpo_fast; training the full model when a
 # user asked for adapters would be a silent surprise, so they are refused instead.
@@ -416,7 +416,7 @@ def _saving_problems(cfg) -> list[tuple[bool, str]]:
 
 
 def _model_problems(cfg) -> list[tuple[bool, str]]:
-    from open_instruct.models import TOKENIZER_FNS
+    from open_instruct.data.models import TOKENIZER_FNS
 
     t, r = cfg.tokenizer_model, cfg.resources
     attention = t.attn_implementation or "torch"

@@ -9,9 +9,9 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from open_instruct import hub
-from open_instruct.chat_templates import CHAT_TEMPLATE_NAMES, resolve_chat_template
-from open_instruct.embedded_default import EMBEDDED_MODEL_NAME, ensure_embedded_model
+from open_instruct.data import hub
+from open_instruct.data.chat_templates import CHAT_TEMPLATE_NAMES, resolve_chat_template
+from open_instruct.data.embedded_default import EMBEDDED_MODEL_NAME, ensure_embedded_model
 from open_instruct.errors import UserError
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from open_instruct.agents.settings import AgentSettings
-from open_instruct.config_resources import engine_gpu_share
+from open_instruct.config.resources import engine_gpu_share
 
 
 @dataclass(frozen=True)
@@ -86,8 +86,8 @@ def engine_args(settings: EngineSettings, on_gpu: bool | None = None):
     from vllm.config import WeightTransferConfig
     from vllm.engine.arg_utils import AsyncEngineArgs
 
-    from open_instruct.config_parity import resolve_dtype
-    from open_instruct.weight_sync import transport
+    from open_instruct.config.parity import resolve_dtype
+    from open_instruct.weights.transport import transport
 
     backend = settings.weight_transfer_backend
     on_gpu = torch.cuda.is_available() if on_gpu is None else on_gpu

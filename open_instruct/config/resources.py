@@ -1,7 +1,7 @@
 """Learner and resource flags: open-instruct's (placement, DeepSpeed, optimizer, weight transport) and ours
 for learner speed (token-budget micro-batches).
 
-Kept apart from config_parity because these steer the learners and the placement, not the data or the loss.
+Kept apart from `config.parity` because these steer the learners and the placement, not the data or the loss.
 """
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from open_instruct.config_fields import arg
-from open_instruct.config_parity import no_effect
+from open_instruct.config.fields import arg
+from open_instruct.config.parity import no_effect
 from open_instruct.placement import shared_mode_problems
 
 # --lr_scheduler_type names that transformers' get_scheduler builds from the warm-up and the run length

@@ -23,8 +23,9 @@ import logging
 import time
 from collections.abc import Callable
 
-from open_instruct import shm_sweep
-from open_instruct.engine_faults import HangWatch, PartialSamples
+from open_instruct.generation.faults import HangWatch, PartialSamples
+from open_instruct.generation.ledger import DeliveryLedger
+from open_instruct.generation.queues import RayChannel
 from open_instruct.messages import (
     Completion,
     EngineStarted,
@@ -35,8 +36,7 @@ from open_instruct.messages import (
     PromptStarted,
     SampleProgress,
 )
-from open_instruct.prompt_feeder import DeliveryLedger
-from open_instruct.queues import RayChannel
+from open_instruct.weights import shm_sweep
 
 logger = logging.getLogger(__name__)
 

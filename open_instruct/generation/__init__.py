@@ -1,0 +1,13 @@
+"""Generation: vLLM engines in Ray actors, the driver's handle on them, and recovery when one fails.
+
+actor.py           `GenerationActor`: one AsyncLLM pulling prompts, streaming scored Completions back
+agent_turns.py     a multi-turn sample (tools, environments): one engine request per turn
+scoring.py         a finished sample's reward, computed in the actor off its event loop
+weight_receive.py  the engine's side of a weight sync: pause (KV kept), receive, resume
+engine_setup.py    vLLM engine arguments from the configuration
+outputs.py         vLLM outputs -> Completions and progress reports (partial samples)
+queues.py          the shared prompt and result channels
+pool.py            `EnginePool` (driver handle): start, poll, pause/resume, respawn a dead engine, resubmit
+faults.py          what recovery keeps: partial samples of dead engines, hang detection
+ledger.py          `DeliveryLedger`: every admitted sample delivered exactly once
+"""

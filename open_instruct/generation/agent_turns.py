@@ -1,0 +1,53 @@
+"""Agent turns: a multi-turn sample (tool calls, environment steps) as one engine request per turn, joined
+into one Completion. The turn loop itself is pure (`agents.rollout`); this module gives it the engine: each
+turn is a `_generate_sample` of the actor with the turn's context, and a sample waiting on a tool parks
+(frees its engine slot)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+
+from open_instruct.messages import AgentRequest, Completion, PromptRequest
+
+
+async def agent_sample(actor, request: PromptRequest, sample_index: int) -> Completion:
+    """A multi-turn sample (tools, environments): one engine request per turn, one Completion."""
+    from open_instruct.agents.rollout import run_rollout
+
+    def turn(context: tuple[int, ...], max_tokens: int, stops: tuple[str, ...], index: int):
+        # The parser reads the closing tag of a call, so stop strings stay in every turn's output.
+        sampling = replace(
+            request.sampling,
+            max_tokens=max_tokens,
+            stop_strings=request.sampling.stop_strings + stops,
+            include_stop_str_in_output=True,
+        )
+        turn_request = replace(request, prompt_token_ids=context, sampling=sampling)
+        return actor._generate_sample(turn_request, sample_index, part=f"/t{index}", turn=index)
+
+    def encode(text: str) -> list[int]:
+        return actor.tokenizer.encode(text, add_special_tokens=False)
+
+    try:
+        out, trace = await run_rollout(
+            request.prompt_token_ids,
+            request.agent or AgentRequest(),
+            actor.toolbox,
+            turn,
+            encode,
+            request.sampling.max_tokens,
+            actor._parking,
+        )
+    except ValueError as error:  # a row's env_config its environment refuses (a missing reset key, ...)
+        return actor._empty(request, sample_index, "error", f"env_config of {request.prompt_id}: {error}")
+    first = out.first_turn
+    return Completion(
+        prompt_id=request.prompt_id, sample_index=sample_index, prompt_token_ids=request.prompt_token_ids,
+        response_token_ids=tuple(out.response_ids), behaviour_logprobs=tuple(out.logprobs),
+        finish_reason=out.finish_reason, version_spans=tuple(out.version_spans),  # type: ignore[arg-type]
+        admitted_version=request.admitted_version, engine_id=actor.engine_id,
+        response_text=actor.tokenizer.decode(out.response_ids, skip_special_tokens=True), error=out.error,
+        is_eval=request.is_eval, queued_at=request.queued_at, started_at=first.started_at if first else time.time(),
+        first_token_at=first.first_token_at if first else 0.0, agent=trace,
+    )  # fmt: skip

@@ -1,0 +1,83 @@
+"""The engine's side of a weight sync: pause (KV cache kept), receive, resume. A mixin of `GenerationActor`,
+kept apart because it is one protocol with its own failure rules (see `weights.sync`); it reads the actor's
+engine, pause flags and events."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from open_instruct.messages import EnginePaused, WeightsReceived
+
+
+class WeightReceiver:
+    async def pause(self, mode: str = "keep") -> EnginePaused:
+        """Stop admitting requests and freeze the engine for a weight sync.
+
+        'keep': running requests stay in the engine with their KV cache and continue with the
+        new weights after `resume` (in-flight update). 'wait': running requests first finish
+        with the current weights (the conservative baseline). The cache is never cleared:
+        clearing would preempt and recompute every running request.
+        """
+        if mode not in ("keep", "wait"):
+            raise ValueError(f"pause mode must be 'keep' or 'wait', got {mode!r}")
+        started = time.monotonic()
+        self._set_paused(True)
+        self._resumed.clear()
+        running = len(self._progress)
+        await self.engine.pause_generation(mode=mode, clear_cache=False)
+        return EnginePaused(self.engine_id, time.monotonic() - started, running, len(self._progress))
+
+    async def init_weight_transfer(self, init_info: dict) -> dict:
+        """Join the trainer's weight-transfer group (concurrently with the trainer's own init)."""
+        from vllm.distributed.weight_transfer.base import WeightTransferInitRequest
+
+        started = time.monotonic()
+        await self.engine.init_weight_transfer_engine(WeightTransferInitRequest(init_info=init_info))
+        return {"engine_id": self.engine_id, "init_s": time.monotonic() - started}
+
+    async def receive_weights(self, update_info: dict, version: int, timeout_s: float = 600.0) -> WeightsReceived:
+        """start → update (concurrently with the trainer's broadcast) → finish(version), engine paused.
+
+        Each step has its own timeout and a failure names it; after a failed transfer the engine
+        keeps serving its previous weights (see `weight_reload.RestoringReload`).
+        """
+        from vllm.distributed.weight_transfer.base import WeightTransferUpdateRequest
+
+        if not self._paused:
+            raise RuntimeError(f"engine {self.engine_id}: receive_weights called while not paused")
+        started = time.monotonic()
+        step = "start_weight_update"
+        self._weights_settled.clear()
+        try:
+            await asyncio.wait_for(self.engine.start_weight_update(), timeout_s)
+            step = "update_weights"
+            # A failed update ends vLLM's update session itself (our gloo and nccl engines restore the old
+            # weights first), so `finish` runs only after a complete transfer.
+            await asyncio.wait_for(
+                self.engine.update_weights(WeightTransferUpdateRequest(update_info=update_info)), timeout_s
+            )
+            step = "finish_weight_update"
+            await asyncio.wait_for(self.engine.finish_weight_update(weight_version=str(version)), timeout_s)
+        except Exception as error:
+            raise RuntimeError(
+                f"engine {self.engine_id}: weight sync step '{step}' failed: {type(error).__name__}: {error}"
+            ) from error
+        finally:
+            self._weights_settled.set()
+        self.weight_version = version
+        self._weight_updates += 1
+        return WeightsReceived(self.engine_id, version, time.monotonic() - started)
+
+    async def resume(self) -> float:
+        """Resume generation; returns the wall-clock time it resumed (for step-end-to-resume lag).
+
+        After a failed sync the driver resumes every engine at once, while one may still be receiving or
+        restoring its previous weights: decoding then would run on layers still on the meta device (seen
+        as an EngineCore crash), so the resume waits for the receive to end first."""
+        await self._weights_settled.wait()
+        await self.engine.resume_generation()
+        self._set_paused(False)
+        self._resumed.set()
+        self._room.set()
+        return time.time()

@@ -1,0 +1,12 @@
+"""Moving new learner weights into running engines (in-flight, KV cache kept).
+
+sync.py       `WeightSync` (driver handle): pause → transfer → finish(version) → resume, failures named
+transport.py  the `WeightTransport` Protocol, the registry of transports, shared wire-format checks
+gloo.py       CPU transport: a gloo broadcast into vLLM's weight-transfer API
+nccl.py       GPU transport: vLLM's NCCL engine, restoring the old weights on failure
+shm.py        CPU transport for engines on the learner's node: one shared-memory file
+ipc.py        GPU transport for engines on the learner's GPU: CUDA IPC handles
+reload.py     engine side: a failed update restores the previous weights
+watchdog.py   learner side: a send that overruns the sync timeout is abandoned
+shm_sweep.py  removing shared-memory files left by killed runs
+"""

@@ -1,0 +1,49 @@
+"""Every registered weight transport satisfies the declared interface (`weights.transport`): the constants
+both ends read, and the trainer calls of its shape (broadcast or staged) with the parameters the learner and
+the driver pass."""
+
+from __future__ import annotations
+
+import inspect
+
+import pytest
+
+from open_instruct.weights import transport as transports
+
+
+def _members(protocol) -> dict[str, object]:
+    names = set(getattr(protocol, "__annotations__", {}))
+    for klass in protocol.__mro__:
+        if klass is object or klass.__name__ in ("Protocol", "Generic"):
+            continue
+        names |= set(getattr(klass, "__annotations__", {}))
+        names |= {n for n, v in vars(klass).items() if callable(v) and not n.startswith("_")}
+    return {name: getattr(protocol, name, None) for name in sorted(names)}
+
+
+@pytest.mark.parametrize("backend", transports.TRANSPORTS)
+def test_each_transport_module_implements_its_protocol(backend):
+    module = transports.transport(backend)
+    protocol = transports.StagedTransport if module.STAGED else transports.BroadcastTransport
+    for name, declared in _members(protocol).items():
+        assert hasattr(module, name), f"weights.{backend} lacks {name} ({protocol.__name__})"
+        if callable(declared):
+            wanted = [p for p in inspect.signature(declared).parameters if p not in ("self", "args", "kwargs")]
+            given = list(inspect.signature(getattr(module, name)).parameters)
+            assert given[: len(wanted)] == wanted, f"weights.{backend}.{name}{given} does not take {wanted}"
+    assert backend == module.BACKEND
+    assert module.WORKER_EXTENSION.startswith(module.__name__ + ".")
+    for flag in ("STAGED", "EVERY_RANK_STAGES", "KEEPS_REFERENCES", "RECEIVE_CAN_HANG"):
+        assert isinstance(getattr(module, flag), bool), f"weights.{backend}.{flag}"
+    assert isinstance(module.ENGINE_ENV, dict)
+    info = module.worker_init_info("10.0.0.1", 1234, 5, 60.0, rank_offset=3)
+    assert isinstance(info, dict)
+    if not module.STAGED:  # one group: rank 0 sends, each engine's ranks start at its offset
+        assert not module.EVERY_RANK_STAGES and not module.KEEPS_REFERENCES
+        assert info["rank_offset"] == 3 and info["world_size"] == 5
+        assert module.update_info(["x"], ["bfloat16"], [[2]], 1024)["names"] == ["x"]
+
+
+def test_an_unknown_backend_is_named_with_the_choices():
+    with pytest.raises(ValueError, match=r"unknown weight-transfer backend 'tcp': expected 'gloo' \(CPU\)"):
+        transports.transport("tcp")
