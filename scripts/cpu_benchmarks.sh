@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Every benchmark of the README on this machine, in order, writing JSON and PNGs under $OUT
+# Every benchmark of docs/benchmarks.md on this machine, in order, writing JSON and PNGs under $OUT
 # (default output/bench): weight_sync.json (pause vs model size), learner_step.json (pi_old pass, fixed
 # rows vs token budget, gradient checkpointing), replay/ (engines-only replay,
 # response-length sweep), e2e/ (sync vs one-step vs streaming, + measured.json), simulator/ (cost

@@ -8,7 +8,7 @@
 # Usage: bash scripts/long_generations_experiment.sh [extra grpo_fast.py flags...]
 #   The flags are the seed's, token for token. With 16k-token tails a group outlasts ~3 learner steps;
 #   the default --async_steps 8 (open-instruct's) covers that, and appending --async_steps auto lets the
-#   lookahead follow the measured need (about 3, so less staleness; README, "Cluster-scale simulator").
+#   lookahead follow the measured need (about 3, so less staleness; docs/benchmarks.md, "Cluster-scale simulator").
 #   DRY_RUN=1 bash scripts/long_generations_experiment.sh   # print the Beaker specs, submit nothing
 # Environment (all optional):
 #   MODELS   space-separated, from: qwen2_5 qwen3 olmo2_lc          (default: qwen2_5)

@@ -1,6 +1,6 @@
 """Smoke runs of the benchmarks with the real stack: each mode produces the JSON contract and its plots.
 
-The numbers themselves are measured by the benchmarks, not asserted here (see README); these runs are
+The numbers themselves are measured by the benchmarks, not asserted here (see docs/benchmarks.md); these runs are
 tiny so they fit in CI.
 """
 
@@ -24,7 +24,7 @@ MODE_KEYS = {
 
 @pytest.fixture(scope="module")
 def quick_bench(tmp_path_factory):
-    """scripts/cpu_benchmarks.sh in QUICK mode: every benchmark of the README, shrunk to a smoke run."""
+    """scripts/cpu_benchmarks.sh in QUICK mode: every benchmark of docs/benchmarks.md, shrunk to a smoke run."""
     import os
     import subprocess
     from pathlib import Path

@@ -12,6 +12,13 @@ from typing import Any
 from open_instruct.errors import UserError
 
 BEAKER_ONLY = "[Beaker only: accepted for compatibility with open-instruct scripts; no effect here] "
+# What a flag's help starts with says what kind of flag it is (see `flag_kind`); argparse passes every field
+# metadata key on to `add_argument`, so the help text is the one place a kind can be written.
+KIND_PREFIXES = {
+    BEAKER_ONLY.strip(): "Beaker only",
+    "[no effect, as in open-instruct's grpo_fast:": "no effect (as in open-instruct)",
+    "[not supported yet:": "not supported yet",
+}
 
 
 class ConfigError(UserError, ValueError):
@@ -23,6 +30,14 @@ def arg(default: Any = None, help: str = "", **kwargs) -> Any:
     if isinstance(default, list):
         return field(default_factory=lambda: list(default), metadata={"help": help, **kwargs})
     return field(default=default, metadata={"help": help, **kwargs})
+
+
+def flag_kind(help_text: str) -> str:
+    """'works', or why it does not: 'Beaker only', 'no effect (as in open-instruct)', 'not supported yet'."""
+    for prefix, kind in KIND_PREFIXES.items():
+        if help_text.startswith(prefix):
+            return kind
+    return "works"
 
 
 def mixer_problems(flag: str, mix: list[str]) -> list[str]:
