@@ -46,7 +46,7 @@ class BatchSettings:
     def from_config(cls, cfg, pad_token_id: int) -> BatchSettings:
         from open_instruct.config.resources import micro_batch_token_budget
 
-        a = cfg.algorithm
+        algorithm = cfg.algorithm
         flash = (cfg.tokenizer_model.attn_implementation or "").startswith("flash")
         sequence_parallel = cfg.resources.sequence_parallel_size
         return cls(
@@ -54,10 +54,10 @@ class BatchSettings:
             pad_token_id=pad_token_id,
             world_size=cfg.world_size // sequence_parallel,  # data-parallel ranks: each SP group shares a batch
             micro_batch_size=cfg.learner.per_device_train_batch_size,
-            num_mini_batches=a.num_mini_batches,
-            advantage_normalization=a.advantage_normalization_type,
-            filter_zero_std=a.filter_zero_std_samples,
-            mask_truncated=a.mask_truncated_completions,
+            num_mini_batches=algorithm.num_mini_batches,
+            advantage_normalization=algorithm.advantage_normalization_type,
+            filter_zero_std=algorithm.filter_zero_std_samples,
+            mask_truncated=algorithm.mask_truncated_completions,
             mask_tool_use=cfg.tools.mask_tool_use,
             token_budget=micro_batch_token_budget(cfg),
             per_document_attention=flash,

@@ -46,9 +46,12 @@ def init_ray(min_logical_cpus: int = 1) -> None:
     # Every actor call leaves a task event in the GCS (the queues' polls alone make thousands per step):
     # capped, so the GCS stays flat in a long run (scripts/soak.py).
     ray.init(
-        num_cpus=num_cpus, runtime_env=env, include_dashboard=False, log_to_driver=True,
+        num_cpus=num_cpus,
+        runtime_env=env,
+        include_dashboard=False,
+        log_to_driver=True,
         _system_config={"task_events_max_num_task_in_gcs": TASK_EVENTS_KEPT},
-    )  # fmt: skip
+    )
 
 
 def shutdown_ray() -> None:
@@ -198,15 +201,18 @@ class Stack:
         from open_instruct.learner.actor import LearnerSettings
         from open_instruct.learner.group import LearnerGroup
         from open_instruct.placement import plan_placement
-        from open_instruct.rewards.scoring import RewardSettings
         from open_instruct.weights.sync import SyncSettings, WeightSync
 
-        g, r = cfg.generation, cfg.resources
-        init_ray(min_logical_cpus=2 * (g.vllm_num_engines + cfg.world_size) + 1)
+        generation, resources = cfg.generation, cfg.resources
+        init_ray(min_logical_cpus=2 * (generation.vllm_num_engines + cfg.world_size) + 1)
         placement = plan_placement(
-            cluster_shape(), g.vllm_num_engines, g.vllm_tensor_parallel_size, cfg.learner.num_learners_per_node,
-            single_gpu_mode=r.single_gpu_mode, sync_backend=r.vllm_sync_backend,
-        )  # fmt: skip
+            cluster_shape(),
+            generation.vllm_num_engines,
+            generation.vllm_tensor_parallel_size,
+            cfg.learner.num_learners_per_node,
+            single_gpu_mode=resources.single_gpu_mode,
+            sync_backend=resources.vllm_sync_backend,
+        )
         logger.info("placement: %s", placement)
         learner_groups = reserve_learner_groups(placement)
         settings = dataclasses.replace(
@@ -214,20 +220,15 @@ class Stack:
             weight_transfer_backend=placement.transport,
             cpu_cores=placement.engine_cores,
         )
-        strategies = engine_strategies(placement, learner_groups, g.vllm_num_engines)
-
-        def engines(indices: list[int]) -> list:  # new actors, not started; a replacement keeps its index
-            return create_generation_actors(
-                settings, len(indices), RewardSettings.from_config(cfg), gpus_per_engine=placement.gpus_per_engine,
-                actor_class=engine_class, extra_args=engine_args, strategies=[strategies[i] for i in indices],
-                indices=indices,
-            )  # fmt: skip
-
+        engines = self._engine_factory(cfg, settings, placement, learner_groups, engine_class, engine_args)
         self.pool = EnginePool(
-            engines(list(range(g.vllm_num_engines))), prompt_capacity=cfg.prompt_queue_capacity,
-            respawn=lambda engine_id: engines([engine_id])[0], rejoin=lambda: self.sync.rejoin(),
-            max_restarts=r.max_engine_restarts, hang_timeout_s=r.engine_hang_timeout_s,
-        )  # fmt: skip
+            engines(list(range(generation.vllm_num_engines))),
+            prompt_capacity=cfg.prompt_queue_capacity,
+            respawn=lambda engine_id: engines([engine_id])[0],
+            rejoin=lambda: self.sync.rejoin(),
+            max_restarts=resources.max_engine_restarts,
+            hang_timeout_s=resources.engine_hang_timeout_s,
+        )
         learner_settings = dataclasses.replace(
             LearnerSettings.from_config(cfg, model_path), cpu_cores=placement.learner_cores
         )
@@ -248,6 +249,27 @@ class Stack:
             SyncSettings.from_config(cfg, placement.transport, on_gpu=placement.gpus_per_learner > 0),
         )
         logger.info("weight transfer group ready: %s", self.sync.connect())
+
+    @staticmethod
+    def _engine_factory(cfg, settings, placement, learner_groups, engine_class, engine_args):
+        """indices -> new engine actors, not started; a replacement keeps the index (and placement) it replaces."""
+        from open_instruct.rewards.scoring import RewardSettings
+
+        strategies = engine_strategies(placement, learner_groups, cfg.generation.vllm_num_engines)
+
+        def engines(indices: list[int]) -> list:
+            return create_generation_actors(
+                settings,
+                len(indices),
+                RewardSettings.from_config(cfg),
+                gpus_per_engine=placement.gpus_per_engine,
+                actor_class=engine_class,
+                extra_args=engine_args,
+                strategies=[strategies[i] for i in indices],
+                indices=indices,
+            )
+
+        return engines
 
     def close(self) -> None:
         if self.pool is not None:

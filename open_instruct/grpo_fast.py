@@ -126,11 +126,38 @@ def check_services(cfg: Config, prompts) -> None:
         check_code_service(cfg.reward.code_api_url)
 
 
+def load_data(cfg: Config, tokenizer):
+    """The training and evaluation prompts, with their reports logged; the services they need checked."""
+    from open_instruct.data import dataset as data
+
+    model_cfg, train_data, eval_data = data.data_inputs(cfg)
+    loaded = []
+    for split, data_cfg, cache_key in (
+        ("train", train_data, cfg.data_extras.dataset_config_hash),
+        ("eval", eval_data, cfg.data_extras.dataset_config_eval_hash),
+    ):
+        prompts = data.load_prompt_dataset(
+            data_cfg,
+            model_cfg,
+            tokenizer,
+            split,
+            cfg.remap_verifier,
+            seed=cfg.experiment.seed,
+            tools_cfg=cfg.tools,
+            forced_cache_key=cache_key,
+        )
+        logger.info("%s data:\n%s", "training" if split == "train" else "evaluation", prompts.report.summary())
+        if split == "train":
+            note_small_dataset(cfg, len(prompts.prompts))
+            check_services(cfg, prompts.prompts)
+        loaded.append(prompts)
+    return loaded
+
+
 def run(cfg: Config, engine_class=None, engine_args: tuple = ()) -> dict:
     """Load the data, build the Ray-backed collaborators, train; every actor is gone when this returns.
     `engine_class`/`engine_args`: a GenerationActor subclass (benchmarks and tests shape or force samples)."""
     from open_instruct.cluster import Stack
-    from open_instruct.data import dataset as data
     from open_instruct.data.models import check_model_sources, load_tokenizer, packing_pad_id, resolve_model_path
     from open_instruct.orchestrator import StopRequest, SystemClock, TrainingLoop
     from open_instruct.tracking import RunLog
@@ -138,21 +165,7 @@ def run(cfg: Config, engine_class=None, engine_args: tuple = ()) -> dict:
     check_model_sources(cfg.model, cfg.tokenizer_model)  # before anything starts: a bad name costs seconds
     model_path = resolve_model_path(cfg.model.model_name_or_path)
     tokenizer = load_tokenizer(cfg.model, cfg.tokenizer_model)
-    seed = cfg.experiment.seed
-    model_cfg, train_data, eval_data = data.data_inputs(cfg)
-    keys = cfg.data_extras
-    train = data.load_prompt_dataset(
-        train_data, model_cfg, tokenizer, "train", cfg.remap_verifier, seed=seed, tools_cfg=cfg.tools,
-        forced_cache_key=keys.dataset_config_hash,
-    )  # fmt: skip
-    logger.info("training data:\n%s", train.report.summary())
-    note_small_dataset(cfg, len(train.prompts))
-    check_services(cfg, train.prompts)
-    evaluation = data.load_prompt_dataset(
-        eval_data, model_cfg, tokenizer, "eval", cfg.remap_verifier, seed=seed, tools_cfg=cfg.tools,
-        forced_cache_key=keys.dataset_config_eval_hash,
-    )  # fmt: skip
-    logger.info("evaluation data:\n%s", evaluation.report.summary())
+    train, evaluation = load_data(cfg, tokenizer)
     if cfg.data_extras.cache_dataset_only:
         return {"status": "completed", "cached_only": True, "train_prompts": len(train.prompts)}
     stop = StopRequest()

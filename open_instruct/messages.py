@@ -30,13 +30,13 @@ class SamplingSettings:
 
     @classmethod
     def from_config(cls, cfg) -> SamplingSettings:
-        g = cfg.generation
+        generation = cfg.generation
         return cls(
-            max_tokens=g.response_length,
-            temperature=g.temperature,
-            top_p=g.vllm_top_p,
+            max_tokens=generation.response_length,
+            temperature=generation.temperature,
+            top_p=generation.vllm_top_p,
             stop_strings=cfg.stop_strings,
-            include_stop_str_in_output=g.include_stop_str_in_output,
+            include_stop_str_in_output=generation.include_stop_str_in_output,
         )
 
 

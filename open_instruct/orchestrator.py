@@ -138,8 +138,8 @@ class TrainingLoop:
             log,
         )
         self.eval_rows, self.tokenizer, self.stop = list(eval_rows), tokenizer, stop or StopRequest()
-        g = cfg.generation
-        self.num_steps, self.per_step = cfg.num_training_steps, g.num_unique_prompts_rollout
+        generation = cfg.generation
+        self.num_steps, self.per_step = cfg.num_training_steps, generation.num_unique_prompts_rollout
         self.sampling = SamplingSettings.from_config(cfg)
         self.step, self.version, self.episodes = 0, 0, 0
         self.outcomes = PromptOutcomes()
@@ -152,7 +152,7 @@ class TrainingLoop:
         self.feeder = PromptFeeder(
             train_rows,
             prompts_per_step=self.per_step,
-            samples_per_prompt=g.num_samples_per_prompt_rollout,
+            samples_per_prompt=generation.num_samples_per_prompt_rollout,
             async_steps=self.lookahead.current,
             sampling=self.sampling,
             seed=cfg.experiment.seed,
@@ -343,11 +343,18 @@ class TrainingLoop:
 
     def start_eval(self) -> None:
         sampling = dataclasses.replace(self.sampling, max_tokens=self.cfg.eval_response_length)
-        e = self.cfg.eval_extras
+        eval_extras = self.cfg.eval_extras
         self.eval_round = EvalRound.build(
-            self.eval_rows, self.step, sampling, self.cfg.experiment.seed, self.version, self.clock.time(),
-            samples=e.eval_pass_at_k, top_p=e.eval_top_p, max_reward=self.cfg.max_possible_reward,
-        )  # fmt: skip
+            self.eval_rows,
+            self.step,
+            sampling,
+            self.cfg.experiment.seed,
+            self.version,
+            self.clock.time(),
+            samples=eval_extras.eval_pass_at_k,
+            top_p=eval_extras.eval_top_p,
+            max_reward=self.cfg.max_possible_reward,
+        )
         self.engines.submit(self.eval_round.requests)
 
     def evaluate_if_due(self) -> dict:
@@ -419,9 +426,11 @@ class TrainingLoop:
         )
 
     def checkpoint_if_due(self) -> None:
-        e = self.cfg.experiment
-        if e.save_freq > 0 and self.step % e.save_freq == 0:
-            checkpoints.save_model(self.learners, self.tokenizer, e.output_dir, self.step, e.keep_last_n_checkpoints)
+        experiment = self.cfg.experiment
+        if experiment.save_freq > 0 and self.step % experiment.save_freq == 0:
+            checkpoints.save_model(
+                self.learners, self.tokenizer, experiment.output_dir, self.step, experiment.keep_last_n_checkpoints
+            )
         stopping = self.stop.reason is not None
         due = any(self.step % every == 0 for every in state_save_every(self.cfg))
         saved_in = state_dir(self.cfg)
@@ -429,7 +438,7 @@ class TrainingLoop:
             if stopping:  # running samples are cut and kept whole in the state, to continue after the resume
                 self.receive(self.engines.stop("interrupt"))
                 self.settle_dropped()
-            checkpoints.save_state(self.learners, saved_in, self.driver_state(), e.keep_last_n_checkpoints)
+            checkpoints.save_state(self.learners, saved_in, self.driver_state(), experiment.keep_last_n_checkpoints)
 
     def driver_state(self) -> checkpoints.DriverState:
         """Open groups keep their delivered samples; their prompts are re-queued for the missing ones only,
@@ -456,10 +465,14 @@ class TrainingLoop:
         )
 
     def finish(self, elapsed: float) -> dict:
-        e = self.cfg.experiment
+        experiment = self.cfg.experiment
         completed = self.step >= self.num_steps
-        if completed and e.save_freq > 0 and self.step % e.save_freq != 0:  # the final model is always saved
-            checkpoints.save_model(self.learners, self.tokenizer, e.output_dir, self.step, e.keep_last_n_checkpoints)
+        if (
+            completed and experiment.save_freq > 0 and self.step % experiment.save_freq != 0
+        ):  # the final model is always saved
+            checkpoints.save_model(
+                self.learners, self.tokenizer, experiment.output_dir, self.step, experiment.keep_last_n_checkpoints
+            )
         leftover = sorted(self.untrained)
         self.engines.stop("abort")
         evals = self.log.evals

@@ -101,9 +101,15 @@ def _datasets(cfg, tokenizer):
         ("eval", eval_data, cfg.data_extras.dataset_config_eval_hash),
     ):
         loaded[which] = data.load_prompt_dataset(
-            data_cfg, model_cfg, tokenizer, which, cfg.remap_verifier, seed=cfg.experiment.seed,
-            tools_cfg=cfg.tools, forced_cache_key=key,
-        )  # fmt: skip
+            data_cfg,
+            model_cfg,
+            tokenizer,
+            which,
+            cfg.remap_verifier,
+            seed=cfg.experiment.seed,
+            tools_cfg=cfg.tools,
+            forced_cache_key=key,
+        )
     lines = [loaded[which].report.summary().splitlines()[0] for which in ("train", "eval")]
     return "; ".join(lines), loaded["train"].prompts + loaded["eval"].prompts
 
@@ -173,22 +179,23 @@ def _resources(cfg):
     """GPUs and nodes the layout needs, checked against the placement rules on nodes of 8 GPUs."""
     from open_instruct.placement import ClusterShape, plan_placement
 
-    g, r = cfg.generation, cfg.resources
+    generation, resources = cfg.generation, cfg.resources
     learners = list(cfg.learner.num_learners_per_node)
-    engine_gpus = 0 if r.single_gpu_mode else g.vllm_num_engines * g.vllm_tensor_parallel_size
+    engine_gpus = 0 if resources.single_gpu_mode else generation.vllm_num_engines * generation.vllm_tensor_parallel_size
     gpus = cfg.world_size + engine_gpus
     nodes = max(len(learners), math.ceil(gpus / GPUS_PER_NODE))
     plan_placement(
         ClusterShape(gpus_per_node=(GPUS_PER_NODE,) * nodes),
-        g.vllm_num_engines,
-        g.vllm_tensor_parallel_size,
+        generation.vllm_num_engines,
+        generation.vllm_tensor_parallel_size,
         learners,
-        single_gpu_mode=r.single_gpu_mode,
-        sync_backend=r.vllm_sync_backend,
+        single_gpu_mode=resources.single_gpu_mode,
+        sync_backend=resources.vllm_sync_backend,
     )
     layout = (
-        f"{cfg.world_size} learners ({' '.join(map(str, learners))} per node) + {g.vllm_num_engines} engines x tp "
-        f"{g.vllm_tensor_parallel_size}" + (" sharing their GPUs" if r.single_gpu_mode else "")
+        f"{cfg.world_size} learners ({' '.join(map(str, learners))} per node) + "
+        f"{generation.vllm_num_engines} engines x tp {generation.vllm_tensor_parallel_size}"
+        + (" sharing their GPUs" if resources.single_gpu_mode else "")
     )
     run = f"{cfg.num_training_steps} steps of {cfg.rollout_batch_size} samples, lookahead up to {cfg.lookahead_max}"
     return f"{layout} = {gpus} GPUs on >= {nodes} node(s) of {GPUS_PER_NODE}; {run}", None

@@ -242,3 +242,35 @@ def test_test_files_share_code_through_helpers_never_through_each_other():
                 f"{path.relative_to(REPO)} imports {n}" for n in names if n.split(".")[-1].startswith("test_")
             ]
     assert not offenders, "\n".join(offenders)
+
+
+CONFIG_HOLDERS = {"cfg", "config", "self.cfg", "self.config", "settings", "self.settings"}
+
+
+def test_no_squeezing_no_fmt_skip_and_no_short_aliases_of_configuration():
+    """A flag keeps its name where it is used: `generation.temperature`, not `g.temperature`; and code is
+    formatted like all other code (`# fmt: skip` hides length, it does not remove it)."""
+    found = []
+    for path in PACKAGE.rglob("*.py"):
+        if "benchmarks" in path.relative_to(PACKAGE).parts:
+            continue
+        text = path.read_text()
+        found += [
+            f"{path.relative_to(REPO)}:{i} fmt: skip"
+            for i, line in enumerate(text.splitlines(), 1)
+            if "fmt: skip" in line
+        ]
+        for node in ast.walk(ast.parse(text)):
+            if not isinstance(node, ast.Assign) or len(node.targets) != 1:
+                continue
+            target, value = node.targets[0], node.value
+            pairs = (
+                zip(target.elts, value.elts)
+                if isinstance(target, ast.Tuple) and isinstance(value, ast.Tuple)
+                else [(target, value)]
+            )
+            for name, source in pairs:
+                short = isinstance(name, ast.Name) and len(name.id) <= 2
+                if short and isinstance(source, ast.Attribute) and ast.unparse(source.value) in CONFIG_HOLDERS:
+                    found.append(f"{path.relative_to(REPO)}:{node.lineno} {name.id} = {ast.unparse(source)}")
+    assert not found, "\n".join(found)

@@ -218,16 +218,20 @@ class SandboxEnv:
     ) -> None:
         prefix = f"--tool_configs for {ENV_NAME!r}:"
         if backend != "code_server":
-            raise ValueError(f"{prefix} backend {backend!r} is not available; commands run in our code service "
-                             "(backend 'code_server', at api_endpoint)")  # fmt: skip
+            raise ValueError(
+                f"{prefix} backend {backend!r} is not available; commands run in our code service "
+                "(backend 'code_server', at api_endpoint)"
+            )
         if image != "python:3.12-slim":
             raise ValueError(f"{prefix} 'image' is a Docker setting; commands run with the code service's interpreter")
         if mem_limit != "4g":
             raise ValueError(f"{prefix} 'mem_limit' is a Docker setting; start the code service with --memory_limit_mb")
         most = ENV_STEP_TIMEOUT_S - _PACK_S - 2 * _HTTP_MARGIN_S
         if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not 0 < timeout <= most:
-            raise ValueError(f"{prefix} 'timeout' must be in (0, {most:g}] seconds per command, got {timeout!r} "
-                             f"(an environment step gets {ENV_STEP_TIMEOUT_S:g} s)")  # fmt: skip
+            raise ValueError(
+                f"{prefix} 'timeout' must be in (0, {most:g}] seconds per command, got {timeout!r} "
+                f"(an environment step gets {ENV_STEP_TIMEOUT_S:g} s)"
+            )
         if isinstance(penalty, bool) or not isinstance(penalty, int | float):
             raise ValueError(f"{prefix} 'penalty' must be a number, got {penalty!r}")
         self.penalty = float(penalty)

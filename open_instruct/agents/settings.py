@@ -133,16 +133,16 @@ class AgentSettings:
         from open_instruct.agents.parsers import PARSER_ALIASES
         from open_instruct.agents.web_tools import with_credentials
 
-        t = cfg.tools
+        tools = cfg.tools
         return cls(
             # keys are read once, on the driver: engines on other nodes need not have them exported
-            tools=tuple(with_credentials(spec) for spec in tool_specs(t)),
-            parser_type=PARSER_ALIASES.get(t.tool_parser_type, t.tool_parser_type),
-            max_steps=t.max_steps,
-            per_turn_max_tokens=t.per_turn_max_tokens,
-            pool_size=t.pool_size or cfg.rollout_batch_size,
+            tools=tuple(with_credentials(spec) for spec in tool_specs(tools)),
+            parser_type=PARSER_ALIASES.get(tools.tool_parser_type, tools.tool_parser_type),
+            max_steps=tools.max_steps,
+            per_turn_max_tokens=tools.per_turn_max_tokens,
+            pool_size=tools.pool_size or cfg.rollout_batch_size,
             max_model_len=cfg.data.max_prompt_token_length
             + max(cfg.generation.response_length, cfg.eval_response_length),
-            reward_aggregator=t.reward_aggregator,
-            only_reward_good_outputs=t.only_reward_good_outputs,
+            reward_aggregator=tools.reward_aggregator,
+            only_reward_good_outputs=tools.only_reward_good_outputs,
         )

@@ -292,12 +292,21 @@ def base_config(args, out: Path, tool_flags: list[str]):
 
     response_length = args.max_tokens + CALL_HEADROOM_TOKENS
     flags = {
-        "num_unique_prompts_rollout": args.prompts, "num_samples_per_prompt_rollout": args.samples,
-        "total_episodes": args.steps * args.prompts * args.samples, "response_length": response_length,
-        "max_prompt_token_length": 64, "pack_length": response_length + 64, "beta": 0, "learning_rate": 1e-5,
-        "lr_scheduler_type": "constant", "num_evals": 0, "save_freq": 0, "vllm_kv_cache_gib": 0.5,
-        "max_off_policy_steps": args.max_off_policy_steps, "output_dir": out,
-    }  # fmt: skip
+        "num_unique_prompts_rollout": args.prompts,
+        "num_samples_per_prompt_rollout": args.samples,
+        "total_episodes": args.steps * args.prompts * args.samples,
+        "response_length": response_length,
+        "max_prompt_token_length": 64,
+        "pack_length": response_length + 64,
+        "beta": 0,
+        "learning_rate": 1e-5,
+        "lr_scheduler_type": "constant",
+        "num_evals": 0,
+        "save_freq": 0,
+        "vllm_kv_cache_gib": 0.5,
+        "max_off_policy_steps": args.max_off_policy_steps,
+        "output_dir": out,
+    }
     argv = [token for name, value in flags.items() for token in (f"--{name}", str(value))]
     return parse_config(argv + tool_flags)
 

@@ -107,8 +107,9 @@ def main(argv: list[str] | None = None) -> dict:
     model_path = str(ensure_embedded_model())
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     lengths = lognormal_lengths(args.prompts, args.median_tokens, args.sigma, args.max_tokens, args.seed)
-    settings = EngineSettings(model_path, args.max_tokens + 64, kv_cache_gib=args.kv_cache_gib,
-                              max_concurrency=args.concurrency)  # fmt: skip
+    settings = EngineSettings(
+        model_path, args.max_tokens + 64, kv_cache_gib=args.kv_cache_gib, max_concurrency=args.concurrency
+    )
     cluster.init_ray(min_logical_cpus=2)
     pool = EnginePool(cluster.create_generation_actors(settings, 1), prompt_capacity=args.prompts + 1)
     try:

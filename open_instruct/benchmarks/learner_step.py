@@ -89,9 +89,15 @@ def train_steps(
     from open_instruct.learner.group import LearnerGroup
 
     settings = LearnerSettings(
-        model_path=model_path, deepspeed_stage=stage, learning_rate=1e-5, lr_scheduler_type="constant",
-        total_steps=steps, gradient_checkpointing=gradient_checkpointing, importance_ratio_cap=2.0, **options,
-    )  # fmt: skip
+        model_path=model_path,
+        deepspeed_stage=stage,
+        learning_rate=1e-5,
+        lr_scheduler_type="constant",
+        total_steps=steps,
+        gradient_checkpointing=gradient_checkpointing,
+        importance_ratio_cap=2.0,
+        **options,
+    )
     cluster.init_ray(min_logical_cpus=3)
     try:
         learners = LearnerGroup(cluster.create_learner_actors(settings, [2]), batch_settings)

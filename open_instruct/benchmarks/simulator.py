@@ -279,8 +279,9 @@ def simulate(
     with _loop_warnings_silenced():
         summary = loop.run()
     lookahead = int(steps) if steps.isdigit() else steps
-    return _result(mode, lookahead, workload, world.now, engines, learners, sync, log.history, summary,
-                   loop.lookahead.current)  # fmt: skip
+    return _result(
+        mode, lookahead, workload, world.now, engines, learners, sync, log.history, summary, loop.lookahead.current
+    )
 
 
 def _result(
@@ -630,9 +631,11 @@ def parse_args(argv: list[str] | None):
     parser.add_argument("--measured", type=Path, help="measurements, a workload and a cluster (see fit_cost_model)")
     parser.add_argument("--output", type=Path, default=Path("output/simulator"), help="for simulator.json and PNGs")
     parser.add_argument(
-        "--seed_steps", type=int, default=SEED_CLUSTER_WORKLOAD.num_steps,
+        "--seed_steps",
+        type=int,
+        default=SEED_CLUSTER_WORKLOAD.num_steps,
         help="steps of the seed-cluster projection (its first quarter is warm-up)",
-    )  # fmt: skip
+    )
     parser.add_argument("--async_steps", type=int, default=1, help="streaming's async_steps on the measured setup")
     parser.add_argument(
         "--async_sweep",
@@ -657,9 +660,12 @@ def validate_on_measurements(path: Path, async_steps: int) -> tuple[dict[str, An
     runs = run_modes(workload, cost, cluster, async_steps, data.get("max_off_policy_steps"))
     summary = summarize(runs)
     entry: dict[str, Any] = {
-        "cost_model": asdict(cost), "workload": asdict(workload), "cluster": asdict(cluster), **summary,
+        "cost_model": asdict(cost),
+        "workload": asdict(workload),
+        "cluster": asdict(cluster),
+        **summary,
         "sim_s": time.monotonic() - started,
-    }  # fmt: skip
+    }
     print(f"== measured setup ({path}): {cluster.num_engines} engines, {cluster.num_learners} learners")
     print(f"fitted cost model: {cost}")
     print(format_table(summary))
@@ -687,10 +693,13 @@ def project_seed_cluster(num_steps: int, sweep_steps: list[int]) -> tuple[dict[s
     )
     print(format_sweep(sweep))
     entry = {
-        "cost_model": asdict(GPU_H100_COST), "workload": asdict(seed), "cluster": asdict(SEED_CLUSTER),
+        "cost_model": asdict(GPU_H100_COST),
+        "workload": asdict(seed),
+        "cluster": asdict(SEED_CLUSTER),
         "learner_step_ratio_measured": LEARNER_STEP_RATIO,
-        **sweep.as_json(), "sim_s": time.monotonic() - started,
-    }  # fmt: skip
+        **sweep.as_json(),
+        "sim_s": time.monotonic() - started,
+    }
     return entry, sweep
 
 

@@ -437,10 +437,10 @@ def _validate(cfg: Config) -> list[str]:
     problems.extend(tool_problems(cfg.tools) or config_problems(cfg.tools))
     problems.extend(parity_problems(cfg))
     problems.extend(resource_problems(cfg))
-    d = cfg.data
+    data = cfg.data
     for flag, mix in (
-        ("--dataset_mixer_list", d.dataset_mixer_list),
-        ("--dataset_mixer_eval_list", d.dataset_mixer_eval_list),
+        ("--dataset_mixer_list", data.dataset_mixer_list),
+        ("--dataset_mixer_eval_list", data.dataset_mixer_eval_list),
     ):
         problems.extend(mixer_problems(flag, mix))
     if cfg.algorithm.loss_denominator != "token":
@@ -455,92 +455,102 @@ def _validate(cfg: Config) -> list[str]:
 
 
 def _generation_problems(cfg: Config) -> list[tuple[bool, str]]:
-    g, d = cfg.generation, cfg.data
+    generation, data = cfg.generation, cfg.data
     return [
-        (d.max_prompt_token_length > 0, "--max_prompt_token_length must be > 0"),
-        (g.response_length > 0, "--response_length must be > 0"),
-        (g.num_unique_prompts_rollout >= 1, "--num_unique_prompts_rollout must be >= 1"),
+        (data.max_prompt_token_length > 0, "--max_prompt_token_length must be > 0"),
+        (generation.response_length > 0, "--response_length must be > 0"),
+        (generation.num_unique_prompts_rollout >= 1, "--num_unique_prompts_rollout must be >= 1"),
         (
-            g.num_samples_per_prompt_rollout >= 2,
+            generation.num_samples_per_prompt_rollout >= 2,
             "--num_samples_per_prompt_rollout must be >= 2: group-relative advantages need at least two samples",
         ),
-        (0 <= g.temperature <= 2, f"--temperature {g.temperature} must be in [0, 2] (vLLM refuses others)"),
-        (0 < g.vllm_top_p <= 1, "--vllm_top_p must be in (0, 1]"),
         (
-            g.async_steps.strip().lower() == "auto" or g.async_steps.strip().isdigit(),
-            f"--async_steps {g.async_steps!r} must be an integer >= 0 (0 = synchronous) or 'auto'",
+            0 <= generation.temperature <= 2,
+            f"--temperature {generation.temperature} must be in [0, 2] (vLLM refuses others)",
+        ),
+        (0 < generation.vllm_top_p <= 1, "--vllm_top_p must be in (0, 1]"),
+        (
+            generation.async_steps.strip().lower() == "auto" or generation.async_steps.strip().isdigit(),
+            f"--async_steps {generation.async_steps!r} must be an integer >= 0 (0 = synchronous) or 'auto'",
         ),
         (
-            g.max_off_policy_steps is None or g.max_off_policy_steps >= 0,
-            f"--max_off_policy_steps {g.max_off_policy_steps} must be >= 0",
+            generation.max_off_policy_steps is None or generation.max_off_policy_steps >= 0,
+            f"--max_off_policy_steps {generation.max_off_policy_steps} must be >= 0",
         ),
         (
-            g.max_off_policy_steps != 0 or g.async_steps.strip().lower() != "auto",
+            generation.max_off_policy_steps != 0 or generation.async_steps.strip().lower() != "auto",
             "--async_steps auto adapts the lookahead within [1, --max_off_policy_steps]; give a bound >= 1",
         ),
-        (g.vllm_num_engines >= 1, "--vllm_num_engines must be >= 1"),
-        (g.weight_sync_every_steps >= 1, "--weight_sync_every_steps must be >= 1"),
-        sync_interval_check(cfg.max_off_policy_steps, g.weight_sync_every_steps, g.off_policy_action),
-        (g.vllm_tensor_parallel_size >= 1, "--vllm_tensor_parallel_size must be >= 1"),
-        (0 < g.vllm_gpu_memory_utilization <= 1, "--vllm_gpu_memory_utilization must be in (0, 1]"),
-        (g.vllm_kv_cache_gib > 0, "--vllm_kv_cache_gib must be > 0"),
+        (generation.vllm_num_engines >= 1, "--vllm_num_engines must be >= 1"),
+        (generation.weight_sync_every_steps >= 1, "--weight_sync_every_steps must be >= 1"),
+        sync_interval_check(cfg.max_off_policy_steps, generation.weight_sync_every_steps, generation.off_policy_action),
+        (generation.vllm_tensor_parallel_size >= 1, "--vllm_tensor_parallel_size must be >= 1"),
+        (0 < generation.vllm_gpu_memory_utilization <= 1, "--vllm_gpu_memory_utilization must be in (0, 1]"),
+        (generation.vllm_kv_cache_gib > 0, "--vllm_kv_cache_gib must be > 0"),
     ]
 
 
 def _algorithm_problems(cfg: Config) -> list[tuple[bool, str]]:
-    a = cfg.algorithm
+    algorithm = cfg.algorithm
     return [
-        (a.beta >= 0, "--beta must be >= 0"),
+        (algorithm.beta >= 0, "--beta must be >= 0"),
         (
-            str(a.kl_estimator).lower() in _KL_ESTIMATORS,
-            f"--kl_estimator {a.kl_estimator!r} is not one of kl1, kl2, kl3, kl4 (or 0, 1, 2, 3)",
+            str(algorithm.kl_estimator).lower() in _KL_ESTIMATORS,
+            f"--kl_estimator {algorithm.kl_estimator!r} is not one of kl1, kl2, kl3, kl4 (or 0, 1, 2, 3)",
         ),
-        (a.clip_lower >= 0 and a.clip_higher >= 0, "--clip_lower and --clip_higher must be >= 0"),
-        (a.num_epochs >= 1 and a.num_mini_batches >= 1, "--num_epochs and --num_mini_batches must be >= 1"),
-        (a.truncated_importance_sampling_ratio_cap >= 0, "--truncated_importance_sampling_ratio_cap must be >= 0"),
+        (algorithm.clip_lower >= 0 and algorithm.clip_higher >= 0, "--clip_lower and --clip_higher must be >= 0"),
         (
-            not a.active_sampling or a.filter_zero_std_samples,
+            algorithm.num_epochs >= 1 and algorithm.num_mini_batches >= 1,
+            "--num_epochs and --num_mini_batches must be >= 1",
+        ),
+        (
+            algorithm.truncated_importance_sampling_ratio_cap >= 0,
+            "--truncated_importance_sampling_ratio_cap must be >= 0",
+        ),
+        (
+            not algorithm.active_sampling or algorithm.filter_zero_std_samples,
             "--active_sampling replaces the groups --filter_zero_std_samples drops; it needs that filter on "
             "(drop --no_filter_zero_std_samples or --active_sampling)",
         ),
         (
-            a.no_resampling_pass_rate is None or 0 < a.no_resampling_pass_rate <= 1,
-            f"--no_resampling_pass_rate {a.no_resampling_pass_rate} must be in (0, 1] (a fraction of the max reward)",
+            algorithm.no_resampling_pass_rate is None or 0 < algorithm.no_resampling_pass_rate <= 1,
+            f"--no_resampling_pass_rate {algorithm.no_resampling_pass_rate} must be in (0, 1] "
+            "(a fraction of the max reward)",
         ),
     ]
 
 
 def _learner_problems(cfg: Config) -> list[tuple[bool, str]]:
-    g, d, lr = cfg.generation, cfg.data, cfg.learner
-    batch = g.num_unique_prompts_rollout * g.num_samples_per_prompt_rollout
+    generation, data, learner = cfg.generation, cfg.data, cfg.learner
+    batch = generation.num_unique_prompts_rollout * generation.num_samples_per_prompt_rollout
     return [
         (
-            lr.pack_length >= d.max_prompt_token_length + g.response_length,
-            f"--pack_length {lr.pack_length} < --max_prompt_token_length {d.max_prompt_token_length} + "
-            f"--response_length {g.response_length}: a sample would not fit in a packed row; raise "
-            f"--pack_length to at least {d.max_prompt_token_length + g.response_length}",
+            learner.pack_length >= data.max_prompt_token_length + generation.response_length,
+            f"--pack_length {learner.pack_length} < --max_prompt_token_length {data.max_prompt_token_length} + "
+            f"--response_length {generation.response_length}: a sample would not fit in a packed row; raise "
+            f"--pack_length to at least {data.max_prompt_token_length + generation.response_length}",
         ),
-        (lr.deepspeed_stage in (0, 1, 2, 3), f"--deepspeed_stage {lr.deepspeed_stage} must be 0, 1, 2 or 3"),
-        lr_scheduler_check(lr.lr_scheduler_type),
+        (learner.deepspeed_stage in (0, 1, 2, 3), f"--deepspeed_stage {learner.deepspeed_stage} must be 0, 1, 2 or 3"),
+        lr_scheduler_check(learner.lr_scheduler_type),
         (
-            bool(lr.num_learners_per_node) and all(n >= 1 for n in lr.num_learners_per_node),
+            bool(learner.num_learners_per_node) and all(n >= 1 for n in learner.num_learners_per_node),
             "--num_learners_per_node needs one positive count per node, e.g. '8 8'",
         ),
-        (lr.per_device_train_batch_size >= 1, "--per_device_train_batch_size must be >= 1"),
-        (lr.learning_rate >= 0, "--learning_rate must be >= 0"),
+        (learner.per_device_train_batch_size >= 1, "--per_device_train_batch_size must be >= 1"),
+        (learner.learning_rate >= 0, "--learning_rate must be >= 0"),
         (
-            lr.total_episodes >= batch,
-            f"--total_episodes {lr.total_episodes} is less than one step's batch ({batch} samples)",
+            learner.total_episodes >= batch,
+            f"--total_episodes {learner.total_episodes} is less than one step's batch ({batch} samples)",
         ),
     ]
 
 
 def _other_problems(cfg: Config) -> list[tuple[bool, str]]:
-    r = cfg.reward
+    reward = cfg.reward
     return [
         (
-            r.remap_verifier is None or r.remap_verifier.count("=") == 1,
-            f"--remap_verifier {r.remap_verifier!r} must look like OLD=NEW",
+            reward.remap_verifier is None or reward.remap_verifier.count("=") == 1,
+            f"--remap_verifier {reward.remap_verifier!r} must look like OLD=NEW",
         ),
     ]
 

@@ -303,24 +303,24 @@ def rho_bounds(cfg):
     """open-instruct's --rho_* bounds as a loss.RhoBounds, or None when none is set."""
     from open_instruct.loss import RhoBounds
 
-    x = cfg.loss_extras
+    loss_extras = cfg.loss_extras
     bounds = RhoBounds(
-        x.rho_clamp_lower_bound,
-        x.rho_mask_lower_bound,
-        x.rho_mask_upper_bound,
-        x.rho_mask_sequence_level,
-        x.rho_mask_tv_divergence,
+        loss_extras.rho_clamp_lower_bound,
+        loss_extras.rho_mask_lower_bound,
+        loss_extras.rho_mask_upper_bound,
+        loss_extras.rho_mask_sequence_level,
+        loss_extras.rho_mask_tv_divergence,
     )
     return None if bounds == RhoBounds() else bounds
 
 
 def importance_ratio_cap(cfg) -> float:
     """The TIS cap the learner uses: open-instruct's --use_rho_correction / --rho_clamp_upper_bound, or ours."""
-    x = cfg.loss_extras
-    if not x.use_rho_correction:
+    loss_extras = cfg.loss_extras
+    if not loss_extras.use_rho_correction:
         return 0.0
-    if x.rho_clamp_upper_bound != 2.0:
-        return x.rho_clamp_upper_bound
+    if loss_extras.rho_clamp_upper_bound != 2.0:
+        return loss_extras.rho_clamp_upper_bound
     return cfg.algorithm.truncated_importance_sampling_ratio_cap
 
 
@@ -365,10 +365,10 @@ def _installed(distribution: str) -> bool:
 def state_save_every(cfg) -> tuple[int, ...]:
     """Step intervals at which the resumable state is saved: --checkpoint_state_freq, --ephemeral_save_interval
     and --checkpointing_steps when given (open-instruct ignores the last; its default would save every 500)."""
-    e, s = cfg.experiment, cfg.schedule
-    every = [e.checkpoint_state_freq, s.ephemeral_save_interval or 0]
+    experiment, schedule = cfg.experiment, cfg.schedule
+    every = [experiment.checkpoint_state_freq, schedule.ephemeral_save_interval or 0]
     if "checkpointing_steps" in cfg.explicit_flags:
-        every.append(s.checkpointing_steps)
+        every.append(schedule.checkpointing_steps)
     return tuple(sorted({n for n in every if n > 0}))
 
 
@@ -392,23 +392,23 @@ def state_dir(cfg) -> str | None:
 def _saving_problems(cfg) -> list[tuple[bool, str]]:
     import os
 
-    s = cfg.schedule
+    schedule = cfg.schedule
     explicit_steps = "checkpointing_steps" in cfg.explicit_flags
     checks = [
         (cfg.logging.logging_steps >= 1, f"--logging_steps {cfg.logging.logging_steps} must be >= 1"),
         (
-            not explicit_steps or s.checkpointing_steps >= 1,
-            f"--checkpointing_steps {s.checkpointing_steps} must be >= 1",
+            not explicit_steps or schedule.checkpointing_steps >= 1,
+            f"--checkpointing_steps {schedule.checkpointing_steps} must be >= 1",
         ),
         (
-            s.ephemeral_save_interval is None or s.ephemeral_save_interval >= 1,
-            f"--ephemeral_save_interval {s.ephemeral_save_interval} must be >= 1",
+            schedule.ephemeral_save_interval is None or schedule.ephemeral_save_interval >= 1,
+            f"--ephemeral_save_interval {schedule.ephemeral_save_interval} must be >= 1",
         ),
     ]
     for flag, folder in (("output_dir", cfg.experiment.output_dir), ("checkpoint_state_dir", state_dir(cfg))):
         # a file where a folder goes would fail only when the first thing is written, minutes in
         checks.append((not folder or not os.path.isfile(folder), f"--{flag} {folder} is a file; give a directory"))
-    path = s.resume_from_checkpoint
+    path = schedule.resume_from_checkpoint
     if path is not None:
         found = os.path.isfile(os.path.join(path, "latest")) or os.path.isfile(os.path.join(path, "driver.pkl"))
         checks.append((found, f"--resume_from_checkpoint {path}: no resumable state there (no 'latest' or driver.pkl)"))
@@ -418,39 +418,39 @@ def _saving_problems(cfg) -> list[tuple[bool, str]]:
 def _model_problems(cfg) -> list[tuple[bool, str]]:
     from open_instruct.data.models import TOKENIZER_FNS
 
-    t, r = cfg.tokenizer_model, cfg.resources
-    attention = t.attn_implementation or "torch"
+    tokenizer_model, resources = cfg.tokenizer_model, cfg.resources
+    attention = tokenizer_model.attn_implementation or "torch"
     checks = [
         (
-            t.get_tokenizer_fn in TOKENIZER_FNS,
-            f"--get_tokenizer_fn {t.get_tokenizer_fn} is not one of {', '.join(TOKENIZER_FNS)}",
+            tokenizer_model.get_tokenizer_fn in TOKENIZER_FNS,
+            f"--get_tokenizer_fn {tokenizer_model.get_tokenizer_fn} is not one of {', '.join(TOKENIZER_FNS)}",
         ),
         (
-            t.dtype in (None, AUTO_DTYPE, *DTYPES),
-            f"--dtype {t.dtype} must be one of {', '.join(DTYPES)} (or {AUTO_DTYPE})",
+            tokenizer_model.dtype in (None, AUTO_DTYPE, *DTYPES),
+            f"--dtype {tokenizer_model.dtype} must be one of {', '.join(DTYPES)} (or {AUTO_DTYPE})",
         ),
-        (r.model_dtype in DTYPES, f"--model_dtype {r.model_dtype} must be one of {', '.join(DTYPES)}"),
+        (resources.model_dtype in DTYPES, f"--model_dtype {resources.model_dtype} must be one of {', '.join(DTYPES)}"),
         (
             attention not in FLASH_ATTENTION_PACKAGES or _installed(FLASH_ATTENTION_PACKAGES[attention]),
             f"--attn_implementation {attention} needs the {FLASH_ATTENTION_PACKAGES.get(attention)} package "
             "(a GPU install); use torch (SDPA)",
         ),
     ]
-    if r.vllm_attention_backend:
-        checks.append(_vllm_attention_check(r.vllm_attention_backend))
+    if resources.vllm_attention_backend:
+        checks.append(_vllm_attention_check(resources.vllm_attention_backend))
     learners = cfg.world_size
     for flag in ("fsdp_shard_degree", "fsdp_num_replicas"):
-        degree = getattr(r, flag)
+        degree = getattr(resources, flag)
         checks.append(
             (
                 degree is None or (degree >= 1 and learners % degree == 0),
                 f"--{flag} {degree} must divide the {learners} learners",
             )
         )
-    if r.fsdp_shard_degree and r.fsdp_num_replicas:
+    if resources.fsdp_shard_degree and resources.fsdp_num_replicas:
         checks.append(
             (
-                r.fsdp_shard_degree * r.fsdp_num_replicas == learners,
+                resources.fsdp_shard_degree * resources.fsdp_num_replicas == learners,
                 f"--fsdp_shard_degree x --fsdp_num_replicas must equal the {learners} learners",
             )
         )
@@ -470,15 +470,15 @@ def _vllm_attention_check(name: str) -> tuple[bool, str]:
 
 
 def _data_problems(cfg):
-    d = cfg.data_extras
-    transforms = tuple(d.dataset_transform_fn)
+    data_extras = cfg.data_extras
+    transforms = tuple(data_extras.dataset_transform_fn)
     yield (
         len(transforms) == 2 and transforms[0] == RLVR_TRANSFORMS[0] and transforms[1] in RLVR_FILTERS,
         f"--dataset_transform_fn {' '.join(transforms)}: grpo_fast runs exactly {' '.join(RLVR_TRANSFORMS)} "
         "(tokenize, then the prompt-length filter); SFT and preference transforms do not make RL prompts",
     )
-    forced = [flag for flag in ("dataset_config_hash", "dataset_config_eval_hash") if getattr(d, flag)]
-    no_cache = d.dataset_skip_cache or not cfg.data.dataset_local_cache_dir
+    forced = [flag for flag in ("dataset_config_hash", "dataset_config_eval_hash") if getattr(data_extras, flag)]
+    no_cache = data_extras.dataset_skip_cache or not cfg.data.dataset_local_cache_dir
     yield (
         not (forced and no_cache),
         f"--{forced[0] if forced else ''} reuses a cache entry, but the cache is off (--dataset_skip_cache or an "
@@ -490,17 +490,17 @@ def parity_problems(cfg) -> list[str]:
     """Contradictions among these flags (and with the core ones), each naming the flags and the fix."""
     import os
 
-    x, e = cfg.loss_extras, cfg.eval_extras
+    loss_extras = cfg.loss_extras
     checks = [
         (
-            x.load_ref_policy or cfg.algorithm.beta == 0,
+            loss_extras.load_ref_policy or cfg.algorithm.beta == 0,
             f"--load_ref_policy False leaves the KL term (--beta {cfg.algorithm.beta}) without a reference; "
             "pass --beta 0 or drop --load_ref_policy False",
         ),
-        (0 <= x.alpha <= 1, f"--alpha {x.alpha} must be in [0, 1]"),
+        (0 <= loss_extras.alpha <= 1, f"--alpha {loss_extras.alpha} must be in [0, 1]"),
         (
-            x.ref_policy_update_freq is None or x.ref_policy_update_freq >= 1,
-            f"--ref_policy_update_freq {x.ref_policy_update_freq} must be >= 1",
+            loss_extras.ref_policy_update_freq is None or loss_extras.ref_policy_update_freq >= 1,
+            f"--ref_policy_update_freq {loss_extras.ref_policy_update_freq} must be >= 1",
         ),
         (
             not cfg.logging.save_traces or bool(cfg.logging.rollouts_save_path),
@@ -511,26 +511,7 @@ def parity_problems(cfg) -> list[str]:
             cfg.schedule.max_train_steps is None or cfg.schedule.max_train_steps >= 1,
             f"--max_train_steps {cfg.schedule.max_train_steps} must be >= 1",
         ),
-        (e.eval_pass_at_k >= 1, f"--eval_pass_at_k {e.eval_pass_at_k} must be >= 1"),
-        (
-            cfg.reward_extras.max_active_rubrics >= 1,
-            f"--max_active_rubrics {cfg.reward_extras.max_active_rubrics} must be >= 1",
-        ),
-        (
-            not cfg.reward_extras.apply_evolving_rubric_reward
-            or bool(os.environ.get("LLM_JUDGE_BASE_URL") or os.environ.get("OPENAI_BASE_URL")),
-            "--apply_evolving_rubric_reward needs an OpenAI-compatible endpoint for the rubric writer: set "
-            "LLM_JUDGE_BASE_URL (or OPENAI_BASE_URL)",
-        ),
-        (
-            cfg.reward_extras.max_length_verifier_max_length >= 1,
-            f"--max_length_verifier_max_length {cfg.reward_extras.max_length_verifier_max_length} must be >= 1",
-        ),
-        (e.eval_top_p is None or 0 < e.eval_top_p <= 1, f"--eval_top_p {e.eval_top_p} must be in (0, 1]"),
-        (
-            e.eval_response_length is None or e.eval_response_length >= 1,
-            f"--eval_response_length {e.eval_response_length} must be >= 1",
-        ),
+        *_reward_and_eval_checks(cfg),
         *_rho_checks(cfg),
         *_saving_problems(cfg),
         *_model_problems(cfg),
@@ -548,29 +529,60 @@ def parity_problems(cfg) -> list[str]:
     return [message for ok, message in checks if not ok]
 
 
-def _rho_checks(cfg) -> list[tuple[bool, str]]:
-    """open-instruct's bounds on the --rho_* values (0 disables each), and the one cap given once."""
-    x = cfg.loss_extras
+def _reward_and_eval_checks(cfg) -> list[tuple[bool, str]]:
+    import os
+
+    eval_extras = cfg.eval_extras
     return [
+        (eval_extras.eval_pass_at_k >= 1, f"--eval_pass_at_k {eval_extras.eval_pass_at_k} must be >= 1"),
         (
-            x.rho_clamp_upper_bound == 0 or x.rho_clamp_upper_bound > 1,
-            f"--rho_clamp_upper_bound {x.rho_clamp_upper_bound} must be 0 (off) or > 1",
+            cfg.reward_extras.max_active_rubrics >= 1,
+            f"--max_active_rubrics {cfg.reward_extras.max_active_rubrics} must be >= 1",
         ),
         (
-            x.rho_clamp_upper_bound == 2.0
-            or cfg.algorithm.truncated_importance_sampling_ratio_cap in (2.0, x.rho_clamp_upper_bound),
+            not cfg.reward_extras.apply_evolving_rubric_reward
+            or bool(os.environ.get("LLM_JUDGE_BASE_URL") or os.environ.get("OPENAI_BASE_URL")),
+            "--apply_evolving_rubric_reward needs an OpenAI-compatible endpoint for the rubric writer: set "
+            "LLM_JUDGE_BASE_URL (or OPENAI_BASE_URL)",
+        ),
+        (
+            cfg.reward_extras.max_length_verifier_max_length >= 1,
+            f"--max_length_verifier_max_length {cfg.reward_extras.max_length_verifier_max_length} must be >= 1",
+        ),
+        (
+            eval_extras.eval_top_p is None or 0 < eval_extras.eval_top_p <= 1,
+            f"--eval_top_p {eval_extras.eval_top_p} must be in (0, 1]",
+        ),
+        (
+            eval_extras.eval_response_length is None or eval_extras.eval_response_length >= 1,
+            f"--eval_response_length {eval_extras.eval_response_length} must be >= 1",
+        ),
+    ]
+
+
+def _rho_checks(cfg) -> list[tuple[bool, str]]:
+    """open-instruct's bounds on the --rho_* values (0 disables each), and the one cap given once."""
+    loss_extras = cfg.loss_extras
+    return [
+        (
+            loss_extras.rho_clamp_upper_bound == 0 or loss_extras.rho_clamp_upper_bound > 1,
+            f"--rho_clamp_upper_bound {loss_extras.rho_clamp_upper_bound} must be 0 (off) or > 1",
+        ),
+        (
+            loss_extras.rho_clamp_upper_bound == 2.0
+            or cfg.algorithm.truncated_importance_sampling_ratio_cap in (2.0, loss_extras.rho_clamp_upper_bound),
             "--rho_clamp_upper_bound and --truncated_importance_sampling_ratio_cap are the same cap; give one",
         ),
         (
-            x.rho_clamp_lower_bound == 0 or 0 < x.rho_clamp_lower_bound < 1,
-            f"--rho_clamp_lower_bound {x.rho_clamp_lower_bound} must be 0 (off) or in (0, 1)",
+            loss_extras.rho_clamp_lower_bound == 0 or 0 < loss_extras.rho_clamp_lower_bound < 1,
+            f"--rho_clamp_lower_bound {loss_extras.rho_clamp_lower_bound} must be 0 (off) or in (0, 1)",
         ),
         (
-            x.rho_mask_lower_bound == 0 or 0 < x.rho_mask_lower_bound < 1,
-            f"--rho_mask_lower_bound {x.rho_mask_lower_bound} must be 0 (off) or in (0, 1)",
+            loss_extras.rho_mask_lower_bound == 0 or 0 < loss_extras.rho_mask_lower_bound < 1,
+            f"--rho_mask_lower_bound {loss_extras.rho_mask_lower_bound} must be 0 (off) or in (0, 1)",
         ),
         (
-            x.rho_mask_upper_bound == 0 or x.rho_mask_upper_bound > 1,
-            f"--rho_mask_upper_bound {x.rho_mask_upper_bound} must be 0 (off) or > 1",
+            loss_extras.rho_mask_upper_bound == 0 or loss_extras.rho_mask_upper_bound > 1,
+            f"--rho_mask_upper_bound {loss_extras.rho_mask_upper_bound} must be 0 (off) or > 1",
         ),
     ]

@@ -114,11 +114,15 @@ class ResourceConfig:
     activation_checkpointing_mode: Literal["budget", "selected_modules"] = no_effect("budget", "OLMo-core only")
     activation_checkpointing_modules: list[str] = no_effect(
         [
-            "blocks.*.attention_norm", "blocks.*.attention", "blocks.*.attention_residual_stream",
-            "blocks.*.feed_forward_norm", "blocks.*.feed_forward", "blocks.*.feed_forward_residual_stream",
+            "blocks.*.attention_norm",
+            "blocks.*.attention",
+            "blocks.*.attention_residual_stream",
+            "blocks.*.feed_forward_norm",
+            "blocks.*.feed_forward",
+            "blocks.*.feed_forward_residual_stream",
         ],
         "OLMo-core only",
-    )  # fmt: skip
+    )
     cp_degree: int | None = no_effect(None, "OLMo-core context parallelism; see --sequence_parallel_size")
     cp_strategy: Literal["llama3", "zig_zag", "ulysses"] = no_effect("llama3", "OLMo-core only")
     micro_batch_token_budget: int | None = arg(
@@ -165,25 +169,34 @@ def shared_gpu_share_problems(cfg) -> list[str]:
 def resource_problems(cfg) -> list[str]:
     """Contradictions of the learner and resource flags, each naming the flag and the fix."""
     budget, pack_length = cfg.resources.micro_batch_token_budget or 0, cfg.learner.pack_length
-    r = cfg.resources
+    resources = cfg.resources
     checks = [
-        (r.vllm_sync_backend in ("nccl", "gloo"), f"--vllm_sync_backend {r.vllm_sync_backend} must be nccl or gloo"),
-        (r.max_engine_restarts >= 0, f"--max_engine_restarts {r.max_engine_restarts} must be >= 0"),
-        (r.partial_report_tokens >= 0, f"--partial_report_tokens {r.partial_report_tokens} must be >= 0"),
-        (r.engine_hang_timeout_s >= 0, f"--engine_hang_timeout_s {r.engine_hang_timeout_s} must be >= 0 (0: off)"),
-        (r.backend_timeout >= 1, f"--backend_timeout {r.backend_timeout} must be >= 1 (minutes)"),
-        (r.deepspeed_zpg >= 1, f"--deepspeed_zpg {r.deepspeed_zpg} must be >= 1"),
         (
-            not r.deepspeed_offload_param or cfg.learner.deepspeed_stage == 3,
+            resources.vllm_sync_backend in ("nccl", "gloo"),
+            f"--vllm_sync_backend {resources.vllm_sync_backend} must be nccl or gloo",
+        ),
+        (resources.max_engine_restarts >= 0, f"--max_engine_restarts {resources.max_engine_restarts} must be >= 0"),
+        (
+            resources.partial_report_tokens >= 0,
+            f"--partial_report_tokens {resources.partial_report_tokens} must be >= 0",
+        ),
+        (
+            resources.engine_hang_timeout_s >= 0,
+            f"--engine_hang_timeout_s {resources.engine_hang_timeout_s} must be >= 0 (0: off)",
+        ),
+        (resources.backend_timeout >= 1, f"--backend_timeout {resources.backend_timeout} must be >= 1 (minutes)"),
+        (resources.deepspeed_zpg >= 1, f"--deepspeed_zpg {resources.deepspeed_zpg} must be >= 1"),
+        (
+            not resources.deepspeed_offload_param or cfg.learner.deepspeed_stage == 3,
             "--deepspeed_offload_param needs --deepspeed_stage 3 (only ZeRO-3 partitions parameters)",
         ),
         (
-            not r.deepspeed_checkpoint_load_universal or cfg.learner.deepspeed_stage >= 1,
+            not resources.deepspeed_checkpoint_load_universal or cfg.learner.deepspeed_stage >= 1,
             "--deepspeed_checkpoint_load_universal needs --deepspeed_stage 1, 2 or 3 (DeepSpeed loads universal "
             "checkpoints into its ZeRO optimizers only)",
         ),
         (
-            not r.deepspeed_offload_optimizer or cfg.learner.deepspeed_stage >= 1,
+            not resources.deepspeed_offload_optimizer or cfg.learner.deepspeed_stage >= 1,
             "--deepspeed_offload_optimizer needs --deepspeed_stage 1, 2 or 3",
         ),
         (
@@ -193,7 +206,10 @@ def resource_problems(cfg) -> list[str]:
         ),
     ]
     shared = shared_mode_problems(
-        r.single_gpu_mode, cfg.generation.vllm_num_engines, cfg.generation.vllm_tensor_parallel_size, cfg.world_size
+        resources.single_gpu_mode,
+        cfg.generation.vllm_num_engines,
+        cfg.generation.vllm_tensor_parallel_size,
+        cfg.world_size,
     )
     shared += shared_gpu_share_problems(cfg)
     return [message for ok, message in checks if not ok] + sequence_parallel_problems(cfg) + shared

@@ -225,11 +225,19 @@ class GenerationActor(WeightReceiver):
     def _empty(self, request: PromptRequest, sample_index: int, reason: str, error: str) -> Completion:
         """A sample that ended without a vLLM result: still delivered, so its group completes."""
         return Completion(
-            prompt_id=request.prompt_id, sample_index=sample_index, prompt_token_ids=request.prompt_token_ids,
-            response_token_ids=(), behaviour_logprobs=(), finish_reason=reason, version_spans=(),  # type: ignore[arg-type]
-            admitted_version=request.admitted_version, engine_id=self.engine_id, error=error,
-            is_eval=request.is_eval, queued_at=request.queued_at,
-        )  # fmt: skip
+            prompt_id=request.prompt_id,
+            sample_index=sample_index,
+            prompt_token_ids=request.prompt_token_ids,
+            response_token_ids=(),
+            behaviour_logprobs=(),
+            finish_reason=reason,
+            version_spans=(),  # type: ignore[arg-type]
+            admitted_version=request.admitted_version,
+            engine_id=self.engine_id,
+            error=error,
+            is_eval=request.is_eval,
+            queued_at=request.queued_at,
+        )
 
     async def abort_stale(self, min_version: int, prompt_ids: list[str]) -> int:
         """Abort samples the staleness bound dooms: those whose first token is older than `min_version`, and
@@ -315,11 +323,19 @@ class GenerationActor(WeightReceiver):
 
         kept = request.partial_of(sample_index) if not part else None
         base = Completion(
-            prompt_id=request.prompt_id, sample_index=sample_index, prompt_token_ids=request.prompt_token_ids,
-            response_token_ids=(), behaviour_logprobs=(), finish_reason="error", version_spans=(),
-            admitted_version=request.admitted_version, engine_id=self.engine_id, is_eval=request.is_eval,
-            queued_at=request.queued_at, started_at=time.time(),
-        )  # fmt: skip
+            prompt_id=request.prompt_id,
+            sample_index=sample_index,
+            prompt_token_ids=request.prompt_token_ids,
+            response_token_ids=(),
+            behaviour_logprobs=(),
+            finish_reason="error",
+            version_spans=(),
+            admitted_version=request.admitted_version,
+            engine_id=self.engine_id,
+            is_eval=request.is_eval,
+            queued_at=request.queued_at,
+            started_at=time.time(),
+        )
         if kept is not None:
             versions = [s.version for s in kept.version_spans] or [request.admitted_version]
             self._first_version[(request.prompt_id, sample_index)] = min(versions)

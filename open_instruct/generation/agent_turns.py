@@ -43,11 +43,20 @@ async def agent_sample(actor, request: PromptRequest, sample_index: int) -> Comp
         return actor._empty(request, sample_index, "error", f"env_config of {request.prompt_id}: {error}")
     first = out.first_turn
     return Completion(
-        prompt_id=request.prompt_id, sample_index=sample_index, prompt_token_ids=request.prompt_token_ids,
-        response_token_ids=tuple(out.response_ids), behaviour_logprobs=tuple(out.logprobs),
-        finish_reason=out.finish_reason, version_spans=tuple(out.version_spans),  # type: ignore[arg-type]
-        admitted_version=request.admitted_version, engine_id=actor.engine_id,
-        response_text=actor.tokenizer.decode(out.response_ids, skip_special_tokens=True), error=out.error,
-        is_eval=request.is_eval, queued_at=request.queued_at, started_at=first.started_at if first else time.time(),
-        first_token_at=first.first_token_at if first else 0.0, agent=trace,
-    )  # fmt: skip
+        prompt_id=request.prompt_id,
+        sample_index=sample_index,
+        prompt_token_ids=request.prompt_token_ids,
+        response_token_ids=tuple(out.response_ids),
+        behaviour_logprobs=tuple(out.logprobs),
+        finish_reason=out.finish_reason,
+        version_spans=tuple(out.version_spans),  # type: ignore[arg-type]
+        admitted_version=request.admitted_version,
+        engine_id=actor.engine_id,
+        response_text=actor.tokenizer.decode(out.response_ids, skip_special_tokens=True),
+        error=out.error,
+        is_eval=request.is_eval,
+        queued_at=request.queued_at,
+        started_at=first.started_at if first else time.time(),
+        first_token_at=first.first_token_at if first else 0.0,
+        agent=trace,
+    )

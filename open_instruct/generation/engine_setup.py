@@ -37,16 +37,16 @@ class EngineSettings:
 
     @classmethod
     def from_config(cls, cfg, model_path: str) -> EngineSettings:
-        g = cfg.generation
+        generation = cfg.generation
         return cls(
             model_path=model_path,
-            max_model_len=cfg.data.max_prompt_token_length + max(g.response_length, cfg.eval_response_length),
+            max_model_len=cfg.data.max_prompt_token_length + max(generation.response_length, cfg.eval_response_length),
             seed=cfg.experiment.seed,
-            tensor_parallel_size=g.vllm_tensor_parallel_size,
+            tensor_parallel_size=generation.vllm_tensor_parallel_size,
             gpu_memory_utilization=engine_gpu_share(cfg),
-            enable_prefix_caching=g.vllm_enable_prefix_caching,
-            enforce_eager=g.vllm_enforce_eager,
-            kv_cache_gib=g.vllm_kv_cache_gib,
+            enable_prefix_caching=generation.vllm_enable_prefix_caching,
+            enforce_eager=generation.vllm_enforce_eager,
+            kv_cache_gib=generation.vllm_kv_cache_gib,
             dtype=cfg.tokenizer_model.dtype,
             gpu_dtype=cfg.resources.model_dtype,
             attention_backend=cfg.resources.vllm_attention_backend,

@@ -362,8 +362,12 @@ class EnginePool:
         for r in reports:
             logger.info(
                 "engine %d stopped (%s): %d samples were in flight; it completed %d samples, at weight version %d",
-                r.engine_id, r.mode, r.in_flight_at_stop, r.completed_samples, r.weight_version,
-            )  # fmt: skip
+                r.engine_id,
+                r.mode,
+                r.in_flight_at_stop,
+                r.completed_samples,
+                r.weight_version,
+            )
         completions = self.poll()
         self._interrupting = False
         return completions

@@ -88,28 +88,28 @@ class LearnerSettings:
     def from_config(cls, cfg, model_path: str) -> LearnerSettings:
         from open_instruct.config.parity import HF_ATTENTION, importance_ratio_cap, rho_bounds
 
-        a, lr = cfg.algorithm, cfg.learner
+        algorithm, learner = cfg.algorithm, cfg.learner
         return cls(
             model_path=model_path,
-            deepspeed_stage=lr.deepspeed_stage,
-            learning_rate=lr.learning_rate,
-            lr_scheduler_type=lr.lr_scheduler_type,
+            deepspeed_stage=learner.deepspeed_stage,
+            learning_rate=learner.learning_rate,
+            lr_scheduler_type=learner.lr_scheduler_type,
             # --warmup_ratio (open-instruct's) applies when --warm_up_steps is not given.
-            warm_up_steps=lr.warm_up_steps or int(cfg.schedule.warmup_ratio * scheduler_steps(cfg)),
+            warm_up_steps=learner.warm_up_steps or int(cfg.schedule.warmup_ratio * scheduler_steps(cfg)),
             total_steps=scheduler_steps(cfg),
-            weight_decay=lr.weight_decay,
-            max_grad_norm=lr.max_grad_norm,
-            micro_batch_size=lr.per_device_train_batch_size,
+            weight_decay=learner.weight_decay,
+            max_grad_norm=learner.max_grad_norm,
+            micro_batch_size=learner.per_device_train_batch_size,
             gradient_checkpointing=cfg.model.gradient_checkpointing,
-            num_epochs=a.num_epochs,
-            num_mini_batches=a.num_mini_batches,
-            beta=a.beta,
+            num_epochs=algorithm.num_epochs,
+            num_mini_batches=algorithm.num_mini_batches,
+            beta=algorithm.beta,
             kl_estimator=cfg.kl_estimator,
-            clip_lower=a.clip_lower,
-            clip_higher=a.clip_higher,
+            clip_lower=algorithm.clip_lower,
+            clip_higher=algorithm.clip_higher,
             loss_denominator=cfg.loss_denominator,
             importance_ratio_cap=importance_ratio_cap(cfg),
-            importance_sampling_mode=a.importance_sampling_mode,
+            importance_sampling_mode=algorithm.importance_sampling_mode,
             loss_fn=cfg.loss_extras.loss_fn,
             record_entropy=cfg.loss_extras.record_entropy,
             use_vllm_logprobs=cfg.loss_extras.use_vllm_logprobs,

@@ -202,9 +202,18 @@ def make_universal(checkpoint_dir: str, tag: str, timeout_s: float = 3600) -> st
     partial = target.with_name(universal + ".partial")  # renamed when complete: a crash leaves no half copy
     shutil.rmtree(partial, ignore_errors=True)
     command = [
-        sys.executable, "-m", "deepspeed.checkpoint.ds_to_universal", "--input_folder", str(Path(checkpoint_dir) / tag),
-        "--output_folder", str(partial), "--num_extract_workers", "1", "--num_merge_workers", "1",
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "deepspeed.checkpoint.ds_to_universal",
+        "--input_folder",
+        str(Path(checkpoint_dir) / tag),
+        "--output_folder",
+        str(partial),
+        "--num_extract_workers",
+        "1",
+        "--num_merge_workers",
+        "1",
+    ]
     done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s, check=False)
     if done.returncode != 0:
         shutil.rmtree(partial, ignore_errors=True)
@@ -219,7 +228,11 @@ def initialize_engine(model, optimizer, ds_config: dict[str, Any], lr_scheduler=
     import deepspeed
 
     engine, *_ = deepspeed.initialize(
-        model=model, optimizer=optimizer, config=ds_config, lr_scheduler=lr_scheduler, dist_init_required=False,
+        model=model,
+        optimizer=optimizer,
+        config=ds_config,
+        lr_scheduler=lr_scheduler,
+        dist_init_required=False,
         mpu=mpu,
-    )  # fmt: skip
+    )
     return engine

@@ -39,13 +39,13 @@ class VerifierSettings:
 
     @classmethod
     def from_config(cls, cfg) -> VerifierSettings:
-        r = cfg.reward
+        reward = cfg.reward
         return cls(
-            code_api_url=r.code_api_url,
-            code_max_execution_time=r.code_max_execution_time,
-            code_pass_rate_reward_threshold=r.code_pass_rate_reward_threshold,
+            code_api_url=reward.code_api_url,
+            code_max_execution_time=reward.code_max_execution_time,
+            code_pass_rate_reward_threshold=reward.code_pass_rate_reward_threshold,
             code_apply_perf_penalty=cfg.reward_extras.code_apply_perf_penalty,
-            ifeval_require_all=r.ifeval_reward_mode == "all",
+            ifeval_require_all=reward.ifeval_reward_mode == "all",
             max_length_normalizer=(
                 float(cfg.reward_extras.max_length_verifier_max_length)
                 if "max_length_verifier_max_length" in cfg.explicit_flags
@@ -109,8 +109,16 @@ _REGISTRY: dict[str, Verifier] = {}
 
 # Modules that register the built-in verifiers, imported on first lookup.
 _BUILTIN_MODULES = (
-    "gsm8k", "math_answer", "string_match", "length", "ifeval", "code_tests", "passthrough", "llm_judge", "rubric",
-)  # fmt: skip
+    "gsm8k",
+    "math_answer",
+    "string_match",
+    "length",
+    "ifeval",
+    "code_tests",
+    "passthrough",
+    "llm_judge",
+    "rubric",
+)
 _builtins_loaded = False
 
 

@@ -90,21 +90,21 @@ class RewardSettings:
 
     @classmethod
     def from_config(cls, cfg) -> RewardSettings:
-        r, r1 = cfg.reward, cfg.reward_extras
+        reward, reward_extras = cfg.reward, cfg.reward_extras
         return cls(
-            apply_verifiable_reward=r.apply_verifiable_reward,
-            verification_reward=r.verification_reward,
-            non_stop_penalty=r.non_stop_penalty,
-            non_stop_penalty_value=r.non_stop_penalty_value,
-            format_reward=r.format_reward,
-            r1_format_reward=r1.r1_style_format_reward
-            if r1.apply_r1_style_format_reward and r1.additive_format_reward
+            apply_verifiable_reward=reward.apply_verifiable_reward,
+            verification_reward=reward.verification_reward,
+            non_stop_penalty=reward.non_stop_penalty,
+            non_stop_penalty_value=reward.non_stop_penalty_value,
+            format_reward=reward.format_reward,
+            r1_format_reward=reward_extras.r1_style_format_reward
+            if reward_extras.apply_r1_style_format_reward and reward_extras.additive_format_reward
             else 0.0,
-            r1_format_gate=r1.apply_r1_style_format_reward and not r1.additive_format_reward,
+            r1_format_gate=reward_extras.apply_r1_style_format_reward and not reward_extras.additive_format_reward,
             remap_verifier=cfg.remap_verifier,
             # A code verifier call may legitimately take its HTTP client's full timeout.
             verifier_timeout_s=max(
-                30.0, min(300.0, 10 * r.code_max_execution_time), cfg.reward_extras.llm_judge_timeout
+                30.0, min(300.0, 10 * reward.code_max_execution_time), cfg.reward_extras.llm_judge_timeout
             )
             + 10,
             verifier=VerifierSettings.from_config(cfg),
