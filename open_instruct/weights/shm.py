@@ -257,7 +257,7 @@ async def push_weights(engine, stager: Stager, named_tensors, version: int | str
 
     from vllm.distributed.weight_transfer.base import WeightTransferUpdateRequest
 
-    from open_instruct.weights.transport import make_update_info
+    from open_instruct.weights.gloo import make_update_info
 
     pairs = list(named_tensors)
     md = make_update_info(pairs, dtype)  # names, cast dtypes and shapes, as the gloo push sends them

@@ -45,6 +45,10 @@ COMMON = [
     "100",
     "--vllm_kv_cache_gib",
     "0.25",
+    # No evaluation rounds unless a test asks (later flags win): the default 10 rounds of 64 eval prompts
+    # would generate twice the training samples of these runs.
+    "--num_evals",
+    "0",
     "--seed",
     "5",
 ]
