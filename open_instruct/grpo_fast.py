@@ -30,7 +30,7 @@ def main(argv: list[str] | None = None, engine_class=None) -> int:
         return 2
     level = logging.DEBUG if cfg.logging.verbose else logging.INFO
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    missing = unsupported_features(cfg)
+    missing = unsupported_features(cfg) + launch_problems(cfg)
     if missing:
         print("grpo_fast.py: " + "; ".join(missing), file=sys.stderr)
         return 2
@@ -66,6 +66,15 @@ def main(argv: list[str] | None = None, engine_class=None) -> int:
         return 0
     # Stopped by a signal after saving state: the conventional 128 + signal number.
     return 130 if "SIGINT" in summary["status"] else 143
+
+
+def launch_problems(cfg) -> list[str]:
+    """Flag values only an installed package can judge (configuration imports none of them): seconds, before
+    any data, model or actor is loaded."""
+    from open_instruct.generation.engine_setup import attention_backend_problem
+
+    problem = attention_backend_problem(cfg.resources.vllm_attention_backend)
+    return [problem] if problem else []
 
 
 def preflight(cfg) -> int:

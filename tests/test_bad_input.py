@@ -59,6 +59,7 @@ CASES = {
     ),
     "token budget under a row": (lambda tmp: ["--micro_batch_token_budget", "100"], "--micro_batch_token_budget"),
     "LoRA": (lambda tmp: ["--use_peft"], "--use_peft"),
+    "unknown attention backend": (lambda tmp: ["--vllm_attention_backend", "NOPE"], "--vllm_attention_backend NOPE"),
     # open-instruct's default tokenizer function keeps the tokenizer's template for an unknown name; v2_1 refuses
     "unknown chat template": (
         lambda tmp: ["--chat_template_name", "nosuch", "--get_tokenizer_fn", "get_tokenizer_tulu_v2_1"],

@@ -108,7 +108,10 @@ def imports_of(name: str, path: Path, known: set[str]) -> set[str]:
                 base = ".".join(parts + ([base] if base else []))
             for alias in node.names:  # `from package import module` imports the module
                 found.add(f"{base}.{alias.name}" if f"{base}.{alias.name}" in known else base)
-    return {m if m in known or not m.startswith("open_instruct") else _owner(m, known) for m in found}
+    # Our modules by their full name; a third-party import by its top-level package (`vllm.config` is `vllm`).
+    return {
+        (_owner(m, known) if m.startswith("open_instruct") else m.split(".")[0]) if m not in known else m for m in found
+    }
 
 
 def _owner(name: str, known: set[str]) -> str:

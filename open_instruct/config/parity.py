@@ -436,8 +436,6 @@ def _model_problems(cfg) -> list[tuple[bool, str]]:
             "(a GPU install); use torch (SDPA)",
         ),
     ]
-    if resources.vllm_attention_backend:
-        checks.append(_vllm_attention_check(resources.vllm_attention_backend))
     learners = cfg.world_size
     for flag in ("fsdp_shard_degree", "fsdp_num_replicas"):
         degree = getattr(resources, flag)
@@ -455,18 +453,6 @@ def _model_problems(cfg) -> list[tuple[bool, str]]:
             )
         )
     return checks
-
-
-def _vllm_attention_check(name: str) -> tuple[bool, str]:
-    """Checked against vLLM's own list (a 5 s import, only paid when the flag is given)."""
-    from vllm.v1.attention.backends.registry import AttentionBackendEnum
-
-    names = [member.name for member in AttentionBackendEnum]
-    return (
-        name.upper() in names or name.lower() == "auto",
-        f"--vllm_attention_backend {name} is not a vLLM attention backend (e.g. TORCH_SDPA, CPU_ATTN, FLASH_ATTN, "
-        "FLASHINFER, TRITON_ATTN)",
-    )
 
 
 def _data_problems(cfg):

@@ -128,6 +128,21 @@ def engine_args(settings: EngineSettings, on_gpu: bool | None = None):
     )
 
 
+def attention_backend_problem(name: str | None) -> str | None:
+    """Why vLLM would refuse --vllm_attention_backend `name`, checked against vLLM's own list before anything
+    starts; None when it is fine (or not given). The entry point runs it: configuration never imports vLLM."""
+    if not name or name.lower() == "auto":
+        return None
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum
+
+    if name.upper() in AttentionBackendEnum.__members__:
+        return None
+    return (
+        f"--vllm_attention_backend {name} is not a vLLM attention backend (e.g. TORCH_SDPA, CPU_ATTN, FLASH_ATTN, "
+        "FLASHINFER, TRITON_ATTN)"
+    )
+
+
 def scheduler_probe(holder: dict):
     """A vLLM stat logger that keeps the latest scheduler stats (running/waiting, KV usage)."""
     from vllm.v1.metrics.loggers import StatLoggerBase

@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# The long tier, which CI does not run: a 3,000-step soak of the real stack (memory and queue gauges must
+# level off) and every benchmark at full size (docs/benchmarks.md). Hardware: the 2-core CPU machine is
+# enough; about 12 minutes for the soak and 50 for the benchmarks. Sets up .venv first when needed.
+# Usage: bash scripts/nightly.sh    (outputs under output/nightly/)
+set -euo pipefail
+repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$repo"
+bash scripts/setup_env.sh
+.venv/bin/python scripts/soak.py --steps 3000 --output_dir output/nightly/soak
+OUT=output/nightly/bench bash scripts/cpu_benchmarks.sh
