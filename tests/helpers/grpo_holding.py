@@ -1,9 +1,11 @@
 """`python tests/helpers/grpo_holding.py [grpo_fast flags]`: grpo_fast.py whose engines hold every training
-sample admitted at policy version HOLD_FROM_VERSION or later once it has a few tokens, until the run is stopped.
+sample admitted at policy version HOLD_FROM_VERSION or later once it has a few tokens: until the run is
+stopped, or until the file HOLD_RELEASE_FILE exists when that is set. An engine holding a sample says so
+with an empty file named by its process id in HOLD_MARK_DIR, when set.
 
-It makes "a sample is running when SIGTERM arrives" a certainty instead of a matter of timing: the steps
-before the hold train normally, the next step can never complete, and the stop finds its samples running
-with their first tokens (which the resumed run must continue, not regenerate)."""
+It makes "a sample is running when SIGTERM (or SIGKILL) arrives" a certainty instead of a matter of timing:
+the steps before the hold train normally, the next step cannot complete while the hold lasts, and the fault
+finds samples running with their first tokens (which must be continued, not regenerated)."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import asyncio
 import contextlib
 import os
 import sys
+from pathlib import Path
 
 from open_instruct import grpo_fast
 from open_instruct.generation.actor import GenerationActor
@@ -18,6 +21,8 @@ from open_instruct.generation.actor import GenerationActor
 HOLD_AFTER_OUTPUTS = 4  # engine outputs (one or more tokens each) a held sample gets before it waits
 # Read here, in the driver: the class travels to the engine actors pickled by value, with this constant.
 HOLD_FROM_VERSION = int(os.environ.get("HOLD_FROM_VERSION", "2"))
+HOLD_RELEASE_FILE = os.environ.get("HOLD_RELEASE_FILE", "")
+HOLD_MARK_DIR = os.environ.get("HOLD_MARK_DIR", "")
 
 
 class HoldingEngine(GenerationActor):
@@ -28,8 +33,18 @@ class HoldingEngine(GenerationActor):
             async for output in stream:
                 yield output
                 outputs += 1
-                if held and outputs >= HOLD_AFTER_OUTPUTS:
-                    await asyncio.Event().wait()  # until the stop cancels this sample
+                if held and outputs == HOLD_AFTER_OUTPUTS:
+                    await _hold()
+
+
+async def _hold() -> None:
+    """Until the release file appears (polled: another process creates it), or forever: until cancelled."""
+    if HOLD_MARK_DIR:
+        Path(HOLD_MARK_DIR, str(os.getpid())).touch()
+    if not HOLD_RELEASE_FILE:
+        await asyncio.Event().wait()
+    while not Path(HOLD_RELEASE_FILE).exists():
+        await asyncio.sleep(0.05)
 
 
 if __name__ == "__main__":

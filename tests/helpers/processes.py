@@ -18,19 +18,25 @@ def _soak_script():
 session_pids = _soak_script().session_pids
 
 
-def start_grpo_session(args: list[str], out: Path, log_path: Path):
-    """grpo_fast.py in its own session (so its actors can be found and killed), output to `log_path`."""
+def start_grpo_session(args: list[str], out: Path, log_path: Path, script: Path | None = None, env=None):
+    """grpo_fast.py (or `script`, a wrapper of it) in its own session (so its actors can be found and killed),
+    output to `log_path`; `env`: variables on top of this process's."""
     import os
     import subprocess
     import sys
 
     repo = Path(__file__).resolve().parents[2]
+    script = script or repo / "open_instruct" / "grpo_fast.py"
+    environment = {**os.environ, "TOKENIZERS_PARALLELISM": "false", **(env or {})}
     with open(log_path, "w") as log:
         return subprocess.Popen(
-            [sys.executable, str(repo / "open_instruct" / "grpo_fast.py"), "--output_dir", str(out), *args],
-            cwd=repo, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-            env={**os.environ, "TOKENIZERS_PARALLELISM": "false"},
-        )  # fmt: skip
+            [sys.executable, str(script), "--output_dir", str(out), *args],
+            cwd=repo,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            env=environment,
+        )
 
 
 def kill_actor_when(proc, ready, actor_class: str, log_path: Path, timeout_s: float = 600) -> list[int]:
