@@ -264,14 +264,14 @@ def wait_until_both_decode(pool, deadline_s: float = 120.0) -> None:
     while True:
         running = [t for s in pool.call_all("running_tokens") for t in s.values()]
         if len(running) == 2 and all(t > 0 for t in running):
-            assert max(running) < 500, running  # they cannot reach 1000 tokens before the pause lands
+            assert max(running) < 200, running  # they cannot reach 400 tokens before the pause lands
             return
         assert time.monotonic() < deadline, f"the requests never started decoding: {running}"
         time.sleep(0.01)
 
 
 def test_pause_keeps_requests_and_resume_finishes_them(pool, tokenizer):
-    requests = [request(tokenizer, max_tokens=1000, ignore_eos=True, samples=1) for _ in range(2)]
+    requests = [request(tokenizer, max_tokens=400, ignore_eos=True, samples=1) for _ in range(2)]
     pool.submit(requests)
     wait_until_both_decode(pool)
     paused = pool.call_all("pause", "keep")
@@ -281,7 +281,7 @@ def test_pause_keeps_requests_and_resume_finishes_them(pool, tokenizer):
     time.sleep(1.0)  # a pause of known length, for the accounting below (not a synchronisation)
     pool.call_all("resume")
     arrivals = collect(pool, requests)
-    assert all(c.finish_reason == "length" and len(c.response_token_ids) == 1000 for _, c in arrivals)
+    assert all(c.finish_reason == "length" and len(c.response_token_ids) == 400 for _, c in arrivals)
     assert all(c.finished_at > paused_at for _, c in arrivals)
     assert all(s.pauses >= 1 and s.paused_s >= 0.9 for s in pool.stats())
 
