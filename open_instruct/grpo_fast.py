@@ -136,31 +136,17 @@ def check_services(cfg: Config, prompts) -> None:
 
 
 def load_data(cfg: Config, tokenizer):
-    """The training and evaluation prompts, with their reports logged; the services they need checked."""
-    from open_instruct.data import dataset as data
+    """The training and evaluation prompts, with their reports logged; the services the training data needs
+    are checked before the evaluation data loads."""
+    from open_instruct.data.dataset import load_split
 
-    model_cfg, train_data, eval_data = data.data_inputs(cfg)
-    loaded = []
-    for split, data_cfg, cache_key in (
-        ("train", train_data, cfg.data_extras.dataset_config_hash),
-        ("eval", eval_data, cfg.data_extras.dataset_config_eval_hash),
-    ):
-        prompts = data.load_prompt_dataset(
-            data_cfg,
-            model_cfg,
-            tokenizer,
-            split,
-            cfg.remap_verifier,
-            seed=cfg.experiment.seed,
-            tools_cfg=cfg.tools,
-            forced_cache_key=cache_key,
-        )
-        logger.info("%s data:\n%s", "training" if split == "train" else "evaluation", prompts.report.summary())
-        if split == "train":
-            note_small_dataset(cfg, len(prompts.prompts))
-            check_services(cfg, prompts.prompts)
-        loaded.append(prompts)
-    return loaded
+    train = load_split(cfg, tokenizer, "train")
+    logger.info("training data:\n%s", train.report.summary())
+    note_small_dataset(cfg, len(train.prompts))
+    check_services(cfg, train.prompts)
+    evaluation = load_split(cfg, tokenizer, "eval")
+    logger.info("evaluation data:\n%s", evaluation.report.summary())
+    return train, evaluation
 
 
 def run(cfg: Config, engine_class=None, engine_args: tuple = ()) -> dict:

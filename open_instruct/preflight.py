@@ -92,24 +92,9 @@ def _render(cfg, tokenizer):
 
 
 def _datasets(cfg, tokenizer):
-    from open_instruct.data import dataset as data
+    from open_instruct.data.dataset import load_split
 
-    model_cfg, train_data, eval_data = data.data_inputs(cfg)
-    loaded = {}
-    for which, data_cfg, key in (
-        ("train", train_data, cfg.data_extras.dataset_config_hash),
-        ("eval", eval_data, cfg.data_extras.dataset_config_eval_hash),
-    ):
-        loaded[which] = data.load_prompt_dataset(
-            data_cfg,
-            model_cfg,
-            tokenizer,
-            which,
-            cfg.remap_verifier,
-            seed=cfg.experiment.seed,
-            tools_cfg=cfg.tools,
-            forced_cache_key=key,
-        )
+    loaded = {which: load_split(cfg, tokenizer, which) for which in ("train", "eval")}
     lines = [loaded[which].report.summary().splitlines()[0] for which in ("train", "eval")]
     return "; ".join(lines), loaded["train"].prompts + loaded["eval"].prompts
 

@@ -14,10 +14,12 @@ from open_instruct.errors import UserError
 BEAKER_ONLY = "[Beaker only: accepted for compatibility with open-instruct scripts; no effect here] "
 # What a flag's help starts with says what kind of flag it is (see `flag_kind`); argparse passes every field
 # metadata key on to `add_argument`, so the help text is the one place a kind can be written.
+PENDING = "[not supported yet: "
+NO_EFFECT = "[no effect, as in open-instruct's grpo_fast: "
 KIND_PREFIXES = {
-    BEAKER_ONLY.strip(): "Beaker only",
-    "[no effect, as in open-instruct's grpo_fast:": "no effect (as in open-instruct)",
-    "[not supported yet:": "not supported yet",
+    BEAKER_ONLY: "Beaker only",
+    NO_EFFECT: "no effect (as in open-instruct)",
+    PENDING: "not supported yet",
 }
 
 

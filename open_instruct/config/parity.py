@@ -18,21 +18,18 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any, Literal
 
-from open_instruct.config.fields import BEAKER_ONLY, arg
+from open_instruct.config.fields import BEAKER_ONLY, NO_EFFECT, PENDING, arg
 
 # LoRA and quantization flags are no-ops in open-instruct's grpo_fast; training the full model when a
 # user asked for adapters would be a silent surprise, so they are refused instead.
 NOT_IN_GRPO_FAST = "{} is not wired into open-instruct's grpo_fast either (its flags are ignored there)"
 
 
-_PENDING = "[not supported yet: "
-
-
 def pending(default: Any, reason: str, help: str = "", **kwargs) -> Any:
     """A flag whose feature is not built yet: its default parses, any other value is refused with `reason`.
 
     The reason lives in the help text (argparse receives every metadata key, so there is no other place)."""
-    return arg(default, f"{_PENDING}{reason}] {help}".strip(), **kwargs)
+    return arg(default, f"{PENDING}{reason}] {help}".strip(), **kwargs)
 
 
 # open-instruct's registry names of what our loader does (they run its rlvr_tokenize_v3 and
@@ -42,12 +39,10 @@ RLVR_TRANSFORMS = ("rlvr_tokenize_v1", "rlvr_max_length_filter_v1")
 # limit drops the same prompts as rlvr_max_length_filter_v1 (its other limit is never passed there).
 RLVR_FILTERS = ("rlvr_max_length_filter_v1", "preference_filter_v1")
 
-_NO_EFFECT = "[no effect, as in open-instruct's grpo_fast: "
-
 
 def no_effect(default: Any, reason: str, **kwargs) -> Any:
     """A flag open-instruct's grpo_fast accepts and ignores (OLMo-core-only knobs): the same here, said aloud."""
-    return arg(default, f"{_NO_EFFECT}{reason}]", **kwargs)
+    return arg(default, f"{NO_EFFECT}{reason}]", **kwargs)
 
 
 @dataclass(frozen=True)
@@ -283,7 +278,7 @@ def pending_problems(groups: list[Any]) -> list[str]:
     """A flag whose feature is pending and whose value is not its default: one line each."""
     return [
         f"--{name} {_show(value)}: not supported yet: {reason}"
-        for name, value, reason in _marked_non_defaults(groups, _PENDING)
+        for name, value, reason in _marked_non_defaults(groups, PENDING)
     ]
 
 
@@ -291,7 +286,7 @@ def ignored_values(groups: list[Any]) -> list[str]:
     """Warnings for no-effect flags given a value other than their default: one line each."""
     return [
         f"--{name} {_show(value)} has no effect: {reason}"
-        for name, value, reason in _marked_non_defaults(groups, _NO_EFFECT)
+        for name, value, reason in _marked_non_defaults(groups, NO_EFFECT)
     ]
 
 

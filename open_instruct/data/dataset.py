@@ -466,3 +466,23 @@ def data_inputs(cfg):
     if cfg.data_extras.dataset_skip_cache:
         train, evaluation = (replace(d, dataset_local_cache_dir="") for d in (train, evaluation))
     return model, train, evaluation
+
+
+def load_split(cfg, tokenizer, split: str) -> PromptDataset:
+    """The "train" or "eval" prompts of a run's configuration, as the run loads them."""
+    model_cfg, train_data, eval_data = data_inputs(cfg)
+    data_cfg, cache_key = (
+        (train_data, cfg.data_extras.dataset_config_hash)
+        if split == "train"
+        else (eval_data, cfg.data_extras.dataset_config_eval_hash)
+    )
+    return load_prompt_dataset(
+        data_cfg,
+        model_cfg,
+        tokenizer,
+        split,
+        cfg.remap_verifier,
+        seed=cfg.experiment.seed,
+        tools_cfg=cfg.tools,
+        forced_cache_key=cache_key,
+    )

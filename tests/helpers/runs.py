@@ -54,22 +54,13 @@ COMMON = [
 ]
 
 
-def run_grpo(
-    args: list[str],
-    out: Path,
-    stop_after_step: int | None = None,
-    timeout_s: float = 900,
-    cwd=REPO,
-    script: Path = REPO / "open_instruct" / "grpo_fast.py",
-    env: dict[str, str] | None = None,
-):
-    """Run grpo_fast.py (or `script`, a wrapper of it); optionally SIGTERM it once metrics.jsonl shows
-    `stop_after_step`."""
+def run_grpo(args: list[str], out: Path, stop_after_step: int | None = None, timeout_s: float = 900, cwd=REPO):
+    """Run grpo_fast.py; optionally SIGTERM it once metrics.jsonl shows `stop_after_step`."""
     log_path = out.parent / f"{out.name}.log"
-    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "WANDB_MODE": "offline", **(env or {})}
+    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "WANDB_MODE": "offline"}
     with open(log_path, "a") as log:
         proc = subprocess.Popen(
-            [sys.executable, str(script), "--output_dir", str(out), *args],
+            [sys.executable, str(REPO / "open_instruct" / "grpo_fast.py"), "--output_dir", str(out), *args],
             cwd=cwd,
             stdout=log,
             stderr=subprocess.STDOUT,
