@@ -228,7 +228,11 @@ class TrainingLoop:
         while self.step < self.num_steps and self.stop.reason is None:
             step_started = self.clock.time()
             self.admit()
-            groups, waited = self.wait_for_batch()
+            batch = self.wait_for_batch()
+            if batch is None:  # stopped while the batch was incomplete: its samples wait in the state
+                self.save_state_if_due()
+                break
+            groups, waited = batch
             metrics = self.train(groups)
             metrics.update(self.sync_if_due(step_end=self.clock.time()))
             metrics.update(self.evaluate_if_due())
@@ -247,8 +251,11 @@ class TrainingLoop:
             record_prompts(self.cfg.experiment.save_admitted_prompts, requests)
         self.engines.submit(requests)
 
-    def wait_for_batch(self) -> tuple[list[Group], float]:
-        """Route arriving samples (eval → the eval round, training → the buffer) until a batch is ready."""
+    def wait_for_batch(self) -> tuple[list[Group], float] | None:
+        """Route arriving samples (eval → the eval round, training → the buffer) until a batch is ready.
+
+        None when a stop request comes first: a preempted job has seconds, and the batch may need samples
+        that run for minutes (or that cannot finish), so they are cut and kept for the resume instead."""
         started = self.clock.time()
         while True:
             self.receive(self.engines.poll(timeout_s=0.0 if self.buffer.ready(self.per_step) else 0.5))
@@ -256,6 +263,8 @@ class TrainingLoop:
             self.settle_dropped()
             if self.buffer.ready(self.per_step):
                 return self.buffer.take(self.per_step, self.version), self.clock.time() - started
+            if self.stop.reason is not None:
+                return None
             self.admit()  # replacements for dropped groups may be due
 
     def receive(self, completions: list[Completion]) -> None:
@@ -431,6 +440,11 @@ class TrainingLoop:
             checkpoints.save_model(
                 self.learners, self.tokenizer, experiment.output_dir, self.step, experiment.keep_last_n_checkpoints
             )
+        self.save_state_if_due()
+
+    def save_state_if_due(self) -> None:
+        """The resumable state at its interval, and always on a stop request."""
+        experiment = self.cfg.experiment
         stopping = self.stop.reason is not None
         due = any(self.step % every == 0 for every in state_save_every(self.cfg))
         saved_in = state_dir(self.cfg)

@@ -341,6 +341,42 @@ def test_samples_running_at_a_stop_continue_after_the_resume_from_their_tokens(t
     assert second.log.history[-1]["engines/continued_samples_total"] == len(continued)
 
 
+def test_a_stop_while_the_batch_cannot_complete_saves_at_once_with_the_running_samples(tmp_path):
+    """SIGTERM while the loop waits for a batch whose samples will not finish for hours (held, or very long):
+    the loop does not wait for them; they are cut, kept in the state, and the step is not taken."""
+    state_dir = str(tmp_path / "state")
+    flags = ("--async_steps", "1", "--checkpoint_state_freq", "100", "--checkpoint_state_dir", state_dir)
+    cfg = fakes.config(*flags, steps=6, prompts=2, samples=2)
+    stop, endless_since = StopRequest(), []
+
+    def endless_from_version_2(request, j):
+        if request.admitted_version < 2:
+            return fakes.Script(length=4, latency_s=0.5, reward=float(j % 2))
+        endless_since.append(run.clock.now)
+        return fakes.Script(length=36_000, latency_s=36_000.0, reward=float(j % 2))  # a token a second
+
+    run = fakes.build(cfg, script=endless_from_version_2, stop=stop)
+    poll = run.engines.poll
+
+    def poll_then_signal(timeout_s: float = 0.0):
+        completions = poll(timeout_s)
+        if endless_since and run.clock.now >= endless_since[0] + 10:  # SIGTERM 10 s into the endless samples
+            stop.reason = "SIGTERM"
+        return completions
+
+    run.engines.poll = poll_then_signal
+    summary = run.loop.run()
+    # Batches 0-2 were admitted before version 2 (one step ahead); batch 3 cannot complete.
+    assert summary["status"] == "stopped by SIGTERM" and summary["steps_trained"] == 3
+    assert run.clock.now < endless_since[0] + 60  # nobody waited for the ten-hour samples
+    _, state = checkpoints.latest_state(state_dir)
+    assert state.next_step == 3 and state.version == 3
+    cut = [r for r in state.requeue if r.admitted_version >= 2]
+    assert cut and all(len(r.partials) == len(r.sample_indices) == 2 for r in cut)
+    assert all(5 <= len(p.token_ids) < 60 for r in cut for p in r.partials)  # what ran before the stop
+    assert_every_admitted_prompt_has_exactly_one_fate(run)
+
+
 def test_heavy_tails_lose_nothing_and_train_nothing_twice():
     def heavy(request, j):
         rng = random.Random(f"{request.prompt_id}/{j}")

@@ -55,8 +55,8 @@ class EngineSettings:
         )
 
 
-def executor_backend(tensor_parallel_size: int) -> str | None:
-    """vLLM's executor for an engine: "mp" for tensor parallelism, None (vLLM's "uni") for one rank.
+def executor_backend(tensor_parallel_size: int, on_gpu: bool):
+    """vLLM's executor for an engine: "mp" for tensor parallelism, the in-process executor for one rank.
 
     An engine actor holds all of its `tp` GPUs in one bundle of the engines' placement group
     (`placement.engine_bundles`), and vLLM's multiprocessing workers use them inside the actor. Left to
@@ -74,8 +74,21 @@ def executor_backend(tensor_parallel_size: int) -> str | None:
     VLLM_WORKER_MULTIPROC_METHOD=spawn anyway) and inherit the CUDA_VISIBLE_DEVICES that Ray set to the
     actor's GPUs: worker i takes visible device i (vllm/v1/worker/gpu_worker.py:486-500). No other env or
     argument is needed. One rank keeps vLLM's default, the in-process "uni" executor (parallel.py:1098).
+
+    On CPU, vLLM 0.32 turns the string "uni" into "mp" (vllm/platforms/cpu.py:333-341) because an in-process
+    worker could not get its OMP environment when the engine core runs inside the caller
+    (VLLM_ENABLE_V1_MULTIPROCESSING=0). AsyncLLM always starts the engine core as a fresh process, which
+    inherits the actor's OMP environment, so we name the executor class, which that rewrite does not touch:
+    one process fewer per engine. Measured inside a Ray actor on the 2-core CI machine (tiny model):
+    ready in 14 s instead of 29 s, 8 x 300 tokens decoded in 2.3 s instead of 3.3 s.
     """
-    return "mp" if tensor_parallel_size > 1 else None
+    if tensor_parallel_size > 1:
+        return "mp"
+    if on_gpu:
+        return None
+    from vllm.v1.executor.uniproc_executor import UniProcExecutor
+
+    return UniProcExecutor
 
 
 def engine_args(settings: EngineSettings, on_gpu: bool | None = None):
@@ -100,7 +113,7 @@ def engine_args(settings: EngineSettings, on_gpu: bool | None = None):
         # Behaviour logprobs must be those of the distribution actually sampled from.
         "logprobs_mode": "processed_logprobs",
         "dtype": resolve_dtype(settings.dtype, settings.gpu_dtype, on_gpu),
-        "distributed_executor_backend": executor_backend(settings.tensor_parallel_size),
+        "distributed_executor_backend": executor_backend(settings.tensor_parallel_size, on_gpu),
     }
     if settings.attention_backend:
         common["attention_backend"] = settings.attention_backend

@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -54,27 +55,36 @@ COMMON = [
 ]
 
 
-def run_grpo(args: list[str], out: Path, stop_after_step: int | None = None, timeout_s: float = 900, cwd=REPO):
-    """Run grpo_fast.py; optionally SIGTERM it once metrics.jsonl shows `stop_after_step`."""
+def run_grpo(
+    args: list[str],
+    out: Path,
+    stop_when: Callable[[], bool] | None = None,
+    timeout_s: float = 900,
+    cwd=REPO,
+    script: Path | None = None,
+    env: dict[str, str] | None = None,
+):
+    """Run grpo_fast.py (or `script`, a wrapper of it; `env` on top of ours); SIGTERM it once `stop_when()`."""
     log_path = out.parent / f"{out.name}.log"
-    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "WANDB_MODE": "offline"}
+    environment = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "WANDB_MODE": "offline", **(env or {})}
+    script = script or REPO / "open_instruct" / "grpo_fast.py"
     with open(log_path, "a") as log:
         proc = subprocess.Popen(
-            [sys.executable, str(REPO / "open_instruct" / "grpo_fast.py"), "--output_dir", str(out), *args],
+            [sys.executable, str(script), "--output_dir", str(out), *args],
             cwd=cwd,
             stdout=log,
             stderr=subprocess.STDOUT,
-            env=env,
+            env=environment,
         )
         deadline = time.monotonic() + timeout_s
         while proc.poll() is None and time.monotonic() < deadline:
-            if stop_after_step is not None and stop_after_step in steps_logged(out):
+            if stop_when is not None and stop_when():
                 proc.send_signal(signal.SIGTERM)
-                stop_after_step = None
+                stop_when = None
             time.sleep(0.2)
         if proc.poll() is None:
             proc.kill()
-            raise AssertionError(f"grpo_fast.py did not finish in {timeout_s}s; see {log_path}")
+            raise AssertionError(f"{script.name} did not finish in {timeout_s}s; see {log_path}")
     return proc.returncode, log_path.read_text()
 
 
