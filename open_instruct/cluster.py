@@ -46,6 +46,9 @@ def init_ray(min_logical_cpus: int = 1) -> None:
     # Every actor call leaves a task event in the GCS (the queues' polls alone make thousands per step):
     # capped, so the GCS stays flat in a long run (scripts/soak.py).
     ray.init(
+        # "local": without it Ray joins the newest cluster a `ray start` left on this machine
+        # (/tmp/ray/ray_current_cluster), e.g. another job's, instead of starting the one logged above.
+        address="local",
         num_cpus=num_cpus,
         runtime_env=env,
         include_dashboard=False,

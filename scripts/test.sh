@@ -11,4 +11,10 @@ bash scripts/setup_env.sh
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
 export RAY_DEDUP_LOGS=0 TOKENIZERS_PARALLELISM=false
-exec .venv/bin/python -m pytest tests -p no:cacheprovider --durations=15 "$@"
+# Two test files at a time (TEST_WORKERS=1: one): a real-stack test spends most of its time on one core
+# (imports, process starts, waits), so the second core runs another file. Whole files per worker keep a
+# module's shared engines and runs in one process.
+workers="${TEST_WORKERS:-2}"
+parallel=()
+if [[ "$workers" != "1" ]]; then parallel=(-n "$workers" --dist loadfile); fi
+exec .venv/bin/python -m pytest tests -p no:cacheprovider --durations=15 "${parallel[@]}" "$@"

@@ -159,9 +159,10 @@ def store_mix(cache_dir: str | os.PathLike, entries: list[tuple[str, str, str, P
     path = Path(cache_dir) / f"mix-{key}.json"
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        staging = path.with_suffix(".tmp")
+        # Per process: two runs recording the same mix at once must not rename each other's file away.
+        staging = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         staging.write_text(json.dumps(rows, indent=1))
-        staging.rename(path)
+        staging.replace(path)
     except OSError as error:
         logger.warning("could not record the dataset mix %s: %s", path, error)
         return None
