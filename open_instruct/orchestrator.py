@@ -129,15 +129,15 @@ class TrainingLoop:
         tokenizer=None,
         stop: StopRequest | None = None,
     ):
-        self.cfg, self.engines, self.learners, self.sync, self.clock, self.log = (
-            cfg,
-            engines,
-            learners,
-            weight_sync,
-            clock,
-            log,
-        )
-        self.eval_rows, self.tokenizer, self.stop = list(eval_rows), tokenizer, stop or StopRequest()
+        self.cfg = cfg
+        self.engines = engines
+        self.learners = learners
+        self.sync = weight_sync
+        self.clock = clock
+        self.log = log
+        self.eval_rows = list(eval_rows)
+        self.tokenizer = tokenizer
+        self.stop = stop or StopRequest()
         generation = cfg.generation
         self.num_steps, self.per_step = cfg.num_training_steps, generation.num_unique_prompts_rollout
         self.sampling = SamplingSettings.from_config(cfg)
@@ -203,7 +203,7 @@ class TrainingLoop:
         if self.version != state.version:
             raise RuntimeError(f"{path}: learner version {self.version} != driver version {state.version}")
         self.step, self.episodes = state.next_step, state.episodes
-        self.outcomes = PromptOutcomes(**getattr(state, "outcomes", {}))  # states saved before outcomes existed
+        self.outcomes = PromptOutcomes(**state.outcomes)  # {} in states saved before outcomes existed (migrate)
         self.buffer = ReplayBuffer.from_state(state.buffer, **self._buffer_config())
         logger.info(
             "resumed from %s: step %d, %d prompts re-queued, %d groups in the buffer",
