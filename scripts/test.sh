@@ -16,5 +16,7 @@ export RAY_DEDUP_LOGS=0 TOKENIZERS_PARALLELISM=false
 # module's shared engines and runs in one process.
 workers="${TEST_WORKERS:-2}"
 parallel=()
-if [[ "$workers" != "1" ]]; then parallel=(-n "$workers" --dist loadfile); fi
+# --no-loadscope-reorder: keep tests/conftest.py's longest-first order (xdist would start the files with the
+# most tests first, which leaves the few-but-long fault and training files for the end).
+if [[ "$workers" != "1" ]]; then parallel=(-n "$workers" --dist loadfile --no-loadscope-reorder); fi
 exec .venv/bin/python -m pytest tests -p no:cacheprovider --durations=15 "${parallel[@]}" "$@"

@@ -277,3 +277,10 @@ def test_no_squeezing_no_fmt_skip_and_no_short_aliases_of_configuration():
                 if short and isinstance(source, ast.Attribute) and ast.unparse(source.value) in CONFIG_HOLDERS:
                     found.append(f"{path.relative_to(REPO)}:{node.lineno} {name.id} = {ast.unparse(source)}")
     assert not found, "\n".join(found)
+
+
+def test_the_longest_first_order_names_existing_test_files():
+    from conftest import LONGEST_FIRST
+
+    missing = [name for name in LONGEST_FIRST if not (REPO / "tests" / name).is_file()]
+    assert not missing and len(set(LONGEST_FIRST)) == len(LONGEST_FIRST), missing
