@@ -35,7 +35,8 @@ def main(argv: list[str] | None = None, engine_class=None) -> int:
         print("grpo_fast.py: " + "; ".join(missing), file=sys.stderr)
         return 2
 
-    from open_instruct.config.parity import ignored_values, state_dir
+    from open_instruct.config.derived import state_dir
+    from open_instruct.config.parity import ignored_values
 
     log = logging.getLogger("open_instruct")
     for line in ignored_values([getattr(cfg, name) for name in cfg.group_names]):
@@ -91,7 +92,7 @@ def resume_hint(cfg, argv: list[str]) -> str:
     import shlex
 
     from open_instruct.checkpoints import latest_state
-    from open_instruct.config.parity import state_dir
+    from open_instruct.config.derived import state_dir
 
     saved = latest_state(cfg.schedule.resume_from_checkpoint or state_dir(cfg))
     if saved is None:

@@ -26,7 +26,7 @@ from typing import Protocol
 
 from open_instruct import checkpoints
 from open_instruct.config.core import Config
-from open_instruct.config.parity import state_dir, state_save_every
+from open_instruct.config.derived import state_dir, state_save_every
 from open_instruct.evaluation import EvalRound
 from open_instruct.messages import Completion, EngineStats, PartialSample, PromptRequest, SamplingSettings, StepReport
 from open_instruct.metrics import (

@@ -173,7 +173,7 @@ def test_every_seed_flag_is_a_supported_feature():
 
 
 def test_a_save_interval_without_a_state_dir_saves_under_the_output_dir(tmp_path):
-    from open_instruct.config.parity import state_dir
+    from open_instruct.config.derived import state_dir
 
     out = str(tmp_path / "out")
     assert state_dir(parse_config(["--output_dir", out])) is None

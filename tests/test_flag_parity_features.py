@@ -19,7 +19,8 @@ import pytest
 
 from open_instruct import checkpoints
 from open_instruct.config.core import ConfigError, parse_config, unsupported_features
-from open_instruct.config.parity import ignored_values, resolve_dtype, state_save_every
+from open_instruct.config.derived import resolve_dtype, state_save_every
+from open_instruct.config.parity import ignored_values
 from open_instruct.data.dataset import PromptRow
 from open_instruct.rewards import VerifierInput, VerifierSettings
 from open_instruct.tracking import MetricWindow

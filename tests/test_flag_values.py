@@ -136,14 +136,14 @@ def _deepspeed_stage(cfg, value):
 
 
 def _dtype(cfg, value):
-    from open_instruct.config.parity import resolve_dtype
+    from open_instruct.config.derived import resolve_dtype
 
     expected = "bfloat16" if value == "auto" else value
     assert resolve_dtype(cfg.tokenizer_model.dtype, cfg.resources.model_dtype, on_gpu=True) == expected
 
 
 def _model_dtype(cfg, value):
-    from open_instruct.config.parity import resolve_dtype
+    from open_instruct.config.derived import resolve_dtype
 
     assert resolve_dtype(cfg.tokenizer_model.dtype, cfg.resources.model_dtype, on_gpu=True) == value
 

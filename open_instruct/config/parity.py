@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any, Literal
 
+from open_instruct.config.derived import AUTO_DTYPE, DTYPES, state_dir
 from open_instruct.config.fields import BEAKER_ONLY, NO_EFFECT, PENDING, arg
 
 # LoRA and quantization flags are no-ops in open-instruct's grpo_fast; training the full model when a
@@ -294,54 +295,6 @@ def _show(value: Any) -> str:
     return " ".join(map(str, value)) if isinstance(value, list) else str(value)
 
 
-def rho_bounds(cfg):
-    """open-instruct's --rho_* bounds as a loss.RhoBounds, or None when none is set."""
-    from open_instruct.loss import RhoBounds
-
-    loss_extras = cfg.loss_extras
-    bounds = RhoBounds(
-        loss_extras.rho_clamp_lower_bound,
-        loss_extras.rho_mask_lower_bound,
-        loss_extras.rho_mask_upper_bound,
-        loss_extras.rho_mask_sequence_level,
-        loss_extras.rho_mask_tv_divergence,
-    )
-    return None if bounds == RhoBounds() else bounds
-
-
-def importance_ratio_cap(cfg) -> float:
-    """The TIS cap the learner uses: open-instruct's --use_rho_correction / --rho_clamp_upper_bound, or ours."""
-    loss_extras = cfg.loss_extras
-    if not loss_extras.use_rho_correction:
-        return 0.0
-    if loss_extras.rho_clamp_upper_bound != 2.0:
-        return loss_extras.rho_clamp_upper_bound
-    return cfg.algorithm.truncated_importance_sampling_ratio_cap
-
-
-DTYPES = ("float32", "bfloat16", "float16")
-# --dtype auto (transformers' "the checkpoint's dtype") is what a script writes to leave the choice to the
-# trainer; open-instruct's grpo_fast ignores --dtype, so here it means the default rule below.
-AUTO_DTYPE = "auto"
-
-
-def resolve_dtype(explicit: str | None, gpu_default: str, on_gpu: bool) -> str:
-    """The dtype of the policy, the reference and the engines: --dtype, else --model_dtype on GPU, else fp32.
-
-    Resolved inside each actor, where the device is known (the driver may have no GPU)."""
-    if explicit and explicit != AUTO_DTYPE:
-        return explicit
-    return gpu_default if on_gpu else "float32"
-
-
-# The learner's --attn_implementation as transformers names it ("te" has no HF kernel; SDPA is its fallback).
-HF_ATTENTION = {
-    "torch": "sdpa",
-    "te": "sdpa",
-    "flash_2": "flash_attention_2",
-    "flash_3": "flash_attention_3",
-    "flash_4": "flash_attention_4",
-}
 # The distribution each flash kernel comes in, as transformers checks it (FA2 and FA4 share the `flash_attn`
 # module, so the module alone cannot tell them apart; FA3 is `flash_attn_interface` from flash-attn-3).
 FLASH_ATTENTION_PACKAGES = {"flash_2": "flash-attn", "flash_3": "flash-attn-3", "flash_4": "flash-attn-4"}
@@ -355,33 +308,6 @@ def _installed(distribution: str) -> bool:
     except metadata.PackageNotFoundError:
         return False
     return True
-
-
-def state_save_every(cfg) -> tuple[int, ...]:
-    """Step intervals at which the resumable state is saved: --checkpoint_state_freq, --ephemeral_save_interval
-    and --checkpointing_steps when given (open-instruct ignores the last; its default would save every 500)."""
-    experiment, schedule = cfg.experiment, cfg.schedule
-    every = [experiment.checkpoint_state_freq, schedule.ephemeral_save_interval or 0]
-    if "checkpointing_steps" in cfg.explicit_flags:
-        every.append(schedule.checkpointing_steps)
-    return tuple(sorted({n for n in every if n > 0}))
-
-
-# Where the resumable state goes when a save interval is given without --checkpoint_state_dir.
-DEFAULT_STATE_SUBDIR = "checkpoint_state"
-
-
-def state_dir(cfg) -> str | None:
-    """The directory of the resumable state: --checkpoint_state_dir, else <output_dir>/checkpoint_state when
-    any save interval is set (open-instruct then saves nothing, and on Beaker mason fills the directory in:
-    a script that asks for state should get it), else None."""
-    if cfg.experiment.checkpoint_state_dir:
-        return cfg.experiment.checkpoint_state_dir
-    if state_save_every(cfg):
-        import os
-
-        return os.path.join(cfg.experiment.output_dir, DEFAULT_STATE_SUBDIR)
-    return None
 
 
 def _saving_problems(cfg) -> list[tuple[bool, str]]:

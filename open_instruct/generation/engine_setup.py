@@ -99,7 +99,7 @@ def engine_args(settings: EngineSettings, on_gpu: bool | None = None):
     from vllm.config import WeightTransferConfig
     from vllm.engine.arg_utils import AsyncEngineArgs
 
-    from open_instruct.config.parity import resolve_dtype
+    from open_instruct.config.derived import resolve_dtype
     from open_instruct.weights.transport import transport
 
     backend = settings.weight_transfer_backend

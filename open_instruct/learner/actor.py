@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from open_instruct.config.parity import resolve_dtype
+from open_instruct.config.derived import resolve_dtype
 from open_instruct.learner.deepspeed_setup import (
     UNIVERSAL_SUFFIX,
     deepspeed_config,
@@ -28,6 +28,40 @@ from open_instruct.weights.transport import WeightSyncError
 from open_instruct.weights.watchdog import SendWatchdog
 
 # ----------------------------------------------------------------------------- the learner actor
+
+# The learner's --attn_implementation as transformers names it ("te" has no HF kernel; SDPA is its fallback).
+HF_ATTENTION = {
+    "torch": "sdpa",
+    "te": "sdpa",
+    "flash_2": "flash_attention_2",
+    "flash_3": "flash_attention_3",
+    "flash_4": "flash_attention_4",
+}
+
+
+def rho_bounds(cfg):
+    """open-instruct's --rho_* bounds as a loss.RhoBounds, or None when none is set."""
+    from open_instruct.loss import RhoBounds
+
+    loss_extras = cfg.loss_extras
+    bounds = RhoBounds(
+        loss_extras.rho_clamp_lower_bound,
+        loss_extras.rho_mask_lower_bound,
+        loss_extras.rho_mask_upper_bound,
+        loss_extras.rho_mask_sequence_level,
+        loss_extras.rho_mask_tv_divergence,
+    )
+    return None if bounds == RhoBounds() else bounds
+
+
+def importance_ratio_cap(cfg) -> float:
+    """The TIS cap the learner uses: open-instruct's --use_rho_correction / --rho_clamp_upper_bound, or ours."""
+    loss_extras = cfg.loss_extras
+    if not loss_extras.use_rho_correction:
+        return 0.0
+    if loss_extras.rho_clamp_upper_bound != 2.0:
+        return loss_extras.rho_clamp_upper_bound
+    return cfg.algorithm.truncated_importance_sampling_ratio_cap
 
 
 @dataclass(frozen=True)
@@ -63,7 +97,7 @@ class LearnerSettings:
     seed: int = 1
     dtype: str | None = None  # --dtype; None: gpu_dtype on GPU, float32 on CPU
     gpu_dtype: str = "bfloat16"  # --model_dtype
-    attn_implementation: str | None = None  # a transformers name (config.parity.HF_ATTENTION); None: default
+    attn_implementation: str | None = None  # a transformers name (HF_ATTENTION); None: default
     decay_bias_and_norm: bool = False  # --set_weight_decay_on_bias_and_norm False (see make_optimizer)
     # pi_old from a separate no-grad pass even where the first training forward gives it (benchmarks, tests).
     separate_old_logprob_pass: bool = False
@@ -86,8 +120,6 @@ class LearnerSettings:
 
     @classmethod
     def from_config(cls, cfg, model_path: str) -> LearnerSettings:
-        from open_instruct.config.parity import HF_ATTENTION, importance_ratio_cap, rho_bounds
-
         algorithm, learner = cfg.algorithm, cfg.learner
         return cls(
             model_path=model_path,

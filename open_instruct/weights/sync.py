@@ -70,7 +70,7 @@ class SyncSettings:
 
     @classmethod
     def from_config(cls, cfg, backend: str, on_gpu: bool) -> SyncSettings:
-        from open_instruct.config.parity import resolve_dtype
+        from open_instruct.config.derived import resolve_dtype
 
         return cls(
             backend=backend,

@@ -1,0 +1,46 @@
+"""Values the runtime derives from several flags: the dtype each actor uses and where and when the resumable
+state is saved. Configuration validates them (config.parity's checks) and the runtime reads them from here,
+never from the open-instruct compatibility module."""
+
+from __future__ import annotations
+
+import os
+
+DTYPES = ("float32", "bfloat16", "float16")
+# --dtype auto (transformers' "the checkpoint's dtype") is what a script writes to leave the choice to the
+# trainer; open-instruct's grpo_fast ignores --dtype, so here it means the default rule below.
+AUTO_DTYPE = "auto"
+
+
+def resolve_dtype(explicit: str | None, gpu_default: str, on_gpu: bool) -> str:
+    """The dtype of the policy, the reference and the engines: --dtype, else --model_dtype on GPU, else fp32.
+
+    Resolved inside each actor, where the device is known (the driver may have no GPU)."""
+    if explicit and explicit != AUTO_DTYPE:
+        return explicit
+    return gpu_default if on_gpu else "float32"
+
+
+def state_save_every(cfg) -> tuple[int, ...]:
+    """Step intervals at which the resumable state is saved: --checkpoint_state_freq, --ephemeral_save_interval
+    and --checkpointing_steps when given (open-instruct ignores the last; its default would save every 500)."""
+    experiment, schedule = cfg.experiment, cfg.schedule
+    every = [experiment.checkpoint_state_freq, schedule.ephemeral_save_interval or 0]
+    if "checkpointing_steps" in cfg.explicit_flags:
+        every.append(schedule.checkpointing_steps)
+    return tuple(sorted({n for n in every if n > 0}))
+
+
+# Where the resumable state goes when a save interval is given without --checkpoint_state_dir.
+DEFAULT_STATE_SUBDIR = "checkpoint_state"
+
+
+def state_dir(cfg) -> str | None:
+    """The directory of the resumable state: --checkpoint_state_dir, else <output_dir>/checkpoint_state when
+    any save interval is set (open-instruct then saves nothing, and on Beaker mason fills the directory in:
+    a script that asks for state should get it), else None."""
+    if cfg.experiment.checkpoint_state_dir:
+        return cfg.experiment.checkpoint_state_dir
+    if state_save_every(cfg):
+        return os.path.join(cfg.experiment.output_dir, DEFAULT_STATE_SUBDIR)
+    return None
