@@ -33,7 +33,7 @@ def _cell(text: str) -> str:
 
 def render() -> str:
     from open_instruct.config.core import GROUPS
-    from open_instruct.config.fields import flag_kind
+    from open_instruct.config.fields import flag_kind, rendered_help
 
     theirs = {line.split("\t")[0] for line in OPEN_INSTRUCT_FLAGS.read_text().splitlines() if line[:1] not in ("#", "")}
     out = [
@@ -52,9 +52,9 @@ def render() -> str:
         out += [f"## {group._argument_group_name}", "", "| flag | default | kind | open-instruct | help |"]
         out.append("|---|---|---|---|---|")
         for field in dataclasses.fields(group):
-            help_text = field.metadata.get("help", "")
+            help_text = rendered_help(field)
             parity = "yes" if field.name in theirs else "ours"
-            row = (f"`--{field.name}`", _default(field), flag_kind(help_text), parity, _cell(help_text))
+            row = (f"`--{field.name}`", _default(field), flag_kind(field), parity, _cell(help_text))
             out.append("| " + " | ".join(_cell(c) if i == 1 else c for i, c in enumerate(row)) + " |")
             total += 1
         out.append("")

@@ -123,8 +123,31 @@ def test_booleans_that_default_to_true_take_the_no_form(name):
 
 
 def test_infrastructure_flags_say_so_in_help():
+    import contextlib
+    import io
+
+    from open_instruct.config.core import build_parser
+    from open_instruct.config.fields import flag_kind
+
+    shown = io.StringIO()
+    with contextlib.redirect_stdout(shown):
+        build_parser().print_help()
+    options = shown.getvalue().split("\n  --")[1:]  # one entry per flag of the options list, after the usage
     for name in ("hf_entity", "gs_bucket_path", "send_slack_alerts", "eval_workspace", "oe_eval_tasks"):
-        assert "Beaker only" in FIELDS[name][1].metadata["help"]
+        assert flag_kind(FIELDS[name][1]) == "Beaker only"
+        (entry,) = [option for option in options if option.startswith(f"{name} ")]
+        assert "[Beaker only: accepted for compatibility" in " ".join(entry.split())  # --help renders the kind
+
+
+def test_a_flags_kind_is_metadata_and_argparse_never_sees_it():
+    from open_instruct.config.fields import arg, help_for_argparse, rendered_help
+
+    pending = arg(0, "How many.", kind="pending", reason="needs X")
+    assert dict(pending.metadata) == {"help": "How many.", "kind": "pending", "reason": "needs X"}
+    assert rendered_help(pending) == "[not supported yet: needs X] How many."
+    assert dict(help_for_argparse(pending).metadata) == {"help": "[not supported yet: needs X] How many."}
+    with pytest.raises(ValueError, match="unknown flag kind"):
+        arg(0, "x", kind="sometimes")
 
 
 def test_the_seed_command_and_common_script_flags_still_run():

@@ -19,7 +19,14 @@ from typing import Literal
 
 from open_instruct.agents.settings import ToolsConfig, tool_problems
 from open_instruct.agents.tools import config_problems
-from open_instruct.config.fields import BEAKER_ONLY, ConfigError, arg, mixer_problems, unknown_flags_message
+from open_instruct.config.fields import (
+    BEAKER_ONLY,
+    ConfigError,
+    arg,
+    help_for_argparse,
+    mixer_problems,
+    unknown_flags_message,
+)
 from open_instruct.config.parity import (
     PARITY_GROUPS,
     DataExtrasConfig,
@@ -65,10 +72,10 @@ class ExperimentConfig:
     )
     checkpoint_state_freq: int = arg(-1, "Save full resumable state every N steps (-1 disables).")
     checkpoint_state_dir: str | None = arg(None, "Directory for resumable state; resuming reads it.")
-    try_launch_beaker_eval_jobs_on_weka: bool = arg(False, BEAKER_ONLY + "Launch oe-eval jobs per save.")
-    oe_eval_tasks: str | None = arg(None, BEAKER_ONLY + "Comma-separated oe-eval tasks for those jobs.")
-    oe_eval_max_length: int = arg(4096, BEAKER_ONLY + "Max length for the oe-eval jobs.")
-    hf_metadata_dataset: str | None = arg(None, BEAKER_ONLY + "HF dataset recording run metadata.")
+    try_launch_beaker_eval_jobs_on_weka: bool = arg(False, "Launch oe-eval jobs per save.", kind=BEAKER_ONLY)
+    oe_eval_tasks: str | None = arg(None, "Comma-separated oe-eval tasks for those jobs.", kind=BEAKER_ONLY)
+    oe_eval_max_length: int = arg(4096, "Max length for the oe-eval jobs.", kind=BEAKER_ONLY)
+    hf_metadata_dataset: str | None = arg(None, "HF dataset recording run metadata.", kind=BEAKER_ONLY)
     push_to_hub: bool = pending(
         False,
         "uploading needs the Hub's network and write access; --save_freq checkpoints stay in --output_dir",
@@ -569,7 +576,12 @@ def unsupported_features(cfg: Config) -> list[str]:
 def build_parser():
     from transformers import HfArgumentParser
 
-    return HfArgumentParser(
+    class FlagParser(HfArgumentParser):
+        @staticmethod
+        def _parse_dataclass_field(parser, field):
+            HfArgumentParser._parse_dataclass_field(parser, help_for_argparse(field))
+
+    return FlagParser(
         GROUPS,
         prog="grpo_fast.py",
         description="Async-streaming GRPO: vLLM engines stream completions to DeepSpeed learners.",

@@ -1,45 +1,72 @@
 """Building blocks of the flag groups, shared by `config` and the groups that live next to their feature.
 
-A flag is a dataclass field whose `help` metadata is its only documentation (what `--help` prints).
+A flag is a dataclass field: its `help` metadata is its only documentation and its `kind` metadata (none: it
+works) says when it does not work here; `--help` prints both.
 """
 
 from __future__ import annotations
 
+import copy
 import difflib
-from dataclasses import field
+from dataclasses import Field, field
+from types import MappingProxyType
 from typing import Any
 
 from open_instruct.errors import UserError
 
-BEAKER_ONLY = "[Beaker only: accepted for compatibility with open-instruct scripts; no effect here] "
-# What a flag's help starts with says what kind of flag it is (see `flag_kind`); argparse passes every field
-# metadata key on to `add_argument`, so the help text is the one place a kind can be written.
-PENDING = "[not supported yet: "
-NO_EFFECT = "[no effect, as in open-instruct's grpo_fast: "
-KIND_PREFIXES = {
+# A flag's kind is field metadata (`arg(..., kind=...)`); `help_for_argparse` writes it into the help text that
+# --help prints, and `flag_kind` reads it back for the docs and the checks. No kind: the flag works here.
+BEAKER_ONLY = "beaker_only"  # Ai2 infrastructure; accepted so launch scripts run, no effect
+NO_EFFECT = "no_effect"  # open-instruct's grpo_fast ignores it too; a non-default value is warned about
+PENDING = "pending"  # a feature not built yet; any value but the default is refused with the reason
+KIND_LABELS = {
     BEAKER_ONLY: "Beaker only",
     NO_EFFECT: "no effect (as in open-instruct)",
     PENDING: "not supported yet",
 }
+_HELP_PREFIXES = {
+    BEAKER_ONLY: "[Beaker only: accepted for compatibility with open-instruct scripts; no effect here] ",
+    NO_EFFECT: "[no effect, as in open-instruct's grpo_fast: {reason}] ",
+    PENDING: "[not supported yet: {reason}] ",
+}
+_OUR_KEYS = ("kind", "reason")
 
 
 class ConfigError(UserError, ValueError):
     """A flag value or combination that cannot run; the message names the flag and the fix."""
 
 
-def arg(default: Any = None, help: str = "", **kwargs) -> Any:
-    """A dataclass field whose `help` is the single documentation source of its flag."""
+def arg(default: Any = None, help: str = "", kind: str | None = None, reason: str = "", **kwargs) -> Any:
+    """A dataclass field whose `help` is the single documentation source of its flag; `kind` (BEAKER_ONLY,
+    NO_EFFECT, PENDING) says when it does not work here, and `reason` why."""
+    if kind is not None and kind not in KIND_LABELS:
+        raise ValueError(f"unknown flag kind {kind!r}")
+    metadata = {"help": help, **kwargs, **({"kind": kind, "reason": reason} if kind else {})}
     if isinstance(default, list):
-        return field(default_factory=lambda: list(default), metadata={"help": help, **kwargs})
-    return field(default=default, metadata={"help": help, **kwargs})
+        return field(default_factory=lambda: list(default), metadata=metadata)
+    return field(default=default, metadata=metadata)
 
 
-def flag_kind(help_text: str) -> str:
+def flag_kind(flag: Field) -> str:
     """'works', or why it does not: 'Beaker only', 'no effect (as in open-instruct)', 'not supported yet'."""
-    for prefix, kind in KIND_PREFIXES.items():
-        if help_text.startswith(prefix):
-            return kind
-    return "works"
+    kind = flag.metadata.get("kind")
+    return KIND_LABELS[kind] if kind else "works"
+
+
+def rendered_help(flag: Field) -> str:
+    """The help --help prints: the kind and its reason first, then what the flag does."""
+    kind = flag.metadata.get("kind")
+    prefix = _HELP_PREFIXES[kind].format(reason=flag.metadata.get("reason", "")) if kind else ""
+    return f"{prefix}{flag.metadata.get('help', '')}".strip()
+
+
+def help_for_argparse(flag: Field) -> Field:
+    """`flag` as HfArgumentParser should see it: it hands every metadata key to `add_argument`, which knows
+    neither `kind` nor `reason`, so those become part of the help text."""
+    shown = copy.copy(flag)
+    metadata = {key: value for key, value in flag.metadata.items() if key not in _OUR_KEYS}
+    shown.metadata = MappingProxyType({**metadata, "help": rendered_help(flag)})
+    return shown
 
 
 def mixer_problems(flag: str, mix: list[str]) -> list[str]:

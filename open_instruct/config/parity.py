@@ -29,8 +29,8 @@ NOT_IN_GRPO_FAST = "{} is not wired into open-instruct's grpo_fast either (its f
 def pending(default: Any, reason: str, help: str = "", **kwargs) -> Any:
     """A flag whose feature is not built yet: its default parses, any other value is refused with `reason`.
 
-    The reason lives in the help text (argparse receives every metadata key, so there is no other place)."""
-    return arg(default, f"{PENDING}{reason}] {help}".strip(), **kwargs)
+    --help shows the reason before the help (`fields.rendered_help`)."""
+    return arg(default, help, kind=PENDING, reason=reason, **kwargs)
 
 
 # open-instruct's registry names of what our loader does (they run its rlvr_tokenize_v3 and
@@ -43,7 +43,7 @@ RLVR_FILTERS = ("rlvr_max_length_filter_v1", "preference_filter_v1")
 
 def no_effect(default: Any, reason: str, **kwargs) -> Any:
     """A flag open-instruct's grpo_fast accepts and ignores (OLMo-core-only knobs): the same here, said aloud."""
-    return arg(default, f"{NO_EFFECT}{reason}]", **kwargs)
+    return arg(default, "", kind=NO_EFFECT, reason=reason, **kwargs)
 
 
 @dataclass(frozen=True)
@@ -121,18 +121,18 @@ class LossExtrasConfig:
 class InfraConfig:
     _argument_group_name = "Ai2 infrastructure (open-instruct)"
 
-    hf_entity: str | None = arg(None, BEAKER_ONLY + "Hub user/org for --push_to_hub.")
-    hf_repo_id: str | None = arg(None, BEAKER_ONLY + "Hub repo for --push_to_hub.")
-    hf_repo_revision: str | None = arg(None, BEAKER_ONLY + "Hub branch for --push_to_hub.")
-    hf_repo_url: str | None = arg(None, BEAKER_ONLY + "[internal] Set when pushing.")
-    gs_bucket_path: str | None = arg(None, BEAKER_ONLY + "GCS bucket for state checkpoints.")
-    gs_checkpoint_state_dir: str | None = arg(None, BEAKER_ONLY + "GCS copy of --checkpoint_state_dir.")
-    try_auto_save_to_beaker: bool = arg(True, BEAKER_ONLY + "Copy --output_dir into Beaker's result dataset.")
-    oe_eval_beaker_image: str | None = arg(None, BEAKER_ONLY + "Image of the oe-eval jobs.")
-    oe_eval_gpu_multiplier: int | None = arg(None, BEAKER_ONLY + "GPU multiplier of the oe-eval jobs.")
-    eval_priority: Literal["low", "normal", "high", "urgent"] = arg("normal", BEAKER_ONLY + "oe-eval job priority.")
-    eval_workspace: str = arg("ai2/tulu-3-results", BEAKER_ONLY + "Beaker workspace of the oe-eval jobs.")
-    send_slack_alerts: bool = arg(False, BEAKER_ONLY + "Slack messages on crashes (needs SLACK_WEBHOOK_URL).")
+    hf_entity: str | None = arg(None, "Hub user/org for --push_to_hub.", kind=BEAKER_ONLY)
+    hf_repo_id: str | None = arg(None, "Hub repo for --push_to_hub.", kind=BEAKER_ONLY)
+    hf_repo_revision: str | None = arg(None, "Hub branch for --push_to_hub.", kind=BEAKER_ONLY)
+    hf_repo_url: str | None = arg(None, "[internal] Set when pushing.", kind=BEAKER_ONLY)
+    gs_bucket_path: str | None = arg(None, "GCS bucket for state checkpoints.", kind=BEAKER_ONLY)
+    gs_checkpoint_state_dir: str | None = arg(None, "GCS copy of --checkpoint_state_dir.", kind=BEAKER_ONLY)
+    try_auto_save_to_beaker: bool = arg(True, "Copy --output_dir into Beaker's result dataset.", kind=BEAKER_ONLY)
+    oe_eval_beaker_image: str | None = arg(None, "Image of the oe-eval jobs.", kind=BEAKER_ONLY)
+    oe_eval_gpu_multiplier: int | None = arg(None, "GPU multiplier of the oe-eval jobs.", kind=BEAKER_ONLY)
+    eval_priority: Literal["low", "normal", "high", "urgent"] = arg("normal", "oe-eval job priority.", kind=BEAKER_ONLY)
+    eval_workspace: str = arg("ai2/tulu-3-results", "Beaker workspace of the oe-eval jobs.", kind=BEAKER_ONLY)
+    send_slack_alerts: bool = arg(False, "Slack messages on crashes (needs SLACK_WEBHOOK_URL).", kind=BEAKER_ONLY)
 
 
 @dataclass(frozen=True)
@@ -260,18 +260,17 @@ PARITY_GROUPS = (
 )
 
 
-def _marked_non_defaults(groups: list[Any], marker: str) -> list[tuple[str, Any, str]]:
-    """(flag, value, reason) of every flag whose help starts with `marker` and whose value is not its default."""
+def _marked_non_defaults(groups: list[Any], kind: str) -> list[tuple[str, Any, str]]:
+    """(flag, value, reason) of every flag of `kind` whose value is not its default."""
     found = []
     for group in groups:
         for f in fields(group):
-            text = f.metadata.get("help", "")
-            if not text.startswith(marker):
+            if f.metadata.get("kind") != kind:
                 continue
             default = f.default_factory() if callable(f.default_factory) else f.default  # type: ignore[misc]
             value = getattr(group, f.name)
             if value != default:
-                found.append((f.name, value, text[len(marker) : text.index("]")]))
+                found.append((f.name, value, f.metadata["reason"]))
     return found
 
 
