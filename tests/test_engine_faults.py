@@ -116,7 +116,9 @@ def test_an_engine_that_stalls_is_found_by_the_hang_timeout_and_replaced(tmp_pat
     args = list(COMMON)
     args[args.index("--total_episodes") + 1] = str(8 * 32)  # long enough that the stalled groups starve it
     out = tmp_path / "out"
-    cfg = parse_config([*args, "--vllm_num_engines", "2", "--engine_hang_timeout_s", "20", "--output_dir", str(out)])
+    # 60 s: three times what a healthy engine under this suite's load was seen to need (with 20 s, a run that
+    # shared the 2 cores with three other heavy jobs took a starved healthy engine for hung too).
+    cfg = parse_config([*args, "--vllm_num_engines", "2", "--engine_hang_timeout_s", "60", "--output_dir", str(out)])
     marker = tmp_path / "engine_1_stalled"
     summary = run(cfg, engine_class=StallsActor, engine_args=((1, 16, str(marker)),))
     assert marker.exists() and summary["status"] == "completed"
