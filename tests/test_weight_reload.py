@@ -173,13 +173,13 @@ def test_the_nccl_engine_is_registered_and_restores_the_old_weights_when_an_upda
     from vllm.config import WeightTransferConfig
     from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
 
-    from open_instruct.weights import nccl
+    from open_instruct.weights import nccl, nccl_engine
 
     model, old = toy_in_reload()
     engine = WeightTransferEngineFactory.create_engine(
         WeightTransferConfig(backend=nccl.ENGINE_BACKEND), FakeVllmConfig(), torch.device("cpu"), model
     )
-    assert isinstance(engine, nccl.RestoringNCCLWeightTransferEngine)
+    assert isinstance(engine, nccl_engine.RestoringNCCLWeightTransferEngine)
     model.load_weights(ARRIVED)  # an earlier chunk of this update
     # No NCCL group here, so vLLM's receive raises: the restore path runs as after any NCCL failure.
     info = {"names": ["b.w2"], "dtype_names": ["float32"], "shapes": [[2, 3]]}

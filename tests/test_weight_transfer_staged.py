@@ -12,7 +12,7 @@ import os
 import pytest
 import torch
 
-from open_instruct.weights import ipc, shm
+from open_instruct.weights import ipc, ipc_engine, shm, shm_engine
 
 WEIGHTS = [
     ("model.embed_tokens.weight", torch.randn(7, 5)),
@@ -34,8 +34,8 @@ class RecordingModel:
         self.loaded.update((name, tensor.clone()) for name, tensor in weights)
 
 
-def engine_reading_into(model) -> shm.SharedMemoryWeightTransferEngine:
-    engine = object.__new__(shm.SharedMemoryWeightTransferEngine)  # vLLM's constructor needs a whole worker
+def engine_reading_into(model) -> shm_engine.SharedMemoryWeightTransferEngine:
+    engine = object.__new__(shm_engine.SharedMemoryWeightTransferEngine)  # vLLM's constructor needs a whole worker
     engine.model = model
     return engine
 
@@ -48,7 +48,7 @@ def test_the_learner_stages_one_file_that_an_engine_reads_back_exactly(tmp_path)
     assert staged >= sum(t.numel() * t.element_size() for _, t in WEIGHTS)
 
     model = RecordingModel()
-    engine_reading_into(model).receive_weights(shm.SharedMemoryUpdateInfo(**info))
+    engine_reading_into(model).receive_weights(shm_engine.SharedMemoryUpdateInfo(**info))
     assert list(model.loaded) == NAMES
     for name, tensor in WEIGHTS:
         assert model.loaded[name].dtype == tensor.dtype and torch.equal(model.loaded[name], tensor)
@@ -77,13 +77,13 @@ def test_a_weight_that_disagrees_with_the_metadata_is_refused_and_nothing_stays_
 
 
 def test_an_engine_on_another_machine_says_so():
-    info = shm.SharedMemoryUpdateInfo("/dev/shm/open_instruct-weights-gone", NAMES, DTYPES, SHAPES, 0)
+    info = shm_engine.SharedMemoryUpdateInfo("/dev/shm/open_instruct-weights-gone", NAMES, DTYPES, SHAPES, 0)
     info.total_bytes = shm.layout(DTYPES, SHAPES)[0]
     with pytest.raises(FileNotFoundError, match=r"not on this engine's node.*--vllm_sync_backend gloo"):
         engine_reading_into(RecordingModel()).receive_weights(info)
     with pytest.raises(ValueError, match=r"the metadata describes .* bytes, the learner wrote 3"):
         engine_reading_into(RecordingModel()).receive_weights(
-            shm.SharedMemoryUpdateInfo("/nowhere", NAMES, DTYPES, SHAPES, 3)
+            shm_engine.SharedMemoryUpdateInfo("/nowhere", NAMES, DTYPES, SHAPES, 3)
         )
 
 
@@ -124,8 +124,8 @@ def test_ipc_handles_of_every_rank_are_merged_by_gpu():
 def test_staged_engines_are_registered_with_vllm_under_their_names():
     from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
 
-    assert WeightTransferEngineFactory._registry[shm.ENGINE_BACKEND]() is shm.SharedMemoryWeightTransferEngine
-    assert WeightTransferEngineFactory._registry[ipc.ENGINE_BACKEND]() is ipc.RestoringIPCWeightTransferEngine
+    assert WeightTransferEngineFactory._registry[shm.ENGINE_BACKEND]() is shm_engine.SharedMemoryWeightTransferEngine
+    assert WeightTransferEngineFactory._registry[ipc.ENGINE_BACKEND]() is ipc_engine.RestoringIPCWeightTransferEngine
     assert ipc.worker_init_info("h", 1, 2, 3.0) == {"packed": False}  # one handle per tensor, never reused
 
 

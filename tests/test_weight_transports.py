@@ -4,7 +4,10 @@ the driver pass."""
 
 from __future__ import annotations
 
+import importlib
 import inspect
+import subprocess
+import sys
 
 import pytest
 
@@ -32,7 +35,12 @@ def test_each_transport_module_implements_its_protocol(backend):
             given = list(inspect.signature(getattr(module, name)).parameters)
             assert given[: len(wanted)] == wanted, f"weights.{backend}.{name}{given} does not take {wanted}"
     assert backend == module.BACKEND
-    assert module.WORKER_EXTENSION.startswith(module.__name__ + ".")
+    engine_module, extension = module.WORKER_EXTENSION.rsplit(".", 1)
+    assert engine_module == f"{module.__name__}_engine"
+    from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
+
+    assert inspect.isclass(getattr(importlib.import_module(engine_module), extension))
+    assert module.ENGINE_BACKEND in WeightTransferEngineFactory._registry  # registered by the import
     for flag in ("STAGED", "EVERY_RANK_STAGES", "KEEPS_REFERENCES", "RECEIVE_CAN_HANG"):
         assert isinstance(getattr(module, flag), bool), f"weights.{backend}.{flag}"
     assert isinstance(module.ENGINE_ENV, dict)
@@ -47,3 +55,14 @@ def test_each_transport_module_implements_its_protocol(backend):
 def test_an_unknown_backend_is_named_with_the_choices():
     with pytest.raises(ValueError, match=r"unknown weight-transfer backend 'tcp': expected 'gloo' \(CPU\)"):
         transports.transport("tcp")
+
+
+def test_the_driver_and_the_trainer_side_of_every_transport_import_no_vllm():
+    """vLLM's import costs seconds of CPU; only engines need it (its worker imports the *_engine modules)."""
+    trainer_sides = ", ".join(f"open_instruct.weights.{backend}" for backend in transports.TRANSPORTS)
+    code = (
+        f"import sys, open_instruct.weights.sync, open_instruct.orchestrator, {trainer_sides}\n"
+        "assert not [m for m in sys.modules if m.split('.')[0] == 'vllm'], sorted(sys.modules)"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=False)
+    assert result.returncode == 0, result.stderr[-2000:]

@@ -78,10 +78,22 @@ def build_model(size: str, workdir: Path) -> str:
     return str(path)
 
 
+# Runs already measured in this process, by configuration: parts that share one (the seed's token-budget
+# run is micro_batches' ZeRO-2 token-budget run) start its learners once.
+_MEASURED: dict[tuple, list[dict]] = {}
+
+
 def train_steps(
     model_path: str, groups, batch_settings, steps: int, stage: int, gradient_checkpointing: bool = True, **options
 ) -> list[dict]:
     """`steps` training steps of a fresh 2-rank learner group on the same `groups`; each step's metrics."""
+    key = (model_path, id(groups), batch_settings, steps, stage, gradient_checkpointing, tuple(sorted(options.items())))
+    if key not in _MEASURED:
+        _MEASURED[key] = _train_fresh(model_path, groups, batch_settings, steps, stage, gradient_checkpointing, options)
+    return _MEASURED[key]
+
+
+def _train_fresh(model_path, groups, batch_settings, steps, stage, gradient_checkpointing, options) -> list[dict]:
     import ray
 
     from open_instruct import cluster

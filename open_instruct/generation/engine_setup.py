@@ -117,9 +117,9 @@ def engine_args(settings: EngineSettings, on_gpu: bool | None = None):
     }
     if settings.attention_backend:
         common["attention_backend"] = settings.attention_backend
-    # Each transport registers its vLLM engine when its module is imported; the worker extension makes the
-    # worker process import it. GPU nccl/ipc use our restoring subclasses of vLLM's engines: vLLM's own leave
-    # the model on meta tensors after a failed update.
+    # Each transport's engine-side module (`weights.<backend>_engine`) registers its vLLM engine when imported;
+    # the worker extension, named by qualified name, makes vLLM's worker process import it. GPU nccl/ipc use
+    # our restoring subclasses of vLLM's engines: vLLM's own leave the model on meta tensors after a failed update.
     wire = transport(backend)
     common["weight_transfer_config"] = WeightTransferConfig(backend=wire.ENGINE_BACKEND)
     common["worker_extension_cls"] = wire.WORKER_EXTENSION

@@ -1,21 +1,21 @@
-"""CPU `gloo` backend for vLLM's native weight-transfer API (in-flight updates, KV cache kept).
+"""CPU `gloo` backend for vLLM's native weight-transfer API (in-flight updates, KV cache kept): the
+trainer side, and what both sides agree on.
 
-vLLM 0.32 ships `nccl`/`ipc` weight-transfer engines, both CUDA-only. This module adds a
+vLLM 0.32 ships `nccl`/`ipc` weight-transfer engines, both CUDA-only. This transport adds a
 `gloo` engine so a trainer process can push new weights into a running (paused) AsyncLLM
 over a torch `gloo` process group on CPU. GPU production keeps using `nccl` through the
 same call sequence.
 
-Worker side
-    `GlooWeightTransferEngine` (a `WeightTransferEngine`) is registered under "gloo" in
-    `WeightTransferEngineFactory` when this module is imported. The worker creates its
-    transfer engine right after `load_model`, so the module must already be imported in
-    the worker process by then. Pass
+Engine side
+    `weights.gloo_engine` holds the vLLM `WeightTransferEngine` and registers it under "gloo" in
+    `WeightTransferEngineFactory` when imported. The worker creates its transfer engine right
+    after `load_model`, so that module must already be imported in the worker process by then. Pass
         AsyncEngineArgs(..., weight_transfer_config=WeightTransferConfig(backend="gloo"),
                         worker_extension_cls=WORKER_EXTENSION)
     vLLM resolves `worker_extension_cls` by qualified name in `WorkerWrapperBase.init_worker`
-    (before the model is loaded), which imports this module inside the worker process and
-    thereby runs the registration. (A `vllm.general_plugins` entry point calling `register()`
-    would be the alternative, and needs a pyproject change.)
+    (before the model is loaded), which imports `weights.gloo_engine` inside the worker process
+    and thereby runs the registration. This module itself imports no vLLM: the driver and the
+    learners read it without paying for vLLM's import (seconds of CPU per process).
 
 Trainer side
     group = trainer_init(host, port, world_size)          # rank 0, concurrently with
@@ -35,29 +35,18 @@ at a 64-byte-aligned offset; one `broadcast` per bucket from rank 0.
 from __future__ import annotations
 
 import asyncio
-import logging
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from datetime import timedelta
-from typing import Any
 
 import torch
-from vllm.distributed.weight_transfer.base import (
-    WeightTransferEngine,
-    WeightTransferInitInfo,
-    WeightTransferUpdateInfo,
-)
-from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
 
-from open_instruct.weights.reload import RestoringReload
 from open_instruct.weights.transport import bucket_layout, check_lengths, check_matches_metadata, dtype_name
-
-logger = logging.getLogger(__name__)
 
 BACKEND = "gloo"
 ENGINE_BACKEND = BACKEND  # its name in vLLM's WeightTransferEngineFactory
-WORKER_EXTENSION = f"{__name__}.GlooWeightTransferWorkerExtension"
+WORKER_EXTENSION = "open_instruct.weights.gloo_engine.GlooWeightTransferWorkerExtension"
 STAGED = False  # a broadcast the engines' `update_weights` receives concurrently (see weight_sync)
 EVERY_RANK_STAGES = False  # learner rank 0 is the only sender
 KEEPS_REFERENCES = False  # a sent tensor may be freed at once
@@ -67,14 +56,10 @@ DEFAULT_BUCKET_BYTES = 64 << 20
 DEFAULT_TIMEOUT_S = 600.0
 
 
-# ----------------------------------------------------------------------------- wire format
-
-
-# ----------------------------------------------------------------------------- worker side
-
-
 @dataclass
-class GlooWeightTransferInitInfo(WeightTransferInitInfo):
+class GlooInitInfo:
+    """What an engine needs to join the trainer's group (vLLM's `init_info`, sent as a dict)."""
+
     master_address: str
     master_port: int
     world_size: int
@@ -83,7 +68,9 @@ class GlooWeightTransferInitInfo(WeightTransferInitInfo):
 
 
 @dataclass
-class GlooWeightTransferUpdateInfo(WeightTransferUpdateInfo):
+class GlooUpdateInfo:
+    """What an engine needs to receive one update (vLLM's `update_info`, sent as a dict): the wire plan."""
+
     names: list[str]
     dtype_names: list[str]
     shapes: list[list[int]]
@@ -91,101 +78,6 @@ class GlooWeightTransferUpdateInfo(WeightTransferUpdateInfo):
 
     def __post_init__(self):
         check_lengths(self.names, self.dtype_names, self.shapes)
-
-
-class GlooWeightTransferEngine(
-    RestoringReload, WeightTransferEngine[GlooWeightTransferInitInfo, GlooWeightTransferUpdateInfo]
-):
-    """Receives checkpoint-format (HF-named) weights over gloo; loads via layerwise reload (`RestoringReload`:
-    a failed update keeps the previous weights, tied heads are re-processed)."""
-
-    init_info_cls = GlooWeightTransferInitInfo
-    update_info_cls = GlooWeightTransferUpdateInfo
-
-    def __init__(self, config, vllm_config, device, model) -> None:
-        super().__init__(config, vllm_config, device, model)
-        self.group = None
-
-    def init_transfer_engine(self, init_info: GlooWeightTransferInitInfo) -> None:
-        from vllm.distributed.utils import stateless_init_torch_distributed_process_group
-
-        self.shutdown()  # joining a new group (an engine was replaced): leave the old one first
-        pc = self.parallel_config
-        rank = pc.data_parallel_index * pc.world_size + pc.rank + init_info.rank_offset
-        logger.info(
-            "gloo weight transfer: joining %s:%s as rank %d/%d",
-            init_info.master_address,
-            init_info.master_port,
-            rank,
-            init_info.world_size,
-        )
-        self.group = stateless_init_torch_distributed_process_group(
-            init_info.master_address,
-            init_info.master_port,
-            rank,
-            init_info.world_size,
-            backend="gloo",
-            timeout=timedelta(seconds=init_info.timeout_s),
-        )
-
-    def apply_update(self, update_info: dict[str, Any]) -> None:
-        # Not the base class's: it ends with torch.accelerator.synchronize(), and gloo is synchronous on CPU.
-        self.receive_weights(self.parse_update_info(update_info))
-
-    def receive_weights(self, update_info: GlooWeightTransferUpdateInfo) -> None:
-        if self.group is None:
-            raise RuntimeError("gloo weight transfer not initialized: call init_weight_transfer_engine first")
-        from vllm.model_executor.model_loader.mtp_validation import disable_mtp_completeness_check
-
-        u = update_info
-        with disable_mtp_completeness_check():
-            for total, items in bucket_layout(u.dtype_names, u.shapes, u.bucket_bytes):
-                buf = torch.empty(total, dtype=torch.uint8)
-                self.group.broadcast(buf, 0).wait()
-                weights = [
-                    (u.names[i], buf[off : off + nb].view(getattr(torch, u.dtype_names[i])).view(u.shapes[i]))
-                    for i, off, nb in items
-                ]
-                self.model.load_weights(weights)
-
-    def shutdown(self) -> None:
-        if self.group is not None:
-            from vllm.distributed.utils import stateless_destroy_torch_distributed_process_group
-
-            try:
-                stateless_destroy_torch_distributed_process_group(self.group)
-            finally:
-                self.group = None
-
-
-def register() -> None:
-    """Register the gloo engine (idempotent). Usable as a `vllm.general_plugins` entry point."""
-    if BACKEND not in WeightTransferEngineFactory._registry:
-        WeightTransferEngineFactory.register_engine(BACKEND, GlooWeightTransferEngine)
-
-
-register()
-
-
-class GlooWeightTransferWorkerExtension:
-    """Worker extension whose only job is to get this module imported in the worker process.
-
-    Pass `worker_extension_cls=WORKER_EXTENSION`; the method is a cheap health check
-    (`collective_rpc("gloo_weight_transfer_registered")`).
-    """
-
-    def gloo_weight_transfer_registered(self) -> bool:
-        return BACKEND in WeightTransferEngineFactory._registry and isinstance(
-            getattr(self, "weight_transfer_engine", None), GlooWeightTransferEngine
-        )
-
-    def gloo_weight_checksums(self) -> dict[str, list[float]]:
-        """{vLLM parameter name: [sum, abs-sum, data_ptr]} of the live model, for debugging/tests."""
-        model = self.model_runner.get_model()
-        return {
-            n: [float(p.detach().double().sum()), float(p.detach().double().abs().sum()), float(p.data_ptr())]
-            for n, p in model.named_parameters(remove_duplicate=False)
-        }
 
 
 # ----------------------------------------------------------------------------- trainer side
@@ -213,11 +105,11 @@ def worker_init_info(
     host: str, port: int, world_size: int = 2, timeout_s: float = DEFAULT_TIMEOUT_S, rank_offset: int = 1
 ) -> dict:
     """Init info for one engine; its workers take ranks rank_offset, rank_offset + 1, ..."""
-    return asdict(GlooWeightTransferInitInfo(host, port, world_size, rank_offset=rank_offset, timeout_s=timeout_s))
+    return asdict(GlooInitInfo(host, port, world_size, rank_offset=rank_offset, timeout_s=timeout_s))
 
 
 def update_info(names: list[str], dtype_names: list[str], shapes: list[list[int]], bucket_bytes: int) -> dict:
-    return asdict(GlooWeightTransferUpdateInfo(list(names), list(dtype_names), [list(s) for s in shapes], bucket_bytes))
+    return asdict(GlooUpdateInfo(list(names), list(dtype_names), [list(s) for s in shapes], bucket_bytes))
 
 
 def _prepared(named_tensors: Iterable[tuple[str, torch.Tensor]], dtype: torch.dtype | None):
@@ -241,7 +133,7 @@ def make_update_info(
     """Metadata for `update_weights` (the RPC half). Must describe exactly what `trainer_send` sends."""
     pairs = list(named_tensors)
     return asdict(
-        GlooWeightTransferUpdateInfo(
+        GlooUpdateInfo(
             names=[n for n, _ in pairs],
             dtype_names=[
                 dtype_name(dtype if dtype is not None and t.is_floating_point() else t.dtype) for _, t in pairs

@@ -7,7 +7,8 @@ exports one handle per tensor keyed by its GPU's UUID, and the driver merges the
 engine rebuilds the tensors of the GPU it runs on. Same staged sequence as `weights.shm`:
 stage → engines load → release.
 
-The engine side is vLLM's `ipc` engine with our restoring reload (registered as "ipc_restoring"). The
+The engine side is vLLM's `ipc` engine with our restoring reload (`weights.ipc_engine`, registered as
+"ipc_restoring"); this module, the trainer side, imports no vLLM at module level. The
 handles are exported with torch's `reduce_tensor`, which does not keep the storage alive: the learner
 holds its staged tensors until `trainer_release`, after every engine has loaded.
 
@@ -22,15 +23,11 @@ import pickle
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
-from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
-from vllm.distributed.weight_transfer.ipc_engine import IPCWeightTransferEngine
-
-from open_instruct.weights.reload import RestoringReload
 from open_instruct.weights.transport import check_matches_metadata
 
 BACKEND = "ipc"
 ENGINE_BACKEND = "ipc_restoring"
-WORKER_EXTENSION = f"{__name__}.RestoringIPCWorkerExtension"
+WORKER_EXTENSION = "open_instruct.weights.ipc_engine.RestoringIPCWorkerExtension"
 STAGED = True
 EVERY_RANK_STAGES = True  # each engine maps the memory of the learner on its own GPU
 KEEPS_REFERENCES = True  # handles point into the staged tensors: a gathered ZeRO-3 shard must be copied
@@ -39,23 +36,6 @@ KEEPS_REFERENCES = True  # handles point into the staged tensors: a gathered ZeR
 # only when this is set in the engine's process. The pickle comes from our own learner, never from a client.
 RECEIVE_CAN_HANG = False  # a staged load maps memory that is already complete
 ENGINE_ENV = {"VLLM_ALLOW_INSECURE_SERIALIZATION": "1"}
-
-
-class RestoringIPCWeightTransferEngine(RestoringReload, IPCWeightTransferEngine):
-    """vLLM's CUDA-IPC engine; a failed update leaves the previous weights in place instead of meta tensors."""
-
-
-def register() -> None:
-    if ENGINE_BACKEND not in WeightTransferEngineFactory._registry:
-        WeightTransferEngineFactory.register_engine(ENGINE_BACKEND, RestoringIPCWeightTransferEngine)
-
-
-register()
-
-
-class RestoringIPCWorkerExtension:
-    def ipc_restoring_registered(self) -> bool:
-        return isinstance(getattr(self, "weight_transfer_engine", None), RestoringIPCWeightTransferEngine)
 
 
 @dataclass

@@ -1,9 +1,10 @@
 """GPU `nccl` transport for the weight sync: the same five calls as `weights.gloo`.
 
 The engine side is vLLM's `nccl` weight-transfer engine, extended by `RestoringNCCLWeightTransferEngine`
-(registered as "nccl_restoring"): after a failed update it restores the previous weights and re-processes
-the tied head like our gloo engine (`weights.reload`). This module builds the init/update payloads and
-drives the trainer end (rank 0 of the transfer group). Tensors go one by one (vLLM's unpacked mode), in
+(`weights.nccl_engine`, registered as "nccl_restoring"): after a failed update it restores the previous
+weights and re-processes the tied head like our gloo engine (`weights.reload`). This module builds the
+init/update payloads and drives the trainer end (rank 0 of the transfer group); it imports no vLLM at
+module level. Tensors go one by one (vLLM's unpacked mode), in
 metadata order, straight from GPU memory.
 
 The transfer itself is not exercised on the CPU machines the test suite runs on (no CUDA there); the call
@@ -15,46 +16,17 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 
-from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
-from vllm.distributed.weight_transfer.nccl_engine import NCCLWeightTransferEngine
-
-from open_instruct.weights.reload import RestoringReload
 from open_instruct.weights.transport import check_matches_metadata
 
 BACKEND = "nccl"  # the transport's name (SyncSettings.backend, --vllm_sync_backend)
 ENGINE_BACKEND = "nccl_restoring"  # the engine's name in vLLM's WeightTransferEngineFactory
-WORKER_EXTENSION = f"{__name__}.RestoringNCCLWorkerExtension"
+WORKER_EXTENSION = "open_instruct.weights.nccl_engine.RestoringNCCLWorkerExtension"
 STAGED = False
 EVERY_RANK_STAGES = False  # learner rank 0 is the only sender
 KEEPS_REFERENCES = False  # a sent tensor may be freed at once
 # vLLM's NCCL receive has no timeout: after a failed transfer an engine may never leave it (see weight_sync).
 RECEIVE_CAN_HANG = True
 ENGINE_ENV: dict[str, str] = {}  # nothing the engine process must set for this transport
-
-
-# ----------------------------------------------------------------------------- worker side
-
-
-class RestoringNCCLWeightTransferEngine(RestoringReload, NCCLWeightTransferEngine):
-    """vLLM's NCCL engine; a failed update leaves the previous weights in place instead of meta tensors."""
-
-
-def register() -> None:
-    """Register the engine (idempotent). Its own name, not "nccl": an engine built in a worker that never
-    imported this module fails loudly instead of silently getting vLLM's non-restoring one."""
-    if ENGINE_BACKEND not in WeightTransferEngineFactory._registry:
-        WeightTransferEngineFactory.register_engine(ENGINE_BACKEND, RestoringNCCLWeightTransferEngine)
-
-
-register()
-
-
-class RestoringNCCLWorkerExtension:
-    """`worker_extension_cls=WORKER_EXTENSION` makes vLLM import this module in the worker process (before it
-    builds the transfer engine), which registers the engine there."""
-
-    def nccl_restoring_registered(self) -> bool:
-        return isinstance(getattr(self, "weight_transfer_engine", None), RestoringNCCLWeightTransferEngine)
 
 
 # ----------------------------------------------------------------------------- trainer side

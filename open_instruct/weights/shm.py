@@ -12,6 +12,9 @@ other): `trainer_stage` → every engine `update_weights(info)` → `trainer_rel
 its space is reserved up front, so a full disk is an error here instead of a SIGBUS in a write.
 A failed update (a missing file, metadata that does not match) leaves the previous weights in place
 (`weights.reload.RestoringReload`), like the other engines.
+
+This module is the trainer side and imports no vLLM; the engine that loads the file is
+`weights.shm_engine`, which vLLM imports in its worker by `WORKER_EXTENSION`.
 """
 
 from __future__ import annotations
@@ -24,24 +27,16 @@ import tempfile
 import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any
 
 import torch
-from vllm.distributed.weight_transfer.base import (
-    WeightTransferEngine,
-    WeightTransferInitInfo,
-    WeightTransferUpdateInfo,
-)
-from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
 
-from open_instruct.weights.reload import RestoringReload
 from open_instruct.weights.transport import bucket_layout, check_lengths, check_matches_metadata
 
 logger = logging.getLogger(__name__)
 
 BACKEND = "shm"
 ENGINE_BACKEND = BACKEND
-WORKER_EXTENSION = f"{__name__}.SharedMemoryWorkerExtension"
+WORKER_EXTENSION = "open_instruct.weights.shm_engine.SharedMemoryWorkerExtension"
 STAGED = True  # stage → engines load → release, instead of a concurrent broadcast
 EVERY_RANK_STAGES = False  # one file on the node serves every engine: learner rank 0 writes it
 KEEPS_REFERENCES = False  # the bytes are copied into the file: gathered ZeRO-3 shards may be freed at once
@@ -56,16 +51,15 @@ def layout(dtype_names: Sequence[str], shapes: Sequence[Sequence[int]]) -> tuple
     return buckets[0] if buckets else (0, [])
 
 
-# ----------------------------------------------------------------------------- worker side
+@dataclass
+class SharedMemoryInit:
+    """No rendezvous: every update names its own file (vLLM's `init_info`, sent as a dict)."""
 
 
 @dataclass
-class SharedMemoryInitInfo(WeightTransferInitInfo):
-    """No rendezvous: every update names its own file."""
+class SharedMemoryUpdate:
+    """One staged update (vLLM's `update_info`, sent as a dict): the file and the weights in it."""
 
-
-@dataclass
-class SharedMemoryUpdateInfo(WeightTransferUpdateInfo):
     path: str
     names: list[str]
     dtype_names: list[str]
@@ -74,65 +68,6 @@ class SharedMemoryUpdateInfo(WeightTransferUpdateInfo):
 
     def __post_init__(self):
         check_lengths(self.names, self.dtype_names, self.shapes)
-
-
-class SharedMemoryWeightTransferEngine(
-    RestoringReload, WeightTransferEngine[SharedMemoryInitInfo, SharedMemoryUpdateInfo]
-):
-    """Loads checkpoint-format (HF-named) weights from the learner's staged file by layerwise reload."""
-
-    init_info_cls = SharedMemoryInitInfo
-    update_info_cls = SharedMemoryUpdateInfo
-
-    def init_transfer_engine(self, init_info: SharedMemoryInitInfo) -> None:
-        del init_info
-
-    def apply_update(self, update_info: dict[str, Any]) -> None:
-        # Not the base class's: it ends with torch.accelerator.synchronize(), and there is nothing to wait for.
-        self.receive_weights(self.parse_update_info(update_info))
-
-    def receive_weights(self, update_info: SharedMemoryUpdateInfo) -> None:
-        from vllm.model_executor.model_loader.mtp_validation import disable_mtp_completeness_check
-
-        u = update_info
-        total, items = layout(u.dtype_names, u.shapes)
-        if total != u.total_bytes:
-            raise ValueError(
-                f"staged weights {u.path}: the metadata describes {total} bytes, the learner wrote {u.total_bytes}"
-            )
-        if not os.path.exists(u.path):
-            raise FileNotFoundError(
-                f"staged weights {u.path} are not on this engine's node: the shm transport needs the engines on "
-                "learner rank 0's machine (pass --vllm_sync_backend gloo otherwise)"
-            )
-        # A shared read-only mapping: the tensors below are views of the learner's pages, copied once into the model.
-        mapped = torch.from_file(u.path, shared=False, size=total, dtype=torch.uint8)
-        weights = [
-            (u.names[i], mapped[off : off + nb].view(getattr(torch, u.dtype_names[i])).view(u.shapes[i]))
-            for i, off, nb in items
-        ]
-        with disable_mtp_completeness_check():
-            self.model.load_weights(weights)
-
-    def shutdown(self) -> None:
-        pass
-
-
-def register() -> None:
-    """Register the engine (idempotent); importing the worker extension runs it in the worker process."""
-    if ENGINE_BACKEND not in WeightTransferEngineFactory._registry:
-        WeightTransferEngineFactory.register_engine(ENGINE_BACKEND, SharedMemoryWeightTransferEngine)
-
-
-register()
-
-
-class SharedMemoryWorkerExtension:
-    """`worker_extension_cls=WORKER_EXTENSION` makes vLLM import this module in the worker before it builds
-    the transfer engine."""
-
-    def shm_weight_transfer_registered(self) -> bool:
-        return isinstance(getattr(self, "weight_transfer_engine", None), SharedMemoryWeightTransferEngine)
 
 
 # ----------------------------------------------------------------------------- trainer side
@@ -148,7 +83,7 @@ class Stager:
 
 def worker_init_info(host: str, port: int, world_size: int, timeout_s: float, rank_offset: int = 1) -> dict:
     del host, port, world_size, timeout_s, rank_offset
-    return asdict(SharedMemoryInitInfo())
+    return asdict(SharedMemoryInit())
 
 
 def trainer_init(host: str, port: int, world_size: int, timeout_s: float) -> Stager:
@@ -229,7 +164,7 @@ def trainer_stage(
         mapped[off : off + nb].copy_(tensor.reshape(-1).view(torch.uint8))
     del mapped  # unmaps; the pages stay in the file for the engines
     # The engines load under the metadata's names, as with a broadcast (they are the learner's own names).
-    info = SharedMemoryUpdateInfo(path, list(names), list(dtype_names), [list(s) for s in shapes], total)
+    info = SharedMemoryUpdate(path, list(names), list(dtype_names), [list(s) for s in shapes], total)
     return asdict(info), total
 
 

@@ -1,12 +1,14 @@
 """What a weight transport is: the declared interface every transport module satisfies, the registry that
 names them, the error every party raises, and the wire-format checks they share.
 
-A transport is a module (`gloo`, `nccl`, `shm`, `ipc`) rather than a class because both ends load it by
-name in different processes: the learner actor on the trainer side, vLLM's worker by the qualified name of
-its `WORKER_EXTENSION`. Two shapes exist: a broadcast over a process group that the engines receive
-concurrently (`BroadcastTransport`), and bytes staged once, loaded by the engines, then released
-(`StagedTransport`). `tests/test_weight_transports.py` checks every registered module against these
-Protocols.
+A transport is a pair of modules rather than a class because each end loads its half by name in its own
+process: the trainer side (`gloo`, `nccl`, `shm`, `ipc`: the constants below, the payloads, the learner's
+calls) in the driver and the learners, and the engine side (`gloo_engine`, ...: vLLM's weight-transfer
+engine, registered on import) in vLLM's worker, by the qualified name of `WORKER_EXTENSION`. The trainer
+side imports no vLLM, which would cost each driver and learner process seconds of start-up. Two shapes
+exist: a broadcast over a process group that the engines receive concurrently (`BroadcastTransport`), and
+bytes staged once, loaded by the engines, then released (`StagedTransport`).
+`tests/test_weight_transports.py` checks every registered module against these Protocols.
 """
 
 from __future__ import annotations
@@ -25,14 +27,13 @@ _ALIGN = 64
 class WeightTransport(Protocol):
     BACKEND: str  # the transport's name (--vllm_sync_backend, SyncSettings.backend)
     ENGINE_BACKEND: str  # the engine's name for it in vLLM's WeightTransferEngineFactory
-    WORKER_EXTENSION: str  # qualified name vLLM imports in its worker, which registers the engine
+    WORKER_EXTENSION: str  # qualified name in the engine-side module vLLM imports in its worker (registers the engine)
     STAGED: bool  # True: stage → engines load → release; False: a broadcast received concurrently
     EVERY_RANK_STAGES: bool  # every learner rank stages its own copy (False: rank 0 is the only sender)
     KEEPS_REFERENCES: bool  # the staged payload points into the sent tensors, so they must outlive the load
     RECEIVE_CAN_HANG: bool  # an engine's receive has no timeout of its own (it waits for a dead sender forever)
     ENGINE_ENV: dict[str, str]  # variables the engine process sets before vLLM starts
 
-    def register(self) -> None: ...
     def worker_init_info(
         self, host: str, port: int, world_size: int, timeout_s: float, rank_offset: int = 1
     ) -> dict: ...
