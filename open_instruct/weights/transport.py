@@ -5,7 +5,7 @@ A transport is a module (`gloo`, `nccl`, `shm`, `ipc`) rather than a class becau
 name in different processes: the learner actor on the trainer side, vLLM's worker by the qualified name of
 its `WORKER_EXTENSION`. Two shapes exist: a broadcast over a process group that the engines receive
 concurrently (`BroadcastTransport`), and bytes staged once, loaded by the engines, then released
-(`StagedTransport`). `tests/test_weight_transports.py` checks every registered module against these
+(`StagedTransport`). `tests/unit/test_weight_transports.py` checks every registered module against these
 Protocols.
 """
 
