@@ -522,7 +522,7 @@ def packed_token_logprobs(
     already be on the model's device.
 
     Verified against transformers 5.19 (`masking_utils.py`, Qwen2 with sdpa and eager;
-    `tests/test_packing.py` checks it numerically): `create_causal_mask` ->
+    `tests/unit/test_packing.py` checks it numerically): `create_causal_mask` ->
     `_preprocess_mask_arguments` calls `find_packed_sequence_indices(position_ids)` (a new
     document wherever position_ids[t] - position_ids[t-1] != 1) and AND-s that
     `packed_sequence_mask` into the causal mask, giving a per-document block-diagonal mask.

@@ -1,5 +1,5 @@
 """Writes docs/configuration.md from the flag definitions: every flag with its group, default, kind and
-whether open-instruct's grpo_fast has it. `tests/test_docs.py` fails when the page and the code differ.
+whether open-instruct's grpo_fast has it. `tests/unit/test_docs.py` fails when the page and the code differ.
 
     .venv/bin/python scripts/config_docs.py            # rewrite the page
     .venv/bin/python scripts/config_docs.py --check    # exit 1 when it is stale

@@ -1,13 +1,23 @@
-"""Shared fixtures (the embedded tiny model, built once per machine, cached) and the order test files start in."""
+"""The two tiers (every test under tests/integration is `slow`), shared fixtures (the embedded tiny model, built
+once per machine, cached) and the order test files start in.
+
+tests/unit holds pure code and the training loop on in-process fakes; tests/integration the tests that start
+the real stack (vLLM engines, Ray, DeepSpeed). A test's folder is its tier: `-m slow` selects
+tests/integration and `-m "not slow"` tests/unit, and no test file marks itself (tests/unit/test_structure.py
+checks both). This file stays at tests/ so that pytest puts tests/ on sys.path: `from helpers.x import ...`
+works from either folder.
+"""
 
 from pathlib import Path
 
 import pytest
 
+INTEGRATION = Path(__file__).resolve().parent / "integration"
+
 # The longest files (real runs, fault injection, benchmarks in smoke mode), longest first: scripts/test.sh
 # runs two files at a time and hands them out in collection order, so starting these first keeps both
 # workers busy to the end instead of leaving one long file alone at the tail. Only the order depends on
-# this list; tests/test_structure.py checks that every name is a test file.
+# this list; tests/unit/test_structure.py checks that every name is a file of tests/integration.
 LONGEST_FIRST = (
     "test_training_loop.py",
     "test_engine_faults.py",
@@ -15,20 +25,29 @@ LONGEST_FIRST = (
     "test_weight_sync.py",
     "test_learner.py",
     "test_launch_scripts_e2e.py",
-    "test_gpu_path.py",
-    "test_scripts.py",
+    "test_gpu_path_on_cpu.py",
+    "test_cpu_scripts.py",
     "test_bad_input.py",
     "test_streaming_generation.py",
     "test_staleness_bound.py",
     "test_agent_training.py",
-    "test_sequence_parallel.py",
+    "test_sequence_parallel_training.py",
     "test_ray_node_setup.py",
 )
 
 
+def is_integration(path: Path) -> bool:
+    """Whether the test file at `path` is in the integration tier (under tests/integration)."""
+    return Path(path).resolve().is_relative_to(INTEGRATION)
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest's own hook deselects by -m
 def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if is_integration(item.path):
+            item.add_marker(pytest.mark.slow)
     rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
-    items.sort(key=lambda item: rank.get(Path(str(item.fspath)).name, len(rank)))  # stable: file order kept
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: file order kept
 
 
 @pytest.fixture(scope="session")

@@ -169,7 +169,8 @@ def seed(model_path, groups, batch_settings, steps: int) -> dict:
         "old": _summary(old),
         "new": _summary(new),
         "new_over_old": _summary(new)["step_s"] / _summary(old)["step_s"],
-        # The same update (tests/test_learner.py checks it) and the same logged loss (a token mean over ranks).
+        # The same update (tests/integration/test_learner.py checks it) and the same logged loss (a token mean
+        # over ranks).
         "losses_old": [h["loss/policy_avg"] for h in old],
         "losses_new": [h["loss/policy_avg"] for h in new],
         "max_loss_diff": max(abs(a["loss/policy_avg"] - b["loss/policy_avg"]) for a, b in zip(old, new)),

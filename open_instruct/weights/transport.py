@@ -8,7 +8,7 @@ engine, registered on import) in vLLM's worker, by the qualified name of `WORKER
 side imports no vLLM, which would cost each driver and learner process seconds of start-up. Two shapes
 exist: a broadcast over a process group that the engines receive concurrently (`BroadcastTransport`), and
 bytes staged once, loaded by the engines, then released (`StagedTransport`).
-`tests/test_weight_transports.py` checks every registered module against these Protocols.
+`tests/unit/test_weight_transports.py` checks every registered module against these Protocols.
 """
 
 from __future__ import annotations

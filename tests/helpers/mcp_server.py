@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
+import json
 import os
 import socket
 import subprocess
@@ -25,6 +26,7 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve()
+GENEROUS_S = 60.0  # a call's timeout: a loaded CI machine must not turn a working call into a timeout
 _PNG = base64.b64encode(b"\x89PNG\r\n\x1a\n").decode()
 
 
@@ -118,6 +120,13 @@ class McpServerProcess:
 
     def __exit__(self, *exc) -> None:
         self.kill()
+
+
+def generic_mcp_entry(url: str, **config):
+    """The --tools entry of one generic_mcp server at `url` (its --tool_configs JSON: `config` and the URL)."""
+    from open_instruct.agents.settings import ToolsConfig
+
+    return ToolsConfig(tools=["generic_mcp"], tool_configs=[json.dumps({"server_url": url, **config})])
 
 
 def stdio_config() -> dict:

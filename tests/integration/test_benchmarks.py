@@ -1,0 +1,125 @@
+"""Smoke runs of the benchmarks with the real stack: each mode produces the JSON contract and its plots.
+
+The numbers themselves are measured by the benchmarks, not asserted here (see docs/benchmarks.md); these runs are
+tiny so they fit in CI.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+MODE_KEYS = {
+    "mode",
+    "trained_samples_per_s",
+    "generated_tokens_per_s",
+    "generation_idle_frac",
+    "learner_wait_frac",
+    "weight_sync_pause_s_avg",
+    "version_lag_avg",
+    "version_lag_max",
+}
+
+
+@pytest.fixture(scope="module")
+def quick_bench(tmp_path_factory):
+    """scripts/cpu_benchmarks.sh in QUICK mode: every benchmark of docs/benchmarks.md, shrunk to a smoke run."""
+    import os
+    import subprocess
+    from pathlib import Path
+
+    out = tmp_path_factory.mktemp("bench")
+    repo = Path(__file__).resolve().parents[2]
+    result = subprocess.run(
+        ["bash", "scripts/cpu_benchmarks.sh"],
+        cwd=repo,
+        capture_output=True,
+        text=True,
+        timeout=1500,
+        env={**os.environ, "QUICK": "1", "OUT": str(out)},
+    )
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
+    return out, result.stdout
+
+
+def test_weight_sync_benchmark_reports_pause_and_bound(quick_bench):
+    out, stdout = quick_bench
+    report = json.loads((out / "weight_sync.json").read_text())
+    assert report["memory_bandwidth_gb_s"] > 0
+    rows = {row["transport"]: row for row in report["sizes"]}
+    assert set(rows) == {"gloo", "shm"}  # measured side by side in one run
+    for row in rows.values():
+        assert row["sent_mb"] > 0 and row["frozen_s"] >= row["transfer_s"] > 0 and row["bound_s"] > 0
+        assert row["requests_completed_full_length"] == row["requests_running"] == 2  # none dropped by the pushes
+    assert rows["shm"]["stage_s"] > 0 == rows["gloo"]["stage_s"]  # shm stages before the engine pauses
+    assert report["shm_over_gloo_frozen"]["128x2"] == pytest.approx(rows["shm"]["frozen_s"] / rows["gloo"]["frozen_s"])
+    assert "frozen/bound" in stdout and "with the shared-memory file / with the gloo group" in stdout
+
+
+def test_learner_step_benchmark_reports_padding_and_imbalance_of_both_layouts(quick_bench):
+    out, _ = quick_bench
+    result = json.loads((out / "learner_step.json").read_text())
+    shape = result["micro_batches"]["shape"]
+    assert shape["token_budget_ranks8"]["batch/padding_frac"] < shape["fixed_rows_ranks8"]["batch/padding_frac"]
+    assert result["micro_batches"]["budget_over_fixed"] > 0
+    assert all(row["step_s"] > 0 for row in result["micro_batches"]["step"].values())
+    seed = result["seed"]  # open-instruct's step vs ours at the seed's settings
+    assert seed["new_over_old"] > 0 and seed["max_loss_diff"] < 1e-4
+
+
+def test_replay_benchmark_sweeps_response_lengths(quick_bench):
+    out, _ = quick_bench
+    result = json.loads((out / "replay" / "replay.json").read_text())
+    assert result["prompts"] == 4 and [r["response_length_cap"] for r in result["sweep"]] == [32, 96]
+    for row in result["sweep"]:
+        assert row["samples"] == 8 and row["generated_tokens"] > 0
+        assert 0 <= row["engine_idle_frac"] <= 1 and row["ttft_s"]["p50"] >= 0
+        assert row["completion_s"]["max"] >= row["completion_s"]["p50"] > 0
+        assert row["response_tokens"]["max"] <= row["response_length_cap"]
+    assert (out / "replay" / "utilization_vs_length.png").stat().st_size > 0
+    assert (out / "replay" / "embedded_prompts.jsonl").exists()  # the recorded prompt file it replayed
+
+
+def test_end_to_end_benchmark_reports_every_mode(quick_bench):
+    out, stdout = quick_bench
+    result = json.loads((out / "e2e" / "e2e.json").read_text())
+    assert set(result["workloads"]) == {"heavy_tail", "tool_latency", "env_turns"}
+    for workload in result["workloads"].values():
+        assert set(workload["modes"]) == {
+            "synchronous", "one_step_async", "streaming", "streaming_drop", "streaming_downweight",
+        }  # fmt: skip
+        for mode, r in workload["modes"].items():
+            assert set(r) >= MODE_KEYS and r["mode"] == mode and r["steps"] == 2
+            assert r["trained_samples_per_s"] > 0 and r["buffer_peak_samples"] <= r["buffer_cap_samples"]
+            assert r["max_off_policy_steps"] == 2 and r["off_policy_action"] in ("requeue", "drop", "downweight")
+            if r["off_policy_action"] != "downweight":
+                assert r["version_lag_max"] <= 2  # the bound holds, whatever the tail
+            assert r["trained_to_generated_length_ratio"] > 0
+        assert workload["modes"]["synchronous"]["version_lag_max"] == 0  # nothing runs ahead when synchronous
+        assert workload["speedup_streaming_vs_sync"] > 0
+    # The multi-turn workloads go through the real path: a tool call over HTTP, environment turns.
+    for r in result["workloads"]["tool_latency"]["modes"].values():
+        assert r["tool_calls_per_sample"] == 1 and r["turns_per_sample"] == 2 and r["tool_failures"] == 0
+        assert r["tool_runtime_s_avg"] > 0 and 0 < r["parked_on_tools_frac"] < 1
+    for r in result["workloads"]["env_turns"]["modes"].values():
+        assert r["tool_calls_per_sample"] == 2 and r["turns_per_sample"] == 3 and r["tool_failures"] == 0
+    assert result["peak_memory_gib"] > 0
+    measured = json.loads((out / "e2e" / "measured.json").read_text())
+    assert [d["running"] for d in measured["decode"]] == [1, 4] and measured["prefill_tokens_per_s"] > 0
+    for name in ("heavy_tail", "tool_latency", "env_turns"):
+        assert (out / "e2e" / f"timeline_{name}.png").stat().st_size > 0
+    assert "streaming / synchronous trained samples/s" in stdout
+
+
+def test_simulator_fits_the_measurements_and_projects_the_seed_cluster(quick_bench):
+    out, _stdout = quick_bench
+    result = json.loads((out / "simulator" / "simulator.json").read_text())
+    measured = result["measured"]
+    assert measured["measured_speedup_streaming_vs_sync"] > 0 and "speedup_relative_error" in measured
+    for mode in ("synchronous", "one_step_async", "streaming"):
+        assert set(measured[mode]) >= MODE_KEYS and set(result["seed_projection"][mode]) >= MODE_KEYS
+    assert result["seed_projection"]["speedup_streaming_vs_sync"] > 1
+    auto = result["seed_projection"]["streaming_auto"]
+    assert auto["async_steps"] == "auto" and 1 <= auto["lookahead_final"] <= 8
+    assert (out / "simulator" / "simulator_timeline.png").stat().st_size > 0

@@ -1,0 +1,52 @@
+"""The GPU path's pieces run for real on the CPU stack: DeepSpeed takes one bf16 step with the ZeRO stage-0
+config (fp32 accumulation), and gpu_check.sh's forced transfer failure passes over gloo and over the
+shared-memory file. (What can be checked without running them is in tests/unit/test_gpu_path.py.)"""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_deepspeed_accepts_the_stage_0_bf16_config_and_trains_with_fp32_accumulation(model_path):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    helper = REPO / "tests" / "helpers" / "deepspeed_one_step.py"
+    result = subprocess.run(
+        [sys.executable, str(helper), "0", model_path, str(port), "bfloat16"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    assert report["optimizer"] == "BF16_Optimizer"  # fp32 master weights and gradient accumulation
+    assert report["max_param_change"] > 0
+    assert report["losses"][1] < report["losses"][0]
+
+
+@pytest.mark.parametrize("flags", [[], ["--single_gpu_mode"]], ids=["gloo", "shm"])
+def test_the_transfer_failure_check_passes_on_the_cpu_stack(flags):
+    """scripts/transfer_failure_check.py is gpu_check.sh's forced-failure part; on CPU it runs over gloo,
+    and with --single_gpu_mode through the shared-memory file (the staged sequence the GPU's CUDA IPC path
+    takes), both through the same restoring reload the NCCL and IPC engines use."""
+    result = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "transfer_failure_check.py"), *flags],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+    )
+    checks = [line for line in result.stdout.splitlines() if line.startswith(("PASS", "FAIL"))]
+    assert result.returncode == 0, "\n".join(checks) + result.stderr[-2000:]
+    assert len(checks) == 5 and all(line.startswith("PASS") for line in checks), checks
+    assert "0 check(s) failed" in result.stdout

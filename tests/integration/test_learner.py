@@ -1,0 +1,269 @@
+"""A real 2-rank DeepSpeed learner group (gloo, Ray actors) on the tiny model.
+
+Same initial weights and the same batch under ZeRO-2 and ZeRO-3 must give the same update;
+training on rewarded samples must raise their likelihood.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from helpers.batches import rewarded_groups
+
+from open_instruct.batching import BatchSettings, assemble
+
+N = 4
+
+
+@pytest.fixture(scope="module")
+def groups(model_path):
+    """Four prompts x four samples: right answers rewarded, wrong ones not (so advantages are non-zero)."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    return rewarded_groups(tokenizer, N), tokenizer
+
+
+def run_group(
+    model_path,
+    groups,
+    stage: int,
+    steps: int = 1,
+    num_mini_batches: int = 1,
+    extras=None,
+    token_budget: int = 0,
+    **learner_options,
+):
+    import ray
+
+    from open_instruct import cluster
+    from open_instruct.learner.actor import LearnerSettings
+    from open_instruct.learner.group import LearnerGroup
+
+    taken, tokenizer = groups
+    settings = LearnerSettings(
+        model_path=model_path,
+        deepspeed_stage=stage,
+        learning_rate=1e-3,
+        lr_scheduler_type="constant",
+        micro_batch_size=1,
+        num_mini_batches=num_mini_batches,
+        total_steps=steps,
+        importance_ratio_cap=0.0,
+        **learner_options,
+    )
+    batch_settings = BatchSettings(
+        pack_length=128,
+        pad_token_id=tokenizer.pad_token_id,
+        world_size=2,
+        micro_batch_size=1,
+        num_mini_batches=num_mini_batches,
+        token_budget=token_budget,
+    )
+    cluster.init_ray(min_logical_cpus=3)
+    try:
+        learners = LearnerGroup(cluster.create_learner_actors(settings, [2]), batch_settings)
+        info = learners.setup()
+        assert [i.zero_stage for i in info] == [stage, stage] and [i.rank for i in info] == [0, 1]
+        before = learners.full_state_dict()  # a collective under ZeRO-3: every rank takes part
+        history = []
+        for step in range(steps):
+            batches, stats = assemble(taken, step, batch_settings)
+            assert len(batches) == 2 and len(batches[0].micro_batches) == len(batches[1].micro_batches)
+            report = learners.train_step(taken, step)
+            assert report.trained_tokens == stats.trained_tokens and report.finished_at >= report.started_at
+            history.append(report.metrics)
+        # Per rank, to compare the data-parallel replicas.
+        after = ray.get([actor.full_state_dict.remote() for actor in learners.actors])
+        if extras is not None:
+            extras["reference"] = ray.get(learners.actors[0].reference_state_dict.remote())
+        return before, after, history, stats
+    finally:
+        ray.shutdown()
+
+
+def test_zero2_and_zero3_give_the_same_update(model_path, groups):
+    before2, (after2_r0, after2_r1), history2, stats = run_group(model_path, groups, stage=2)
+    before3, (after3_r0, _), history3, _ = run_group(model_path, groups, stage=3)
+    assert stats.groups == 4 and stats.groups_filtered_zero_std == 0 and stats.samples_trained == 16
+    for name, tensor in before2.items():
+        assert (tensor == before3[name]).all()
+    moved = max((after2_r0[n] - before2[n]).abs().max().item() for n in before2)
+    assert moved > 1e-4  # the step changed the weights
+    # Data-parallel ranks hold identical weights after the step.
+    assert all(((after2_r0[n] - after2_r1[n]).abs().max().item() < 1e-7) for n in before2)
+    worst = max((after2_r0[n] - after3_r0[n]).abs().max().item() for n in before2)
+    assert worst < 1e-5 * 1e3, worst  # within 1% of one Adam step (lr 1e-3)
+    for metrics in (history2[0], history3[0]):
+        assert metrics["learner/trained_tokens"] > 0 and metrics["batch/groups_filtered_zero_std"] == 0
+        assert abs(metrics["policy/ratio_avg"] - 1.0) < 1e-4  # first pass: learner == old policy
+
+
+def test_training_raises_the_likelihood_of_rewarded_samples(model_path, groups):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    taken, _tokenizer = groups
+    before, (after, _), history, _ = run_group(model_path, groups, stage=2, steps=3, num_mini_batches=2)
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+
+    def rewarded_minus_unrewarded(state) -> float:
+        model.load_state_dict(state, strict=False)
+        gap = 0.0
+        for group in taken:
+            for c in group.completions:
+                ids = torch.tensor([list(c.prompt_token_ids) + list(c.response_token_ids)])
+                with torch.no_grad():
+                    logprobs = torch.log_softmax(model(ids).logits[0, :-1], -1)
+                target = ids[0, 1:]
+                total = logprobs.gather(-1, target[:, None])[len(c.prompt_token_ids) - 1 :].sum().item()
+                gap += total if c.reward > 0 else -total
+        return gap
+
+    assert rewarded_minus_unrewarded(after) > rewarded_minus_unrewarded(before) + 1.0
+    # Later optimizer steps see a policy that moved: the ratio leaves 1 and the loss changes.
+    assert history[0]["loss/policy_avg"] != pytest.approx(history[2]["loss/policy_avg"], abs=1e-6)
+
+
+def test_a_cispo_step_with_entropy_recording(model_path, groups):
+    import math
+
+    before, (after, _), history, _ = run_group(model_path, groups, stage=2, loss_fn="cispo", record_entropy=True)
+    assert max((after[n] - before[n]).abs().max().item() for n in before) > 1e-4
+    vocab = before["model.embed_tokens.weight"].shape[0]
+    assert 0 < history[0]["policy/entropy_avg"] <= math.log(vocab)
+    assert history[0]["policy/clipfrac_avg"] == 0.0  # first pass: ratio 1, nothing clipped
+
+
+def test_the_reference_drifts_toward_the_policy_by_the_polyak_rule(model_path, groups):
+    extras: dict = {}
+    before, (after, _), _, _ = run_group(
+        model_path, groups, stage=3, beta=0.01, ref_policy_update_freq=1, ref_policy_alpha=0.25, extras=extras
+    )
+    reference = extras["reference"]
+    worst = 0.0
+    for name, initial in before.items():
+        if name in reference:  # ref <- (1 - alpha) ref + alpha policy, with ref = the initial weights
+            expected = 0.75 * initial + 0.25 * after[name]
+            worst = max(worst, (reference[name] - expected).abs().max().item())
+    assert worst < 1e-6, worst
+    assert max((reference[n] - before[n]).abs().max().item() for n in reference if n in before) > 1e-5
+
+
+def test_dtype_attention_and_weight_decay_flags_reach_the_deepspeed_learner(model_path, groups):
+    """--dtype bfloat16 (here on CPU) with --attn_implementation torch (SDPA) trains in bf16; with --weight_decay,
+    --set_weight_decay_on_bias_and_norm False decays the norms too and leaves every other update unchanged."""
+    import torch
+
+    _, (in_bf16, _), history, _ = run_group(model_path, groups, stage=2, dtype="bfloat16", attn_implementation="sdpa")
+    # full_state_dict hands out fp32 copies; weights held in bf16 survive a round trip through bf16 exactly.
+    assert all(torch.equal(t, t.bfloat16().float()) for t in in_bf16.values())
+    assert history[0]["learner/trained_tokens"] > 0 and math.isfinite(history[0]["loss/policy_avg"])
+    _, (exempt, _), _, _ = run_group(model_path, groups, stage=2, weight_decay=0.5)
+    _, (decayed, _), _, _ = run_group(model_path, groups, stage=2, weight_decay=0.5, decay_bias_and_norm=True)
+    assert not all(torch.equal(t, t.bfloat16().float()) for t in exempt.values())  # fp32 by default on CPU
+    for name in exempt:
+        differs = not torch.allclose(exempt[name], decayed[name], rtol=0, atol=1e-7)
+        assert differs == name.endswith(("norm.weight", ".bias")), name
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+def test_pi_old_from_the_training_forward_matches_the_separate_pass(model_path, groups, stage):
+    """One mini-batch, two epochs: the first training forward's detached logprobs replace the no-grad pass;
+    the losses and the updated weights are those of the separate pass, to float tolerance."""
+    _, (separate, _), history_separate, _ = run_group(
+        model_path, groups, stage=stage, num_epochs=2, separate_old_logprob_pass=True
+    )
+    _, (reused, _), history_reused, _ = run_group(model_path, groups, stage=stage, num_epochs=2)
+    for key in ("loss/policy_avg", "policy/ratio_avg", "policy/clipfrac_avg"):
+        assert history_reused[0][key] == pytest.approx(history_separate[0][key], abs=1e-6), key
+    assert max((separate[n] - reused[n]).abs().max().item() for n in separate) < 1e-6
+
+
+def test_token_budget_micro_batches_train_the_same_update_as_fixed_rows(model_path, groups):
+    """The same samples as trimmed rows under a token budget, spread by cost: the same exact token mean, so
+    the same update up to float summation order."""
+    import torch
+
+    before, (fixed, _), _, _ = run_group(model_path, groups, stage=2)
+    _, (budget, _), _, _ = run_group(model_path, groups, stage=2, token_budget=256)
+    # Adam's first step is g / (|g| + eps): summation-order noise in near-zero gradient entries is magnified
+    # there, so the updates are compared as a whole and per entry against the step size (lr 1e-3).
+    update = torch.cat([(fixed[n] - before[n]).flatten() for n in before])
+    other = torch.cat([(budget[n] - before[n]).flatten() for n in before])
+    assert update.norm() > 1e-3 and (update - other).norm() < 0.01 * update.norm()
+    assert (update - other).abs().max() < 1e-4
+
+
+def test_offloaded_unfused_zero3_learners_take_the_same_step(model_path, groups):
+    """--deepspeed_offload_param/--deepspeed_offload_optimizer (ZeRO-Offload to CPU memory), the per-tensor
+    AdamW (--fused_optimizer False) and --backend_timeout: the same update as the default ZeRO-3 learner."""
+    before, (default, _), _, _ = run_group(model_path, groups, stage=3)
+    _, (offloaded, _), _, _ = run_group(
+        model_path, groups, stage=3, offload_param=True, offload_optimizer=True, fused_optimizer=False,
+        backend_timeout_minutes=5,
+    )  # fmt: skip
+    assert max((default[n] - offloaded[n]).abs().max().item() for n in default) < 1e-5
+    assert max((offloaded[n] - before[n]).abs().max().item() for n in before) > 1e-4
+
+
+def start_group(model_path, tokenizer, world_size: int, stage: int, **learner_options):
+    from open_instruct import cluster
+    from open_instruct.learner.actor import LearnerSettings
+    from open_instruct.learner.group import LearnerGroup
+
+    settings = LearnerSettings(
+        model_path=model_path, deepspeed_stage=stage, learning_rate=1e-3, lr_scheduler_type="constant",
+        micro_batch_size=1, total_steps=4, importance_ratio_cap=0.0, **learner_options,
+    )  # fmt: skip
+    batch_settings = BatchSettings(
+        pack_length=128, pad_token_id=tokenizer.pad_token_id, world_size=world_size, micro_batch_size=1
+    )
+    learners = LearnerGroup(cluster.create_learner_actors(settings, [world_size]), batch_settings)
+    learners.setup()
+    return learners
+
+
+def test_a_universal_checkpoint_resumes_two_ranks_state_on_one_rank(model_path, groups, tmp_path):
+    """--deepspeed_checkpoint_load_universal: the state of 2 ZeRO-2 ranks, converted once by ds_to_universal,
+    loads into 1 rank. The next step then matches the uninterrupted 2-rank run, so the Adam moments came
+    back too (a fresh optimizer would take a step of a different size)."""
+    import ray
+
+    from open_instruct import cluster
+
+    taken, tokenizer = groups
+    cluster.init_ray(min_logical_cpus=3)
+    try:
+        two = start_group(model_path, tokenizer, 2, stage=2)
+        two.train_step(taken, 0)
+        two.save_state(str(tmp_path))
+        saved = two.full_state_dict()
+        two.train_step(taken, 1)
+        uninterrupted = two.full_state_dict()
+        two.kill()
+
+        one = start_group(model_path, tokenizer, 1, stage=2, load_universal=True)
+        assert one.load_state(str(tmp_path)) == 1
+        assert (tmp_path / "learner_universal").is_dir() and not (tmp_path / "learner_universal.partial").exists()
+        restored = one.full_state_dict()
+        assert max((restored[n] - saved[n]).abs().max().item() for n in saved) == 0.0
+        one.train_step(taken, 1)
+        resumed = one.full_state_dict()
+        one.kill()
+    finally:
+        ray.shutdown()
+    step = max((uninterrupted[n] - saved[n]).abs().max().item() for n in saved)
+    assert step > 1e-4
+    assert max((resumed[n] - uninterrupted[n]).abs().max().item() for n in saved) < 1e-3 * step
+
+
+def test_a_conversion_failure_names_the_checkpoint_in_one_line(tmp_path):
+    from open_instruct.learner.deepspeed_setup import make_universal
+
+    (tmp_path / "learner").mkdir()
+    with pytest.raises(RuntimeError, match=r"ds_to_universal could not convert .*learner: ") as error:
+        make_universal(str(tmp_path), "learner")
+    assert "\n" not in str(error.value)
+    assert not list(tmp_path.glob("learner_universal*"))

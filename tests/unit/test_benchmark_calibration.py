@@ -1,0 +1,37 @@
+"""The benchmarks' pure parts: the learner-step cost fit and its calibration on the embedded model, and MFU/MBU
+from a model's dimensions. (The benchmarks themselves run in smoke mode in tests/integration/test_benchmarks.py.)"""
+
+from __future__ import annotations
+
+import pytest
+
+
+def test_the_row_cost_fit_recovers_the_constants_of_its_points():
+    from open_instruct.benchmarks.learner_step import fit_row_cost
+
+    points = [(length, 3e-9 * length * length + 2e-6 * length) for length in (128, 512, 1024, 2048)]
+    fit = fit_row_cost(points)
+    assert fit["COST_QUADRATIC"] == pytest.approx(3e-9, rel=1e-6)
+    assert fit["COST_LINEAR"] == pytest.approx(2e-6, rel=1e-6)
+
+
+def test_calibration_times_forward_and_backward_of_every_row_length(model_path):
+    """Measured on whatever else this machine runs, so only what holds under any load is asserted."""
+    from open_instruct.benchmarks.learner_step import calibrate
+
+    fit = calibrate(model_path, repeats=1)
+    assert [length for length, _ in fit["points"]] == [128, 256, 512, 768, 1024, 1536, 2048]
+    assert all(0 < seconds < 600 for _, seconds in fit["points"])
+    assert fit["COST_QUADRATIC"] * 2048 * 2048 + fit["COST_LINEAR"] * 2048 > 0
+
+
+def test_mfu_and_mbu_from_model_dimensions():
+    from open_instruct.benchmarks.replay import GPU_PEAKS, dense_params, utilization
+
+    params = dense_params(hidden=4096, layers=32, vocab=128_000)  # a Llama-3-8B-like shape
+    assert 6.9e9 < params < 7.1e9
+    # 10k tokens/s at 100 decode steps/s on an H100.
+    u = utilization(params, 10_000, 100, *GPU_PEAKS["H100"])
+    assert u["mfu"] == pytest.approx(2 * params * 10_000 / 989e12)
+    assert u["mbu"] == pytest.approx(2 * params * 100 / 3.35e12)
+    assert 0 < u["mfu"] < 1 and 0 < u["mbu"] < 1

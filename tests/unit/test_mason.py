@@ -1,0 +1,355 @@
+"""mason.py: the original request's launch command becomes a correct Beaker spec whose command survives bash.
+
+What: the seed `python mason.py ... -- source ... \\&\\& python open_instruct/grpo_fast.py ...` command
+(tests/fixtures/seed_mason_command.txt, verbatim) is first run through a real bash with its shell variables
+set, with `python` stubbed, to capture exactly the argv a user's shell hands to mason.py. mason.py then
+builds the spec (--dry_run); the spec's fields are checked, and its embedded command is executed with
+`bash -c` against stub setup scripts and a stub `python`, whose recorded argv must equal the original tokens
+exactly. Bad inputs must fail with exit code 2 and a message naming the flag; submission goes through a
+fake `beaker` CLI only when one and credentials exist.
+
+Run: `.venv/bin/pytest tests/unit/test_mason.py` (a few seconds, CPU only, no network, no Beaker).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import json
+import os
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+MASON = REPO / "mason.py"
+FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "seed_mason_command.txt"
+
+_spec = importlib.util.spec_from_file_location("mason", MASON)
+assert _spec and _spec.loader
+mason = importlib.util.module_from_spec(_spec)
+sys.modules["mason"] = mason  # dataclasses resolve the module of the class they decorate
+_spec.loader.exec_module(mason)
+
+SEED_VARIABLES = {
+    "exp_name": "2606rl_update_fil_dapo_pol_qwen2_5_orz_only_mix_4242",
+    "split_value": ("hamishivi/hamishivi_rlvr_orz_math_57k_collected_all_filtered_hamishivi_qwen2_5_openthoughts2 1.0"),
+    "add_bos": "False",
+    "model_name_or_path": "hamishivi/qwen2_5_openthoughts2",
+    "chat_template_name": "tulu_thinker",
+}
+VALID = [
+    "--cluster",
+    "ai2/jupiter-cirrascale-2",
+    "--image",
+    "me/img",
+    "--workspace",
+    "ai2/ws",
+    "--budget",
+    "ai2/b",
+]
+
+# Records each call's argv, plus the variables the stub setup scripts export, one JSON line per call.
+STUB_PYTHON = f"""#!{sys.executable}
+import json, os, sys
+with open(os.environ["ARGV_OUT"], "a") as f:
+    env = {{k: os.environ.get(k) for k in ("FROM_RAY_SETUP", "FROM_CODE_SETUP")}}
+    f.write(json.dumps({{"argv": sys.argv[1:], "env": env}}) + "\\n")
+"""
+
+
+def make_stub_bin(directory: Path) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    stub = directory / "python"
+    stub.write_text(STUB_PYTHON)
+    stub.chmod(0o755)
+    return directory
+
+
+def recorded_calls(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def local_shell_argv(tmp_path: Path) -> list[str]:
+    """The argv the user's own shell passes to mason.py for the seed command (bash does the expanding)."""
+    stub_bin = make_stub_bin(tmp_path / "local_bin")
+    out = tmp_path / "local_argv.jsonl"
+    env = {**os.environ, **SEED_VARIABLES, "PATH": f"{stub_bin}:{os.environ['PATH']}", "ARGV_OUT": str(out)}
+    subprocess.run(["bash", str(FIXTURE)], env=env, check=True, timeout=30)
+    (call,) = recorded_calls(out)
+    return call["argv"]
+
+
+def run_mason(args: list[str], tmp_path: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    home = tmp_path / "home"
+    home.mkdir(exist_ok=True)
+    base = {k: v for k, v in os.environ.items() if k != "BEAKER_TOKEN"}
+    return subprocess.run(
+        [sys.executable, str(MASON), *args],
+        env={**base, "HOME": str(home), **(env or {})},  # HOME without ~/.beaker: no credentials
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+@pytest.fixture()
+def seed(tmp_path):
+    argv = local_shell_argv(tmp_path)
+    assert argv[0] == "mason.py"
+    args = argv[1:]
+    result = run_mason(["--dry_run", *args], tmp_path)
+    assert result.returncode == 0, result.stderr
+    return {
+        "args": args,
+        "command": args[args.index("--") + 1 :],
+        "spec": yaml.safe_load(result.stdout),
+        "run": result,
+    }
+
+
+def test_seed_command_gives_the_requested_multi_node_spec(seed):
+    spec = seed["spec"]
+    assert spec["version"] == "v2"
+    assert spec["budget"] == "ai2/oe-adapt"
+    assert spec["description"] == SEED_VARIABLES["exp_name"]
+    assert spec["retry"] == {"allowedTaskRetries": 0}
+    (task,) = spec["tasks"]
+    assert task["replicas"] == 6
+    assert task["leaderSelection"] is True
+    assert task["hostNetworking"] is True
+    assert task["propagateFailure"] is True and task["propagatePreemption"] is True
+    assert task["synchronizedStartTimeout"] == mason.SYNCHRONIZED_START_TIMEOUT
+    assert task["image"] == {"beaker": "hamishivi/open_instruct_hamish_update_2606"}
+    assert task["resources"]["gpuCount"] == 8
+    assert task["context"] == {"priority": "high", "preemptible": True}
+    assert task["constraints"] == {"cluster": ["ai2/jupiter-cirrascale-2"]}
+    assert task["result"] == {"path": "/output"}
+    env = {item["name"]: item for item in task["envVars"]}
+    assert env["VLLM_ALLOW_LONG_MAX_MODEL_LEN"] == {"name": "VLLM_ALLOW_LONG_MAX_MODEL_LEN", "value": "1"}
+    assert env["PYTHONUNBUFFERED"]["value"] == "1"
+    assert task["command"] == ["/bin/bash", "-c"]
+    (command,) = task["arguments"]
+    # --pure_docker_mode: runs from the image's working directory, no `cd` into a local checkout.
+    assert command.startswith(
+        "source configs/beaker_configs/ray_node_setup.sh && source configs/beaker_configs/code_api_setup.sh"
+        " && python open_instruct/grpo_fast.py --exp_name " + SEED_VARIABLES["exp_name"]
+    )
+    # The seed uses --with_tracking but passes no W&B secret: mason says so, and still prints the spec.
+    assert "WANDB_API_KEY" in seed["run"].stderr
+    assert "not submitting (--dry_run)" in seed["run"].stderr
+    # The workspace goes to the beaker command line only: the dry run shows that command beside the spec.
+    workspace = seed["args"][seed["args"].index("--workspace") + 1]
+    submit = f"beaker experiment create experiment.yaml --workspace {workspace}"
+    assert seed["run"].stdout.startswith(f"# {submit}\n")
+    assert f"would run: {submit}" in seed["run"].stderr
+
+
+def test_embedded_command_runs_unchanged_through_bash(seed, tmp_path):
+    (command,) = seed["spec"]["tasks"][0]["arguments"]
+    workdir = tmp_path / "container_workdir"  # stands in for the image's working directory
+    setup_dir = workdir / "configs" / "beaker_configs"
+    setup_dir.mkdir(parents=True)
+    trace = tmp_path / "trace.txt"
+    (setup_dir / "ray_node_setup.sh").write_text(f"echo ray_node_setup >> {trace}\nexport FROM_RAY_SETUP=1\n")
+    (setup_dir / "code_api_setup.sh").write_text(f"echo code_api_setup >> {trace}\nexport FROM_CODE_SETUP=1\n")
+    stub_bin = make_stub_bin(tmp_path / "container_bin")
+    out = tmp_path / "container_argv.jsonl"
+
+    subprocess.run(
+        ["/bin/bash", "-c", command],  # exactly the spec's command + arguments
+        cwd=workdir,
+        env={**os.environ, "PATH": f"{stub_bin}:{os.environ['PATH']}", "ARGV_OUT": str(out)},
+        check=True,
+        timeout=30,
+    )
+
+    tokens = seed["command"]
+    last_and = len(tokens) - 1 - tokens[::-1].index("&&")
+    trainer = tokens[last_and + 1 :]
+    assert trainer[:2] == ["python", "open_instruct/grpo_fast.py"]
+    (call,) = recorded_calls(out)
+    assert call["argv"] == trainer[1:]  # every token, byte for byte
+    # Both setup scripts were sourced, in order, into the shell that then ran the trainer.
+    assert trace.read_text().split() == ["ray_node_setup", "code_api_setup"]
+    assert call["env"] == {"FROM_RAY_SETUP": "1", "FROM_CODE_SETUP": "1"}
+    argv = call["argv"]
+    assert argv[argv.index("--stop_strings") + 1] == "</answer>"
+    tasks = argv[argv.index("--oe_eval_tasks") + 1]
+    assert tasks.startswith("minerva_math::hamish_zs_reasoning,gsm8k::zs_cot_latex,") and tasks.count(",") == 14
+    assert argv[argv.index("--dataset_mixer_list") + 1 : argv.index("--dataset_mixer_list_splits")] == (
+        SEED_VARIABLES["split_value"].split()
+    )
+
+
+def test_build_command_keeps_awkward_tokens_and_only_bare_operators(tmp_path):
+    tricky = [
+        "a b",
+        "it's",
+        '"quoted"',
+        "$HOME",
+        "`id`",
+        "x;y",
+        "a&&b",
+        "",
+        "*",
+        "line1\nline2",
+        "ünï",
+        "--k=v w",
+    ]
+    tokens = ["python", *tricky, "&&", "python", "second", "||", "python", "never", ";", "python", "third"]
+    command = mason.build_command(tokens)
+    stub_bin = make_stub_bin(tmp_path / "bin")
+    out = tmp_path / "argv.jsonl"
+    subprocess.run(
+        ["/bin/bash", "-c", command],
+        env={**os.environ, "PATH": f"{stub_bin}:{os.environ['PATH']}", "ARGV_OUT": str(out)},
+        cwd=tmp_path,
+        check=True,
+        timeout=30,
+    )
+    # `&&` ran the second command, `||` skipped the third, `;` ran the last one regardless.
+    assert [call["argv"] for call in recorded_calls(out)] == [tricky, ["second"], ["third"]]
+    assert not list(tmp_path.glob("*id*"))  # nothing was expanded or executed from inside a token
+
+
+@pytest.mark.parametrize(
+    "tokens, message",
+    [
+        (["&&", "python", "x"], "no command before"),
+        (["python", "x", "&&"], "no command after"),
+        (["a", "&&", "||", "b"], "no command before"),
+        ([";", "a"], "no command before"),
+    ],
+)
+def test_build_command_rejects_dangling_operators(tokens, message):
+    with pytest.raises(ValueError, match=message):
+        mason.build_command(tokens)
+
+
+@pytest.mark.parametrize(
+    "args, flag, detail",
+    [
+        (["--cluster", "jupiter"], "--cluster", "org/name"),
+        (["--gpus", "9"], "--gpus", "between 0 and 8"),
+        (["--env", "NOEQUALS"], "--env", "NOEQUALS"),
+        (["--num_nodes", "0"], "--num_nodes", ">= 1"),
+        (["--max_retries", "-1"], "--max_retries", ">= 0"),
+        (["--priority", "asap"], "--priority", "invalid choice"),
+        (["--workspace", "tulu-thinker"], "--workspace", "org/name"),
+        (["--secret", "WANDB_API_KEY"], "--secret", "ENV_VAR=SECRET_NAME"),
+        (["--env", "A=1", "--env", "A=2"], "--env", "more than once"),
+    ],
+)
+def test_bad_flags_exit_2_naming_the_flag(args, flag, detail, tmp_path):
+    result = run_mason([*VALID, *args, "--", "python", "train.py"], tmp_path)
+    assert result.returncode == 2
+    assert f"argument {flag}" in result.stderr and detail in result.stderr, result.stderr
+    assert result.stdout == ""
+
+
+@pytest.mark.parametrize("tail, detail", [(["--"], "empty command after `--`"), ([], "missing `-- COMMAND`")])
+def test_missing_or_empty_command_exits_2(tail, detail, tmp_path):
+    result = run_mason([*VALID, *tail], tmp_path)
+    assert result.returncode == 2
+    assert detail in result.stderr
+    assert result.stdout == ""
+
+
+def test_without_beaker_cli_prints_yaml_and_exits_0(tmp_path):
+    empty_bin = tmp_path / "empty_bin"
+    empty_bin.mkdir()
+    result = run_mason([*VALID, "--", "python", "train.py"], tmp_path, {"PATH": str(empty_bin), "BEAKER_TOKEN": "t"})
+    assert result.returncode == 0
+    assert "no `beaker` CLI on PATH" in result.stderr
+    spec = yaml.safe_load(result.stdout)
+    assert spec["tasks"][0]["arguments"] == [f"cd {shlex.quote(str(tmp_path))} && python train.py"]
+
+
+def fake_beaker(tmp_path: Path, exit_code: int) -> tuple[Path, Path]:
+    bin_dir = tmp_path / "beaker_bin"
+    bin_dir.mkdir()
+    record = tmp_path / "beaker_call.json"
+    script = bin_dir / "beaker"
+    script.write_text(
+        f"#!{sys.executable}\nimport json, sys\n"
+        f"spec = open(sys.argv[3]).read() if len(sys.argv) > 3 else None\n"
+        f"json.dump({{'argv': sys.argv[1:], 'spec': spec}}, open({str(record)!r}, 'w'))\n"
+        f"sys.exit({exit_code})\n"
+    )
+    script.chmod(0o755)
+    return bin_dir, record
+
+
+def test_submits_with_the_beaker_cli_when_it_and_credentials_exist(tmp_path):
+    bin_dir, record = fake_beaker(tmp_path, exit_code=3)
+    args = [
+        *VALID,
+        "--num_nodes",
+        "2",
+        "--secret",
+        "WANDB_API_KEY=me_WANDB_API_KEY",
+        "--",
+        "python",
+        "train.py",
+    ]
+    path = f"{bin_dir}:{os.environ['PATH']}"
+    result = run_mason(args, tmp_path, {"PATH": path, "BEAKER_TOKEN": "token"})
+    assert result.returncode == 3  # the CLI's own status
+    call = json.loads(record.read_text())
+    assert call["argv"][:2] == ["experiment", "create"]
+    assert call["argv"][3:] == ["--workspace", "ai2/ws"]
+    spec = yaml.safe_load(call["spec"])
+    assert spec == yaml.safe_load(run_mason(["--dry_run", *args], tmp_path).stdout)
+    assert {"name": "WANDB_API_KEY", "secret": "me_WANDB_API_KEY"} in spec["tasks"][0]["envVars"]
+    assert result.stdout == ""
+
+    # Same CLI but no credentials: print, don't call it.
+    record.unlink()
+    result = run_mason(args, tmp_path, {"PATH": path})
+    assert result.returncode == 0 and "no Beaker credentials" in result.stderr
+    assert yaml.safe_load(result.stdout)["tasks"][0]["replicas"] == 2
+    assert not record.exists()
+
+
+def test_parse_and_build_spec_in_process():
+    args = mason.parse_args(
+        [
+            "--cluster", "ai2/a", "ai2/b", "--cluster", "ai2/c", "--image", "ghcr.io/org/img:1",
+            "--workspace", "ai2/ws", "--budget", "ai2/b", "--env", "PYTHONUNBUFFERED=0", "--env", "X=a=b",
+            "--pure_docker_mode", "--description", "my run", "--task_name", "t1", "--gpus", "1",
+            "--", "python", "train.py",
+        ]
+    )  # fmt: skip
+    assert args.clusters == ("ai2/a", "ai2/b", "ai2/c")
+    spec = mason.build_spec(args)
+    (task,) = spec["tasks"]
+    assert task["constraints"]["cluster"] == ["ai2/a", "ai2/b", "ai2/c"]
+    assert task["image"] == {"docker": "ghcr.io/org/img:1"}
+    assert "replicas" not in task and "leaderSelection" not in task  # single node: no replica group
+    values = [(e["name"], e.get("value")) for e in task["envVars"]]
+    assert ("PYTHONUNBUFFERED", "0") in values and ("PYTHONUNBUFFERED", "1") not in values  # user wins
+    assert ("X", "a=b") in values
+    assert spec["description"] == "my run" and task["name"] == "t1"
+    assert task["arguments"] == ["python train.py"]
+    assert mason.build_spec(args) == spec  # pure
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        args.gpus = 2  # type: ignore[misc]
+
+
+def test_help_documents_every_flag(tmp_path):
+    result = run_mason(["--help"], tmp_path)
+    assert result.returncode == 0
+    for flag in (
+        "--cluster", "--image", "--pure_docker_mode", "--workspace", "--priority", "--preemptible",
+        "--num_nodes", "--max_retries", "--env", "--secret", "--budget", "--gpus", "--description",
+        "--task_name", "--dry_run",
+    ):  # fmt: skip
+        assert flag in result.stdout
+    assert "ray_node_setup.sh" in result.stdout and "NCCL_CUMEM_ENABLE" in result.stdout

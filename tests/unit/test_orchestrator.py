@@ -1,0 +1,395 @@
+"""The real TrainingLoop, driven in-process through fakes (tests/helpers/fakes.py) on a virtual clock.
+
+Each scenario runs a whole loop in well under a second: admission under the staleness bound,
+eval routing, the weight-sync cadence, held-back completions and evictions, resume with
+re-queued prompts, and the "nothing lost, nothing trained twice" ledger.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+
+import pytest
+from helpers import fakes
+
+from open_instruct import checkpoints
+from open_instruct.orchestrator import StopRequest
+from open_instruct.replay_buffer import MaxAge, ReplayBuffer
+
+
+@pytest.mark.parametrize("async_steps", [0, 1, 3])
+def test_admission_never_runs_more_than_async_steps_ahead(async_steps):
+    cfg = fakes.config("--async_steps", str(async_steps), steps=6, prompts=2)
+    run = fakes.build(cfg)
+    versions_at_submit = []
+    submit = run.engines.submit
+
+    def watched_submit(requests):
+        submit(requests)
+        admitted = len(run.engines.admitted_ids)
+        versions_at_submit.append((admitted, run.learners.version))
+
+    run.engines.submit = watched_submit
+    summary = run.loop.run()
+    assert summary["status"] == "completed" and summary["steps_trained"] == 6
+    for admitted, version in versions_at_submit:
+        assert admitted <= (version + async_steps + 1) * 2
+    # The bound is reached, not just respected: the last step saw (5 + async_steps + 1) batches admitted.
+    assert summary["prompts_admitted"] == min(6 + async_steps, 5 + async_steps + 1) * 2
+    # Every request carries the learner version it was admitted under (it salts the prefix cache).
+    for _, request in run.engines.submitted:
+        assert request.admitted_version <= run.learners.version
+
+
+def test_each_step_trains_a_fixed_size_batch_of_complete_groups_in_sample_order():
+    run = fakes.build(fakes.config("--async_steps", "2", steps=5, prompts=3, samples=4))
+    run.loop.run()
+    assert len(run.learners.trained) == 5
+    for groups in run.learners.trained:
+        assert len(groups) == 3
+        for group in groups:
+            assert [c.sample_index for c in group.completions] == [0, 1, 2, 3]
+            assert {c.prompt_id for c in group.completions} == {group.prompt_id}
+    assert [h["policy/version"] for h in run.log.history] == [1, 2, 3, 4, 5]
+    assert [h["episode"] for h in run.log.history] == [12, 24, 36, 48, 60]
+
+
+def test_eval_completions_go_to_the_eval_round_and_the_final_policy_is_evaluated():
+    def script(request, j):
+        return fakes.Script(reward=10.0 if request.is_eval else float(j % 2), latency_s=3.0 if request.is_eval else 1.0)
+
+    cfg = fakes.config("--num_evals", "2", "--eval_on_step_0", steps=6)
+    run = fakes.build(cfg, eval_rows=fakes.rows(3, "test"), script=script)
+    run.loop.run()
+    trained = set(run.learners.trained_ids)
+    assert not any(pid.startswith("eval") for pid in trained)
+    assert len(run.log.evals) == 3  # step 0, then every 3 steps (the last one waits for its round)
+    assert [e["eval/started_at_step"] for e in run.log.evals] == [0.0, 2.0, 5.0]
+    assert all(e["eval/verifiable_reward"] == 10.0 and e["eval/samples"] == 3.0 for e in run.log.evals)
+    assert "eval/verifiable_reward" in run.log.history[-1]
+    eval_requests = [r for _, r in run.engines.submitted if r.is_eval]
+    assert len(eval_requests) == 9 and all(r.num_samples == 1 and r.sampling.temperature == 0.0 for r in eval_requests)
+    # Training rewards never include eval samples (eval reward is 10, training 0 or 1).
+    assert all(h["objective/verifiable_reward"] <= 1.0 for h in run.log.history)
+
+
+@pytest.mark.parametrize(("every", "steps", "expected"), [(1, 4, [1, 2, 3, 4]), (3, 7, [3, 6, 7]), (5, 3, [3])])
+def test_weights_are_pushed_every_n_steps_and_after_the_last(every, steps, expected):
+    run = fakes.build(fakes.config("--weight_sync_every_steps", str(every), steps=steps))
+    run.loop.run()
+    assert run.sync.pushed == expected
+    synced = [h["training_step"] for h in run.log.history if "weight_sync/version" in h]
+    assert synced == [v - 1 for v in expected]
+
+
+def test_in_flight_pushes_show_up_as_samples_spanning_versions_and_staleness():
+    # Samples take longer than a step: once the pipeline is full, each one sees a push mid-generation.
+    run = fakes.build(
+        fakes.config("--async_steps", "2", steps=8),
+        script=lambda r, j: fakes.Script(length=40, latency_s=5.0, reward=float(j % 2)),
+        step_s=1.0,
+    )
+    run.loop.run()
+    history = run.log.history
+    assert all(h["staleness/multi_version_frac"] == 0 for h in history[:3])  # finished before the first push
+    late = history[3:]
+    assert all(h["staleness/multi_version_frac"] == 1.0 for h in late)
+    # Per token, a sample updated in flight is fresher than its oldest token says.
+    assert all(0 < h["staleness/token_lag_avg"] < h["staleness/version_lag_max"] <= 3 for h in late)
+
+
+def fates(run: fakes.Run) -> dict[str, list[str]]:
+    """Every admitted training prompt by fate: trained, requeued, dropped, filtered, or untrained at the end."""
+    return {**run.log.fates, "untrained": list(run.log.untrained)}
+
+
+def assert_every_admitted_prompt_has_exactly_one_fate(*runs: fakes.Run) -> dict[str, list[str]]:
+    """admitted = trained + requeued + dropped + filtered + untrained, prompt id by prompt id."""
+    merged: dict[str, list[str]] = {}
+    for run in runs:
+        for fate, ids in run.log.fates.items():
+            merged.setdefault(fate, []).extend(ids)
+    merged["untrained"] = list(runs[-1].log.untrained)
+    admitted = [pid for run in runs for pid in run.engines.admitted_ids]
+    resolved = [pid for ids in merged.values() for pid in ids]
+    assert sorted(set(admitted)) == sorted(resolved), "a prompt was lost or has two fates"
+    return merged
+
+
+def test_a_full_buffer_holds_completions_back_and_offers_them_again():
+    run = fakes.build(fakes.config("--async_steps", "2", steps=6, prompts=2, samples=2))
+    # Room for exactly one batch: groups beyond it are held back by the loop until a take frees room.
+    run.loop.buffer = ReplayBuffer(samples_per_prompt=2, max_samples=4, max_age=MaxAge(2))
+    run.loop.run()
+    history = run.log.history
+    assert history[-1]["buffer/rejected_full_total"] > 0
+    trained = run.learners.trained_ids
+    assert len(trained) == len(set(trained)) == 12
+    assert_every_admitted_prompt_has_exactly_one_fate(run)
+
+
+def straggler_script(stragglers: set[str], slow_s: float = 30.0):
+    """Prompts whose row index is in `stragglers` take `slow_s`; the rest finish in half a second."""
+
+    def script(request, j):
+        index = request.prompt_id.split(":")[2].split("@")[0]
+        return fakes.Script(length=40, latency_s=slow_s if index in stragglers else 0.5, reward=float(j % 2))
+
+    return script
+
+
+@pytest.mark.parametrize("action", ["requeue", "drop"])
+def test_groups_over_the_bound_never_train_are_replaced_and_their_samples_aborted(action):
+    flags = ("--async_steps", "3", "--max_off_policy_steps", "1", "--off_policy_action", action)
+    run = fakes.build(fakes.config(*flags, steps=8, prompts=1), train_rows=fakes.rows(6),
+                      script=straggler_script({"0", "4"}))  # fmt: skip
+    run.loop.run()
+    history = run.log.history
+    assert [len(groups) for groups in run.learners.trained] == [1] * 8  # replaced: every batch is full
+    assert all(h["staleness/version_lag_max"] <= 1 for h in history)  # the bound holds on every step
+    got = assert_every_admitted_prompt_has_exactly_one_fate(run)
+    late = {"fake:train:0@0", "fake:train:4@0"}
+    assert late & set(got[{"requeue": "requeued", "drop": "dropped"}[action]]) == late
+    assert not late & set(got["trained"])
+    # The stragglers were aborted in the engine once the bound made them useless, not run to the end.
+    assert run.engines.aborts and history[-1]["offpolicy/aborted_samples_total"] >= 2
+    assert history[-1]["offpolicy/aborted_tokens_total"] > 0
+    if action == "requeue":  # admitted again, fresh, under a new id (and still too slow: requeued again)
+        assert "fake:train:0@0+1" in run.engines.admitted_ids
+        assert history[-1]["offpolicy/requeued_prompts_total"] >= 2
+    else:
+        assert not any("+" in pid for pid in run.engines.admitted_ids)
+        assert history[-1]["offpolicy/dropped_prompts_total"] >= 2
+    # Refills are admitted on top of the lookahead, never beyond it plus what was dropped.
+    refills = history[-1]["batch/refilled_prompts_total"]
+    assert (8 - 1 + 3 + 1) < run.loop.feeder.state.admitted <= (8 - 1 + 3 + 1) + refills
+
+
+def test_eval_samples_are_never_aborted_by_the_training_staleness_bound():
+    def script(request, j):  # eval samples outlive several steps; training ones are quick
+        return fakes.Script(latency_s=9.0 if request.is_eval else 0.5, reward=10.0 if request.is_eval else float(j % 2))
+
+    flags = ("--async_steps", "2", "--max_off_policy_steps", "1", "--num_evals", "2", "--eval_on_step_0")
+    run = fakes.build(fakes.config(*flags, steps=8), eval_rows=fakes.rows(3, "test"), script=script)
+    run.loop.run()
+    assert run.engines.aborts  # the bound was enforced on every step after the first ones
+    assert run.log.evals and all(e["eval/verifiable_reward"] == 10.0 for e in run.log.evals)  # no aborted eval
+
+
+def test_downweight_trains_late_groups_at_a_lower_weight_without_aborting():
+    flags = ("--async_steps", "3", "--max_off_policy_steps", "1", "--off_policy_action", "downweight")
+    run = fakes.build(fakes.config(*flags, steps=8, prompts=1), train_rows=fakes.rows(6),
+                      script=straggler_script({"0"}, slow_s=6.0))  # fmt: skip
+    run.loop.run()
+    got = assert_every_admitted_prompt_has_exactly_one_fate(run)
+    assert "fake:train:0@0" in got["trained"] and not run.engines.aborts
+    [late] = [g for groups in run.learners.trained for g in groups if g.prompt_id == "fake:train:0@0"]
+    assert late.age > 1 and late.weights[0] == pytest.approx(0.5 ** (late.age - 1))
+    assert run.log.history[-1]["buffer/downweighted_total"] >= 1
+
+
+def test_active_sampling_trains_full_batches_of_groups_with_reward_spread():
+    def script(request, j):  # every third prompt is always right (no spread: nothing to learn)
+        solved = int(request.prompt_id.split(":")[2].split("@")[0]) % 3 == 0
+        return fakes.Script(reward=10.0 if solved else float(j % 2))
+
+    run = fakes.build(fakes.config("--async_steps", "2", "--active_sampling", steps=6, prompts=3), script=script)
+    run.loop.run()
+    assert [len(groups) for groups in run.learners.trained] == [3] * 6
+    for groups in run.learners.trained:
+        for g in groups:
+            assert max(c.reward for c in g.completions) > min(c.reward for c in g.completions)
+    got = assert_every_admitted_prompt_has_exactly_one_fate(run)
+    assert got["filtered"] and all(int(pid.split(":")[2].split("@")[0]) % 3 == 0 for pid in got["filtered"])
+    last = run.log.history[-1]
+    assert last["batch/filtered_zero_std_prompts_total"] == len(got["filtered"]) == last["batch/refilled_prompts_total"]
+
+
+def test_without_active_sampling_zero_spread_groups_count_toward_the_step():
+    run = fakes.build(fakes.config("--async_steps", "2", steps=4, prompts=2),
+                      script=lambda r, j: fakes.Script(reward=1.0))  # fmt: skip
+    run.loop.run()
+    # open-instruct's behaviour: the groups are taken (the learner group's filter shrinks the batch).
+    assert [len(groups) for groups in run.learners.trained] == [2] * 4
+    assert "filtered" not in run.log.fates
+
+
+def test_solved_prompts_are_not_admitted_again_in_later_epochs(tmp_path):
+    def script(request, j):  # rows 0 and 1 are always solved; the rest half right
+        solved = request.prompt_id.split(":")[2].split("@")[0] in {"0", "1"}
+        return fakes.Script(reward=10.0 if solved else float(j % 2) * 10.0)
+
+    flags = ("--async_steps", "0", "--no_resampling_pass_rate", "0.9")
+    run = fakes.build(fakes.config(*flags, steps=6, prompts=2), train_rows=fakes.rows(4), script=script)
+    run.loop.run()
+    admitted = run.engines.admitted_ids
+    assert {"fake:train:0@0", "fake:train:1@0"} <= set(admitted)  # epoch 0: everything once
+    later = [pid for pid in admitted if not pid.endswith("@0")]
+    assert later and not any(pid.split("@")[0] in {"fake:train:0", "fake:train:1"} for pid in later)
+    assert run.loop.feeder.state.solved == {"fake:train:0", "fake:train:1"}
+    assert run.log.history[-1]["data/solved_prompts"] == 2.0
+
+
+def test_a_mix_smaller_than_the_lookahead_runs_on_into_later_epochs_and_counts_them():
+    # 3 prompts, 2 per step, 4 steps ahead: open-instruct goes on into the next pass, so must we.
+    run = fakes.build(fakes.config("--async_steps", "4", steps=6, prompts=2), train_rows=fakes.rows(3))
+    assert run.loop.run()["status"] == "completed"
+    trained = run.learners.trained_ids
+    assert len(trained) == len(set(trained)) == 6 * 2  # every group trained once, under its own epoch id
+    epochs = [h["data/epoch"] for h in run.log.history]
+    assert epochs == sorted(epochs) and epochs[-1] >= 3  # 12 trained + the lookahead's over 3 rows a pass
+    assert {pid.split("@")[0] for pid in trained} == {f"fake:train:{i}" for i in range(3)}
+
+
+def test_auto_lookahead_converges_on_the_need_and_holds():
+    # Groups take 4.5 s from admission; a step is 1 s of training plus the push: about 4 steps of need.
+    run = fakes.build(fakes.config("--async_steps", "auto", "--max_off_policy_steps", "6", steps=40, prompts=2),
+                      script=lambda r, j: fakes.Script(latency_s=4.5, reward=float(j % 2)), step_s=1.0)  # fmt: skip
+    run.loop.run()
+    lookahead = [h["scheduling/async_steps"] for h in run.log.history]
+    assert lookahead[0] <= 2 and max(lookahead) <= 6
+    settled = lookahead[15:]
+    assert len(set(settled)) == 1 and settled[0] >= 4  # converged, and no oscillation
+    assert all(abs(b - a) <= 1 for a, b in itertools.pairwise(lookahead))  # changes smoothly
+    waits = [h["time/learner_wait_s"] for h in run.log.history[20:]]
+    assert max(waits) < 0.01  # the learner is fed once the lookahead covers the latency
+
+
+def test_resume_requeues_untrained_prompts_and_trains_none_twice(tmp_path):
+    flags = ("--async_steps", "2", "--checkpoint_state_freq", "100", "--checkpoint_state_dir", str(tmp_path / "state"))
+    cfg = fakes.config(*flags, steps=8, prompts=2)
+
+    def slow_tail(request, j):  # some prompts outlive a step, so they are in flight at the stop
+        return fakes.Script(latency_s=random.Random(request.prompt_id).choice([0.5, 0.5, 6.0]), reward=float(j % 2))
+
+    stop = StopRequest()
+
+    def stop_after_step_2(step: int) -> None:
+        if step == 2:
+            stop.reason = "SIGTERM"
+
+    first = fakes.build(cfg, script=slow_tail, on_step=stop_after_step_2, stop=stop)
+    summary = first.loop.run()
+    assert summary["status"] == "stopped by SIGTERM" and summary["steps_trained"] == 3
+    assert (tmp_path / "state" / "latest").read_text() == "step_3"
+    untrained_at_stop = set(first.log.untrained)
+    assert untrained_at_stop and first.engines.stopped == "abort"
+
+    second = fakes.build(cfg, script=slow_tail)
+    summary = second.loop.run()
+    assert summary["status"] == "completed" and second.loop.step == 8
+    assert second.learners.version == 8 and second.sync.pushed[0] == 3  # engines start from the checkpoint
+    saved_groups = checkpoints.latest_state(str(tmp_path / "state"))[1].buffer.groups
+    in_buffer = {g.prompt_id for g in saved_groups if g.seq is not None}
+    requeued = [r for _, r in second.engines.submitted[: len(untrained_at_stop - in_buffer)]]
+    # Same ids (and seeds) as before the stop; complete groups come back in the buffer instead.
+    assert {r.prompt_id for r in requeued} | in_buffer == untrained_at_stop
+    first_requests = {r.prompt_id: r for _, r in first.engines.submitted}
+    assert all(r.seed == first_requests[r.prompt_id].seed for r in requeued)
+    trained = first.learners.trained_ids + second.learners.trained_ids
+    assert len(trained) == len(set(trained)) == 16  # none twice
+    assert_every_admitted_prompt_has_exactly_one_fate(first, second)  # none lost
+    assert [h["training_step"] for h in second.log.history] == [3, 4, 5, 6, 7]
+
+
+def test_samples_running_at_a_stop_continue_after_the_resume_from_their_tokens(tmp_path):
+    """SIGTERM with long samples running: the state keeps the delivered samples of open groups and the
+    tokens, logprobs and spans of the running ones; the resumed run generates only the rest of each."""
+    state_dir = str(tmp_path / "state")
+    flags = ("--async_steps", "2", "--max_off_policy_steps", "20", "--checkpoint_state_freq", "100")
+    cfg = fakes.config(*flags, "--checkpoint_state_dir", state_dir, steps=6, prompts=2, samples=2)
+
+    def one_long_sample(request, j):  # sample 1 of every third prompt is a long straggler
+        long = j == 1 and int(request.prompt_id.split(":")[-1].split("@")[0]) % 3 == 0
+        return fakes.Script(length=40 if long else 4, latency_s=20.0 if long else 0.5, reward=float(j % 2))
+
+    stop = StopRequest()
+
+    def stop_after_step_2(step: int) -> None:
+        if step == 2:
+            stop.reason = "SIGTERM"
+
+    first = fakes.build(cfg, script=one_long_sample, on_step=stop_after_step_2, stop=stop)
+    first.loop.run()
+    state = checkpoints.latest_state(state_dir)[1]
+    continued = {r.prompt_id: r for r in state.requeue if r.partials}
+    assert continued, "no sample was running at the stop"
+    for request in continued.values():
+        assert request.sample_indices == (1,)  # sample 0 was delivered: kept in the buffer, not generated again
+        (partial,) = request.partials
+        assert 0 < len(partial.token_ids) < 40 and len(partial.logprobs) == len(partial.token_ids)
+        assert partial.version_spans and partial.version_spans[-1].end == len(partial.token_ids)
+    open_groups = {g.prompt_id: g for g in state.buffer.groups if g.seq is None}
+    assert set(continued) <= set(open_groups)
+
+    second = fakes.build(cfg, script=one_long_sample)
+    second.loop.run()
+    resumed = [r for _, r in second.engines.submitted if r.prompt_id in continued]
+    assert [r.partials for r in resumed] == [continued[r.prompt_id].partials for r in resumed]
+    trained = {(c.prompt_id, c.sample_index): c for b in second.learners.trained for g in b for c in g.completions}
+    for prompt_id, request in continued.items():
+        if (prompt_id, 1) not in trained:
+            continue  # still untrained when the resumed run ended
+        completion, kept = trained[(prompt_id, 1)], request.partials[0]
+        assert completion.continued_tokens == len(kept.token_ids) and len(completion.response_token_ids) == 40
+        assert completion.response_token_ids[: len(kept.token_ids)] == kept.token_ids
+        assert completion.version_spans[: len(kept.version_spans)] == kept.version_spans  # both parts' spans
+        assert trained[(prompt_id, 0)] == open_groups[prompt_id].completions[0]  # delivered before the stop
+    trained_continued = [pid for pid in continued if (pid, 1) in trained]
+    assert trained_continued
+    assert second.log.history[-1]["engines/continued_samples_total"] == len(continued)
+
+
+def test_a_stop_while_the_batch_cannot_complete_saves_at_once_with_the_running_samples(tmp_path):
+    """SIGTERM while the loop waits for a batch whose samples will not finish for hours (held, or very long):
+    the loop does not wait for them; they are cut, kept in the state, and the step is not taken."""
+    state_dir = str(tmp_path / "state")
+    flags = ("--async_steps", "1", "--checkpoint_state_freq", "100", "--checkpoint_state_dir", state_dir)
+    cfg = fakes.config(*flags, steps=6, prompts=2, samples=2)
+    stop, endless_since = StopRequest(), []
+
+    def endless_from_version_2(request, j):
+        if request.admitted_version < 2:
+            return fakes.Script(length=4, latency_s=0.5, reward=float(j % 2))
+        endless_since.append(run.clock.now)
+        return fakes.Script(length=36_000, latency_s=36_000.0, reward=float(j % 2))  # a token a second
+
+    run = fakes.build(cfg, script=endless_from_version_2, stop=stop)
+    poll = run.engines.poll
+
+    def poll_then_signal(timeout_s: float = 0.0):
+        completions = poll(timeout_s)
+        if endless_since and run.clock.now >= endless_since[0] + 10:  # SIGTERM 10 s into the endless samples
+            stop.reason = "SIGTERM"
+        return completions
+
+    run.engines.poll = poll_then_signal
+    summary = run.loop.run()
+    # Batches 0-2 were admitted before version 2 (one step ahead); batch 3 cannot complete.
+    assert summary["status"] == "stopped by SIGTERM" and summary["steps_trained"] == 3
+    assert run.clock.now < endless_since[0] + 60  # nobody waited for the ten-hour samples
+    _, state = checkpoints.latest_state(state_dir)
+    assert state.next_step == 3 and state.version == 3
+    cut = [r for r in state.requeue if r.admitted_version >= 2]
+    assert cut and all(len(r.partials) == len(r.sample_indices) == 2 for r in cut)
+    assert all(5 <= len(p.token_ids) < 60 for r in cut for p in r.partials)  # what ran before the stop
+    assert_every_admitted_prompt_has_exactly_one_fate(run)
+
+
+def test_heavy_tails_lose_nothing_and_train_nothing_twice():
+    def heavy(request, j):
+        rng = random.Random(f"{request.prompt_id}/{j}")
+        return fakes.Script(length=rng.randint(1, 50), latency_s=rng.lognormvariate(0, 1.5), reward=float(j % 2))
+
+    run = fakes.build(fakes.config("--async_steps", "2", steps=20, prompts=4, samples=4), script=heavy, step_s=0.7)
+    summary = run.loop.run()
+    trained = run.learners.trained_ids
+    assert len(trained) == len(set(trained)) == 80
+    got = assert_every_admitted_prompt_has_exactly_one_fate(run)
+    refills = len(got.get("requeued", []))
+    assert summary["prompts_admitted"] == len(run.engines.admitted_ids) == (19 + 2 + 1) * 4 + refills
+    assert all(h["staleness/version_lag_max"] <= 2 for h in run.log.history)
+    counts = run.engines.ledger.counts()
+    assert counts["delivered_samples"] <= counts["expected_samples"]
+    assert all(h["time/learner_wait_s"] >= 0 and h["time/step_s"] > 0 for h in run.log.history)
