@@ -11,6 +11,7 @@ physical cores anyway, and a logical shortage would deadlock scheduling instead.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
@@ -186,6 +187,31 @@ def create_learner_actors(settings, num_learners_per_node: list[int], placement=
         return remote_cls.options(scheduling_strategy=strategy)
 
     return [placed(rank).remote(rank, world_size, settings) for rank in range(world_size)]
+
+
+@contextlib.contextmanager
+def learner_group_for_a_while(settings, batch_settings, world_size: int):
+    """A `LearnerGroup` of `world_size` ranks on one node (not yet set up) for the length of the block; afterwards
+    its actors and placement group are gone, so the next group starts on the same Ray cluster (tests and
+    benchmarks that compare several learner configurations: starting Ray costs seconds of CPU)."""
+    from ray.util.placement_group import remove_placement_group
+
+    from open_instruct.learner.group import LearnerGroup
+    from open_instruct.placement import Placement
+
+    gpu = 1 if gpus_available() else 0
+    placement = Placement("gloo", gpu, gpu, (world_size,))
+    reserved = reserve_learner_groups(placement)
+    learners = None
+    try:
+        learners = LearnerGroup(create_learner_actors(settings, [world_size], placement, reserved), batch_settings)
+        yield learners
+    finally:
+        if learners is not None:
+            learners.kill()
+        for group in reserved:
+            with contextlib.suppress(Exception):  # gone with the cluster
+                remove_placement_group(group)
 
 
 class Stack:

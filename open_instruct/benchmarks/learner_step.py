@@ -94,11 +94,8 @@ def train_steps(
 
 
 def _train_fresh(model_path, groups, batch_settings, steps, stage, gradient_checkpointing, options) -> list[dict]:
-    import ray
-
     from open_instruct import cluster
     from open_instruct.learner.actor import LearnerSettings
-    from open_instruct.learner.group import LearnerGroup
 
     settings = LearnerSettings(
         model_path=model_path,
@@ -110,13 +107,10 @@ def _train_fresh(model_path, groups, batch_settings, steps, stage, gradient_chec
         importance_ratio_cap=2.0,
         **options,
     )
-    cluster.init_ray(min_logical_cpus=3)
-    try:
-        learners = LearnerGroup(cluster.create_learner_actors(settings, [2]), batch_settings)
+    cluster.init_ray(min_logical_cpus=3)  # once per process: each configuration gets fresh learners on it
+    with cluster.learner_group_for_a_while(settings, batch_settings, 2) as learners:
         learners.setup()
         return [learners.train_step(groups, step).metrics for step in range(steps)]
-    finally:
-        ray.shutdown()
 
 
 def _summary(history: list[dict]) -> dict:
@@ -262,8 +256,13 @@ def main(argv: list[str] | None = None) -> dict:
                 "micro_batches": micro_batches,
                 "checkpointing": checkpointing,
             }
-            for name in args.parts:
-                result[name] = parts[name](model_path, groups, settings, args.steps)
+            try:
+                for name in args.parts:
+                    result[name] = parts[name](model_path, groups, settings, args.steps)
+            finally:
+                from open_instruct import cluster
+
+                cluster.shutdown_ray()
     print(json.dumps(result, indent=1))
     if args.output:
         Path(args.output).parent.mkdir(parents=True, exist_ok=True)

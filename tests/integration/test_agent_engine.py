@@ -2,8 +2,12 @@
 
 The random tiny model never writes a tool call by itself, so `ForcedTurnsActor` forces the first turns
 through structured outputs (a regex); everything after that is the production path: the parser, the
-python tool against our code-execution service, an HTTP tool against a local server, observation tokens,
-the next turn as a new engine request, delivery as one Completion.
+python tool against our code-execution service, HTTP tools against a local server, a generic_mcp tool
+against the test MCP server (tests/helpers/mcp_server.py), the generic_sandbox environment running bash in
+our code service, the hosted web tools (serper_search, jina_browse, s2_search, crawl4ai_browse) against the
+stand-ins of their services (tests/helpers/web_services.py), observation tokens, the next turn as a new
+engine request, delivery as one Completion. One engine carries every tool: an engine start costs tens of
+seconds of CPU, and each test allows only the tools it calls.
 """
 
 from __future__ import annotations
@@ -13,15 +17,21 @@ import math
 import re
 import threading
 import time
+from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
+from helpers.forced_engine import the_one_sample
+from helpers.mcp_server import GENEROUS_S, McpServerProcess
+from helpers.web_services import CRAWL4AI_KEY, KEYS, S2_REPLY, crawl_reply, jina_page, web_stub_server
 
-from open_instruct.agents.settings import AgentSettings, ToolSpec
-from open_instruct.messages import AgentRequest, PromptRequest, SamplingSettings
+from open_instruct.agents.settings import AgentSettings, ToolsConfig, ToolSpec, tool_specs
+from open_instruct.agents.web_tools import with_credentials
+from open_instruct.messages import AgentRequest, EnvSpec, PromptRequest, SamplingSettings
 
 SLOW_TOOL_S = 2.0
 RESPONSE_LENGTH = 160
+MAX_MODEL_LEN = 1024  # the web and sandbox tests' turns need more than 512
 
 
 class _SlowOrBroken(BaseHTTPRequestHandler):
@@ -44,15 +54,59 @@ class _SlowOrBroken(BaseHTTPRequestHandler):
         pass
 
 
+@dataclass
+class Services:
+    code_url: str  # our code service: the python tool, and bash for generic_sandbox
+    bash_ready: bool
+    http_url: str  # /slow and /broken
+    mcp_url: str
+    web_stub: object  # the hosted web tools' stand-in (records the requests it got)
+    web_url: str
+
+
 @pytest.fixture(scope="module")
 def services():
     from code_server import code_server
 
     web = ThreadingHTTPServer(("127.0.0.1", 0), _SlowOrBroken)
     threading.Thread(target=web.serve_forever, daemon=True).start()
-    with code_server() as (_, code_url):
-        yield code_url, f"http://127.0.0.1:{web.server_address[1]}"
+    with code_server() as (server, code_url), McpServerProcess() as mcp, web_stub_server() as (stub, stub_url):
+        http_url = f"http://127.0.0.1:{web.server_address[1]}"
+        yield Services(code_url, server.executor.bash_ready, http_url, mcp.url, stub, stub_url)
     web.shutdown()
+
+
+def all_tools(s: Services) -> tuple[ToolSpec, ...]:
+    """Every tool the tests call, on one engine. The web tools' keys are resolved here, in the driver, then
+    removed: the engine process never sees the variables."""
+    with pytest.MonkeyPatch.context() as env:
+        for name, value in KEYS.items():
+            env.setenv(name, value)
+        web = (
+            with_credentials(ToolSpec("serper_search", "search", {"base_url": s.web_url, "timeout": 10})),
+            with_credentials(ToolSpec("jina_browse", "browse", {"base_url": s.web_url, "timeout": 10})),
+            with_credentials(ToolSpec("s2_search", "snippets", {"base_url": s.web_url + "/graph/v1", "timeout": 10})),
+            ToolSpec(
+                "crawl4ai_browse",
+                "crawl",
+                {"api_url": s.web_url + "/crawl4ai/", "api_key": CRAWL4AI_KEY, "blocklist": []},
+            ),
+        )
+    echo = ToolsConfig(
+        tools=["generic_mcp"],
+        tool_call_names=["echo"],
+        tool_configs=[json.dumps({"server_url": s.mcp_url, "tool_name": "echo", "timeout": GENEROUS_S})],
+    )
+    sandbox = ToolSpec("generic_sandbox", "generic_sandbox", {"api_endpoint": s.code_url + "/execute", "timeout": 20})
+    return (
+        ToolSpec("python", "code", {"api_endpoint": s.code_url + "/execute", "timeout": 3}),
+        ToolSpec("http", "slow", {"url": s.http_url + "/slow", "timeout": 10, "result_key": "result"}),
+        ToolSpec("http", "late", {"url": s.http_url + "/slow", "timeout": 0.5}),
+        ToolSpec("http", "broken", {"url": s.http_url + "/broken", "max_retries": 0}),
+        *tool_specs(echo),
+        *((sandbox,) if s.bash_ready else ()),
+        *web,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -65,15 +119,8 @@ def pool(model_path, services):
     from open_instruct.generation.pool import EnginePool
     from open_instruct.rewards.scoring import RewardSettings
 
-    code_url, web_url = services
-    tools = (
-        ToolSpec("python", "code", {"api_endpoint": code_url + "/execute", "timeout": 3}),
-        ToolSpec("http", "slow", {"url": web_url + "/slow", "timeout": 10, "result_key": "result"}),
-        ToolSpec("http", "late", {"url": web_url + "/slow", "timeout": 0.5}),
-        ToolSpec("http", "broken", {"url": web_url + "/broken", "max_retries": 0}),
-    )
-    agent = AgentSettings(tools=tools, max_model_len=512)
-    settings = EngineSettings(model_path=model_path, max_model_len=512, kv_cache_gib=0.25, agent=agent)
+    agent = AgentSettings(tools=all_tools(services), max_model_len=MAX_MODEL_LEN)
+    settings = EngineSettings(model_path=model_path, max_model_len=MAX_MODEL_LEN, kv_cache_gib=0.25, agent=agent)
     cluster.init_ray(min_logical_cpus=3)
     actors = cluster.create_generation_actors(settings, 1, RewardSettings(), actor_class=ForcedTurnsActor)
     pool = EnginePool(actors, prompt_capacity=64)
@@ -167,3 +214,99 @@ def test_a_timed_out_and_a_failing_tool_give_error_text_and_the_sample_continues
     text = tokenizer.decode(c.response_token_ids)
     assert "Step 'late' timed out" in text and "HTTP error: 500" in text
     assert c.agent.turns >= 3 and c.error is None  # the model got a third turn after both failures
+
+
+def test_a_forced_mcp_call_on_a_real_engine_puts_the_servers_answer_in_the_observation(pool, model_path):
+    from transformers import AutoTokenizer
+
+    from open_instruct.messages import PromptRequest, SamplingSettings
+
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    ids = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "Use the tools."}], add_generation_prompt=True, tokenize=True
+    )["input_ids"]
+    request = PromptRequest(
+        prompt_id="mcp:0", prompt_token_ids=tuple(ids), ground_truths=("42",), verifier_names=("gsm8k",),
+        sampling=SamplingSettings(max_tokens=160, temperature=1.0), num_samples=1, seed=3, admitted_version=0,
+        agent=AgentRequest(tools=("echo",)),
+    )  # fmt: skip
+    pool.call_all("set_forced_turns", (re.escape("<echo>hello from the model</echo>"),))
+    pool.submit([request])
+    c = the_one_sample(pool, timeout_s=300)
+    assert c.error is None and [(call.name, call.ok) for call in c.agent.calls][:1] == [("echo", True)]
+    observations = [tokenizer.decode(c.response_token_ids[s:e]) for s, e in c.agent.observation_spans]
+    assert observations[0] == "<output>\necho: hello from the model\n</output>\n"
+
+
+def test_forced_sandbox_calls_on_a_real_engine_keep_the_workspace_between_turns(pool, services, model_path):
+    if not services.bash_ready:
+        pytest.skip("bash in the code service needs root (its kernel sandbox layers)")
+    from transformers import AutoTokenizer
+
+    from open_instruct.messages import PromptRequest, SamplingSettings
+
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    ids = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "Compute 6*7 in the sandbox."}], add_generation_prompt=True, tokenize=True
+    )["input_ids"]
+    request = PromptRequest(
+        prompt_id="sandbox:0", prompt_token_ids=tuple(ids), ground_truths=("42",), verifier_names=("gsm8k",),
+        sampling=SamplingSettings(max_tokens=600, temperature=1.0), num_samples=1, seed=3, admitted_version=0,
+        agent=AgentRequest(envs=(EnvSpec("generic_sandbox", ()),)),
+    )  # fmt: skip
+    forced = ("<execute_bash>echo $((6*7)) > answer.txt</execute_bash>", "<execute_bash>cat answer.txt</execute_bash>")
+    pool.call_all("set_forced_turns", tuple(re.escape(turn) for turn in forced))
+    pool.submit([request])
+    c = the_one_sample(pool, timeout_s=300)
+    assert c.error is None and [(call.name, call.ok) for call in c.agent.calls][:2] == [("execute_bash", True)] * 2
+    observations = [tokenizer.decode(c.response_token_ids[s:e]) for s, e in c.agent.observation_spans]
+    assert observations[0].startswith("<output>\nExit code: 0\n")
+    assert "[STDOUT]\n42\n" in observations[1]
+    assert c.agent.env_metrics["generic_sandbox/step_count"] >= 2
+
+
+SEARCH_REPLY = {"organic": [{"title": "Paris", "link": "https://ex.com/paris", "snippet": "Capital of France."}]}
+SEARCH_TEXT = "**Paris**\nCapital of France.\nSource: https://ex.com/paris"
+BROWSE_TEXT = "# Paris\n\nParis is a city."
+
+
+def test_each_hosted_tools_observation_lands_in_the_completion(pool, services, model_path):
+    from transformers import AutoTokenizer
+
+    from open_instruct.messages import AgentRequest, PromptRequest, SamplingSettings
+
+    stub = services.web_stub
+    stub.reset()
+    stub.script("/search", (200, SEARCH_REPLY))
+    stub.script("/https:", (200, jina_page("Paris", "Paris is a city.")))
+    stub.script("/graph/v1/snippet/search", (200, S2_REPLY))
+    stub.script(
+        "/crawl4ai/crawl", (200, crawl_reply(markdown={"fit_markdown": "pruned text"}, metadata={"title": "Ex"}))
+    )
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    ids = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "Search, then browse."}], add_generation_prompt=True, tokenize=True
+    )["input_ids"]
+    request = PromptRequest(
+        prompt_id="web:0", prompt_token_ids=tuple(ids), ground_truths=("Paris",), verifier_names=("gsm8k",),
+        sampling=SamplingSettings(max_tokens=640, temperature=1.0), num_samples=1, seed=3, admitted_version=0,
+        agent=AgentRequest(),
+    )  # fmt: skip
+    turns = ("<search>paris</search>", "<browse>https://ex.com/paris</browse>", "<snippets>attention</snippets>")
+    pool.call_all("set_forced_turns", (*map(re.escape, turns), re.escape("<crawl>https://example.com/</crawl>")))
+    pool.submit([request])
+    c = the_one_sample(pool, timeout_s=120)
+    assert c.error is None, c
+    names = ["search", "browse", "snippets", "crawl"]
+    assert [(call.name, call.ok) for call in c.agent.calls][:4] == [(name, True) for name in names]
+    observations = [tokenizer.decode(c.response_token_ids[s:e]) for s, e in c.agent.observation_spans]
+    texts = [
+        SEARCH_TEXT,
+        BROWSE_TEXT,
+        "Attention is all you need.\nTransformers replace recurrence.",
+        "# Ex\n\npruned text",
+    ]
+    assert observations[:4] == [f"<output>\n{text}\n</output>\n" for text in texts]
+    search, browse = stub.requests[:2]
+    assert search["headers"]["X-API-KEY"] == "serper-key" and json.loads(search["body"]) == {"q": "paris", "num": 5}
+    assert browse["path"] == "/https://ex.com/paris" and browse["headers"]["Authorization"] == "Bearer jina-key"

@@ -25,6 +25,18 @@ def groups(model_path):
     return rewarded_groups(tokenizer, N), tokenizer
 
 
+@pytest.fixture(scope="module", autouse=True)
+def ray_cluster():
+    """One local Ray cluster for the module: each learner group releases its placement group when it ends."""
+    import ray
+
+    from open_instruct import cluster
+
+    cluster.init_ray(min_logical_cpus=3)
+    yield
+    ray.shutdown()
+
+
 def run_group(
     model_path,
     groups,
@@ -35,11 +47,26 @@ def run_group(
     token_budget: int = 0,
     **learner_options,
 ):
+    """(weights before, each rank's weights after, metrics per step, batch stats) of `steps` steps of a fresh
+    2-rank group. Without `extras` the result is shared by the tests that ask for the same configuration:
+    they compare against it and never change it."""
+    shape = (stage, steps, num_mini_batches, token_budget)
+    if extras is not None:
+        return _train_fresh(model_path, groups, *shape, extras, learner_options)
+    key = (model_path, *shape, tuple(sorted(learner_options.items())))
+    if key not in _TRAINED:
+        _TRAINED[key] = _train_fresh(model_path, groups, *shape, None, learner_options)
+    return _TRAINED[key]
+
+
+_TRAINED: dict[tuple, tuple] = {}
+
+
+def _train_fresh(model_path, groups, stage, steps, num_mini_batches, token_budget, extras, learner_options):
     import ray
 
     from open_instruct import cluster
     from open_instruct.learner.actor import LearnerSettings
-    from open_instruct.learner.group import LearnerGroup
 
     taken, tokenizer = groups
     settings = LearnerSettings(
@@ -61,9 +88,7 @@ def run_group(
         num_mini_batches=num_mini_batches,
         token_budget=token_budget,
     )
-    cluster.init_ray(min_logical_cpus=3)
-    try:
-        learners = LearnerGroup(cluster.create_learner_actors(settings, [2]), batch_settings)
+    with cluster.learner_group_for_a_while(settings, batch_settings, 2) as learners:
         info = learners.setup()
         assert [i.zero_stage for i in info] == [stage, stage] and [i.rank for i in info] == [0, 1]
         before = learners.full_state_dict()  # a collective under ZeRO-3: every rank takes part
@@ -79,8 +104,6 @@ def run_group(
         if extras is not None:
             extras["reference"] = ray.get(learners.actors[0].reference_state_dict.remote())
         return before, after, history, stats
-    finally:
-        ray.shutdown()
 
 
 def test_zero2_and_zero3_give_the_same_update(model_path, groups):
@@ -208,10 +231,8 @@ def test_offloaded_unfused_zero3_learners_take_the_same_step(model_path, groups)
     assert max((offloaded[n] - before[n]).abs().max().item() for n in before) > 1e-4
 
 
-def start_group(model_path, tokenizer, world_size: int, stage: int, **learner_options):
-    from open_instruct import cluster
+def group_settings(model_path, tokenizer, world_size: int, stage: int, **learner_options):
     from open_instruct.learner.actor import LearnerSettings
-    from open_instruct.learner.group import LearnerGroup
 
     settings = LearnerSettings(
         model_path=model_path, deepspeed_stage=stage, learning_rate=1e-3, lr_scheduler_type="constant",
@@ -220,40 +241,32 @@ def start_group(model_path, tokenizer, world_size: int, stage: int, **learner_op
     batch_settings = BatchSettings(
         pack_length=128, pad_token_id=tokenizer.pad_token_id, world_size=world_size, micro_batch_size=1
     )
-    learners = LearnerGroup(cluster.create_learner_actors(settings, [world_size]), batch_settings)
-    learners.setup()
-    return learners
+    return settings, batch_settings, world_size
 
 
 def test_a_universal_checkpoint_resumes_two_ranks_state_on_one_rank(model_path, groups, tmp_path):
     """--deepspeed_checkpoint_load_universal: the state of 2 ZeRO-2 ranks, converted once by ds_to_universal,
     loads into 1 rank. The next step then matches the uninterrupted 2-rank run, so the Adam moments came
     back too (a fresh optimizer would take a step of a different size)."""
-    import ray
-
     from open_instruct import cluster
 
     taken, tokenizer = groups
-    cluster.init_ray(min_logical_cpus=3)
-    try:
-        two = start_group(model_path, tokenizer, 2, stage=2)
+    with cluster.learner_group_for_a_while(*group_settings(model_path, tokenizer, 2, stage=2)) as two:
+        two.setup()
         two.train_step(taken, 0)
         two.save_state(str(tmp_path))
         saved = two.full_state_dict()
         two.train_step(taken, 1)
         uninterrupted = two.full_state_dict()
-        two.kill()
 
-        one = start_group(model_path, tokenizer, 1, stage=2, load_universal=True)
+    with cluster.learner_group_for_a_while(*group_settings(model_path, tokenizer, 1, 2, load_universal=True)) as one:
+        one.setup()
         assert one.load_state(str(tmp_path)) == 1
         assert (tmp_path / "learner_universal").is_dir() and not (tmp_path / "learner_universal.partial").exists()
         restored = one.full_state_dict()
         assert max((restored[n] - saved[n]).abs().max().item() for n in saved) == 0.0
         one.train_step(taken, 1)
         resumed = one.full_state_dict()
-        one.kill()
-    finally:
-        ray.shutdown()
     step = max((uninterrupted[n] - saved[n]).abs().max().item() for n in saved)
     assert step > 1e-4
     assert max((resumed[n] - uninterrupted[n]).abs().max().item() for n in saved) < 1e-3 * step

@@ -3,7 +3,7 @@
 One --tools entry expanding into the server's tools, calls through the Toolbox, a tool error, a slow call
 timing out, the server dying mid-call and mid-rollout (an error observation, then a new server on the same
 port is reached again), SSE and stdio transports, config errors. The real multi-turn path on a vLLM engine,
-with the model forced to write the call, is in tests/integration/test_mcp_call_on_engine.py.
+with the model forced to write the call, is in tests/integration/test_agent_engine.py.
 """
 
 from __future__ import annotations

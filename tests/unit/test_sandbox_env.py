@@ -1,7 +1,7 @@
 """generic_sandbox through our code service (code_server, started here): reset/step, what persists between the
 steps of one sample (files, exported variables, the directory), the editor, errors, the sandbox's limits. It is
 played on a real vLLM engine, with the model forced to write the calls, in
-tests/integration/test_sandbox_calls_on_engine.py.
+tests/integration/test_agent_engine.py.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 
 The stand-ins answer with the real reply shapes of each API (and its error statuses, slow answers, 429s,
 empty results); the assertions pin the request open-instruct's client sends and the observation text it
-gives the model. The real multi-turn path on a vLLM engine is in tests/integration/test_web_calls_on_engine.py.
+gives the model. The real multi-turn path on a vLLM engine is in tests/integration/test_agent_engine.py.
 """
 
 from __future__ import annotations
