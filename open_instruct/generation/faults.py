@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Hashable
 
-from open_instruct.messages import Completion, PartialSample, PromptRequest, SampleProgress
+from open_instruct.messages import Completion, EngineStats, PartialSample, PromptRequest, SampleProgress
 
 
 class PartialSamples:
@@ -89,8 +89,8 @@ class _Watched:
 
 class HangWatch:
     """Per engine: a probe every `probe_every_s`; hung when a probe goes unanswered for `timeout_s`, or when
-    two answers `timeout_s` apart (engine clock) show samples running (not parked on a tool) and nothing
-    changed. timeout_s 0: off."""
+    two answers `timeout_s` apart on the engine's clock (its uptime outside pauses) show samples running (not
+    parked on a tool) and nothing changed. timeout_s 0: off."""
 
     def __init__(self, timeout_s: float, probe_every_s: float | None = None):
         self.timeout_s = timeout_s
@@ -118,6 +118,15 @@ class HangWatch:
         if signature != w.signature or active_samples == 0 or engine_clock < w.engine_clock:
             w.progress_clock = engine_clock
         w.signature, w.engine_clock = signature, engine_clock
+
+    def answered_stats(self, engine_id: int, stats: EngineStats) -> None:
+        """`answered` from an engine's stats. Progress is a token, a finished sample or a new pause; pulling
+        prompts is not (a stalled engine with room keeps pulling work it never does). Samples parked on a tool
+        are not running. The clock is the engine's uptime outside pauses: a weight sync holds the running
+        samples by design, however long it takes on a loaded machine."""
+        pulse = (stats.token_outputs, stats.completed_samples, stats.pauses)
+        active = stats.running_samples - stats.parked_samples
+        self.answered(engine_id, pulse, active, stats.uptime_s - stats.paused_s)
 
     def hung(self, now: float) -> dict[int, str]:
         """Engines taken for hung, with why."""

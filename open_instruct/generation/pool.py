@@ -165,10 +165,7 @@ class EnginePool:
                 except Exception:  # it died: its loop's end reports that (check_engines)
                     self.hangs.forget(engine_id)
                     continue
-                # Pulling prompts is not progress: a stalled engine with room keeps pulling work it never does.
-                pulse = (stats.token_outputs, stats.completed_samples, stats.pauses)
-                active = stats.running_samples - stats.parked_samples
-                self.hangs.answered(engine_id, pulse, active, stats.uptime_s)
+                self.hangs.answered_stats(engine_id, stats)
         for engine_id, why in self.hangs.hung(now).items():
             self.hung_engines += 1
             self._engine_failed(engine_id, TimeoutError(f"engine {engine_id} hung: {why}"))

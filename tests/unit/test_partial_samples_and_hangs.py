@@ -118,3 +118,22 @@ def test_idle_engines_paused_ones_and_a_busy_driver_are_not_hangs():
     watch.answered(0, (50, 2, 1), 3, engine_clock=1500.0)
     assert watch.hung(now=603.0) == {}
     assert HangWatch(timeout_s=0).hung(now=1e9) == {} and not HangWatch(timeout_s=0).probe_due(0, 1e9)
+
+
+def test_an_engine_paused_for_a_weight_sync_is_not_hung_however_long_the_pause():
+    """The engine clock is its uptime outside pauses: a sync that holds running samples for minutes on a
+    loaded machine is not a stall (a starved run once took a healthy, paused engine for hung)."""
+    from open_instruct.messages import EngineStats
+
+    def stats(uptime_s: float, paused_s: float, tokens: int) -> EngineStats:
+        return EngineStats(0, 8, 4, 0, 0.0, 0, 0, 0, uptime_s, 0.0, 0.0, paused_s, 1, 0, token_outputs=tokens)
+
+    watch = HangWatch(timeout_s=30, probe_every_s=5)
+    watch.probe_due(0, 0.0)
+    for clock, uptime, paused in ((0.0, 100.0, 0.0), (1.0, 190.0, 89.0), (2.0, 260.0, 159.0)):
+        watch.probe_sent(0, "p", clock)
+        watch.answered_stats(0, stats(uptime, paused, tokens=500))  # paused at 101 s, still paused
+    assert watch.hung(now=3.0) == {}
+    watch.probe_sent(0, "p", 3.0)
+    watch.answered_stats(0, stats(300.0, 159.0, tokens=500))  # resumed at 260 s; 40 s running without a token
+    assert "no token for 41 s" in watch.hung(now=4.0)[0]
