@@ -140,14 +140,16 @@ def tokenizer(model_path):
 _ids = iter(range(10**6))
 
 
-def request(tokenizer, samples: int = 1, tools: tuple[str, ...] = ()) -> PromptRequest:
-    ids = tokenizer.apply_chat_template(
-        [{"role": "user", "content": "Use the tools."}], add_generation_prompt=True, tokenize=True
-    )["input_ids"]
+def request(
+    tokenizer, samples: int = 1, tools: tuple[str, ...] = (), *, text: str = "Use the tools.",
+    max_tokens: int = RESPONSE_LENGTH, envs: tuple[EnvSpec, ...] = (), ground_truth: str = "42",
+) -> PromptRequest:  # fmt: skip
+    """A prompt allowed `tools` (all of the engine's when empty) and the environments `envs`."""
+    ids = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True)
     return PromptRequest(
-        prompt_id=f"agent:{next(_ids)}", prompt_token_ids=tuple(ids), ground_truths=("42",), verifier_names=("gsm8k",),
-        sampling=SamplingSettings(max_tokens=RESPONSE_LENGTH, temperature=1.0), num_samples=samples, seed=3,
-        admitted_version=0, agent=AgentRequest(tools=tools),
+        prompt_id=f"agent:{next(_ids)}", prompt_token_ids=tuple(ids["input_ids"]), ground_truths=(ground_truth,),
+        verifier_names=("gsm8k",), sampling=SamplingSettings(max_tokens=max_tokens, temperature=1.0),
+        num_samples=samples, seed=3, admitted_version=0, agent=AgentRequest(tools=tools, envs=envs),
     )  # fmt: skip
 
 
@@ -216,47 +218,24 @@ def test_a_timed_out_and_a_failing_tool_give_error_text_and_the_sample_continues
     assert c.agent.turns >= 3 and c.error is None  # the model got a third turn after both failures
 
 
-def test_a_forced_mcp_call_on_a_real_engine_puts_the_servers_answer_in_the_observation(pool, model_path):
-    from transformers import AutoTokenizer
-
-    from open_instruct.messages import PromptRequest, SamplingSettings
-
-    tokenizer = AutoTokenizer.from_pretrained(model_path)
-    ids = tokenizer.apply_chat_template(
-        [{"role": "user", "content": "Use the tools."}], add_generation_prompt=True, tokenize=True
-    )["input_ids"]
-    request = PromptRequest(
-        prompt_id="mcp:0", prompt_token_ids=tuple(ids), ground_truths=("42",), verifier_names=("gsm8k",),
-        sampling=SamplingSettings(max_tokens=160, temperature=1.0), num_samples=1, seed=3, admitted_version=0,
-        agent=AgentRequest(tools=("echo",)),
-    )  # fmt: skip
+def test_a_forced_mcp_call_on_a_real_engine_puts_the_servers_answer_in_the_observation(pool, tokenizer):
     pool.call_all("set_forced_turns", (re.escape("<echo>hello from the model</echo>"),))
-    pool.submit([request])
+    pool.submit([request(tokenizer, tools=("echo",))])
     c = the_one_sample(pool, timeout_s=300)
     assert c.error is None and [(call.name, call.ok) for call in c.agent.calls][:1] == [("echo", True)]
     observations = [tokenizer.decode(c.response_token_ids[s:e]) for s, e in c.agent.observation_spans]
     assert observations[0] == "<output>\necho: hello from the model\n</output>\n"
 
 
-def test_forced_sandbox_calls_on_a_real_engine_keep_the_workspace_between_turns(pool, services, model_path):
+def test_forced_sandbox_calls_on_a_real_engine_keep_the_workspace_between_turns(pool, services, tokenizer):
     if not services.bash_ready:
         pytest.skip("bash in the code service needs root (its kernel sandbox layers)")
-    from transformers import AutoTokenizer
-
-    from open_instruct.messages import PromptRequest, SamplingSettings
-
-    tokenizer = AutoTokenizer.from_pretrained(model_path)
-    ids = tokenizer.apply_chat_template(
-        [{"role": "user", "content": "Compute 6*7 in the sandbox."}], add_generation_prompt=True, tokenize=True
-    )["input_ids"]
-    request = PromptRequest(
-        prompt_id="sandbox:0", prompt_token_ids=tuple(ids), ground_truths=("42",), verifier_names=("gsm8k",),
-        sampling=SamplingSettings(max_tokens=600, temperature=1.0), num_samples=1, seed=3, admitted_version=0,
-        agent=AgentRequest(envs=(EnvSpec("generic_sandbox", ()),)),
-    )  # fmt: skip
+    sandbox = request(
+        tokenizer, text="Compute 6*7 in the sandbox.", max_tokens=600, envs=(EnvSpec("generic_sandbox", ()),)
+    )
     forced = ("<execute_bash>echo $((6*7)) > answer.txt</execute_bash>", "<execute_bash>cat answer.txt</execute_bash>")
     pool.call_all("set_forced_turns", tuple(re.escape(turn) for turn in forced))
-    pool.submit([request])
+    pool.submit([sandbox])
     c = the_one_sample(pool, timeout_s=300)
     assert c.error is None and [(call.name, call.ok) for call in c.agent.calls][:2] == [("execute_bash", True)] * 2
     observations = [tokenizer.decode(c.response_token_ids[s:e]) for s, e in c.agent.observation_spans]
@@ -270,11 +249,7 @@ SEARCH_TEXT = "**Paris**\nCapital of France.\nSource: https://ex.com/paris"
 BROWSE_TEXT = "# Paris\n\nParis is a city."
 
 
-def test_each_hosted_tools_observation_lands_in_the_completion(pool, services, model_path):
-    from transformers import AutoTokenizer
-
-    from open_instruct.messages import AgentRequest, PromptRequest, SamplingSettings
-
+def test_each_hosted_tools_observation_lands_in_the_completion(pool, services, tokenizer):
     stub = services.web_stub
     stub.reset()
     stub.script("/search", (200, SEARCH_REPLY))
@@ -283,18 +258,9 @@ def test_each_hosted_tools_observation_lands_in_the_completion(pool, services, m
     stub.script(
         "/crawl4ai/crawl", (200, crawl_reply(markdown={"fit_markdown": "pruned text"}, metadata={"title": "Ex"}))
     )
-    tokenizer = AutoTokenizer.from_pretrained(model_path)
-    ids = tokenizer.apply_chat_template(
-        [{"role": "user", "content": "Search, then browse."}], add_generation_prompt=True, tokenize=True
-    )["input_ids"]
-    request = PromptRequest(
-        prompt_id="web:0", prompt_token_ids=tuple(ids), ground_truths=("Paris",), verifier_names=("gsm8k",),
-        sampling=SamplingSettings(max_tokens=640, temperature=1.0), num_samples=1, seed=3, admitted_version=0,
-        agent=AgentRequest(),
-    )  # fmt: skip
     turns = ("<search>paris</search>", "<browse>https://ex.com/paris</browse>", "<snippets>attention</snippets>")
     pool.call_all("set_forced_turns", (*map(re.escape, turns), re.escape("<crawl>https://example.com/</crawl>")))
-    pool.submit([request])
+    pool.submit([request(tokenizer, text="Search, then browse.", max_tokens=640, ground_truth="Paris")])
     c = the_one_sample(pool, timeout_s=120)
     assert c.error is None, c
     names = ["search", "browse", "snippets", "crawl"]
