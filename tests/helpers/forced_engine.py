@@ -1,4 +1,5 @@
-"""One real vLLM engine whose tool turns can be forced (`ForcedTurnsActor`), for the tool and environment tests.
+"""One real vLLM engine whose tool turns can be forced (`ForcedTurnsActor`), for the tool and environment tests
+(tests/integration/test_agent_engine.py).
 
 The random tiny model never writes a tool call by itself; the tests force the first turns through structured
 outputs and check what the tools put back. Every such test needs the same engine and the same wait.
@@ -12,7 +13,7 @@ from contextlib import contextmanager
 
 
 @contextmanager
-def forced_turns_engine(model_path: str, tools: tuple, max_model_len: int = 512) -> Iterator:
+def forced_turns_engine(model_path: str, tools: tuple, max_model_len: int = 512, prompt_capacity: int = 8) -> Iterator:
     """A started EnginePool of one ForcedTurnsActor with `tools` (ToolSpecs); Ray is shut down afterwards."""
     import ray
 
@@ -27,7 +28,7 @@ def forced_turns_engine(model_path: str, tools: tuple, max_model_len: int = 512)
     settings = EngineSettings(model_path=model_path, max_model_len=max_model_len, kv_cache_gib=0.25, agent=agent)
     cluster.init_ray(min_logical_cpus=3)
     actors = cluster.create_generation_actors(settings, 1, RewardSettings(), actor_class=ForcedTurnsActor)
-    pool = EnginePool(actors, prompt_capacity=8)
+    pool = EnginePool(actors, prompt_capacity=prompt_capacity)
     pool.start()
     try:
         yield pool

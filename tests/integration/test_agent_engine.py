@@ -21,11 +21,11 @@ from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
-from helpers.forced_engine import the_one_sample
+from helpers.forced_engine import forced_turns_engine, the_one_sample
 from helpers.mcp_server import GENEROUS_S, McpServerProcess
 from helpers.web_services import CRAWL4AI_KEY, KEYS, S2_REPLY, crawl_reply, jina_page, web_stub_server
 
-from open_instruct.agents.settings import AgentSettings, ToolsConfig, ToolSpec, tool_specs
+from open_instruct.agents.settings import ToolsConfig, ToolSpec, tool_specs
 from open_instruct.agents.web_tools import with_credentials
 from open_instruct.messages import AgentRequest, EnvSpec, PromptRequest, SamplingSettings
 
@@ -111,23 +111,8 @@ def all_tools(s: Services) -> tuple[ToolSpec, ...]:
 
 @pytest.fixture(scope="module")
 def pool(model_path, services):
-    import ray
-
-    from open_instruct import cluster
-    from open_instruct.benchmarks.workloads import ForcedTurnsActor
-    from open_instruct.generation.engine_setup import EngineSettings
-    from open_instruct.generation.pool import EnginePool
-    from open_instruct.rewards.scoring import RewardSettings
-
-    agent = AgentSettings(tools=all_tools(services), max_model_len=MAX_MODEL_LEN)
-    settings = EngineSettings(model_path=model_path, max_model_len=MAX_MODEL_LEN, kv_cache_gib=0.25, agent=agent)
-    cluster.init_ray(min_logical_cpus=3)
-    actors = cluster.create_generation_actors(settings, 1, RewardSettings(), actor_class=ForcedTurnsActor)
-    pool = EnginePool(actors, prompt_capacity=64)
-    pool.start()
-    yield pool
-    pool.shutdown()
-    ray.shutdown()
+    with forced_turns_engine(model_path, all_tools(services), MAX_MODEL_LEN, prompt_capacity=64) as started:
+        yield started
 
 
 @pytest.fixture(scope="module")

@@ -16,6 +16,7 @@ The module shares one Ray cluster, and a failure test reuses the stack of the te
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import time
@@ -32,7 +33,6 @@ from open_instruct.generation.pool import EnginePool
 from open_instruct.learner.actor import LearnerSettings
 from open_instruct.learner.group import LearnerGroup
 from open_instruct.messages import PromptRequest, SamplingSettings
-from open_instruct.placement import Placement
 from open_instruct.weights.sync import SyncSettings, WeightSync
 from open_instruct.weights.transport import WeightSyncError
 
@@ -75,10 +75,11 @@ def ray_cluster():
 class Stack:
     pool: EnginePool
     key: tuple
+    # Releases the learner group (`cluster.learner_group_for_a_while`) when the stack goes.
+    exits: contextlib.ExitStack = dataclasses.field(default_factory=contextlib.ExitStack)
     learners: LearnerGroup | None = None
     sync: WeightSync | None = None
     weights_b: dict = dataclasses.field(default_factory=dict)  # the learners' weights after their one step
-    reserved: list = dataclasses.field(default_factory=list)  # the learners' placement groups
 
     @property
     def engines(self) -> list:
@@ -89,15 +90,10 @@ _STACK: list[Stack] = []  # the stack the previous test left, if any
 
 
 def release_stack() -> None:
-    from ray.util.placement_group import remove_placement_group
-
     while _STACK:
         stack = _STACK.pop()
         stack.pool.shutdown()
-        if stack.learners is not None:
-            stack.learners.kill()
-        for group in stack.reserved:
-            remove_placement_group(group)
+        stack.exits.close()
 
 
 def stack_for(model_path, tokenizer, engines: int, learners: int, stage: int, backend="gloo", inflight=True,
@@ -120,8 +116,6 @@ def stack_for(model_path, tokenizer, engines: int, learners: int, stage: int, ba
     stack = Stack(EnginePool(cluster.create_generation_actors(settings, engines), prompt_capacity=16), key)
     _STACK.append(stack)  # whatever this start leaves is released by the next one, or at the module's end
     stack.pool.start_engines()
-    placement = Placement("gloo", 0, 0, (learners,))
-    stack.reserved = cluster.reserve_learner_groups(placement)
     learner_settings = LearnerSettings(
         model_path=model_path,
         deepspeed_stage=stage,
@@ -133,8 +127,9 @@ def stack_for(model_path, tokenizer, engines: int, learners: int, stage: int, ba
     batch_settings = BatchSettings(
         pack_length=128, pad_token_id=tokenizer.pad_token_id, world_size=learners, micro_batch_size=1
     )
-    actors = cluster.create_learner_actors(learner_settings, [learners], placement, stack.reserved)
-    stack.learners = LearnerGroup(actors, batch_settings)
+    stack.learners = stack.exits.enter_context(
+        cluster.learner_group_for_a_while(learner_settings, batch_settings, learners)
+    )
     stack.learners.setup()
     stack.sync = connected_sync(stack.pool, stack.learners, backend, inflight)
     stack.learners.train_step(rewarded_groups(tokenizer), 0)
