@@ -44,11 +44,9 @@ class BatchSettings:
 
     @classmethod
     def from_config(cls, cfg, pad_token_id: int) -> BatchSettings:
-        from open_instruct.config.resources import micro_batch_token_budget
-
         algorithm = cfg.algorithm
-        flash = (cfg.tokenizer_model.attn_implementation or "").startswith("flash")
-        sequence_parallel = cfg.resources.sequence_parallel_size
+        flash = (cfg.model.attn_implementation or "").startswith("flash")
+        sequence_parallel = cfg.learner.sequence_parallel_size
         return cls(
             pack_length=cfg.learner.pack_length,
             pad_token_id=pad_token_id,
@@ -59,7 +57,7 @@ class BatchSettings:
             filter_zero_std=algorithm.filter_zero_std_samples,
             mask_truncated=algorithm.mask_truncated_completions,
             mask_tool_use=cfg.tools.mask_tool_use,
-            token_budget=micro_batch_token_budget(cfg),
+            token_budget=cfg.learner.token_budget,
             per_document_attention=flash,
             one_document_per_row=sequence_parallel > 1 and not flash,
         )

@@ -238,15 +238,15 @@ class Stack:
         from open_instruct.placement import plan_placement
         from open_instruct.weights.sync import SyncSettings, WeightSync
 
-        generation, resources = cfg.generation, cfg.resources
+        generation, learner = cfg.generation, cfg.learner
         init_ray(min_logical_cpus=2 * (generation.vllm_num_engines + cfg.world_size) + 1)
         placement = plan_placement(
             cluster_shape(),
             generation.vllm_num_engines,
             generation.vllm_tensor_parallel_size,
-            cfg.learner.num_learners_per_node,
-            single_gpu_mode=resources.single_gpu_mode,
-            sync_backend=resources.vllm_sync_backend,
+            learner.num_learners_per_node,
+            single_gpu_mode=learner.single_gpu_mode,
+            sync_backend=learner.vllm_sync_backend,
         )
         logger.info("placement: %s", placement)
         learner_groups = reserve_learner_groups(placement)
@@ -261,8 +261,8 @@ class Stack:
             prompt_capacity=cfg.prompt_queue_capacity,
             respawn=lambda engine_id: engines([engine_id])[0],
             rejoin=lambda: self.sync.rejoin(),
-            max_restarts=resources.max_engine_restarts,
-            hang_timeout_s=resources.engine_hang_timeout_s,
+            max_restarts=generation.max_engine_restarts,
+            hang_timeout_s=generation.engine_hang_timeout_s,
         )
         learner_settings = dataclasses.replace(
             LearnerSettings.from_config(cfg, model_path), cpu_cores=placement.learner_cores

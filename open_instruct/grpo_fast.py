@@ -20,31 +20,26 @@ logger = logging.getLogger(__name__)
 
 def main(argv: list[str] | None = None, engine_class=None) -> int:
     """`engine_class`: a GenerationActor subclass (tests and benchmarks shape or hold samples)."""
-    from open_instruct.config.core import ConfigError, parse_config, unsupported_features
+    from open_instruct.config.core import ConfigError
     from open_instruct.errors import UserError
 
     try:
-        cfg = parse_config(argv)
+        cfg = checked_config(argv)
     except ConfigError as error:
         print(f"grpo_fast.py: {error}", file=sys.stderr)
         return 2
-    level = logging.DEBUG if cfg.logging.verbose else logging.INFO
+    level = logging.DEBUG if cfg.run.verbose else logging.INFO
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    missing = unsupported_features(cfg) + launch_problems(cfg)
-    if missing:
-        print("grpo_fast.py: " + "; ".join(missing), file=sys.stderr)
-        return 2
 
     from open_instruct.config.derived import state_dir
-    from open_instruct.config.parity import ignored_values
 
     log = logging.getLogger("open_instruct")
-    for line in ignored_values([getattr(cfg, name) for name in cfg.group_names]):
+    for line in cfg.compat.ignored():
         log.warning(line)
-    if cfg.experiment.preflight:
+    if cfg.run.preflight:
         return preflight(cfg)
     log.info(describe_sources(cfg))
-    if state_dir(cfg) and not cfg.experiment.checkpoint_state_dir:
+    if state_dir(cfg) and not cfg.run.checkpoint_state_dir:
         log.info("resumable state: a save interval is set without --checkpoint_state_dir; saving to %s", state_dir(cfg))
     try:
         summary = run(cfg, engine_class)
@@ -52,7 +47,7 @@ def main(argv: list[str] | None = None, engine_class=None) -> int:
         print("grpo_fast.py: interrupted; actors shut down", file=sys.stderr)
         return 130
     except UserError as error:  # a flag, path, row, name or service the user can fix: one line, no traceback
-        if cfg.logging.verbose:
+        if cfg.run.verbose:
             log.exception("run failed")
         print(f"grpo_fast.py: {error}", file=sys.stderr)
         return 2
@@ -69,13 +64,27 @@ def main(argv: list[str] | None = None, engine_class=None) -> int:
     return 130 if "SIGINT" in summary["status"] else 143
 
 
+def checked_config(argv: list[str] | None) -> Config:
+    """The parsed flags, also checked for what configuration cannot judge alone: values refused as not
+    supported yet, and the names only our registries or an installed package know (`launch_problems`)."""
+    from open_instruct.config.core import ConfigError, parse_config, unsupported_features
+
+    cfg = parse_config(argv)
+    problems = unsupported_features(cfg) + launch_problems(cfg)
+    if problems:
+        raise ConfigError("; ".join(problems))
+    return cfg
+
+
 def launch_problems(cfg) -> list[str]:
-    """Flag values only an installed package can judge (configuration imports none of them): seconds, before
-    any data, model or actor is loaded."""
+    """Flag values only our registries or an installed package can judge (configuration imports none of them):
+    seconds, before any data, model or actor is loaded."""
+    from open_instruct.agents.tools import registry_problems
+    from open_instruct.data.models import model_option_problems
     from open_instruct.generation.engine_setup import attention_backend_problem
 
-    problem = attention_backend_problem(cfg.resources.vllm_attention_backend)
-    return [problem] if problem else []
+    problem = attention_backend_problem(cfg.generation.vllm_attention_backend)
+    return ([problem] if problem else []) + model_option_problems(cfg.model) + registry_problems(cfg.tools)
 
 
 def preflight(cfg) -> int:
@@ -94,7 +103,7 @@ def resume_hint(cfg, argv: list[str]) -> str:
     from open_instruct.checkpoints import latest_state
     from open_instruct.config.derived import state_dir
 
-    saved = latest_state(cfg.schedule.resume_from_checkpoint or state_dir(cfg))
+    saved = latest_state(cfg.run.resume_from_checkpoint or state_dir(cfg))
     if saved is None:
         return "no resumable state was saved (--checkpoint_state_freq N --checkpoint_state_dir DIR keep one)"
     path, state = saved
@@ -103,7 +112,8 @@ def resume_hint(cfg, argv: list[str]) -> str:
 
 
 def describe_sources(cfg: Config) -> str:
-    from open_instruct.data.embedded_default import EMBEDDED_DATASET_NAME, EMBEDDED_MODEL_NAME
+    from open_instruct.config.data import EMBEDDED_DATASET_NAME
+    from open_instruct.data.embedded_default import EMBEDDED_MODEL_NAME
 
     if cfg.uses_embedded_default:
         return (
@@ -158,11 +168,11 @@ def run(cfg: Config, engine_class=None, engine_args: tuple = ()) -> dict:
     from open_instruct.orchestrator import StopRequest, SystemClock, TrainingLoop
     from open_instruct.tracking import RunLog
 
-    check_model_sources(cfg.model, cfg.tokenizer_model)  # before anything starts: a bad name costs seconds
+    check_model_sources(cfg.model)  # before anything starts: a bad name costs seconds
     model_path = resolve_model_path(cfg.model.model_name_or_path)
-    tokenizer = load_tokenizer(cfg.model, cfg.tokenizer_model)
+    tokenizer = load_tokenizer(cfg.model)
     train, evaluation = load_data(cfg, tokenizer)
-    if cfg.data_extras.cache_dataset_only:
+    if cfg.data.cache_dataset_only:
         return {"status": "completed", "cached_only": True, "train_prompts": len(train.prompts)}
     stop = StopRequest()
     stack = None

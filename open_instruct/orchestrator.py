@@ -155,10 +155,10 @@ class TrainingLoop:
             samples_per_prompt=generation.num_samples_per_prompt_rollout,
             async_steps=self.lookahead.current,
             sampling=self.sampling,
-            seed=cfg.experiment.seed,
+            seed=cfg.run.seed,
             state=feeder_state,
             pass_rate_threshold=cfg.algorithm.no_resampling_pass_rate,
-            order_seed=cfg.logging.data_loader_seed,
+            order_seed=cfg.data.data_loader_seed,
         )
         self.untrained: dict[str, PromptRequest] = {r.prompt_id: r for r in requeue}  # admitted, not trained yet
         self.held_back: list[Completion] = []  # rejected by a full buffer; offered again
@@ -181,7 +181,7 @@ class TrainingLoop:
 
     def _evolving_rubrics(self):
         """--apply_evolving_rubric_reward: the rubric book (restored on resume), feeding the feeder's labels."""
-        if not self.cfg.reward_extras.apply_evolving_rubric_reward:
+        if not self.cfg.reward.apply_evolving_rubric_reward:
             return None
         from open_instruct.rewards.evolving_rubrics import EvolvingRubrics
 
@@ -194,7 +194,7 @@ class TrainingLoop:
     def _resume(self) -> tuple[FeederState, tuple[PromptRequest, ...]]:
         """Learner state, step, replay buffer and untrained prompts from --resume_from_checkpoint or
         --checkpoint_state_dir, if saved there."""
-        resumed = checkpoints.latest_state(self.cfg.schedule.resume_from_checkpoint or state_dir(self.cfg))
+        resumed = checkpoints.latest_state(self.cfg.run.resume_from_checkpoint or state_dir(self.cfg))
         if resumed is None:
             return FeederState(), ()
         path, state = resumed
@@ -223,7 +223,7 @@ class TrainingLoop:
             self.sync.push(self.version)  # the engines start from the checkpoint's weights
         self.engines.start_loops()
         self.engines.submit(list(self.untrained.values()))
-        if self.cfg.experiment.eval_on_step_0 and self.eval_rows and self.step == 0:
+        if self.cfg.run.eval_on_step_0 and self.eval_rows and self.step == 0:
             self.start_eval()
         while self.step < self.num_steps and self.stop.reason is None:
             step_started = self.clock.time()
@@ -247,8 +247,8 @@ class TrainingLoop:
         requests = self.feeder.admit(self.version, now=self.clock.time())
         for request in requests:
             self.untrained[request.prompt_id] = request
-        if requests and self.cfg.experiment.save_admitted_prompts:
-            record_prompts(self.cfg.experiment.save_admitted_prompts, requests)
+        if requests and self.cfg.run.save_admitted_prompts:
+            record_prompts(self.cfg.run.save_admitted_prompts, requests)
         self.engines.submit(requests)
 
     def wait_for_batch(self) -> tuple[list[Group], float] | None:
@@ -352,16 +352,16 @@ class TrainingLoop:
 
     def start_eval(self) -> None:
         sampling = dataclasses.replace(self.sampling, max_tokens=self.cfg.eval_response_length)
-        eval_extras = self.cfg.eval_extras
+        generation = self.cfg.generation
         self.eval_round = EvalRound.build(
             self.eval_rows,
             self.step,
             sampling,
-            self.cfg.experiment.seed,
+            self.cfg.run.seed,
             self.version,
             self.clock.time(),
-            samples=eval_extras.eval_pass_at_k,
-            top_p=eval_extras.eval_top_p,
+            samples=generation.eval_pass_at_k,
+            top_p=generation.eval_top_p,
             max_reward=self.cfg.max_possible_reward,
         )
         self.engines.submit(self.eval_round.requests)
@@ -435,16 +435,16 @@ class TrainingLoop:
         )
 
     def checkpoint_if_due(self) -> None:
-        experiment = self.cfg.experiment
-        if experiment.save_freq > 0 and self.step % experiment.save_freq == 0:
+        run = self.cfg.run
+        if run.save_freq > 0 and self.step % run.save_freq == 0:
             checkpoints.save_model(
-                self.learners, self.tokenizer, experiment.output_dir, self.step, experiment.keep_last_n_checkpoints
+                self.learners, self.tokenizer, run.output_dir, self.step, run.keep_last_n_checkpoints
             )
         self.save_state_if_due()
 
     def save_state_if_due(self) -> None:
         """The resumable state at its interval, and always on a stop request."""
-        experiment = self.cfg.experiment
+        run = self.cfg.run
         stopping = self.stop.reason is not None
         due = any(self.step % every == 0 for every in state_save_every(self.cfg))
         saved_in = state_dir(self.cfg)
@@ -452,7 +452,7 @@ class TrainingLoop:
             if stopping:  # running samples are cut and kept whole in the state, to continue after the resume
                 self.receive(self.engines.stop("interrupt"))
                 self.settle_dropped()
-            checkpoints.save_state(self.learners, saved_in, self.driver_state(), experiment.keep_last_n_checkpoints)
+            checkpoints.save_state(self.learners, saved_in, self.driver_state(), run.keep_last_n_checkpoints)
 
     def driver_state(self) -> checkpoints.DriverState:
         """Open groups keep their delivered samples; their prompts are re-queued for the missing ones only,
@@ -479,13 +479,11 @@ class TrainingLoop:
         )
 
     def finish(self, elapsed: float) -> dict:
-        experiment = self.cfg.experiment
+        run = self.cfg.run
         completed = self.step >= self.num_steps
-        if (
-            completed and experiment.save_freq > 0 and self.step % experiment.save_freq != 0
-        ):  # the final model is always saved
+        if completed and run.save_freq > 0 and self.step % run.save_freq != 0:  # the final model is always saved
             checkpoints.save_model(
-                self.learners, self.tokenizer, experiment.output_dir, self.step, experiment.keep_last_n_checkpoints
+                self.learners, self.tokenizer, run.output_dir, self.step, run.keep_last_n_checkpoints
             )
         leftover = sorted(self.untrained)
         self.engines.stop("abort")
@@ -511,11 +509,11 @@ class TrainingLoop:
 
 def _trace_writer(cfg: Config):
     """--save_traces: a TraceWriter in --rollouts_save_path, else None."""
-    if not cfg.logging.save_traces:
+    if not cfg.run.save_traces:
         return None
     from open_instruct.traces import TraceWriter
 
     config = {
         f.name: dataclasses.asdict(getattr(cfg, f.name)) for f in dataclasses.fields(cfg) if f.name != "explicit_flags"
     }
-    return TraceWriter(cfg.logging.rollouts_save_path, cfg.run_name, config)
+    return TraceWriter(cfg.run.rollouts_save_path, cfg.run_name, config)

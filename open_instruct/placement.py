@@ -12,28 +12,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from open_instruct.config.fields import ConfigError
+from open_instruct.config.learner import shared_mode_problems
 
 
 class PlacementError(ConfigError):
     """The requested engines and learners cannot be placed on this cluster; says what to change."""
-
-
-def shared_mode_problems(single_gpu_mode: bool, num_engines: int, tensor_parallel_size: int, world_size: int) -> list:
-    """What --single_gpu_mode cannot do, whatever the cluster (checked when the flags are parsed)."""
-    if not single_gpu_mode:
-        return []
-    problems = []
-    if tensor_parallel_size != 1:
-        problems.append(
-            f"--single_gpu_mode needs --vllm_tensor_parallel_size 1 (got {tensor_parallel_size}): "
-            "each engine shares one learner's device"
-        )
-    if num_engines > world_size:
-        problems.append(
-            f"--single_gpu_mode shares each learner's device with at most one engine: --vllm_num_engines "
-            f"{num_engines} > {world_size} learners"
-        )
-    return problems
 
 
 @dataclass(frozen=True)

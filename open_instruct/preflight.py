@@ -68,8 +68,8 @@ def _guarded(checks: list[Check], name: str, work):
 def _tokenizer(cfg):
     from open_instruct.data.models import check_model_sources, load_tokenizer
 
-    check_model_sources(cfg.model, cfg.tokenizer_model)
-    tokenizer = load_tokenizer(cfg.model, cfg.tokenizer_model)
+    check_model_sources(cfg.model)
+    tokenizer = load_tokenizer(cfg.model)
     name = cfg.model.model_name_or_path or "the embedded default"
     return f"{name}, vocabulary {len(tokenizer)}", tokenizer
 
@@ -110,7 +110,7 @@ def _data_services(cfg, prompts):
         check_code_service(cfg.reward.code_api_url)
         called.append(f"code service {cfg.reward.code_api_url}")
     judges = sorted(v for v in verifiers if v.startswith("general-") or v == "rubric")
-    if judges or cfg.reward_extras.apply_evolving_rubric_reward:
+    if judges or cfg.reward.apply_evolving_rubric_reward:
         base = judge_base_url()
         if not base:
             raise UserError(f"verifiers {', '.join(judges)} need LLM_JUDGE_BASE_URL (or OPENAI_BASE_URL)")
@@ -164,9 +164,9 @@ def _resources(cfg):
     """GPUs and nodes the layout needs, checked against the placement rules on nodes of 8 GPUs."""
     from open_instruct.placement import ClusterShape, plan_placement
 
-    generation, resources = cfg.generation, cfg.resources
-    learners = list(cfg.learner.num_learners_per_node)
-    engine_gpus = 0 if resources.single_gpu_mode else generation.vllm_num_engines * generation.vllm_tensor_parallel_size
+    generation, learner = cfg.generation, cfg.learner
+    learners = list(learner.num_learners_per_node)
+    engine_gpus = 0 if learner.single_gpu_mode else generation.vllm_num_engines * generation.vllm_tensor_parallel_size
     gpus = cfg.world_size + engine_gpus
     nodes = max(len(learners), math.ceil(gpus / GPUS_PER_NODE))
     plan_placement(
@@ -174,13 +174,13 @@ def _resources(cfg):
         generation.vllm_num_engines,
         generation.vllm_tensor_parallel_size,
         learners,
-        single_gpu_mode=resources.single_gpu_mode,
-        sync_backend=resources.vllm_sync_backend,
+        single_gpu_mode=learner.single_gpu_mode,
+        sync_backend=learner.vllm_sync_backend,
     )
     layout = (
         f"{cfg.world_size} learners ({' '.join(map(str, learners))} per node) + "
         f"{generation.vllm_num_engines} engines x tp {generation.vllm_tensor_parallel_size}"
-        + (" sharing their GPUs" if resources.single_gpu_mode else "")
+        + (" sharing their GPUs" if learner.single_gpu_mode else "")
     )
     run = f"{cfg.num_training_steps} steps of {cfg.rollout_batch_size} samples, lookahead up to {cfg.lookahead_max}"
     return f"{layout} = {gpus} GPUs on >= {nodes} node(s) of {GPUS_PER_NODE}; {run}", None

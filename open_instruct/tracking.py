@@ -149,13 +149,13 @@ class RunLog(MemoryLog):
     def __init__(self, cfg):
         super().__init__()
         self.cfg = cfg
-        self.out = Path(cfg.experiment.output_dir)
+        self.out = Path(cfg.run.output_dir)
         self.metrics_path = self.out / "metrics.jsonl"
         self.trained_path = self.out / "trained_prompts.jsonl"
         self.history = JsonlRecords(self.metrics_path)  # type: ignore[assignment]
         self.evals = JsonlRecords(self.out / "eval.jsonl")  # type: ignore[assignment]
         self.wandb = self.bar = None
-        self.window = MetricWindow(cfg.logging.logging_steps)
+        self.window = MetricWindow(cfg.run.logging_steps)
 
     def start(self, num_steps: int, start_step: int = 0) -> None:
         from tqdm import tqdm
@@ -191,9 +191,9 @@ class RunLog(MemoryLog):
             if dataclasses.is_dataclass(getattr(self.cfg, group.name))
         }
         return wandb.init(
-            project=self.cfg.logging.wandb_project or self.cfg.experiment.wandb_project_name,
-            entity=self.cfg.experiment.wandb_entity,
-            group=self.cfg.logging.wandb_group_name,
+            project=self.cfg.run.wandb_project or self.cfg.run.wandb_project_name,
+            entity=self.cfg.run.wandb_entity,
+            group=self.cfg.run.wandb_group_name,
             name=self.cfg.run_name,
             config=config,
             dir=str(self.out),

@@ -32,7 +32,7 @@ def _cell(text: str) -> str:
 
 
 def render() -> str:
-    from open_instruct.config.core import GROUPS
+    from open_instruct.config.core import GROUPS, Config
     from open_instruct.config.fields import flag_kind, rendered_help
 
     theirs = {line.split("\t")[0] for line in OPEN_INSTRUCT_FLAGS.read_text().splitlines() if line[:1] not in ("#", "")}
@@ -44,12 +44,15 @@ def render() -> str:
         "`works`; `Beaker only` (accepted so launch scripts run, no effect off Beaker); `no effect (as in",
         "open-instruct)` (open-instruct's grpo_fast ignores it too); `not supported yet` (its default parses, any",
         "other value is refused with the reason). *open-instruct* says whether open-instruct's grpo_fast has the",
-        "flag (`ours`: a flag of this project only).",
+        "flag (`ours`: a flag of this project only). In the code a flag keeps its name: `--beta` is",
+        "`cfg.algorithm.beta`, each group's attribute given in its heading.",
         "",
     ]
     total = 0
+    attribute = {f.default_factory: f.name for f in dataclasses.fields(Config) if f.name != "explicit_flags"}
     for group in GROUPS:
-        out += [f"## {group._argument_group_name}", "", "| flag | default | kind | open-instruct | help |"]
+        heading = f"## {group._argument_group_name} (`cfg.{attribute[group]}`)"
+        out += [heading, "", "| flag | default | kind | open-instruct | help |"]
         out.append("|---|---|---|---|---|")
         for field in dataclasses.fields(group):
             help_text = rendered_help(field)
@@ -58,7 +61,7 @@ def render() -> str:
             out.append("| " + " | ".join(_cell(c) if i == 1 else c for i, c in enumerate(row)) + " |")
             total += 1
         out.append("")
-    out.insert(9, f"{total} flags in {len(GROUPS)} groups.\n")
+    out.insert(10, f"{total} flags in {len(GROUPS)} groups.\n")
     return "\n".join(out).rstrip() + "\n"
 
 

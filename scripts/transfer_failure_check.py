@@ -52,7 +52,7 @@ def probe(tokenizer, prompt_id: str) -> PromptRequest:
 def main(argv: list[str]) -> int:
     cfg = parse_config(argv)
     model_path = resolve_model_path(cfg.model.model_name_or_path)
-    tokenizer = load_tokenizer(cfg.model, cfg.tokenizer_model)
+    tokenizer = load_tokenizer(cfg.model)
     failures = 0
 
     def check(ok: bool, what: str) -> None:

@@ -20,8 +20,16 @@ from typing import Any
 from open_instruct.agents.base import StepResult, ToolDefinition, default_execute_url, string_tool
 from open_instruct.agents.http_client import HttpClient, parse_tool_config
 from open_instruct.agents.mcp_tools import MCPTool
-from open_instruct.agents.settings import AgentSettings, ToolsConfig, ToolSpec, tool_specs
+from open_instruct.agents.settings import (
+    SHIPPED_ENVIRONMENTS,
+    SHIPPED_TOOLS,
+    UNSUPPORTED_TOOLS,
+    AgentSettings,
+    ToolSpec,
+    tool_specs,
+)
 from open_instruct.agents.web_tools import WEB_TOOLS
+from open_instruct.config.tools import ToolsConfig
 
 _GUARD_MARGIN_S = 2.0  # the outer timeout leaves the tool's own timeout room to report itself (at most 2x)
 
@@ -112,6 +120,27 @@ TOOLS = {"python": PythonTool, "http": HttpTool, **WEB_TOOLS, "generic_mcp": MCP
 
 def make_tool(spec: ToolSpec):
     return TOOLS[spec.kind](spec.call_name, spec.config)
+
+
+def registry_problems(t: ToolsConfig) -> list[str]:
+    """Tool, environment and parser names that do not exist here, then each tool built once (no I/O) so that a bad
+    --tool_configs key fails before any actor starts: one line each, naming the flag and the fix. The entry point
+    runs this; the flag group checks the rest when it is parsed."""
+    from open_instruct.agents.parsers import PARSER_ALIASES, PARSER_TYPES, UNSUPPORTED_PARSERS
+
+    problems = []
+    parser = PARSER_ALIASES.get(t.tool_parser_type, t.tool_parser_type)
+    if parser in UNSUPPORTED_PARSERS:
+        problems.append(f"--tool_parser_type {parser} is not supported yet: {UNSUPPORTED_PARSERS[parser]}")
+    elif parser not in PARSER_TYPES:
+        problems.append(f"--tool_parser_type {t.tool_parser_type!r} is not one of {', '.join(PARSER_TYPES)}")
+    for kind in t.tools:
+        if kind in UNSUPPORTED_TOOLS:
+            problems.append(f"--tools {kind} is not supported yet: {UNSUPPORTED_TOOLS[kind]}")
+        elif kind not in SHIPPED_TOOLS + SHIPPED_ENVIRONMENTS:
+            known = ", ".join(SHIPPED_TOOLS + SHIPPED_ENVIRONMENTS)
+            problems.append(f"--tools {kind!r} is not a known tool or environment (known: {known})")
+    return problems or config_problems(t)
 
 
 def config_problems(t: ToolsConfig) -> list[str]:

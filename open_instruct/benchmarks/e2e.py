@@ -119,7 +119,7 @@ def mode_config(base, mode: str, output_dir: Path):
         base.generation, async_steps=str(async_steps), inflight_updates=inflight, off_policy_action=action
     )
     return dataclasses.replace(
-        base, generation=generation, experiment=dataclasses.replace(base.experiment, output_dir=str(output_dir))
+        base, generation=generation, run=dataclasses.replace(base.run, output_dir=str(output_dir))
     )
 
 

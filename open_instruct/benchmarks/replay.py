@@ -70,13 +70,14 @@ def record_embedded_prompts(path: Path, count: int, samples: int) -> None:
     """A prompt file in the training run's format, from the embedded dataset (what a run would save)."""
     from transformers import AutoTokenizer
 
-    from open_instruct.data.embedded_default import STOP_STRING, ensure_embedded_dataset, ensure_embedded_model
+    from open_instruct.config.data import EMBEDDED_STOP_STRING
+    from open_instruct.data.embedded_default import ensure_embedded_dataset, ensure_embedded_model
     from open_instruct.messages import SamplingSettings
     from open_instruct.prompt_feeder import make_request, record_prompts
 
     tokenizer = AutoTokenizer.from_pretrained(ensure_embedded_model())
     rows = [json.loads(line) for line in (ensure_embedded_dataset() / "train.jsonl").read_text().splitlines()][:count]
-    sampling = SamplingSettings(max_tokens=32, stop_strings=(STOP_STRING,))
+    sampling = SamplingSettings(max_tokens=32, stop_strings=(EMBEDDED_STOP_STRING,))
     path.unlink(missing_ok=True)
 
     @dataclasses.dataclass

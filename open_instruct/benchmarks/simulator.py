@@ -63,7 +63,11 @@ from open_instruct.benchmarks.simulated_stack import (
     Workload,
 )
 from open_instruct.benchmarks.simulator_plots import plot_sweep, plot_timelines
-from open_instruct.config.core import Config, DataConfig, ExperimentConfig, GenerationConfig, LearnerConfig
+from open_instruct.config.core import Config
+from open_instruct.config.data import DataConfig
+from open_instruct.config.generation import GenerationConfig
+from open_instruct.config.learner import LearnerConfig
+from open_instruct.config.run import RunConfig
 from open_instruct.metrics import async_steps_needed, mean
 from open_instruct.orchestrator import TrainingLoop
 from open_instruct.tracking import MemoryLog
@@ -214,7 +218,12 @@ def loop_config(
     w = workload
     prompt_tokens = max(1, w.prompt_tokens)
     return Config(
-        experiment=ExperimentConfig(seed=w.seed, num_evals=0, save_freq=0),
+        run=RunConfig(
+            seed=w.seed,
+            num_evals=0,
+            save_freq=0,
+            total_episodes=w.num_steps * w.prompts_per_step * w.samples_per_prompt,
+        ),
         data=DataConfig(max_prompt_token_length=prompt_tokens),
         generation=GenerationConfig(
             num_unique_prompts_rollout=w.prompts_per_step,
@@ -225,10 +234,7 @@ def loop_config(
             max_off_policy_steps=max_off_policy_steps,
             off_policy_action=off_policy_action,
         ),
-        learner=LearnerConfig(
-            total_episodes=w.num_steps * w.prompts_per_step * w.samples_per_prompt,
-            pack_length=prompt_tokens + w.max_tokens,
-        ),
+        learner=LearnerConfig(pack_length=prompt_tokens + w.max_tokens),
     )
 
 

@@ -1,6 +1,5 @@
 """Values the runtime derives from several flags: the dtype each actor uses and where and when the resumable
-state is saved. Configuration validates them (config.parity's checks) and the runtime reads them from here,
-never from the open-instruct compatibility module."""
+state is saved."""
 
 from __future__ import annotations
 
@@ -24,10 +23,9 @@ def resolve_dtype(explicit: str | None, gpu_default: str, on_gpu: bool) -> str:
 def state_save_every(cfg) -> tuple[int, ...]:
     """Step intervals at which the resumable state is saved: --checkpoint_state_freq, --ephemeral_save_interval
     and --checkpointing_steps when given (open-instruct ignores the last; its default would save every 500)."""
-    experiment, schedule = cfg.experiment, cfg.schedule
-    every = [experiment.checkpoint_state_freq, schedule.ephemeral_save_interval or 0]
+    every = [cfg.run.checkpoint_state_freq, cfg.run.ephemeral_save_interval or 0]
     if "checkpointing_steps" in cfg.explicit_flags:
-        every.append(schedule.checkpointing_steps)
+        every.append(cfg.run.checkpointing_steps)
     return tuple(sorted({n for n in every if n > 0}))
 
 
@@ -39,8 +37,8 @@ def state_dir(cfg) -> str | None:
     """The directory of the resumable state: --checkpoint_state_dir, else <output_dir>/checkpoint_state when
     any save interval is set (open-instruct then saves nothing, and on Beaker mason fills the directory in:
     a script that asks for state should get it), else None."""
-    if cfg.experiment.checkpoint_state_dir:
-        return cfg.experiment.checkpoint_state_dir
+    if cfg.run.checkpoint_state_dir:
+        return cfg.run.checkpoint_state_dir
     if state_save_every(cfg):
-        return os.path.join(cfg.experiment.output_dir, DEFAULT_STATE_SUBDIR)
+        return os.path.join(cfg.run.output_dir, DEFAULT_STATE_SUBDIR)
     return None

@@ -23,8 +23,8 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
+from open_instruct.config.data import EMBEDDED_DATASET_NAME
 from open_instruct.data import cache as data_cache
-from open_instruct.data.embedded_default import EMBEDDED_DATASET_NAME
 from open_instruct.data.rows import (
     ENV_CONFIG_KEY,
     TEMPLATE_ERROR,
@@ -393,8 +393,9 @@ def _forced_mix(cache_dir: str, key: str, which: str) -> PromptDataset:
 
 def _row_settings(data_cfg, model_cfg, tokenizer, verifier_remap: dict[str, str] | None, tools_cfg) -> RowSettings:
     from open_instruct.agents.environments import ENVIRONMENTS
-    from open_instruct.agents.settings import ToolsConfig, tool_specs
+    from open_instruct.agents.settings import tool_specs
     from open_instruct.agents.tools import TOOLS, make_tool
+    from open_instruct.config.tools import ToolsConfig
     from open_instruct.rewards import available_verifiers
 
     tools_cfg = tools_cfg or ToolsConfig()
@@ -414,7 +415,7 @@ def _row_settings(data_cfg, model_cfg, tokenizer, verifier_remap: dict[str, str]
         max_prompt_token_length=data_cfg.max_prompt_token_length,
         skip_bad_rows=data_cfg.dataset_skip_bad_rows,
         add_bos=model_cfg.add_bos,
-        system_prompt=model_cfg.system_prompt_override,
+        system_prompt=data_cfg.system_prompt_override,
         remap=remap,
         known_verifiers=known,
         tool_names=tuple(s.call_name for s in specs),
@@ -459,22 +460,23 @@ def _tokenized(pending: _Pending, tokenizer, t: RowSettings) -> tuple[MixEntry, 
 def data_inputs(cfg):
     """(model, train data, eval data) configs as the data loader sees them: --system_prompt_override_file read
     into the system prompt, --dataset_skip_cache as a disabled cache."""
-    model, train, evaluation = cfg.model, cfg.train_data, cfg.eval_data
-    if cfg.data_extras.system_prompt_override_file:
-        with open(cfg.data_extras.system_prompt_override_file) as f:
-            model = replace(model, system_prompt_override=f.read().strip())
-    if cfg.data_extras.dataset_skip_cache:
+    train, evaluation = cfg.train_data, cfg.eval_data
+    if cfg.data.system_prompt_override_file:
+        with open(cfg.data.system_prompt_override_file) as f:
+            system_prompt = f.read().strip()
+        train, evaluation = (replace(d, system_prompt_override=system_prompt) for d in (train, evaluation))
+    if cfg.data.dataset_skip_cache:
         train, evaluation = (replace(d, dataset_local_cache_dir="") for d in (train, evaluation))
-    return model, train, evaluation
+    return cfg.model, train, evaluation
 
 
 def load_split(cfg, tokenizer, split: str) -> PromptDataset:
     """The "train" or "eval" prompts of a run's configuration, as the run loads them."""
     model_cfg, train_data, eval_data = data_inputs(cfg)
     data_cfg, cache_key = (
-        (train_data, cfg.data_extras.dataset_config_hash)
+        (train_data, cfg.data.dataset_config_hash)
         if split == "train"
-        else (eval_data, cfg.data_extras.dataset_config_eval_hash)
+        else (eval_data, cfg.data.dataset_config_eval_hash)
     )
     return load_prompt_dataset(
         data_cfg,
@@ -482,7 +484,7 @@ def load_split(cfg, tokenizer, split: str) -> PromptDataset:
         tokenizer,
         split,
         cfg.remap_verifier,
-        seed=cfg.experiment.seed,
+        seed=cfg.run.seed,
         tools_cfg=cfg.tools,
         forced_cache_key=cache_key,
     )

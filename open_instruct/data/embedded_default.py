@@ -30,7 +30,6 @@ logger = logging.getLogger(__name__)
 
 # Names that select the embedded default wherever a hub name or path is accepted.
 EMBEDDED_MODEL_NAME = "embedded/tiny-qwen2-arith"
-EMBEDDED_DATASET_NAME = "embedded/arith"
 # Bump when anything below changes what gets generated, so caches are rebuilt.
 ASSET_VERSION = "v1"
 
@@ -39,7 +38,6 @@ PAD_TOKEN = "<|pad|>"
 ROLE_TOKENS = ("<|system|>", "<|user|>", "<|assistant|>")
 # Not special: skip_special_tokens decoding must keep them, or think-stripping verifiers break.
 TAG_TOKENS = ("<think>", "</think>", "<answer>", "</answer>")
-STOP_STRING = "</answer>"
 
 
 @dataclass(frozen=True)

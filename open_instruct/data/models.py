@@ -56,12 +56,12 @@ def check_model_source(name: str, flag: str, revision: str | None = None, needs_
         raise ModelNotFound(hub.failure_line(error, f"{flag} {name}", remedy, revision)) from None
 
 
-def check_model_sources(model_config, options=None) -> None:
+def check_model_sources(model_config) -> None:
     """The model and the tokenizer (see `load_tokenizer` for where its name comes from)."""
     check_model_source(model_config.model_name_or_path, "--model_name_or_path", model_config.model_revision)
     for flag, name in (
         ("--tokenizer_name_or_path", model_config.tokenizer_name_or_path),
-        ("--tokenizer_name", getattr(options, "tokenizer_name", None)),
+        ("--tokenizer_name", model_config.tokenizer_name),
     ):
         if name:
             revision = model_config.tokenizer_revision or model_config.model_revision
@@ -78,21 +78,46 @@ TOKENIZER_FNS = (
 )
 
 
-def load_tokenizer(model_config, options=None):
+# The distribution each flash kernel comes in, as transformers checks it (FA2 and FA4 share the `flash_attn`
+# module, so the module alone cannot tell them apart; FA3 is `flash_attn_interface` from flash-attn-3).
+FLASH_ATTENTION_PACKAGES = {"flash_2": "flash-attn", "flash_3": "flash-attn-3", "flash_4": "flash-attn-4"}
+
+
+def model_option_problems(model_config) -> list[str]:
+    """--get_tokenizer_fn names one of ours, and a flash --attn_implementation has its package installed."""
+    from importlib import metadata
+
+    problems = []
+    if model_config.get_tokenizer_fn not in TOKENIZER_FNS:
+        problems.append(f"--get_tokenizer_fn {model_config.get_tokenizer_fn} is not one of {', '.join(TOKENIZER_FNS)}")
+    attention = model_config.attn_implementation or "torch"
+    if attention in FLASH_ATTENTION_PACKAGES:
+        try:
+            metadata.distribution(FLASH_ATTENTION_PACKAGES[attention])
+        except metadata.PackageNotFoundError:
+            problems.append(
+                f"--attn_implementation {attention} needs the {FLASH_ATTENTION_PACKAGES[attention]} package "
+                "(a GPU install); use torch (SDPA)"
+            )
+    return problems
+
+
+def load_tokenizer(model_config):
     """The tokenizer with the chat template chosen by --chat_template_name installed.
 
-    `options` (the open-instruct tokenizer flags): --tokenizer_name (an alias of --tokenizer_name_or_path),
-    --trust_remote_code (the tokenizer only, as in open-instruct), --use_fast / --use_slow_tokenizer and
-    --get_tokenizer_fn (its pad-token rule)."""
+    open-instruct's tokenizer flags: --tokenizer_name (an alias of --tokenizer_name_or_path), --trust_remote_code
+    (the tokenizer only, as in open-instruct), --use_fast / --use_slow_tokenizer and --get_tokenizer_fn (its
+    pad-token rule)."""
     from transformers import AutoTokenizer
 
-    alias = getattr(options, "tokenizer_name", None)
+    alias = model_config.tokenizer_name
     name = model_config.tokenizer_name_or_path or alias or resolve_model_path(model_config.model_name_or_path)
     revision = model_config.tokenizer_revision or model_config.model_revision
-    trust = bool(getattr(options, "trust_remote_code", False))
-    use_fast = getattr(options, "use_fast", True) and not getattr(options, "use_slow_tokenizer", False)
-    tokenizer = AutoTokenizer.from_pretrained(name, revision=revision, trust_remote_code=trust, use_fast=use_fast)
-    fn = getattr(options, "get_tokenizer_fn", "get_tokenizer_tulu_v2_2")
+    use_fast = model_config.use_fast and not model_config.use_slow_tokenizer
+    tokenizer = AutoTokenizer.from_pretrained(
+        name, revision=revision, trust_remote_code=model_config.trust_remote_code, use_fast=use_fast
+    )
+    fn = model_config.get_tokenizer_fn
     name = model_config.chat_template_name
     own = tokenizer.chat_template
     tokenizer.chat_template = resolve_chat_template(name, own, fallback_to_tokenizer=fn == TOKENIZER_FNS[-1])

@@ -23,7 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from open_instruct.data.embedded_default import EMBEDDED_DATASET_NAME, ensure_embedded_dataset
+from open_instruct.config.data import EMBEDDED_DATASET_NAME
+from open_instruct.data.embedded_default import ensure_embedded_dataset
 from open_instruct.errors import UserError
 
 SUPPORTED_SUFFIXES = (".jsonl", ".json", ".parquet")

@@ -9,7 +9,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from open_instruct.agents.settings import AgentSettings
-from open_instruct.config.resources import engine_gpu_share
 
 
 @dataclass(frozen=True)
@@ -41,17 +40,17 @@ class EngineSettings:
         return cls(
             model_path=model_path,
             max_model_len=cfg.data.max_prompt_token_length + max(generation.response_length, cfg.eval_response_length),
-            seed=cfg.experiment.seed,
+            seed=cfg.run.seed,
             tensor_parallel_size=generation.vllm_tensor_parallel_size,
-            gpu_memory_utilization=engine_gpu_share(cfg),
+            gpu_memory_utilization=cfg.engine_gpu_share,
             enable_prefix_caching=generation.vllm_enable_prefix_caching,
             enforce_eager=generation.vllm_enforce_eager,
             kv_cache_gib=generation.vllm_kv_cache_gib,
-            dtype=cfg.tokenizer_model.dtype,
-            gpu_dtype=cfg.resources.model_dtype,
-            attention_backend=cfg.resources.vllm_attention_backend,
+            dtype=cfg.model.dtype,
+            gpu_dtype=cfg.model.model_dtype,
+            attention_backend=cfg.generation.vllm_attention_backend,
             agent=AgentSettings.from_config(cfg),
-            partial_report_tokens=cfg.resources.partial_report_tokens,
+            partial_report_tokens=cfg.generation.partial_report_tokens,
         )
 
 

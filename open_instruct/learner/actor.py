@@ -43,25 +43,25 @@ def rho_bounds(cfg):
     """open-instruct's --rho_* bounds as a loss.RhoBounds, or None when none is set."""
     from open_instruct.loss import RhoBounds
 
-    loss_extras = cfg.loss_extras
+    algorithm = cfg.algorithm
     bounds = RhoBounds(
-        loss_extras.rho_clamp_lower_bound,
-        loss_extras.rho_mask_lower_bound,
-        loss_extras.rho_mask_upper_bound,
-        loss_extras.rho_mask_sequence_level,
-        loss_extras.rho_mask_tv_divergence,
+        algorithm.rho_clamp_lower_bound,
+        algorithm.rho_mask_lower_bound,
+        algorithm.rho_mask_upper_bound,
+        algorithm.rho_mask_sequence_level,
+        algorithm.rho_mask_tv_divergence,
     )
     return None if bounds == RhoBounds() else bounds
 
 
 def importance_ratio_cap(cfg) -> float:
     """The TIS cap the learner uses: open-instruct's --use_rho_correction / --rho_clamp_upper_bound, or ours."""
-    loss_extras = cfg.loss_extras
-    if not loss_extras.use_rho_correction:
+    algorithm = cfg.algorithm
+    if not algorithm.use_rho_correction:
         return 0.0
-    if loss_extras.rho_clamp_upper_bound != 2.0:
-        return loss_extras.rho_clamp_upper_bound
-    return cfg.algorithm.truncated_importance_sampling_ratio_cap
+    if algorithm.rho_clamp_upper_bound != 2.0:
+        return algorithm.rho_clamp_upper_bound
+    return algorithm.truncated_importance_sampling_ratio_cap
 
 
 @dataclass(frozen=True)
@@ -127,12 +127,12 @@ class LearnerSettings:
             learning_rate=learner.learning_rate,
             lr_scheduler_type=learner.lr_scheduler_type,
             # --warmup_ratio (open-instruct's) applies when --warm_up_steps is not given.
-            warm_up_steps=learner.warm_up_steps or int(cfg.schedule.warmup_ratio * scheduler_steps(cfg)),
+            warm_up_steps=learner.warm_up_steps or int(cfg.learner.warmup_ratio * scheduler_steps(cfg)),
             total_steps=scheduler_steps(cfg),
             weight_decay=learner.weight_decay,
             max_grad_norm=learner.max_grad_norm,
             micro_batch_size=learner.per_device_train_batch_size,
-            gradient_checkpointing=cfg.model.gradient_checkpointing,
+            gradient_checkpointing=cfg.learner.gradient_checkpointing,
             num_epochs=algorithm.num_epochs,
             num_mini_batches=algorithm.num_mini_batches,
             beta=algorithm.beta,
@@ -142,26 +142,26 @@ class LearnerSettings:
             loss_denominator=cfg.loss_denominator,
             importance_ratio_cap=importance_ratio_cap(cfg),
             importance_sampling_mode=algorithm.importance_sampling_mode,
-            loss_fn=cfg.loss_extras.loss_fn,
-            record_entropy=cfg.loss_extras.record_entropy,
-            use_vllm_logprobs=cfg.loss_extras.use_vllm_logprobs,
-            ref_policy_update_freq=cfg.loss_extras.ref_policy_update_freq,
-            ref_policy_alpha=cfg.loss_extras.alpha,
+            loss_fn=cfg.algorithm.loss_fn,
+            record_entropy=cfg.algorithm.record_entropy,
+            use_vllm_logprobs=cfg.algorithm.use_vllm_logprobs,
+            ref_policy_update_freq=cfg.algorithm.ref_policy_update_freq,
+            ref_policy_alpha=cfg.algorithm.alpha,
             rho_bounds=rho_bounds(cfg),
             temperature=cfg.generation.temperature or 1.0,
-            seed=cfg.experiment.seed,
-            dtype=cfg.tokenizer_model.dtype,
-            gpu_dtype=cfg.resources.model_dtype,
-            attn_implementation=HF_ATTENTION.get(cfg.tokenizer_model.attn_implementation or ""),
-            decay_bias_and_norm=not cfg.resources.set_weight_decay_on_bias_and_norm,
-            fused_optimizer=cfg.resources.fused_optimizer,
-            backend_timeout_minutes=cfg.resources.backend_timeout,
-            offload_param=cfg.resources.deepspeed_offload_param,
-            offload_optimizer=cfg.resources.deepspeed_offload_optimizer,
-            hpz_partition_size=cfg.resources.deepspeed_zpg,
-            gather_whole_model=cfg.resources.gather_whole_model,
-            load_universal=cfg.resources.deepspeed_checkpoint_load_universal,
-            sequence_parallel_size=cfg.resources.sequence_parallel_size,
+            seed=cfg.run.seed,
+            dtype=cfg.model.dtype,
+            gpu_dtype=cfg.model.model_dtype,
+            attn_implementation=HF_ATTENTION.get(cfg.model.attn_implementation or ""),
+            decay_bias_and_norm=not cfg.learner.set_weight_decay_on_bias_and_norm,
+            fused_optimizer=cfg.learner.fused_optimizer,
+            backend_timeout_minutes=cfg.learner.backend_timeout,
+            offload_param=cfg.learner.deepspeed_offload_param,
+            offload_optimizer=cfg.learner.deepspeed_offload_optimizer,
+            hpz_partition_size=cfg.learner.deepspeed_zpg,
+            gather_whole_model=cfg.learner.gather_whole_model,
+            load_universal=cfg.learner.deepspeed_checkpoint_load_universal,
+            sequence_parallel_size=cfg.learner.sequence_parallel_size,
         )
 
 

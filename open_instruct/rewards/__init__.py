@@ -44,14 +44,14 @@ class VerifierSettings:
             code_api_url=reward.code_api_url,
             code_max_execution_time=reward.code_max_execution_time,
             code_pass_rate_reward_threshold=reward.code_pass_rate_reward_threshold,
-            code_apply_perf_penalty=cfg.reward_extras.code_apply_perf_penalty,
+            code_apply_perf_penalty=cfg.reward.code_apply_perf_penalty,
             ifeval_require_all=reward.ifeval_reward_mode == "all",
             max_length_normalizer=(
-                float(cfg.reward_extras.max_length_verifier_max_length)
+                float(cfg.reward.max_length_verifier_max_length)
                 if "max_length_verifier_max_length" in cfg.explicit_flags
                 else None
             ),
-            **_judge_settings(cfg.reward_extras),
+            **_judge_settings(cfg.reward),
         )
 
 

@@ -148,12 +148,12 @@ class EvolvingRubrics:
     @classmethod
     def from_config(cls, cfg, state: dict[str, QueryRubrics] | None = None) -> EvolvingRubrics:
         settings = generation_settings(VerifierSettings.from_config(cfg))
-        reward_extras = cfg.reward_extras
+        reward = cfg.reward
 
         def generate(prompt: str) -> str:
             return ask_judge(prompt, settings)
 
-        return cls(reward_extras.max_active_rubrics, generate, reward_extras.cache_evolving_rubric_data_dir, state)
+        return cls(reward.max_active_rubrics, generate, reward.cache_evolving_rubric_data_dir, state)
 
     def step(self, groups: Sequence[RubricGroup], step: int) -> dict[str, float]:
         truths = [parse_rubric_truth(g.ground_truths[g.verifier_index]) for g in groups]

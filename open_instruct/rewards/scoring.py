@@ -90,22 +90,20 @@ class RewardSettings:
 
     @classmethod
     def from_config(cls, cfg) -> RewardSettings:
-        reward, reward_extras = cfg.reward, cfg.reward_extras
+        reward = cfg.reward
         return cls(
             apply_verifiable_reward=reward.apply_verifiable_reward,
             verification_reward=reward.verification_reward,
             non_stop_penalty=reward.non_stop_penalty,
             non_stop_penalty_value=reward.non_stop_penalty_value,
             format_reward=reward.format_reward,
-            r1_format_reward=reward_extras.r1_style_format_reward
-            if reward_extras.apply_r1_style_format_reward and reward_extras.additive_format_reward
+            r1_format_reward=reward.r1_style_format_reward
+            if reward.apply_r1_style_format_reward and reward.additive_format_reward
             else 0.0,
-            r1_format_gate=reward_extras.apply_r1_style_format_reward and not reward_extras.additive_format_reward,
+            r1_format_gate=reward.apply_r1_style_format_reward and not reward.additive_format_reward,
             remap_verifier=cfg.remap_verifier,
             # A code verifier call may legitimately take its HTTP client's full timeout.
-            verifier_timeout_s=max(
-                30.0, min(300.0, 10 * reward.code_max_execution_time), cfg.reward_extras.llm_judge_timeout
-            )
+            verifier_timeout_s=max(30.0, min(300.0, 10 * reward.code_max_execution_time), cfg.reward.llm_judge_timeout)
             + 10,
             verifier=VerifierSettings.from_config(cfg),
         )

@@ -74,7 +74,7 @@ class SyncSettings:
 
         return cls(
             backend=backend,
-            dtype_name=resolve_dtype(cfg.tokenizer_model.dtype, cfg.resources.model_dtype, on_gpu),
+            dtype_name=resolve_dtype(cfg.model.dtype, cfg.model.model_dtype, on_gpu),
             inflight=cfg.generation.inflight_updates,
             engine_ranks=cfg.generation.vllm_tensor_parallel_size,
         )

@@ -124,7 +124,7 @@ class McpServerProcess:
 
 def generic_mcp_entry(url: str, **config):
     """The --tools entry of one generic_mcp server at `url` (its --tool_configs JSON: `config` and the URL)."""
-    from open_instruct.agents.settings import ToolsConfig
+    from open_instruct.config.tools import ToolsConfig
 
     return ToolsConfig(tools=["generic_mcp"], tool_configs=[json.dumps({"server_url": url, **config})])
 

@@ -25,8 +25,9 @@ from helpers.forced_engine import forced_turns_engine, the_one_sample
 from helpers.mcp_server import GENEROUS_S, McpServerProcess
 from helpers.web_services import CRAWL4AI_KEY, KEYS, S2_REPLY, crawl_reply, jina_page, web_stub_server
 
-from open_instruct.agents.settings import ToolsConfig, ToolSpec, tool_specs
+from open_instruct.agents.settings import ToolSpec, tool_specs
 from open_instruct.agents.web_tools import with_credentials
+from open_instruct.config.tools import ToolsConfig
 from open_instruct.messages import AgentRequest, EnvSpec, PromptRequest, SamplingSettings
 
 SLOW_TOOL_S = 2.0

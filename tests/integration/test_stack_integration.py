@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from open_instruct.data.embedded_default import STOP_STRING
+from open_instruct.config.data import EMBEDDED_STOP_STRING
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -62,7 +62,7 @@ def test_vllm_async_engine_generates_inside_a_ray_actor(model_path):
                     prompt_token_ids=tuple(ids),
                     ground_truths=(str(a + b),),
                     verifier_names=("gsm8k",),
-                    sampling=SamplingSettings(max_tokens=24, stop_strings=(STOP_STRING,)),
+                    sampling=SamplingSettings(max_tokens=24, stop_strings=(EMBEDDED_STOP_STRING,)),
                     num_samples=3,
                     seed=5,
                     admitted_version=0,
@@ -81,7 +81,7 @@ def test_vllm_async_engine_generates_inside_a_ray_actor(model_path):
             assert c.reward in (0.0, 10.0) and not c.reward_errors
             assert tokenizer.decode(c.response_token_ids, skip_special_tokens=True) == c.response_text
             if c.finish_reason == "stop":
-                assert c.response_text.endswith(STOP_STRING)
+                assert c.response_text.endswith(EMBEDDED_STOP_STRING)
         ray.get(actor.shutdown.remote(), timeout=120)
     finally:
         ray.shutdown()

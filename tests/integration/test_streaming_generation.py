@@ -11,7 +11,7 @@ from dataclasses import replace
 
 import pytest
 
-from open_instruct.data.embedded_default import STOP_STRING
+from open_instruct.config.data import EMBEDDED_STOP_STRING
 from open_instruct.messages import PromptRequest, SamplingSettings
 from open_instruct.prompt_feeder import PromptFeeder
 
@@ -78,7 +78,7 @@ def request(tokenizer, *, max_tokens=24, ignore_eos=False, samples=2, temperatur
             max_tokens=max_tokens,
             temperature=temperature,
             ignore_eos=ignore_eos,
-            stop_strings=() if ignore_eos else (STOP_STRING,),
+            stop_strings=() if ignore_eos else (EMBEDDED_STOP_STRING,),
         ),
         num_samples=samples,
         seed=11,
@@ -298,8 +298,8 @@ def test_stripped_stop_string_is_also_removed_from_the_trained_tokens(pool, toke
         if with_stop.finish_reason != "stop":
             continue
         checked += 1
-        assert with_stop.response_text.endswith(STOP_STRING)
-        assert without.response_text == with_stop.response_text[: -len(STOP_STRING)]
+        assert with_stop.response_text.endswith(EMBEDDED_STOP_STRING)
+        assert without.response_text == with_stop.response_text[: -len(EMBEDDED_STOP_STRING)]
         assert tokenizer.decode(without.response_token_ids, skip_special_tokens=True) == without.response_text
         assert len(without.behaviour_logprobs) == len(without.response_token_ids) < len(with_stop.response_token_ids)
     assert checked > 0

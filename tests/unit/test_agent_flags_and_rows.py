@@ -78,10 +78,12 @@ def test_non_default_values_land_in_the_config_and_the_engine_settings():
         (["--tools", "counter", "--tool_configs", '{"goal": 3}'], "--tool_configs for 'counter': unknown key 'goal'"),
     ],
 )
-def test_bad_tool_flags_fail_at_parse_time_naming_the_flag(argv, message, monkeypatch):
+def test_bad_tool_flags_fail_before_anything_starts_naming_the_flag(argv, message, monkeypatch):
+    from open_instruct.grpo_fast import checked_config
+
     monkeypatch.delenv("SERPER_API_KEY", raising=False)
     with pytest.raises(ConfigError) as error:
-        parse_config(argv)
+        checked_config(argv)
     assert message in str(error.value)
 
 
@@ -164,8 +166,9 @@ def test_the_python_tools_endpoint_runs_code_and_reports_errors():
 def test_multi_turn_rows_load_render_their_tool_schemas_and_survive_the_cache(tmp_path, model_path):
     from transformers import AutoTokenizer
 
-    from open_instruct.agents.settings import ToolsConfig
-    from open_instruct.config.core import DataConfig, ModelConfig
+    from open_instruct.config.data import DataConfig
+    from open_instruct.config.model import ModelConfig
+    from open_instruct.config.tools import ToolsConfig
     from open_instruct.data.dataset import load_prompt_dataset
 
     tokenizer = AutoTokenizer.from_pretrained(model_path)

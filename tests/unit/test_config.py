@@ -39,7 +39,7 @@ def seed_argv(overrides: dict[str, str] | None = None) -> list[str]:
 
 def test_seed_launch_command_parses_to_typed_values():
     cfg = parse_config(seed_argv())
-    assert cfg.experiment.exp_name == SEED_VARIABLES["exp_name"]
+    assert cfg.run.exp_name == SEED_VARIABLES["exp_name"]
     assert cfg.algorithm.beta == 0.0
     assert cfg.generation.num_samples_per_prompt_rollout == 16
     assert cfg.generation.num_unique_prompts_rollout == 256
@@ -58,14 +58,14 @@ def test_seed_launch_command_parses_to_typed_values():
     assert cfg.learner.deepspeed_stage == 2
     assert cfg.learner.lr_scheduler_type == "constant"
     assert cfg.reward.apply_verifiable_reward is True
-    assert cfg.model.gradient_checkpointing is True
-    assert cfg.experiment.with_tracking is True
+    assert cfg.learner.gradient_checkpointing is True
+    assert cfg.run.with_tracking is True
     assert cfg.generation.vllm_enable_prefix_caching is True
     assert cfg.algorithm.clip_higher == pytest.approx(0.28)
     assert cfg.algorithm.mask_truncated_completions is True
-    assert cfg.experiment.try_launch_beaker_eval_jobs_on_weka is True
-    assert cfg.experiment.oe_eval_max_length == 32768
-    assert cfg.experiment.oe_eval_tasks.split(",")[0] == "minerva_math::hamish_zs_reasoning"
+    assert cfg.compat.try_launch_beaker_eval_jobs_on_weka is True
+    assert cfg.compat.oe_eval_max_length == 32768
+    assert cfg.compat.oe_eval_tasks.split(",")[0] == "minerva_math::hamish_zs_reasoning"
     assert cfg.rollout_batch_size == 4096
     assert cfg.num_training_steps == 10_000_000 // 4096
     assert cfg.eval_every_steps == -(-cfg.num_training_steps // 5)
@@ -185,5 +185,5 @@ def test_a_save_interval_without_a_state_dir_saves_under_the_output_dir(tmp_path
 
 def test_config_equality_is_value_based():
     parsed = parse_config(["--seed", "3"])
-    assert parsed == Config(experiment=parsed.experiment, explicit_flags=frozenset({"seed"}))
+    assert parsed == Config(run=parsed.run, explicit_flags=frozenset({"seed"}))
     assert parsed.explicit_flags == {"seed"}

@@ -14,10 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from open_instruct.config.core import DataConfig, ModelConfig
+from open_instruct.config.data import EMBEDDED_DATASET_NAME, DataConfig
+from open_instruct.config.model import ModelConfig
 from open_instruct.data import dataset as data
 from open_instruct.data.dataset import DatasetError, load_prompt_dataset
-from open_instruct.data.embedded_default import EMBEDDED_DATASET_NAME, build_tokenizer
+from open_instruct.data.embedded_default import build_tokenizer
 
 SAMPLES = Path(__file__).resolve().parents[1] / "fixtures" / "rlvr_samples"
 
@@ -230,7 +231,7 @@ def test_cache_hit_skips_tokenization_and_any_change_misses(tmp_path, tok):
     changes = [
         {"max_prompt_token_length": 200},
         {"dataset_skip_bad_rows": True},
-        {"model": ModelConfig(system_prompt_override="Be brief.")},
+        {"system_prompt_override": "Be brief."},
         {"model": ModelConfig(add_bos=False, chat_template_name="tulu")},  # the name alone is part of the key
         {"remap": {"gsm8k": "math"}},
         {"seed": 2, "mix": [path, "3"]},
@@ -360,8 +361,8 @@ def test_length_filter_counts_dropped_prompts_and_fails_when_nothing_is_left(tmp
 def test_system_prompt_override_replaces_or_inserts(tmp_path, tok):
     with_system = row(0, messages=[{"role": "system", "content": "OLD"}, {"role": "user", "content": "Q?"}])
     path = write_jsonl(tmp_path / "sys.jsonl", [with_system, row(1)])
-    model = ModelConfig(system_prompt_override="Think first.")
-    replaced, inserted = (prompt_text(tok, p) for p in load(tmp_path, tok, [path, "1.0"], model=model).prompts)
+    loaded = load(tmp_path, tok, [path, "1.0"], system_prompt_override="Think first.")
+    replaced, inserted = (prompt_text(tok, p) for p in loaded.prompts)
     assert replaced == "<|system|>\nThink first.\n<|user|>\nQ?\n<|assistant|>\n<think>"
     assert inserted.startswith("<|system|>\nThink first.\n<|user|>\nWhat is 1 + 1?") and "OLD" not in replaced
 

@@ -72,10 +72,10 @@ def test_data_inputs_read_the_system_prompt_file_and_skip_the_cache(tmp_path):
 
     path = tmp_path / "system.txt"
     path.write_text("  Answer tersely.\n")
-    model, train, evaluation = data_inputs(
+    _, train, evaluation = data_inputs(
         parse_config(["--system_prompt_override_file", str(path), "--dataset_skip_cache"])
     )
-    assert model.system_prompt_override == "Answer tersely."
+    assert train.system_prompt_override == evaluation.system_prompt_override == "Answer tersely."
     assert train.dataset_local_cache_dir == "" and evaluation.dataset_local_cache_dir == ""
     with pytest.raises(ConfigError, match="no such file"):
         parse_config(["--system_prompt_override_file", str(tmp_path / "missing.txt")])
@@ -99,7 +99,7 @@ def test_rho_correction_flags_map_onto_the_importance_cap():
 
 
 def test_load_ref_policy_false_needs_beta_zero():
-    assert parse_config(["--load_ref_policy", "False", "--beta", "0"]).loss_extras.load_ref_policy is False
+    assert parse_config(["--load_ref_policy", "False", "--beta", "0"]).algorithm.load_ref_policy is False
     with pytest.raises(ConfigError, match="--load_ref_policy False leaves the KL term"):
         parse_config(["--load_ref_policy", "False", "--beta", "0.05"])
 
@@ -137,7 +137,7 @@ def test_features_not_built_yet_stop_the_run_with_one_line(capsys):
     assert len(err.splitlines()) == 1 and "--use_peft True: not supported yet" in err and "--load_in_4bit" in err
     # Their defaults, passed explicitly as scripts do, are fine.
     assert unsupported_features(parse_config(["--dataset_cache_mode", "local", "--vllm_sync_backend", "nccl"])) == []
-    assert parse_config(["--loss_fn", "cispo"]).loss_extras.loss_fn == "cispo"
+    assert parse_config(["--loss_fn", "cispo"]).algorithm.loss_fn == "cispo"
 
 
 def test_pass_at_k_matches_a_hand_count():
@@ -285,4 +285,4 @@ def test_tokenizer_flags_reach_the_tokenizer(model_path):
 
     # --tokenizer_name is an alias of --tokenizer_name_or_path: the tokenizer comes from there.
     cfg = parse_config(["--model_name_or_path", "/nonexistent/model", "--tokenizer_name", model_path])
-    assert load_tokenizer(cfg.model, cfg.tokenizer_model).name_or_path == model_path
+    assert load_tokenizer(cfg.model).name_or_path == model_path

@@ -20,7 +20,6 @@ from helpers import fakes
 from open_instruct import checkpoints
 from open_instruct.config.core import ConfigError, parse_config, unsupported_features
 from open_instruct.config.derived import resolve_dtype, state_save_every
-from open_instruct.config.parity import ignored_values
 from open_instruct.data.dataset import PromptRow
 from open_instruct.rewards import VerifierInput, VerifierSettings
 from open_instruct.tracking import MetricWindow
@@ -74,7 +73,7 @@ def test_keep_last_n_checkpoints_prunes_states_but_never_the_fresh_one(tmp_path,
 
 def test_no_effect_flags_are_accepted_and_named_in_a_warning():
     cfg = parse_config(["--compile_model", "False", "--gradient_accumulation_steps", "4", "--max_seq_length", "4096"])
-    lines = ignored_values([getattr(cfg, name) for name in cfg.group_names])
+    lines = cfg.compat.ignored()
     assert lines == [
         "--gradient_accumulation_steps 4 has no effect: gradients accumulate over every micro-batch of a mini-batch",
         "--compile_model False has no effect: OLMo-core only",
@@ -93,8 +92,10 @@ def test_dtype_is_explicit_or_model_dtype_on_gpu_or_fp32_on_cpu():
     assert resolve_dtype("bfloat16", "float16", on_gpu=False) == "bfloat16"
     with pytest.raises(ConfigError, match="--dtype fp8"):
         parse_config(["--dtype", "fp8"])
+    from open_instruct.grpo_fast import checked_config
+
     with pytest.raises(ConfigError, match="--attn_implementation flash_2 needs the flash-attn package"):
-        parse_config(["--attn_implementation", "flash_2"])
+        checked_config(["--attn_implementation", "flash_2"])
 
 
 def test_dtype_and_attention_backend_reach_the_engine_and_the_learner(model_path):
@@ -162,13 +163,15 @@ def test_get_tokenizer_fn_pad_rules(pad_is_eos_tokenizer, fn, adds_pad):
     from open_instruct.data.models import load_tokenizer, packing_pad_id
 
     cfg = parse_config(["--tokenizer_name", pad_is_eos_tokenizer, "--get_tokenizer_fn", fn, "--use_slow_tokenizer"])
-    tokenizer = load_tokenizer(cfg.model, cfg.tokenizer_model)
+    tokenizer = load_tokenizer(cfg.model)
     assert (tokenizer.pad_token == "<pad>") is adds_pad
     assert (tokenizer.pad_token_id != tokenizer.eos_token_id) is adds_pad
     # An added <pad> lies past the model's embeddings, so packs are filled with EOS (masked either way).
     assert packing_pad_id(tokenizer, pad_is_eos_tokenizer) == tokenizer.eos_token_id
+    from open_instruct.grpo_fast import checked_config
+
     with pytest.raises(ConfigError, match="--get_tokenizer_fn get_tokenizer_v9"):
-        parse_config(["--get_tokenizer_fn", "get_tokenizer_v9"])
+        checked_config(["--get_tokenizer_fn", "get_tokenizer_v9"])
 
 
 def test_dataset_config_hash_reloads_the_recorded_mix_without_reading_the_source(model_path, tmp_path):
@@ -185,13 +188,13 @@ def test_dataset_config_hash_reloads_the_recorded_mix_without_reading_the_source
     )  # fmt: skip
     cache = tmp_path / "cache"
     cfg = parse_config(["--dataset_mixer_list", str(rows), "1.0", "--dataset_local_cache_dir", str(cache)])
-    tokenizer = load_tokenizer(cfg.model, cfg.tokenizer_model)
+    tokenizer = load_tokenizer(cfg.model)
     first = load_prompt_dataset(cfg.train_data, cfg.model, tokenizer, "train")
     assert first.report.mix_key and first.report.mix_key in first.report.summary()
     rows.unlink()  # the forced key never reads the source
     forced = parse_config(["--dataset_config_hash", first.report.mix_key, "--dataset_local_cache_dir", str(cache)])
     again = load_prompt_dataset(
-        forced.train_data, forced.model, tokenizer, "train", forced_cache_key=forced.data_extras.dataset_config_hash
+        forced.train_data, forced.model, tokenizer, "train", forced_cache_key=forced.data.dataset_config_hash
     )
     assert [p.prompt_token_ids for p in again.prompts] == [p.prompt_token_ids for p in first.prompts]
     assert [p.ground_truths for p in again.prompts] == [p.ground_truths for p in first.prompts]

@@ -16,7 +16,8 @@ import pytest
 from helpers.launch_commands import COMMANDS, DATA, REFUSED, original, substitute
 
 from open_instruct import grpo_fast
-from open_instruct.config.core import ConfigError, parse_config, unsupported_features
+from open_instruct.config.core import ConfigError, parse_config
+from open_instruct.grpo_fast import checked_config
 from open_instruct.preflight import run_checks
 
 TOOL_KEYS = {
@@ -89,15 +90,14 @@ def test_the_record_covers_every_launch_script_of_open_instruct_that_it_can_run(
 @pytest.mark.parametrize("script", sorted(REFUSED))
 def test_the_dr_tulu_scripts_are_refused_in_one_line_with_the_reason(script, tool_environment):
     with pytest.raises(ConfigError, match=REFUSED[script]):
-        parse_config(original(script))
+        checked_config(original(script))
 
 
 @pytest.mark.parametrize("script", RUNNABLE)
 def test_every_recorded_command_parses_as_written_and_its_layout_fits_nodes_of_8_gpus(script, tool_environment):
     from open_instruct.preflight import _resources
 
-    cfg = parse_config(original(script))
-    assert unsupported_features(cfg) == []
+    cfg = checked_config(original(script))  # refused values and unknown names raise
     detail, _ = _resources(cfg)  # the script's own GPUs and nodes, not the CPU substitutes
     assert "GPUs on >=" in detail
 

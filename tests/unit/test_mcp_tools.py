@@ -18,9 +18,11 @@ from helpers.mcp_server import GENEROUS_S, McpServerProcess, free_port, generic_
 from open_instruct.agents.base import ToolCall
 from open_instruct.agents.mcp_tools import MCPServerError, MCPTool, expand_specs, mcp_config
 from open_instruct.agents.rollout import run_rollout
-from open_instruct.agents.settings import AgentSettings, ToolsConfig, ToolSpec, tool_specs
+from open_instruct.agents.settings import AgentSettings, ToolSpec, tool_specs
 from open_instruct.agents.tools import Toolbox
 from open_instruct.config.core import ConfigError, parse_config
+from open_instruct.config.tools import ToolsConfig
+from open_instruct.grpo_fast import checked_config
 from open_instruct.messages import AgentRequest, Completion, VersionSpan
 
 
@@ -236,7 +238,7 @@ def test_bad_config_keys_fail_at_parse_time_but_parsing_asks_no_server():
     cfg = parse_config(["--tools", "generic_mcp", "--tool_configs", json.dumps({"server_url": url})])
     assert cfg.tools.tools == ["generic_mcp"]
     with pytest.raises(ConfigError, match="unknown key 'url'"):
-        parse_config(["--tools", "generic_mcp", "--tool_configs", json.dumps({"url": url})])
+        checked_config(["--tools", "generic_mcp", "--tool_configs", json.dumps({"url": url})])
 
 
 def test_an_unreachable_server_at_start_is_one_line_naming_it():
@@ -272,7 +274,7 @@ def test_a_dead_server_at_call_time_is_an_unreachable_observation_after_the_conn
 
 def test_dr_agent_mcp_stays_refused_with_its_reason():
     with pytest.raises(ConfigError) as error:
-        parse_config(["--tools", "dr_agent_mcp"])
+        checked_config(["--tools", "dr_agent_mcp"])
     assert "dr_agent_mcp is not supported yet" in str(error.value) and "use generic_mcp" in str(error.value)
 
 

@@ -112,7 +112,7 @@ def test_single_gpu_mode_flag_checks_at_parse_time():
     from open_instruct.config.core import ConfigError, parse_config
 
     cfg = parse_config(["--single_gpu_mode"])
-    assert cfg.resources.single_gpu_mode
+    assert cfg.learner.single_gpu_mode
     with pytest.raises(ConfigError, match="at most one engine"):
         parse_config(["--single_gpu_mode", "--vllm_num_engines", "2"])
 
@@ -165,20 +165,20 @@ def test_vllm_would_pick_ray_in_the_actors_placement_group_unless_told_mp():
 
 def test_single_gpu_mode_gives_the_engine_a_safe_share_of_the_gpu_unless_told():
     from open_instruct.config.core import parse_config
-    from open_instruct.config.resources import SHARED_GPU_DEFAULT_SHARE, engine_gpu_share
+    from open_instruct.config.learner import SHARED_GPU_DEFAULT_SHARE
     from open_instruct.generation.engine_setup import EngineSettings
 
     shared = parse_config(["--single_gpu_mode"])
     assert shared.generation.vllm_gpu_memory_utilization == 0.9  # the flag itself is left as parsed
-    assert engine_gpu_share(shared) == SHARED_GPU_DEFAULT_SHARE == 0.3
+    assert shared.engine_gpu_share == SHARED_GPU_DEFAULT_SHARE == 0.3
     assert EngineSettings.from_config(shared, "m").gpu_memory_utilization == 0.3
     # Given explicitly (open-instruct's single-GPU scripts pass 0.3 or 0.4), the value is used as is.
     for share in (0.3, 0.4, 0.6):
         cfg = parse_config(["--single_gpu_mode", "--vllm_gpu_memory_utilization", str(share)])
-        assert engine_gpu_share(cfg) == share
+        assert cfg.engine_gpu_share == share
     # Without --single_gpu_mode the engine has its GPUs to itself: the flag, default 0.9.
-    assert engine_gpu_share(parse_config([])) == 0.9
-    assert engine_gpu_share(parse_config(["--vllm_gpu_memory_utilization", "0.95"])) == 0.95
+    assert parse_config([]).engine_gpu_share == 0.9
+    assert parse_config(["--vllm_gpu_memory_utilization", "0.95"]).engine_gpu_share == 0.95
 
 
 def test_single_gpu_mode_refuses_a_share_that_leaves_the_learner_too_little():
@@ -192,8 +192,8 @@ def test_single_gpu_mode_refuses_a_share_that_leaves_the_learner_too_little():
 
 
 def test_single_gpu_mode_help_names_the_transport_placement_picks():
-    from open_instruct.config.resources import ResourceConfig
+    from open_instruct.config.learner import LearnerConfig
 
-    help_text = " ".join(f.metadata.get("help", "") for f in dataclasses.fields(ResourceConfig))
+    help_text = " ".join(f.metadata.get("help", "") for f in dataclasses.fields(LearnerConfig))
     assert "CUDA IPC" in help_text and "shared-memory file" in help_text
     assert "weights move over gloo" not in help_text

@@ -205,7 +205,7 @@ def test_multi_node_prints_a_two_node_spec():
     assert {"name": "WANDB_API_KEY", "secret": "me_WANDB_API_KEY"} in spec["tasks"][0]["envVars"]
     argv = trainer_argv(spec)
     assert "--with_tracking" in argv
-    assert parse_config(argv).experiment.with_tracking is True
+    assert parse_config(argv).run.with_tracking is True
     assert value(argv, "--model_name_or_path") == "hamishivi/qwen2_5_openthoughts2"
 
 
@@ -226,7 +226,7 @@ def test_single_gpu_runs_grpo_fast_with_one_engine_and_one_learner(tmp_path):
     assert argv[-2:] == ["--seed", "3"]
     cfg = parse_config(argv)
     assert cfg.generation.vllm_num_engines == 1 and cfg.learner.num_learners_per_node == [1]
-    assert cfg.resources.single_gpu_mode  # one GPU for both: shared placement, CUDA-IPC transport
+    assert cfg.learner.single_gpu_mode  # one GPU for both: shared placement, CUDA-IPC transport
     assert cfg.generation.response_length == 1024
     assert not cfg.uses_embedded_default
 

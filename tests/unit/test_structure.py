@@ -199,6 +199,33 @@ def test_each_floor_imports_only_from_its_own_floor_or_below():
     assert not upward, "\n".join(upward)
 
 
+def test_configuration_is_the_ground_floor():
+    """config/ imports nothing of ours but errors and messages (and itself): checks that need a registry, a
+    tokenizer, a dataset or an installed package run at launch (grpo_fast.launch_problems, preflight)."""
+    allowed = {"open_instruct.errors", "open_instruct.messages"}
+    reaching = [
+        f"{module} imports {dep}"
+        for module, deps in graph().items()
+        if module.startswith("open_instruct.config")
+        for dep in deps
+        if dep.startswith("open_instruct") and not dep.startswith("open_instruct.config") and dep not in allowed
+    ]
+    assert not reaching, "\n".join(reaching)
+
+
+def test_the_runtime_never_reads_the_compatibility_group():
+    """cfg.compat holds open-instruct's flags that do nothing here; only configuration and the entry point
+    (which refuses and warns) may read it."""
+    readers = [
+        f"{path.relative_to(REPO)}:{node.lineno}"
+        for path in PACKAGE.rglob("*.py")
+        if path.parent.name != "config" and path.stem != "grpo_fast"
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Attribute) and node.attr == "compat"
+    ]
+    assert not readers, "\n".join(readers)
+
+
 def test_every_floor_is_populated_by_existing_modules():
     """The floor lists name real modules (a renamed module would otherwise slip onto the core floor)."""
     names = {m.removeprefix("open_instruct.") for m in modules()}

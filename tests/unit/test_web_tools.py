@@ -21,6 +21,7 @@ from open_instruct.agents.settings import AgentSettings, ToolSpec
 from open_instruct.agents.tools import TOOLS, Toolbox
 from open_instruct.agents.web_tools import NO_RESULTS, with_credentials
 from open_instruct.config.core import ConfigError, parse_config
+from open_instruct.grpo_fast import checked_config
 
 
 @pytest.fixture(scope="module")
@@ -313,16 +314,16 @@ def test_the_four_tools_parse_with_their_variables_set(stub):
 def test_a_missing_variable_fails_at_parse_time_naming_it(stub, monkeypatch, kind, variable):
     monkeypatch.delenv(variable)
     with pytest.raises(ConfigError) as error:
-        parse_config(["--tools", kind])
+        checked_config(["--tools", kind])
     assert f"--tools {kind} needs the {variable} environment variable" in str(error.value)
 
 
 def test_a_missing_blocklist_file_and_an_unknown_config_key_fail_at_parse_time(stub, monkeypatch, tmp_path):
     monkeypatch.setenv("CRAWL4AI_BLOCKLIST_PATH", str(tmp_path / "absent.txt"))
     with pytest.raises(ConfigError, match=r"blocklist file .*absent\.txt \(CRAWL4AI_BLOCKLIST_PATH\) is missing"):
-        parse_config(["--tools", "crawl4ai_browse"])
+        checked_config(["--tools", "crawl4ai_browse"])
     with pytest.raises(ConfigError, match="--tool_configs for 'serper_search': unknown key 'num'"):
-        parse_config(["--tools", "serper_search", "--tool_configs", '{"num": 3}'])
+        checked_config(["--tools", "serper_search", "--tool_configs", '{"num": 3}'])
 
 
 def test_with_credentials_carries_the_environment_into_the_config_and_hides_the_key(stub, monkeypatch):

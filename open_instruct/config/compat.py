@@ -1,0 +1,133 @@
+"""open-instruct's flags that do nothing here, so that its launch scripts parse unchanged. The runtime never reads
+this group; the entry point reports on it.
+
+Each flag is one of three kinds, said first in its help (`fields.rendered_help`):
+
+* `[Beaker only ...]`: Ai2 infrastructure (Beaker eval jobs, GCS, the Hub, Slack); accepted, no effect;
+* `[no effect, as in open-instruct's grpo_fast: <reason>]`: OLMo-core-only knobs and the ones grpo_fast itself
+  ignores; accepted, and a value other than the default is named in a warning at start-up;
+* `[not supported yet: <reason>]`: a feature not built yet. The default parses (scripts pass `--push_to_hub
+  false` all the time); any other value stops the run before anything starts, instead of being ignored.
+
+Flags without a kind are open-instruct internals or companions of a refused flag (`--lora_r` with `--use_peft`).
+A flag leaves this group for the group of its concern when its feature lands.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any, Literal
+
+from open_instruct.config.fields import BEAKER_ONLY, NO_EFFECT, PENDING, arg
+
+# LoRA and quantization flags are no-ops in open-instruct's grpo_fast; training the full model when a
+# user asked for adapters would be a silent surprise, so they are refused instead.
+NOT_IN_GRPO_FAST = "{} is not wired into open-instruct's grpo_fast either (its flags are ignored there)"
+
+
+def pending(default: Any, reason: str, help: str = "", **kwargs) -> Any:
+    """A flag whose feature is not built yet: its default parses, any other value is refused with `reason`."""
+    return arg(default, help, kind=PENDING, reason=reason, **kwargs)
+
+
+def no_effect(default: Any, reason: str, **kwargs) -> Any:
+    """A flag open-instruct's grpo_fast accepts and ignores (OLMo-core-only knobs): the same here, said aloud."""
+    return arg(default, "", kind=NO_EFFECT, reason=reason, **kwargs)
+
+
+@dataclass(frozen=True)
+class CompatConfig:
+    _argument_group_name = "open-instruct compatibility (accepted; each flag says what it does here)"
+
+    try_launch_beaker_eval_jobs_on_weka: bool = arg(False, "Launch oe-eval jobs per save.", kind=BEAKER_ONLY)
+    oe_eval_tasks: str | None = arg(None, "Comma-separated oe-eval tasks for those jobs.", kind=BEAKER_ONLY)
+    oe_eval_max_length: int = arg(4096, "Max length for the oe-eval jobs.", kind=BEAKER_ONLY)
+    hf_metadata_dataset: str | None = arg(None, "HF dataset recording run metadata.", kind=BEAKER_ONLY)
+    push_to_hub: bool = pending(
+        False,
+        "uploading needs the Hub's network and write access; --save_freq checkpoints stay in --output_dir",
+        "Push checkpoints to the HF hub. Off by default here (open-instruct's default is on, so its scripts pass "
+        "--push_to_hub false, which works).",
+    )
+    world_size: int | None = arg(None, "[internal in open-instruct: derived from --num_learners_per_node; ignored]")
+    num_training_steps: int | None = arg(None, "[internal in open-instruct: derived from --total_episodes; ignored]")
+    num_nodes: int = arg(1, "Informational (open-instruct prints it); nodes come from --num_learners_per_node.")
+    gradient_accumulation_steps: int = no_effect(1, "gradients accumulate over every micro-batch of a mini-batch")
+    max_seq_length: int = no_effect(4096, "lengths come from --max_prompt_token_length and --response_length")
+    fsdp_shard_degree: int | None = no_effect(None, "OLMo-core FSDP; still must divide the learner count")
+    fsdp_num_replicas: int | None = no_effect(None, "OLMo-core FSDP; still must divide the learner count")
+    compile_model: bool = no_effect(True, "OLMo-core only")
+    activation_memory_budget: float = no_effect(1.0, "OLMo-core only")
+    activation_checkpointing_mode: Literal["budget", "selected_modules"] = no_effect("budget", "OLMo-core only")
+    activation_checkpointing_modules: list[str] = no_effect(
+        [
+            "blocks.*.attention_norm",
+            "blocks.*.attention",
+            "blocks.*.attention_residual_stream",
+            "blocks.*.feed_forward_norm",
+            "blocks.*.feed_forward",
+            "blocks.*.feed_forward_residual_stream",
+        ],
+        "OLMo-core only",
+    )
+    cp_degree: int | None = no_effect(None, "OLMo-core context parallelism; see --sequence_parallel_size")
+    cp_strategy: Literal["llama3", "zig_zag", "ulysses"] = no_effect("llama3", "OLMo-core only")
+    enable_queue_dashboard: bool = arg(True, "open-instruct's FastAPI queue dashboard; here metrics.jsonl and W&B.")
+    queue_dashboard_port: int | None = arg(None, "Port of that dashboard (unused here).")
+    hf_entity: str | None = arg(None, "Hub user/org for --push_to_hub.", kind=BEAKER_ONLY)
+    hf_repo_id: str | None = arg(None, "Hub repo for --push_to_hub.", kind=BEAKER_ONLY)
+    hf_repo_revision: str | None = arg(None, "Hub branch for --push_to_hub.", kind=BEAKER_ONLY)
+    hf_repo_url: str | None = arg(None, "[internal] Set when pushing.", kind=BEAKER_ONLY)
+    gs_bucket_path: str | None = arg(None, "GCS bucket for state checkpoints.", kind=BEAKER_ONLY)
+    gs_checkpoint_state_dir: str | None = arg(None, "GCS copy of --checkpoint_state_dir.", kind=BEAKER_ONLY)
+    try_auto_save_to_beaker: bool = arg(True, "Copy --output_dir into Beaker's result dataset.", kind=BEAKER_ONLY)
+    oe_eval_beaker_image: str | None = arg(None, "Image of the oe-eval jobs.", kind=BEAKER_ONLY)
+    oe_eval_gpu_multiplier: int | None = arg(None, "GPU multiplier of the oe-eval jobs.", kind=BEAKER_ONLY)
+    eval_priority: Literal["low", "normal", "high", "urgent"] = arg("normal", "oe-eval job priority.", kind=BEAKER_ONLY)
+    eval_workspace: str = arg("ai2/tulu-3-results", "Beaker workspace of the oe-eval jobs.", kind=BEAKER_ONLY)
+    send_slack_alerts: bool = arg(False, "Slack messages on crashes (needs SLACK_WEBHOOK_URL).", kind=BEAKER_ONLY)
+    tokenizer_files_hash: list[str] | None = arg(None, "[internal in open-instruct; ignored]")
+    use_cache: bool | None = arg(None, "The KV cache is always off in training (accepted for compatibility).")
+    use_peft: bool = pending(False, NOT_IN_GRPO_FAST.format("LoRA"))
+    lora_r: int | None = arg(16, "LoRA rank (with --use_peft).")
+    lora_alpha: int | None = arg(32, "LoRA alpha (with --use_peft).")
+    lora_dropout: float | None = arg(0.05, "LoRA dropout (with --use_peft).")
+    lora_target_modules: list[str] | None = arg(None, "LoRA target modules (with --use_peft).")
+    lora_modules_to_save: list[str] | None = arg(None, "Modules trained fully (with --use_peft).")
+    lora_task_type: str = arg("CAUSAL_LM", "PEFT task type (with --use_peft).")
+    load_in_8bit: bool = pending(False, NOT_IN_GRPO_FAST.format("quantized training"))
+    load_in_4bit: bool = pending(False, NOT_IN_GRPO_FAST.format("quantized training"))
+    bnb_4bit_quant_type: str | None = arg("nf4", "bitsandbytes 4-bit type (with --load_in_4bit).")
+    use_bnb_nested_quant: bool = arg(False, "bitsandbytes nested quantization (with --load_in_4bit).")
+    dataset_cache_mode: Literal["hf", "local"] = pending(
+        "local", "the Hub dataset cache needs Hub write access (Ai2 infrastructure); the local cache works"
+    )
+    max_possible_score: float = arg(1.0, "[internal in open-instruct: recomputed; ignored]")
+
+    def problems(self) -> list[str]:
+        """None at parse time: the entry point refuses (`refused`) and warns (`ignored`) before anything starts."""
+        return []
+
+    def refused(self) -> list[str]:
+        """A flag of a feature not built yet, given a value other than its default: one line each."""
+        return [f"--{name} {_show(value)}: not supported yet: {reason}" for name, value, reason in self._moved(PENDING)]
+
+    def ignored(self) -> list[str]:
+        """Warnings for no-effect flags given a value other than their default: one line each."""
+        return [f"--{name} {_show(value)} has no effect: {reason}" for name, value, reason in self._moved(NO_EFFECT)]
+
+    def _moved(self, kind: str) -> list[tuple[str, Any, str]]:
+        """(flag, value, reason) of every flag of `kind` whose value is not its default."""
+        found = []
+        for flag in fields(self):
+            if flag.metadata.get("kind") != kind:
+                continue
+            default = flag.default_factory() if callable(flag.default_factory) else flag.default  # type: ignore[misc]
+            value = getattr(self, flag.name)
+            if value != default:
+                found.append((flag.name, value, flag.metadata["reason"]))
+        return found
+
+
+def _show(value: Any) -> str:
+    return " ".join(map(str, value)) if isinstance(value, list) else str(value)

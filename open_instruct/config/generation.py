@@ -1,0 +1,154 @@
+"""The engines and how they sample: batch shape, sampling, the lookahead and staleness bound, weight pushes,
+engine faults, and evaluation sampling."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from open_instruct.config.fields import arg
+
+# The staleness bound of `--async_steps auto` when --max_off_policy_steps is not given: open-instruct's
+# default lookahead, so `auto` never runs further ahead than an unchanged open-instruct script would.
+DEFAULT_AUTO_BOUND = 8
+
+
+@dataclass(frozen=True)
+class GenerationConfig:
+    _argument_group_name = "generation (vLLM engines)"
+
+    num_unique_prompts_rollout: int = arg(16, "Prompts per training step (groups per batch).")
+    num_samples_per_prompt_rollout: int = arg(4, "Samples per prompt (GRPO group size).")
+    response_length: int = arg(256, "Maximum generated tokens per sample.")
+    temperature: float = arg(1.0, "Sampling temperature.")
+    vllm_top_p: float = arg(1.0, "Nucleus sampling p.")
+    stop_strings: list[str] = arg([], "Strings that end a sample (e.g. '</answer>').")
+    include_stop_str_in_output: bool = arg(True, "Keep the stop string in the response (and train on it).")
+    async_steps: str = arg(
+        "8",
+        "How many optimizer steps generation may run ahead of the learner: an integer (0 = synchronous), or "
+        "'auto' to follow the measured group latency and learner step time within [1, --max_off_policy_steps].",
+    )
+    max_off_policy_steps: int | None = arg(
+        None,
+        "Staleness bound: a group whose oldest token is more than K learner versions behind at training time "
+        "gets --off_policy_action. Default: --async_steps (open-instruct's bound); 8 with --async_steps auto.",
+    )
+    off_policy_action: Literal["requeue", "drop", "downweight"] = arg(
+        "requeue",
+        "For groups over --max_off_policy_steps: admit the prompt again, fresh (requeue); drop it and admit "
+        "another (drop); or train it at weight 0.5^(lag - K) (downweight). Requeue and drop also abort running "
+        "samples that can no longer finish within the bound.",
+    )
+    inflight_updates: bool = arg(
+        True,
+        "Push new weights into running engines mid-generation (KV cache kept); False waits for running "
+        "requests to finish before each update (the conservative baseline).",
+    )
+    weight_sync_every_steps: int = arg(1, "Push the learner's weights to the engines every N optimizer steps.")
+    vllm_num_engines: int = arg(1, "Number of vLLM engine actors.")
+    vllm_tensor_parallel_size: int = arg(1, "GPUs per engine (tensor parallel, vLLM's mp workers in the actor).")
+    vllm_gpu_memory_utilization: float = arg(0.9, "Fraction of GPU memory vLLM may use (see --single_gpu_mode).")
+    vllm_enable_prefix_caching: bool = arg(False, "Reuse KV blocks of shared prefixes (salted per weight version).")
+    vllm_enforce_eager: bool = arg(False, "Disable CUDA graphs (always eager on CPU).")
+    vllm_kv_cache_gib: float = arg(1.0, "KV-cache size per engine in GiB on CPU machines.")
+    max_engine_restarts: int = arg(
+        3,
+        "Generation engines that die (process killed, engine error) are replaced this many times in a run: "
+        "their unfinished samples go back to the queue and the new engine gets the current weights. 0: a dead "
+        "engine ends the run.",
+    )
+    partial_report_tokens: int = arg(
+        256,
+        "Every this many new tokens a running sample's tokens and logprobs go to the driver, so that a sample "
+        "whose engine dies continues on another engine from there (one re-prefill) instead of starting over; "
+        "samples running when the run stops are saved whole in the resume state. 0: dead engines' samples restart.",
+    )
+    engine_hang_timeout_s: float = arg(
+        300.0,
+        "An engine that neither answers nor produces a token for this long while it has samples running is "
+        "taken for hung: killed and replaced like a dead one (within --max_engine_restarts). 0: never.",
+    )
+    vllm_attention_backend: str | None = arg(None, "vLLM attention backend of the engines; None lets vLLM choose.")
+    eval_pass_at_k: int = arg(
+        1, "Samples per eval prompt; > 1 samples at the training temperature and logs unbiased eval/pass_at_{k}."
+    )
+    eval_top_p: float | None = arg(
+        None, "Eval top_p; given, eval samples at the training temperature instead of greedily."
+    )
+    eval_response_length: int | None = arg(None, "Max new tokens of eval samples (default: --response_length).")
+
+    @property
+    def async_steps_auto(self) -> bool:
+        return self.async_steps.strip().lower() == "auto"
+
+    @property
+    def staleness_bound(self) -> int:
+        """K: the largest version lag a trained group may have (see --off_policy_action)."""
+        if self.max_off_policy_steps is not None:
+            return self.max_off_policy_steps
+        return DEFAULT_AUTO_BOUND if self.async_steps_auto else int(self.async_steps)
+
+    def problems(self) -> list[str]:
+        checks = [
+            (self.response_length > 0, "--response_length must be > 0"),
+            (self.num_unique_prompts_rollout >= 1, "--num_unique_prompts_rollout must be >= 1"),
+            (
+                self.num_samples_per_prompt_rollout >= 2,
+                "--num_samples_per_prompt_rollout must be >= 2: group-relative advantages need at least two samples",
+            ),
+            (0 <= self.temperature <= 2, f"--temperature {self.temperature} must be in [0, 2] (vLLM refuses others)"),
+            (0 < self.vllm_top_p <= 1, "--vllm_top_p must be in (0, 1]"),
+            (
+                self.async_steps_auto or self.async_steps.strip().isdigit(),
+                f"--async_steps {self.async_steps!r} must be an integer >= 0 (0 = synchronous) or 'auto'",
+            ),
+            (
+                self.max_off_policy_steps is None or self.max_off_policy_steps >= 0,
+                f"--max_off_policy_steps {self.max_off_policy_steps} must be >= 0",
+            ),
+            (
+                self.max_off_policy_steps != 0 or not self.async_steps_auto,
+                "--async_steps auto adapts the lookahead within [1, --max_off_policy_steps]; give a bound >= 1",
+            ),
+            (self.vllm_num_engines >= 1, "--vllm_num_engines must be >= 1"),
+            (self.weight_sync_every_steps >= 1, "--weight_sync_every_steps must be >= 1"),
+            (self.vllm_tensor_parallel_size >= 1, "--vllm_tensor_parallel_size must be >= 1"),
+            (0 < self.vllm_gpu_memory_utilization <= 1, "--vllm_gpu_memory_utilization must be in (0, 1]"),
+            (self.vllm_kv_cache_gib > 0, "--vllm_kv_cache_gib must be > 0"),
+            (self.max_engine_restarts >= 0, f"--max_engine_restarts {self.max_engine_restarts} must be >= 0"),
+            (self.partial_report_tokens >= 0, f"--partial_report_tokens {self.partial_report_tokens} must be >= 0"),
+            (
+                self.engine_hang_timeout_s >= 0,
+                f"--engine_hang_timeout_s {self.engine_hang_timeout_s} must be >= 0 (0: off)",
+            ),
+            (self.eval_pass_at_k >= 1, f"--eval_pass_at_k {self.eval_pass_at_k} must be >= 1"),
+            (
+                self.eval_top_p is None or 0 < self.eval_top_p <= 1,
+                f"--eval_top_p {self.eval_top_p} must be in (0, 1]",
+            ),
+            (
+                self.eval_response_length is None or self.eval_response_length >= 1,
+                f"--eval_response_length {self.eval_response_length} must be >= 1",
+            ),
+        ]
+        problems = [message for ok, message in checks if not ok]
+        if not problems:  # the bound is defined only once --async_steps and --max_off_policy_steps are valid
+            problems += sync_interval_problems(
+                self.staleness_bound, self.weight_sync_every_steps, self.off_policy_action
+            )
+        return problems
+
+
+def sync_interval_problems(bound: int, sync_every: int, off_policy_action: str) -> list[str]:
+    """Between weight syncs the engines fall up to `sync_every - 1` versions behind the learner. A tighter
+    staleness bound dooms every sample before the next sync, which then never comes (the learner waits
+    forever), unless late groups are down-weighted instead of dropped."""
+    lag = sync_every - 1
+    if off_policy_action == "downweight" or bound >= lag:
+        return []
+    return [
+        f"--weight_sync_every_steps {sync_every} leaves the engines up to {lag} versions behind the learner, "
+        f"more than the staleness bound {bound} allows: nothing would be trainable before the next sync; give "
+        f"--max_off_policy_steps >= {lag} (or --off_policy_action downweight)"
+    ]
