@@ -95,16 +95,16 @@ def train_steps(
 
 def _train_fresh(model_path, groups, batch_settings, steps, stage, gradient_checkpointing, options) -> list[dict]:
     from open_instruct import cluster
-    from open_instruct.learner.actor import LearnerSettings
+    from open_instruct.learner.actor import learner_settings
 
-    settings = LearnerSettings(
-        model_path=model_path,
+    settings = learner_settings(
+        model_path,
+        total_steps=steps,
         deepspeed_stage=stage,
         learning_rate=1e-5,
         lr_scheduler_type="constant",
-        total_steps=steps,
         gradient_checkpointing=gradient_checkpointing,
-        importance_ratio_cap=2.0,
+        beta=0.0,
         **options,
     )
     cluster.init_ray(min_logical_cpus=3)  # once per process: each configuration gets fresh learners on it

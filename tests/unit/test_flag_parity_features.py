@@ -107,7 +107,7 @@ def test_dtype_and_attention_backend_reach_the_engine_and_the_learner(model_path
     assert args.dtype == "bfloat16" and args.attention_backend == "CPU_ATTN"
     assert engine_args(EngineSettings.from_config(parse_config([]), model_path)).attention_backend is None
     learner = LearnerSettings.from_config(cfg, model_path)
-    assert (learner.dtype, learner.attn_implementation) == ("bfloat16", "sdpa")
+    assert (learner.model.dtype, learner.attn_implementation) == ("bfloat16", "sdpa")
     # Judged by vLLM's own list at launch, before anything loads (configuration never imports vLLM).
     from open_instruct.grpo_fast import launch_problems
 
@@ -132,7 +132,7 @@ def test_weight_decay_skips_biases_and_norms_unless_told_otherwise(model_path):
     (everything,) = weight_decay_groups(model.named_parameters(), 0.1, decay_bias_and_norm=True)
     assert everything["weight_decay"] == 0.1 and len(everything["params"]) == len(names)
     cfg = parse_config(["--set_weight_decay_on_bias_and_norm", "False"])
-    assert LearnerSettings.from_config(cfg, model_path).decay_bias_and_norm
+    assert LearnerSettings.from_config(cfg, model_path).learner.set_weight_decay_on_bias_and_norm is False
 
 
 # ----------------------------------------------------------------------------- tokenizer and data

@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib.metadata
 import math
 from dataclasses import dataclass, fields
+from operator import attrgetter
 from pathlib import Path
 
 import pytest
@@ -122,7 +123,7 @@ def _learner_setting(attribute, expected):
     def check(cfg, value):
         from open_instruct.learner.actor import LearnerSettings
 
-        assert getattr(LearnerSettings.from_config(cfg, "unused"), attribute) == expected(value)
+        assert attrgetter(attribute)(LearnerSettings.from_config(cfg, "unused")) == expected(value)
 
     return check
 
@@ -130,7 +131,7 @@ def _learner_setting(attribute, expected):
 def _deepspeed_stage(cfg, value):
     from open_instruct.learner.deepspeed_setup import deepspeed_config
 
-    _learner_setting("deepspeed_stage", int)(cfg, value)
+    _learner_setting("learner.deepspeed_stage", int)(cfg, value)
     # fp32 keeps DeepSpeed's ZeRO stage as asked (bf16 stage 0 runs its stage 1, see deepspeed_config)
     zero = deepspeed_config(stage=int(value), micro_batch_size=1, bf16=False)["zero_optimization"]
     assert zero["stage"] == int(value)
@@ -221,7 +222,7 @@ def _tokenizer_fn(cfg, value):
 BEHAVIOUR = {
     "lr_scheduler_type": _lr_schedule,
     "kl_estimator": _kl,
-    "loss_fn": _learner_setting("loss_fn", str),
+    "loss_fn": _learner_setting("algorithm.loss_fn", str),
     "loss_denominator": _learner_setting("loss_denominator", lambda v: None if v == "token" else float(v)),
     "deepspeed_stage": _deepspeed_stage,
     "dtype": _dtype,

@@ -13,7 +13,7 @@ from helpers.items import make_item
 
 from open_instruct.batching import BatchSettings, assemble
 from open_instruct.benchmarks.learner_step import heavy_tailed_groups
-from open_instruct.learner.actor import LearnerSettings
+from open_instruct.learner.actor import LearnerSettings, learner_settings
 from open_instruct.packing import (
     COST_LINEAR,
     COST_QUADRATIC,
@@ -90,7 +90,7 @@ def test_assemble_with_a_token_budget_keeps_the_exact_token_mean_and_reports_the
     ("mini_batches", "forced", "reuse"), [(1, False, True), (2, False, False), (1, True, False), (4, False, False)]
 )
 def test_pi_old_comes_from_the_training_forward_only_with_one_mini_batch(mini_batches, forced, reuse):
-    settings = LearnerSettings(model_path="m", num_mini_batches=mini_batches, separate_old_logprob_pass=forced)
+    settings = learner_settings("m", num_mini_batches=mini_batches, separate_old_logprob_pass=forced)
     assert settings.old_logprobs_from_training_pass is reuse
 
 
@@ -111,9 +111,9 @@ def test_resource_flags_shape_the_deepspeed_config_and_the_engines(model_path):
     assert "offload_param" not in deepspeed_config(stage=2, micro_batch_size=1, offload_param=True)["zero_optimization"]
     cfg = parse_config(["--deepspeed_stage", "3", "--deepspeed_offload_param", "--no_fused_optimizer",
                         "--backend_timeout", "7", "--no_gather_whole_model", "--deepspeed_zpg", "4"])  # fmt: skip
-    learner = LearnerSettings.from_config(cfg, model_path)
-    assert (learner.offload_param, learner.fused_optimizer, learner.backend_timeout_minutes) == (True, False, 7)
-    assert (learner.gather_whole_model, learner.hpz_partition_size) == (False, 4)
+    learner = LearnerSettings.from_config(cfg, model_path).learner
+    assert (learner.deepspeed_offload_param, learner.fused_optimizer, learner.backend_timeout) == (True, False, 7)
+    assert (learner.gather_whole_model, learner.deepspeed_zpg) == (False, 4)
     for argv, flag in (
         (["--deepspeed_offload_param"], "--deepspeed_offload_param needs --deepspeed_stage 3"),
         (["--vllm_sync_backend", "mpi"], "--vllm_sync_backend mpi"),
