@@ -150,7 +150,7 @@ def create_generation_actors(
     from open_instruct.generation.actor import GenerationActor
 
     if gpus_per_engine is None:
-        gpus_per_engine = settings.tensor_parallel_size if gpus_available() else 0
+        gpus_per_engine = settings.generation.vllm_tensor_parallel_size if gpus_available() else 0
     remote_cls = ray.remote(num_cpus=1, num_gpus=gpus_per_engine, max_concurrency=1000)(actor_class or GenerationActor)
     strategies = strategies or [None] * count
     indices = indices or list(range(count))

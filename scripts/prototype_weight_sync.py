@@ -68,7 +68,7 @@ async def main(args) -> dict:
         build_untrained_model,
         ensure_embedded_model,
     )
-    from open_instruct.generation.engine_setup import EngineSettings, engine_args
+    from open_instruct.generation.engine_setup import engine_args, engine_settings
     from open_instruct.weights import gloo as wt
 
     path = str(ensure_embedded_model())
@@ -77,7 +77,7 @@ async def main(args) -> dict:
     model_b = build_untrained_model(tok, TinyModelSpec(seed=7)).eval()
     prompt_ids = tok(PROMPT)["input_ids"]
 
-    ea = engine_args(EngineSettings(model_path=path, max_model_len=256, kv_cache_gib=0.25))
+    ea = engine_args(engine_settings(model_path=path, max_model_len=256, vllm_kv_cache_gib=0.25))
     ea = dataclasses.replace(
         ea,
         weight_transfer_config=WeightTransferConfig(backend=wt.BACKEND),

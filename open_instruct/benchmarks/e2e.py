@@ -128,7 +128,7 @@ def run_mode(stack, cfg, mode: str, tokenizer, rows) -> tuple[dict, list]:
     from open_instruct.orchestrator import SystemClock, TrainingLoop
     from open_instruct.tracking import RunLog
 
-    sync = stack.sync.with_settings(inflight=cfg.generation.inflight_updates)
+    sync = stack.sync.with_settings(generation=cfg.generation)
     stack.pool.ledger = DeliveryLedger()
     stack.pool.call_all("reset_stats")
     sync.push(0)  # every mode starts at version 0, so staleness numbers compare across modes

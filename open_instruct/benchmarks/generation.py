@@ -101,14 +101,14 @@ def main(argv: list[str] | None = None) -> dict:
     from open_instruct import cluster
     from open_instruct.benchmarks.workloads import lognormal_lengths
     from open_instruct.data.embedded_default import ensure_embedded_model
-    from open_instruct.generation.engine_setup import EngineSettings
+    from open_instruct.generation.engine_setup import engine_settings
     from open_instruct.generation.pool import EnginePool
 
     model_path = str(ensure_embedded_model())
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     lengths = lognormal_lengths(args.prompts, args.median_tokens, args.sigma, args.max_tokens, args.seed)
-    settings = EngineSettings(
-        model_path, args.max_tokens + 64, kv_cache_gib=args.kv_cache_gib, max_concurrency=args.concurrency
+    settings = engine_settings(
+        model_path, args.max_tokens + 64, vllm_kv_cache_gib=args.kv_cache_gib, max_concurrency=args.concurrency
     )
     cluster.init_ray(min_logical_cpus=2)
     pool = EnginePool(cluster.create_generation_actors(settings, 1), prompt_capacity=args.prompts + 1)

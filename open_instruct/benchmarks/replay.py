@@ -252,7 +252,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     from open_instruct import cluster
     from open_instruct.data.embedded_default import ensure_embedded_model
-    from open_instruct.generation.engine_setup import EngineSettings
+    from open_instruct.generation.engine_setup import engine_settings
     from open_instruct.generation.pool import EnginePool
 
     out = Path(args.output)
@@ -263,10 +263,10 @@ def main(argv: list[str] | None = None) -> dict:
     recorded = load_prompts(str(prompt_file))[: args.max_prompts]
     model = args.model or str(ensure_embedded_model())
     longest_prompt = max(len(r.prompt_token_ids) for r in recorded)
-    settings = EngineSettings(
+    settings = engine_settings(
         model_path=model,
         max_model_len=longest_prompt + max(args.response_lengths) + 8,
-        kv_cache_gib=args.kv_cache_gib,
+        vllm_kv_cache_gib=args.kv_cache_gib,
         max_concurrency=args.max_concurrency,
     )
     cluster.init_ray(min_logical_cpus=args.engines + 1)

@@ -115,15 +115,15 @@ async def push_while_decoding(engine, weights, args, transport: str) -> tuple[li
 async def measure_size(hidden: int, layers: int, args, workdir: Path, transport: str = "gloo") -> dict:
     from vllm.v1.engine.async_llm import AsyncLLM
 
-    from open_instruct.generation.engine_setup import EngineSettings, engine_args
+    from open_instruct.generation.engine_setup import engine_args, engine_settings
 
     path, weights = build_model(hidden, layers, workdir)
     engine = AsyncLLM.from_engine_args(
         engine_args(
-            EngineSettings(
+            engine_settings(
                 model_path=str(path),
                 max_model_len=args.max_tokens + 64,
-                kv_cache_gib=0.5,
+                vllm_kv_cache_gib=0.5,
                 weight_transfer_backend=transport,
             )
         )

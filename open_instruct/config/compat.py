@@ -9,7 +9,8 @@ Each flag is one of three kinds, said first in its help (`fields.rendered_help`)
 * `[not supported yet: <reason>]`: a feature not built yet. The default parses (scripts pass `--push_to_hub
   false` all the time); any other value stops the run before anything starts, instead of being ignored.
 
-Flags without a kind are open-instruct internals or companions of a refused flag (`--lora_r` with `--use_peft`).
+Flags without a kind are open-instruct internals (`--world_size`), informational (`--num_nodes`), its queue
+dashboard's, or companions of a refused flag (`--lora_r` with `--use_peft`).
 A flag leaves this group for the group of its concern when its feature lands.
 """
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import copy
 import difflib
-from dataclasses import Field, field
+from dataclasses import Field, field, fields
 from types import MappingProxyType
 from typing import Any
 
@@ -96,3 +96,17 @@ def unknown_flags_message(parser, remaining: list[str]) -> str:
         close = difflib.get_close_matches(flag, known, n=1)
         lines.append(f"unknown flag {flag}" + (f" (did you mean {close[0]}?)" if close else ""))
     return "; ".join(lines) + ". Run with --help for the full list."
+
+
+def groups_from_flags(values: dict[str, Any], groups: dict[str, type], defaults=None) -> tuple[dict, dict]:
+    """Flag values by name, each filed into the group that declares it: ({attribute: group instance}, the
+    values no group declares). `defaults` ({attribute: {flag: value}}) replace flag defaults unless given."""
+    given = {name: dict((defaults or {}).get(name, {})) for name in groups}
+    rest = {}
+    for flag, value in values.items():
+        owner = next((name for name, group in groups.items() if flag in {f.name for f in fields(group)}), None)
+        if owner is None:
+            rest[flag] = value
+        else:
+            given[owner][flag] = value
+    return {name: group(**given[name]) for name, group in groups.items()}, rest

@@ -378,7 +378,7 @@ class GenerationActor(WeightReceiver):
             )
         params = self.sampling_params(request, sample_index, turn)
         request_id = f"{request.prompt_id}/{sample_index}/e{self.engine_id}{part}"
-        report_every = self.settings.partial_report_tokens if self._results is not None and not part else 0
+        report_every = self.settings.generation.partial_report_tokens if self._results is not None and not part else 0
         # A request submitted during a weight sync would be salted with the outgoing version and
         # could then reuse prefix blocks computed with the old weights: submit after the resume.
         await self._resumed.wait()

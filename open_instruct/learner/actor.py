@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from open_instruct.config.algorithm import KL_ESTIMATORS, AlgorithmConfig
 from open_instruct.config.derived import resolve_dtype
+from open_instruct.config.fields import groups_from_flags
 from open_instruct.config.learner import LearnerConfig
 from open_instruct.config.model import ModelConfig
 from open_instruct.learner.deepspeed_setup import (
@@ -128,16 +129,8 @@ def learner_settings(model_path: str, **values) -> LearnerSettings:
     LearnerSettings' own fields (`total_steps=4`); unnamed flags keep their defaults. For benchmarks and tests
     that start learners without a whole run's configuration."""
     groups = {"learner": LearnerConfig, "algorithm": AlgorithmConfig, "model": ModelConfig}
-    own = {f.name for f in fields(LearnerSettings)} - set(groups)
-    flags = {name: {} for name in groups}
-    for name, value in values.items():
-        owner = next((group for group, cls in groups.items() if name in {f.name for f in fields(cls)}), None)
-        if owner is None and name not in own:
-            raise TypeError(f"{name} is neither a learner, algorithm or model flag nor a LearnerSettings field")
-        if owner is not None:
-            flags[owner][name] = value
-    built = {group: cls(**flags[group]) for group, cls in groups.items()}
-    return LearnerSettings(model_path, **built, **{name: v for name, v in values.items() if name in own})
+    built, rest = groups_from_flags(values, groups)
+    return LearnerSettings(model_path, **built, **rest)
 
 
 def scheduler_steps(cfg) -> int:

@@ -25,8 +25,9 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from open_instruct.config.generation import GenerationConfig
 from open_instruct.messages import EnginePaused, WeightMetadata, WeightsReceived, WeightsSent
 from open_instruct.weights.transport import WeightSyncError, transport
 
@@ -61,23 +62,21 @@ class RayWaiter:
 
 @dataclass(frozen=True)
 class SyncSettings:
+    """How weights are pushed: the transport placement chose, the engines' dtype, and the generation flags
+    that shape a push (--inflight_updates; --vllm_tensor_parallel_size ranks per engine in the group)."""
+
     backend: str  # one of TRANSPORTS
     dtype_name: str  # the engines' dtype: weights are cast to it before sending
-    inflight: bool = True
+    generation: GenerationConfig = field(default_factory=GenerationConfig)
     bucket_bytes: int = 64 << 20
     timeout_s: float = 600.0  # per protocol step, and the transfer group's own collective timeout
-    engine_ranks: int = 1  # transfer-group ranks per engine (its tensor-parallel size)
 
     @classmethod
     def from_config(cls, cfg, backend: str, on_gpu: bool) -> SyncSettings:
         from open_instruct.config.derived import resolve_dtype
 
-        return cls(
-            backend=backend,
-            dtype_name=resolve_dtype(cfg.model.dtype, cfg.model.model_dtype, on_gpu),
-            inflight=cfg.generation.inflight_updates,
-            engine_ranks=cfg.generation.vllm_tensor_parallel_size,
-        )
+        dtype_name = resolve_dtype(cfg.model.dtype, cfg.model.model_dtype, on_gpu)
+        return cls(backend, dtype_name, cfg.generation)
 
 
 class WeightSync:
@@ -112,11 +111,12 @@ class WeightSync:
         s = self.settings
         started = time.monotonic()
         host, port = self.learners.rendezvous_address()
-        world_size = 1 + self.engines.num_engines * s.engine_ranks
+        engine_ranks = s.generation.vllm_tensor_parallel_size
+        world_size = 1 + self.engines.num_engines * engine_ranks
         wire = transport(s.backend)
         refs = self.engines.start_join_weight_transfer(
             [
-                wire.worker_init_info(host, port, world_size, s.timeout_s, rank_offset=1 + i * s.engine_ranks)
+                wire.worker_init_info(host, port, world_size, s.timeout_s, rank_offset=1 + i * engine_ranks)
                 for i in range(self.engines.num_engines)
             ]
         )
@@ -185,7 +185,7 @@ class WeightSync:
     def _pause_transfer_resume(self, version: int, step_end_time: float | None, staged: list | None) -> dict:
         s = self.settings
         paused_at = time.monotonic()
-        mode = "keep" if s.inflight else "wait"
+        mode = "keep" if s.generation.inflight_updates else "wait"
         pauses: list[EnginePaused] = []
         try:
             pauses = self._get("pause", self.engines.start_pause(mode))

@@ -39,7 +39,7 @@ def test_vllm_async_engine_generates_inside_a_ray_actor(model_path):
     from transformers import AutoTokenizer
 
     from open_instruct import cluster
-    from open_instruct.generation.engine_setup import EngineSettings
+    from open_instruct.generation.engine_setup import engine_settings
     from open_instruct.messages import PromptRequest, SamplingSettings
     from open_instruct.rewards.scoring import RewardSettings
 
@@ -47,7 +47,7 @@ def test_vllm_async_engine_generates_inside_a_ray_actor(model_path):
     cluster.init_ray(min_logical_cpus=2)
     try:
         [actor] = cluster.create_generation_actors(
-            EngineSettings(model_path=model_path, max_model_len=256, kv_cache_gib=0.25), 1, RewardSettings()
+            engine_settings(model_path=model_path, max_model_len=256, vllm_kv_cache_gib=0.25), 1, RewardSettings()
         )
         info = ray.get(actor.start.remote(), timeout=300)
         assert info.engine_id == 0 and info.target_concurrency >= 1

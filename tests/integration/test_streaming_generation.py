@@ -38,12 +38,12 @@ def ray_cluster():
 
 def make_pool(model_path, engines: int, partial_report_tokens: int = 16):
     from open_instruct import cluster
-    from open_instruct.generation.engine_setup import EngineSettings
+    from open_instruct.generation.engine_setup import engine_settings
     from open_instruct.generation.pool import EnginePool
     from open_instruct.rewards.scoring import RewardSettings
 
-    settings = EngineSettings(
-        model_path=model_path, max_model_len=MAX_MODEL_LEN, kv_cache_gib=0.25,
+    settings = engine_settings(
+        model_path=model_path, max_model_len=MAX_MODEL_LEN, vllm_kv_cache_gib=0.25,
         partial_report_tokens=partial_report_tokens,
     )  # fmt: skip
     actors = cluster.create_generation_actors(settings, engines, RewardSettings())

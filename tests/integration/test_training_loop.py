@@ -121,10 +121,10 @@ def test_checkpoints_load_in_transformers(uninterrupted):
         from vllm import SamplingParams
         from vllm.v1.engine.async_llm import AsyncLLM
 
-        from open_instruct.generation.engine_setup import EngineSettings, engine_args
+        from open_instruct.generation.engine_setup import engine_args, engine_settings
 
         engine = AsyncLLM.from_engine_args(
-            engine_args(EngineSettings(str(saved[-1]), max_model_len=128, kv_cache_gib=0.1))
+            engine_args(engine_settings(str(saved[-1]), max_model_len=128, vllm_kv_cache_gib=0.1))
         )
         try:
             params = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)

@@ -28,7 +28,8 @@ from helpers.batches import rewarded_groups
 
 from open_instruct import cluster
 from open_instruct.batching import BatchSettings
-from open_instruct.generation.engine_setup import EngineSettings
+from open_instruct.config.generation import GenerationConfig
+from open_instruct.generation.engine_setup import engine_settings
 from open_instruct.generation.pool import EnginePool
 from open_instruct.learner.actor import learner_settings
 from open_instruct.learner.group import LearnerGroup
@@ -106,11 +107,11 @@ def stack_for(model_path, tokenizer, engines: int, learners: int, stage: int, ba
     if share and _STACK and _STACK[0].key == key:
         return _STACK[0]
     release_stack()
-    settings = EngineSettings(
+    settings = engine_settings(
         model_path=model_path,
         max_model_len=MAX_MODEL_LEN,
-        kv_cache_gib=0.25,
-        enable_prefix_caching=True,
+        vllm_kv_cache_gib=0.25,
+        vllm_enable_prefix_caching=True,
         weight_transfer_backend=backend,
     )
     stack = Stack(EnginePool(cluster.create_generation_actors(settings, engines), prompt_capacity=16), key)
@@ -138,9 +139,8 @@ def stack_for(model_path, tokenizer, engines: int, learners: int, stage: int, ba
 
 
 def connected_sync(pool, learners, backend: str, inflight: bool, timeout_s: float = 300) -> WeightSync:
-    settings = SyncSettings(
-        backend=backend, dtype_name="float32", inflight=inflight, bucket_bytes=1 << 20, timeout_s=timeout_s
-    )
+    generation = GenerationConfig(inflight_updates=inflight)
+    settings = SyncSettings(backend, "float32", generation, bucket_bytes=1 << 20, timeout_s=timeout_s)
     sync = WeightSync(learners, pool, settings)
     connected = sync.connect()
     assert connected["weight_sync/group_size"] == (0 if backend == "shm" else pool.num_engines + 1)

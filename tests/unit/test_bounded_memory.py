@@ -239,12 +239,13 @@ class _FakeVllm:
 def _actor(monkeypatch):
     """A GenerationActor on `_FakeVllm`; the two vLLM modules it imports per sample are stubbed in-process."""
     from open_instruct.generation.actor import GenerationActor
+    from open_instruct.generation.engine_setup import engine_settings
 
     monkeypatch.setitem(sys.modules, "vllm.inputs", types.SimpleNamespace(tokens_input=lambda ids, **_: ids))
     monkeypatch.setitem(
         sys.modules, "vllm.v1.engine.exceptions", types.SimpleNamespace(EngineDeadError=type("Dead", (Exception,), {}))
     )
-    actor = GenerationActor(0, types.SimpleNamespace(partial_report_tokens=1, agent=None, max_concurrency=0))
+    actor = GenerationActor(0, engine_settings("unused", 64, partial_report_tokens=1))
     actor.engine, actor.toolbox, actor.target_concurrency = _FakeVllm(), types.SimpleNamespace(tools={}), 16
     actor.sampling_params = lambda request, sample_index, turn: None
     return actor

@@ -155,7 +155,7 @@ def _vllm_attention(cfg, value):
 
     from open_instruct.generation.engine_setup import EngineSettings
 
-    assert EngineSettings.from_config(cfg, "unused").attention_backend == value
+    assert EngineSettings.from_config(cfg, "unused").generation.vllm_attention_backend == value
     AttentionConfig.validate_backend_before(value)  # what vLLM does with the name, in both trainers
 
 

@@ -118,10 +118,10 @@ def test_single_gpu_mode_flag_checks_at_parse_time():
 
 
 def gpu_engine_args(tensor_parallel_size: int, backend: str = "nccl"):
-    from open_instruct.generation.engine_setup import EngineSettings, engine_args
+    from open_instruct.generation.engine_setup import engine_args, engine_settings
 
-    settings = EngineSettings(
-        model_path="not/loaded", max_model_len=512, tensor_parallel_size=tensor_parallel_size,
+    settings = engine_settings(
+        model_path="not/loaded", max_model_len=512, vllm_tensor_parallel_size=tensor_parallel_size,
         weight_transfer_backend=backend,
     )  # fmt: skip
     return engine_args(settings, on_gpu=True)
@@ -139,7 +139,7 @@ def test_a_tensor_parallel_engine_holds_its_gpus_and_runs_vllms_mp_workers_insid
     from open_instruct.generation.engine_setup import EngineSettings
 
     cfg = parse_config(["--vllm_tensor_parallel_size", "2", "--vllm_num_engines", "1", "--num_learners_per_node", "1"])
-    assert EngineSettings.from_config(cfg, "m").tensor_parallel_size == 2
+    assert EngineSettings.from_config(cfg, "m").generation.vllm_tensor_parallel_size == 2
     assert args.gpu_memory_utilization == 0.9 and args.dtype == "bfloat16"
     # One rank: vLLM's default, the in-process executor.
     assert gpu_engine_args(1).distributed_executor_backend is None

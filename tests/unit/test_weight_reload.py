@@ -191,13 +191,13 @@ def test_the_nccl_engine_is_registered_and_restores_the_old_weights_when_an_upda
 
 
 def test_gpu_engines_get_the_restoring_nccl_engine_imported_in_their_workers(model_path):
-    from open_instruct.generation.engine_setup import EngineSettings, engine_args
+    from open_instruct.generation.engine_setup import engine_args, engine_settings
     from open_instruct.weights import nccl
 
-    args = engine_args(EngineSettings(model_path, max_model_len=128, weight_transfer_backend="nccl"))
+    args = engine_args(engine_settings(model_path, max_model_len=128, weight_transfer_backend="nccl"))
     assert args.weight_transfer_config.backend == "nccl_restoring"
     assert args.worker_extension_cls == nccl.WORKER_EXTENSION
-    gloo = engine_args(EngineSettings(model_path, max_model_len=128, weight_transfer_backend="gloo"))
+    gloo = engine_args(engine_settings(model_path, max_model_len=128, weight_transfer_backend="gloo"))
     assert gloo.weight_transfer_config.backend == "gloo"
     # A fresh process, as vLLM's worker: resolving the extension by name is what registers the engine.
     check = (
