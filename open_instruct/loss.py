@@ -64,7 +64,7 @@ __all__ = [
 KLEstimator = Literal["kl1", "kl2", "kl3", "kl4"]
 ImportanceMode = Literal["truncate", "mask_token", "mask_sequence"]
 
-# Same numbering as config.Config.kl_estimator and open-instruct: estimator index i is kl{i+1}.
+# Same numbering as config.algorithm.AlgorithmConfig.kl_estimator_name and open-instruct: estimator index i is kl{i+1}.
 _KL_NAMES = {alias: f"kl{i + 1}" for i in range(4) for alias in (f"kl{i + 1}", str(i))}
 # Log-ratios are clamped before exp: exp(40) ~ 2e17 is finite in float32 (overflow is at ~88),
 # and a |log ratio| of 40 already means the token is garbage; beyond it the gradient is zero.
@@ -138,7 +138,7 @@ def kl_per_token(
       the ratio too, which makes its gradient the score-function gradient of the KL)
 
     `estimator` is "kl1".."kl4" or open-instruct's index "0".."3" (same mapping as
-    `Config.kl_estimator`: "0" -> kl1, "2" -> kl3). Every estimator is 0 where d = 0.
+    `AlgorithmConfig.kl_estimator_name`: "0" -> kl1, "2" -> kl3). Every estimator is 0 where d = 0.
     Masked positions are not special-cased here: reduce with `masked_sum`/`masked_mean`.
     """
     name = _KL_NAMES.get(str(estimator).lower())

@@ -71,6 +71,16 @@ class AlgorithmConfig:
     )
     alpha: float = arg(0.6, "Polyak weight of --ref_policy_update_freq: ref <- (1 - alpha) ref + alpha policy.")
 
+    @property
+    def kl_estimator_name(self) -> str:
+        """--kl_estimator as its kl1..kl4 name (open-instruct also accepts the indices 0-3)."""
+        return KL_ESTIMATORS[str(self.kl_estimator).lower()]
+
+    @property
+    def constant_loss_denominator(self) -> float | None:
+        """None: --loss_denominator token (the token mean); else the constant (Dr. GRPO) denominator."""
+        return None if self.loss_denominator == "token" else float(self.loss_denominator)
+
     def problems(self) -> list[str]:
         checks = [
             (self.beta >= 0, "--beta must be >= 0"),

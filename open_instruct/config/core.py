@@ -12,7 +12,7 @@ import os
 import sys
 from dataclasses import dataclass, field, fields, replace
 
-from open_instruct.config.algorithm import KL_ESTIMATORS, AlgorithmConfig
+from open_instruct.config.algorithm import AlgorithmConfig
 from open_instruct.config.compat import CompatConfig
 from open_instruct.config.data import EMBEDDED_DATASET_NAME, EMBEDDED_STOP_STRING, DataConfig
 from open_instruct.config.derived import state_dir
@@ -124,16 +124,6 @@ class Config:
         )
 
     # -- the objective
-
-    @property
-    def kl_estimator(self) -> str:
-        return KL_ESTIMATORS[str(self.algorithm.kl_estimator).lower()]
-
-    @property
-    def loss_denominator(self) -> float | None:
-        """None means token mean; a float is the constant (Dr. GRPO) denominator."""
-        value = self.algorithm.loss_denominator
-        return None if value == "token" else float(value)
 
     @property
     def remap_verifier(self) -> dict[str, str]:

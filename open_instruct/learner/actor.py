@@ -10,9 +10,10 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 
-from open_instruct.config.algorithm import KL_ESTIMATORS, AlgorithmConfig
+from open_instruct.config.algorithm import AlgorithmConfig
 from open_instruct.config.derived import resolve_dtype
 from open_instruct.config.fields import groups_from_flags
 from open_instruct.config.learner import LearnerConfig
@@ -77,17 +78,7 @@ class LearnerSettings:
         """--warm_up_steps, else open-instruct's --warmup_ratio of the run's optimizer steps."""
         return self.learner.warm_up_steps or int(self.learner.warmup_ratio * self.total_steps)
 
-    @property
-    def kl_estimator(self) -> str:
-        return KL_ESTIMATORS[str(self.algorithm.kl_estimator).lower()]
-
-    @property
-    def loss_denominator(self) -> float | None:
-        """None: exact token mean over each optimizer step; a float is the constant (Dr. GRPO) denominator."""
-        value = self.algorithm.loss_denominator
-        return None if value == "token" else float(value)
-
-    @property
+    @cached_property  # read in every micro-batch of a train step
     def importance_ratio_cap(self) -> float:
         """The TIS cap: open-instruct's --use_rho_correction / --rho_clamp_upper_bound, or ours."""
         algorithm = self.algorithm
@@ -97,7 +88,7 @@ class LearnerSettings:
             return algorithm.rho_clamp_upper_bound
         return algorithm.truncated_importance_sampling_ratio_cap
 
-    @property
+    @cached_property  # read in every micro-batch of a train step
     def rho_bounds(self):
         """open-instruct's --rho_* bounds as a loss.RhoBounds, or None when none is set."""
         from open_instruct.loss import RhoBounds
@@ -312,7 +303,9 @@ class LearnerActor:
         from open_instruct import loss as losses
 
         s = self.settings
-        denominator = losses.step_denominator(s.loss_denominator or max(1, global_tokens), world_size=self.world_size)
+        denominator = losses.step_denominator(
+            s.algorithm.constant_loss_denominator or max(1, global_tokens), world_size=self.world_size
+        )
         tokens = 0.0
         for i, mb in enumerate(mini):
             self.engine.set_gradient_accumulation_boundary(i == len(mini) - 1)
@@ -335,7 +328,9 @@ class LearnerActor:
             )
             kl = None
             if self.reference is not None:
-                kl = losses.kl_per_token(new_logprobs, mb["ref_logprobs"], s.kl_estimator, mb["old_logprobs"])
+                kl = losses.kl_per_token(
+                    new_logprobs, mb["ref_logprobs"], s.algorithm.kl_estimator_name, mb["old_logprobs"]
+                )
             out = losses.policy_loss(
                 new_logprobs,
                 mb["old_logprobs"],

@@ -44,7 +44,7 @@ def test_seed_launch_command_parses_to_typed_values():
     assert cfg.generation.num_samples_per_prompt_rollout == 16
     assert cfg.generation.num_unique_prompts_rollout == 256
     assert cfg.learner.learning_rate == pytest.approx(5e-7)
-    assert cfg.kl_estimator == "kl3"
+    assert cfg.algorithm.kl_estimator_name == "kl3"
     assert cfg.data.dataset_mixer_list == SEED_VARIABLES["split_value"].split()
     assert cfg.data.dataset_mixer_eval_list == ["hamishivi/tulu_3_rewritten_100k", "32"]
     assert cfg.model.add_bos is False
@@ -74,7 +74,7 @@ def test_seed_launch_command_parses_to_typed_values():
 
 @pytest.mark.parametrize("spelling, expected", [("kl1", "kl1"), ("KL4", "kl4"), ("0", "kl1"), ("2", "kl3")])
 def test_kl_estimator_accepts_names_and_numbers(spelling, expected):
-    assert parse_config(["--kl_estimator", spelling]).kl_estimator == expected
+    assert parse_config(["--kl_estimator", spelling]).algorithm.kl_estimator_name == expected
 
 
 @pytest.mark.parametrize("spelling, expected", [("True", True), ("true", True), ("False", False), ("false", False)])

@@ -116,7 +116,7 @@ def _kl(cfg, value):
     new, ref, old = torch.tensor([[-1.0, -2.0]]), torch.tensor([[-1.5, -1.0]]), torch.tensor([[-1.2, -2.5]])
     d = new - ref
     expected = {"0": d, "1": d.square() / 2, "2": torch.expm1(-d) + d, "3": torch.exp(new - old) * d}[value]
-    torch.testing.assert_close(kl_per_token(new, ref, cfg.kl_estimator, old), expected)
+    torch.testing.assert_close(kl_per_token(new, ref, cfg.algorithm.kl_estimator_name, old), expected)
 
 
 def _learner_setting(attribute, expected):
@@ -223,7 +223,9 @@ BEHAVIOUR = {
     "lr_scheduler_type": _lr_schedule,
     "kl_estimator": _kl,
     "loss_fn": _learner_setting("algorithm.loss_fn", str),
-    "loss_denominator": _learner_setting("loss_denominator", lambda v: None if v == "token" else float(v)),
+    "loss_denominator": _learner_setting(
+        "algorithm.constant_loss_denominator", lambda v: None if v == "token" else float(v)
+    ),
     "deepspeed_stage": _deepspeed_stage,
     "dtype": _dtype,
     "model_dtype": _model_dtype,

@@ -62,7 +62,7 @@ def test_kl_estimators_at_known_d():
     }
     for name, values in expected.items():
         torch.testing.assert_close(kl_per_token(logprobs, ref, name, old_logprobs_BT=old), t([values]))
-    # open-instruct's numeric names map as config.Config.kl_estimator does.
+    # open-instruct's numeric names map as config.algorithm.AlgorithmConfig.kl_estimator_name does.
     torch.testing.assert_close(kl_per_token(logprobs, ref, "0"), t([expected["kl1"]]))
     torch.testing.assert_close(kl_per_token(logprobs, ref, "2"), t([expected["kl3"]]))
 
