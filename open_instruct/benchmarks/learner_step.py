@@ -87,9 +87,7 @@ def train_steps(
     model_path: str, groups, batch_settings, steps: int, stage: int, gradient_checkpointing: bool = True, **options
 ) -> list[dict]:
     """`steps` training steps of a fresh 2-rank learner group on the same `groups`; each step's metrics."""
-    # the settings by their repr: the flag groups they carry hold lists, so they do not hash
-    options_key = tuple(sorted(options.items()))
-    key = (model_path, id(groups), repr(batch_settings), steps, stage, gradient_checkpointing, options_key)
+    key = (model_path, id(groups), batch_settings, steps, stage, gradient_checkpointing, tuple(sorted(options.items())))
     if key not in _MEASURED:
         _MEASURED[key] = _train_fresh(model_path, groups, batch_settings, steps, stage, gradient_checkpointing, options)
     return _MEASURED[key]
