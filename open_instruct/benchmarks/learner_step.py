@@ -118,11 +118,6 @@ def _summary(history: list[dict]) -> dict:
     return {"step_s": statistics.median(times[1:] or times), "step_s_all": times}
 
 
-def with_learner_flags(settings, **flags):
-    """Batch settings with some learner flags changed (the token budget, the number of learners)."""
-    return replace(settings, learner=replace(settings.learner, **flags))
-
-
 def old_logprobs(model_path, groups, batch_settings, steps: int) -> dict:
     out = {}
     for stage in (2, 3):
@@ -143,11 +138,11 @@ def old_logprobs(model_path, groups, batch_settings, steps: int) -> dict:
 def micro_batches(model_path, groups, batch_settings, steps: int) -> dict:
     from open_instruct.batching import assemble
 
-    budget = with_learner_flags(batch_settings, micro_batch_token_budget=batch_settings.learner.pack_length)
+    budget = replace(batch_settings, token_budget=batch_settings.pack_length)
     shape = {}
     for world in (2, 8):
         for name, settings in (("fixed_rows", batch_settings), ("token_budget", budget)):
-            _, stats = assemble(groups, 0, with_learner_flags(settings, num_learners_per_node=[world]))
+            _, stats = assemble(groups, 0, replace(settings, world_size=world))
             shape[f"{name}_ranks{world}"] = stats.balance
     timed = {
         name: _summary(train_steps(model_path, groups, settings, steps, stage=2))
@@ -162,7 +157,7 @@ def micro_batches(model_path, groups, batch_settings, steps: int) -> dict:
 
 def seed(model_path, groups, batch_settings, steps: int) -> dict:
     old = train_steps(model_path, groups, batch_settings, steps, stage=2, separate_old_logprob_pass=True)
-    budget = with_learner_flags(batch_settings, micro_batch_token_budget=batch_settings.learner.pack_length)
+    budget = replace(batch_settings, token_budget=batch_settings.pack_length)
     new = train_steps(model_path, groups, budget, steps, stage=2)
     return {
         "old": _summary(old),
@@ -247,12 +242,8 @@ def main(argv: list[str] | None = None) -> dict:
             result = {"calibration": calibrate(model_path)}
         else:
             groups = heavy_tailed_groups(args.prompts, args.samples, max_response=args.pack_length - 64)
-            settings = batch_settings(  # fixed rows: the baseline the token-budget benchmarks compare with
-                1,
-                pack_length=args.pack_length,
-                num_learners_per_node=[2],
-                per_device_train_batch_size=1,
-                micro_batch_token_budget=0,
+            settings = batch_settings(
+                1, pack_length=args.pack_length, num_learners_per_node=[2], per_device_train_batch_size=1
             )
             result = {
                 "size": args.size,
