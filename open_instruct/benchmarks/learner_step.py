@@ -234,7 +234,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--output", default="")
     args = parser.parse_args(argv)
 
-    from open_instruct.batching import batch_settings
+    from open_instruct.batching import BatchSettings
 
     with tempfile.TemporaryDirectory() as workdir:
         model_path = build_model(args.size, Path(workdir))
@@ -242,9 +242,7 @@ def main(argv: list[str] | None = None) -> dict:
             result = {"calibration": calibrate(model_path)}
         else:
             groups = heavy_tailed_groups(args.prompts, args.samples, max_response=args.pack_length - 64)
-            settings = batch_settings(
-                1, pack_length=args.pack_length, num_learners_per_node=[2], per_device_train_batch_size=1
-            )
+            settings = BatchSettings(pack_length=args.pack_length, pad_token_id=1, world_size=2, micro_batch_size=1)
             result = {
                 "size": args.size,
                 "samples": args.prompts * args.samples,
