@@ -27,6 +27,7 @@ from typing import Protocol
 from open_instruct import checkpoints
 from open_instruct.config.core import Config
 from open_instruct.config.derived import state_dir, state_save_every
+from open_instruct.errors import UserError
 from open_instruct.evaluation import EvalRound
 from open_instruct.messages import Completion, EngineStats, PartialSample, PromptRequest, SamplingSettings, StepReport
 from open_instruct.metrics import (
@@ -42,6 +43,10 @@ from open_instruct.replay_buffer import AddResult, Group, MaxAge, ReplayBuffer
 from open_instruct.scheduling import Lookahead
 
 logger = logging.getLogger(__name__)
+
+
+class NoRewardSpread(UserError):
+    """--active_sampling went a whole pass over the training prompts without one group it could train."""
 
 
 # ----------------------------------------------------------------------------- collaborators
@@ -167,6 +172,10 @@ class TrainingLoop:
         self.rubrics = self._evolving_rubrics()
         self._last_engine_stats: list[EngineStats] | None = None
         self._advised = False
+        # --active_sampling trains only groups with reward spread, and only training moves the weights: after a
+        # whole pass over the prompts without one, the next pass samples the same policy, so the run ends there.
+        self.zero_std_patience = max(len(train_rows), 4 * self.per_step)
+        self._zero_std_warnings = 0
 
     def _buffer_config(self) -> dict:
         cfg = self.cfg
@@ -291,6 +300,29 @@ class TrainingLoop:
             else:
                 self.feeder.grant_refill()
                 self.outcomes.record("dropped", group.prompt_id)
+        self.check_reward_spread()
+
+    def check_reward_spread(self) -> None:
+        """Say when --active_sampling finds nothing to train (the run is silent otherwise: no step ends), and
+        end the run once a whole pass over the prompts had no group with reward spread."""
+        streak = self.buffer.zero_std_streak
+        if streak >= self.zero_std_patience:
+            raise NoRewardSpread(
+                f"--active_sampling: {streak} groups in a row had zero reward spread (each prompt's samples got "
+                f"equal rewards), a whole pass over the {len(self.feeder.prompts)} training prompts, so step "
+                f"{self.step} cannot train and the policy cannot change; check the ground truths and verifiers "
+                "against the answers (--save_traces keeps them), or drop --active_sampling"
+            )
+        warnings_due = streak // (4 * self.per_step)
+        if warnings_due > self._zero_std_warnings:
+            logger.warning(
+                "--active_sampling: the last %d groups had zero reward spread (each prompt's samples got equal "
+                "rewards); step %d waits for %d groups with spread",
+                streak,
+                self.step,
+                self.per_step,
+            )
+        self._zero_std_warnings = warnings_due
 
     def abort_doomed(self) -> None:
         """Stop spending engine time on samples whose group can no longer be trained within the bound."""

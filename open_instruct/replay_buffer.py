@@ -271,6 +271,9 @@ class ReplayBuffer:
         self._size_tokens = 0
         self._reserved_tokens = 0  # actual tokens + max_sample_tokens per missing sample of open groups
         self._counters = dict.fromkeys(_COUNTERS, 0)
+        # Groups dropped for zero spread since the last complete group that had spread (stale ones aside):
+        # with --active_sampling, how long the run has gone without a trainable group.
+        self.zero_std_streak = 0
         # Bounded windows of response lengths (the most recent `length_window` samples each).
         self._generated_lengths: deque[int] = deque(maxlen=length_window)
         self._trained_lengths: deque[int] = deque(maxlen=length_window)
@@ -364,6 +367,9 @@ class ReplayBuffer:
                 self._drop(entry, "stale")
             elif self.drop_zero_std and not has_reward_spread(entry.samples.values()):
                 self._drop(entry, "zero_std")
+                self.zero_std_streak += 1
+            else:
+                self.zero_std_streak = 0
         return AddResult.ACCEPTED
 
     def _check_sample(self, completion: Completion) -> None:

@@ -6,7 +6,9 @@ tests see what the model was shown).
 
 The random tiny model never writes a tool call by itself, so the tool and environment runs force the first
 turn through structured outputs (`ForcedTurnsActor`); the parser, the tools, the observations and the
-training that follow are the production path.
+training that follow are the production path. Nor does it solve a math row: the ZeRO-3 script's
+--active_sampling trains only groups with reward spread, so there one sample of each prompt is forced to the
+row's answer and the other to a wrong one (the verifier still judges both).
 """
 
 from __future__ import annotations
@@ -111,5 +113,10 @@ def test_a_tool_script_calls_the_search_stand_in_and_trains_on_what_it_returned(
 
 
 def test_a_two_learner_zero3_script_with_sequence_parallelism_trains(tmp_path, endpoints, environment):
-    summary, metrics, traces = train("scripts/train/debug/grpo_fast_3_gpu.sh", tmp_path, endpoints, learners=2)
+    from open_instruct.benchmarks.workloads import GROUND_TRUTH
+
+    answers = (r"\\boxed\{" + GROUND_TRUTH + r"\}", r"\\boxed\{0\}")  # right for sample 0, wrong for sample 1
+    script = "scripts/train/debug/grpo_fast_3_gpu.sh"
+    summary, metrics, traces = train(script, tmp_path, endpoints, learners=2, forced=(answers,))
     assert_trained(summary, metrics, traces)
+    assert all(m["batch/filtered_zero_std_prompts_total"] == 0 for m in metrics if "training_step" in m)

@@ -1,5 +1,6 @@
-"""The benchmarks' pure parts: the learner-step cost fit and its calibration on the embedded model, and MFU/MBU
-from a model's dimensions. (The benchmarks themselves run in smoke mode in tests/integration/test_benchmarks.py.)"""
+"""The benchmarks' pure parts: the learner-step cost fit and its calibration on the embedded model, MFU/MBU
+from a model's dimensions, and the regexes a forced-turn engine gives each sample. (The benchmarks themselves
+run in smoke mode in tests/integration/test_benchmarks.py.)"""
 
 from __future__ import annotations
 
@@ -35,3 +36,17 @@ def test_mfu_and_mbu_from_model_dimensions():
     assert u["mfu"] == pytest.approx(2 * params * 10_000 / 989e12)
     assert u["mbu"] == pytest.approx(2 * params * 100 / 3.35e12)
     assert 0 < u["mfu"] < 1 and 0 < u["mbu"] < 1
+
+
+def test_a_forced_answer_is_the_rows_label_for_one_sample_and_another_regex_for_the_next():
+    import re
+
+    from open_instruct.benchmarks.workloads import GROUND_TRUTH, forced_regex
+    from open_instruct.messages import PromptRequest, SamplingSettings
+
+    request = PromptRequest("p", (1,), ((r"\frac{1}{2}", "0.5"),), ("math",), SamplingSettings(max_tokens=8), 2, 0, 0)
+    answers = (r"\\boxed\{" + GROUND_TRUTH + r"\}", r"\\boxed\{0\}")
+    right, wrong, right_again = (forced_regex(answers, request, i) for i in range(3))
+    assert re.fullmatch(right, r"\boxed{\frac{1}{2}}") and right_again == right  # the first label, escaped
+    assert re.fullmatch(wrong, r"\boxed{0}")
+    assert forced_regex("<tool_call>", request, 1) == "<tool_call>"  # one regex: every sample

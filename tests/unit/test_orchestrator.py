@@ -206,6 +206,25 @@ def test_active_sampling_trains_full_batches_of_groups_with_reward_spread():
     assert last["batch/filtered_zero_std_prompts_total"] == len(got["filtered"]) == last["batch/refilled_prompts_total"]
 
 
+def test_active_sampling_that_finds_no_reward_spread_in_a_whole_pass_ends_the_run_with_the_reason(caplog):
+    from open_instruct.errors import UserError
+    from open_instruct.orchestrator import NoRewardSpread
+
+    # 12 rows, 2 per step: a pass (12 groups) is longer than the 4 steps' worth (8) that triggers the warning.
+    def script(request, j):  # every answer right; groups finish one at a time
+        return fakes.Script(reward=1.0, latency_s=1.0 + 0.1 * int(request.prompt_id.split(":")[2].split("@")[0]))
+
+    run = fakes.build(fakes.config("--active_sampling", steps=4, prompts=2), train_rows=fakes.rows(12), script=script)
+    with pytest.raises(NoRewardSpread, match=r"^--active_sampling: 1[2-9] groups in a row had zero reward spread"):
+        run.loop.run()
+    assert issubclass(NoRewardSpread, UserError)  # one line from grpo_fast.py, no traceback
+    assert run.learners.trained == [] and run.loop.buffer.zero_std_streak >= 12  # a poll may bring two
+    assert "the last 8 groups had zero reward spread" in caplog.text  # said before the run gives up
+    filtered = run.loop.outcomes.totals()["filtered"]
+    assert filtered == run.loop.buffer.zero_std_streak  # each counted, and replaced by a refill
+    assert run.loop.feeder.state.refills == filtered
+
+
 def test_without_active_sampling_zero_spread_groups_count_toward_the_step():
     run = fakes.build(fakes.config("--async_steps", "2", steps=4, prompts=2),
                       script=lambda r, j: fakes.Script(reward=1.0))  # fmt: skip

@@ -189,6 +189,21 @@ def test_groups_without_reward_spread_are_dropped_as_they_complete_when_asked():
     assert buffer().add(completion("x", 0, reward=1.0)) is AddResult.ACCEPTED  # off by default
 
 
+def test_the_zero_spread_streak_counts_flat_groups_since_the_last_group_with_spread():
+    buf = buffer(drop_zero_std=True, max_age=MaxAge(1))
+    add_all(buf, group_of("flat-0", reward=1.0) + group_of("flat-1", reward=0.0))
+    assert buf.zero_std_streak == 2
+    add_all(buf, [completion("open", 0, reward=0.0)])  # an incomplete group judges nothing yet
+    assert buf.zero_std_streak == 2
+    buf.evict(learner_version=5)
+    add_all(buf, group_of("late", version=0, reward=0.0))  # stale: neither signal nor its absence
+    assert buf.zero_std_streak == 2
+    add_all(buf, group_of("spread", version=5))
+    assert buf.zero_std_streak == 0
+    add_all(buf, group_of("flat-2", version=5, reward=1.0))
+    assert buf.zero_std_streak == 1
+
+
 def test_a_group_both_stale_and_flat_is_reported_stale():
     """A doomed group's aborted samples all score 0; it must be replaced as stale, not as flat."""
     buf = buffer(drop_zero_std=True, max_age=MaxAge(1))
