@@ -8,11 +8,14 @@ so the loss is an exact token mean per optimizer step.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from open_instruct.advantages import filter_zero_std_groups, group_advantages
+from open_instruct.config.algorithm import AlgorithmConfig
+from open_instruct.config.fields import groups_from_flags
+from open_instruct.config.learner import LearnerConfig
 from open_instruct.messages import TrainBatch
 from open_instruct.packing import (
     PackItem,
@@ -29,38 +32,40 @@ from open_instruct.packing import (
 
 @dataclass(frozen=True)
 class BatchSettings:
-    pack_length: int
+    """How scored groups become the ranks' batches: the algorithm and learner flag groups as parsed, plus
+    --mask_tool_use, --attn_implementation and the tokenizer's pad id."""
+
     pad_token_id: int
-    world_size: int
-    micro_batch_size: int
-    num_mini_batches: int = 1
-    advantage_normalization: str = "centered"
-    filter_zero_std: bool = True
-    mask_truncated: bool = False
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    learner: LearnerConfig = field(default_factory=LearnerConfig)
     mask_tool_use: bool = True
-    token_budget: int = 0  # > 0: one trimmed row of at most this many tokens per micro-batch (split_by_cost)
-    per_document_attention: bool = False  # attention cost per document (varlen kernels), else per row
-    one_document_per_row: bool = False  # token budget rows of one document each (sequence parallelism, SDPA)
+    attn_implementation: str | None = None
 
     @classmethod
     def from_config(cls, cfg, pad_token_id: int) -> BatchSettings:
-        algorithm = cfg.algorithm
-        flash = (cfg.model.attn_implementation or "").startswith("flash")
-        sequence_parallel = cfg.learner.sequence_parallel_size
-        return cls(
-            pack_length=cfg.learner.pack_length,
-            pad_token_id=pad_token_id,
-            world_size=cfg.world_size // sequence_parallel,  # data-parallel ranks: each SP group shares a batch
-            micro_batch_size=cfg.learner.per_device_train_batch_size,
-            num_mini_batches=algorithm.num_mini_batches,
-            advantage_normalization=algorithm.advantage_normalization_type,
-            filter_zero_std=algorithm.filter_zero_std_samples,
-            mask_truncated=algorithm.mask_truncated_completions,
-            mask_tool_use=cfg.tools.mask_tool_use,
-            token_budget=cfg.learner.token_budget,
-            per_document_attention=flash,
-            one_document_per_row=sequence_parallel > 1 and not flash,
-        )
+        return cls(pad_token_id, cfg.algorithm, cfg.learner, cfg.tools.mask_tool_use, cfg.model.attn_implementation)
+
+    @property
+    def data_parallel_ranks(self) -> int:
+        """The ranks that each get their own share of a batch: a sequence-parallel group shares one."""
+        return self.learner.world_size // self.learner.sequence_parallel_size
+
+    @property
+    def per_document_attention(self) -> bool:
+        """Varlen (flash) kernels cost attention per document of a packed row; SDPA costs it per row."""
+        return (self.attn_implementation or "").startswith("flash")
+
+    @property
+    def one_document_per_row(self) -> bool:
+        """Token-budget rows of one document each: sequence parallelism without varlen kernels."""
+        return self.learner.sequence_parallel_size > 1 and not self.per_document_attention
+
+
+def batch_settings(pad_token_id: int, **values) -> BatchSettings:
+    """BatchSettings from flag values by their names (`pack_length=128, num_mini_batches=2`), each into its
+    group; unnamed flags keep their defaults. For benchmarks and tests that assemble without a whole run."""
+    built, rest = groups_from_flags(values, {"algorithm": AlgorithmConfig, "learner": LearnerConfig})
+    return BatchSettings(pad_token_id, **built, **rest)
 
 
 @dataclass(frozen=True)
@@ -87,17 +92,32 @@ def _trained_tokens(completion, trains: bool, mask_tool_use: bool) -> tuple[int,
     return tuple(mask)
 
 
+def _packed_per_rank(items: list[PackItem], settings: BatchSettings, cost):
+    """Packed rows, and each rank's micro-batches of them: token-budget rows balanced by attention cost, or
+    fixed rows of --pack_length, --per_device_train_batch_size per micro-batch."""
+    learner, ranks, pad = settings.learner, settings.data_parallel_ranks, settings.pad_token_id
+    if learner.token_budget > 0:
+        if settings.one_document_per_row:
+            rows = pack_singly(items, pad)
+        else:
+            rows = pack_balanced(items, learner.token_budget, ranks, pad)
+        return rows, split_by_cost(rows, ranks, pad, cost)
+    rows = pack(items, learner.pack_length, pad)
+    return rows, split_for_ranks(rows, ranks, learner.per_device_train_batch_size, pad, learner.pack_length)
+
+
 def assemble(groups, step: int, settings: BatchSettings) -> tuple[list[TrainBatch], BatchStats]:
     """Turn replay-buffer groups into one TrainBatch per rank."""
+    algorithm = settings.algorithm
     rewards_GN = torch.tensor([[c.reward for c in g.completions] for g in groups], dtype=torch.float64)
-    kept = filter_zero_std_groups(rewards_GN, enabled=settings.filter_zero_std)
-    advantages_GN = group_advantages(rewards_GN, settings.advantage_normalization)
+    kept = filter_zero_std_groups(rewards_GN, enabled=algorithm.filter_zero_std_samples)
+    advantages_GN = group_advantages(rewards_GN, algorithm.advantage_normalization_type)
     items, masked = [], 0
     for g_index in kept.kept_group_indices:
         group = groups[g_index]
         for j, completion in enumerate(group.completions):
             trains = completion.finish_reason in ("stop", "length") and bool(completion.response_token_ids)
-            if settings.mask_truncated and completion.finish_reason != "stop":
+            if algorithm.mask_truncated_completions and completion.finish_reason != "stop":
                 trains = False
             masked += not trains
             if not completion.response_token_ids:
@@ -118,20 +138,10 @@ def assemble(groups, step: int, settings: BatchSettings) -> tuple[list[TrainBatc
     def cost(row):
         return row_cost(row, settings.per_document_attention)
 
-    if settings.token_budget > 0:
-        if settings.one_document_per_row:
-            rows = pack_singly(items, settings.pad_token_id)
-        else:
-            rows = pack_balanced(items, settings.token_budget, settings.world_size, settings.pad_token_id)
-        per_rank = split_by_cost(rows, settings.world_size, settings.pad_token_id, cost)
-    else:
-        rows = pack(items, settings.pack_length, settings.pad_token_id)
-        per_rank = split_for_ranks(
-            rows, settings.world_size, settings.micro_batch_size, settings.pad_token_id, settings.pack_length
-        )
-    mini_tokens = [0] * settings.num_mini_batches
+    rows, per_rank = _packed_per_rank(items, settings, cost)
+    mini_tokens = [0] * algorithm.num_mini_batches
     for rank_micro in per_rank:
-        for k, mini in enumerate(split_evenly(rank_micro, settings.num_mini_batches)):
+        for k, mini in enumerate(split_evenly(rank_micro, algorithm.num_mini_batches)):
             mini_tokens[k] += sum(row.num_trained_tokens for micro in mini for row in micro)
     batches = [
         TrainBatch(step=step, micro_batches=tuple(tuple(m) for m in rank_micro), mini_batch_tokens=tuple(mini_tokens))

@@ -288,7 +288,7 @@ class Stack:
     @staticmethod
     def _engine_factory(cfg, settings, placement, learner_groups, engine_class, engine_args):
         """indices -> new engine actors, not started; a replacement keeps the index (and placement) it replaces."""
-        from open_instruct.rewards.scoring import RewardSettings
+        from open_instruct.rewards import RewardSettings
 
         strategies = engine_strategies(placement, learner_groups, cfg.generation.vllm_num_engines)
 

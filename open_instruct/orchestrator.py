@@ -334,7 +334,7 @@ class TrainingLoop:
 
     def _record_pass_rate(self, prompt_id: str, completions) -> None:
         mean_reward = sum(c.reward for c in completions) / len(completions)
-        self.feeder.record_pass_rate(prompt_id, mean_reward / self.cfg.max_possible_reward)
+        self.feeder.record_pass_rate(prompt_id, mean_reward / self.cfg.reward.max_possible_reward)
 
     def train(self, groups: list[Group]) -> dict:
         report = self.learners.train_step(groups, self.step)
@@ -394,7 +394,7 @@ class TrainingLoop:
             self.clock.time(),
             samples=generation.eval_pass_at_k,
             top_p=generation.eval_top_p,
-            max_reward=self.cfg.max_possible_reward,
+            max_reward=self.cfg.reward.max_possible_reward,
         )
         self.engines.submit(self.eval_round.requests)
 

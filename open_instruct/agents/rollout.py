@@ -103,12 +103,12 @@ async def run_rollout(
     from open_instruct.agents.parsers import make_parser
 
     settings = toolbox.settings
-    budget = _Budget(response_length, settings.max_model_len - len(prompt_ids), settings.per_turn_max_tokens)
+    budget = _Budget(response_length, settings.max_model_len - len(prompt_ids), settings.tools.per_turn_max_tokens)
     dispatch = _Dispatch(toolbox, request)
     for spec in request.envs:
         await dispatch.envs[spec.name].reset(**dict(spec.reset_kwargs))
     parser = make_parser(settings.parser_type, dispatch.definitions(toolbox))
-    max_steps = request.max_steps or settings.max_steps
+    max_steps = request.max_steps or settings.tools.max_steps
     out, steps = Rollout(), 0
     while True:
         max_tokens = budget.next_turn(len(out.response_ids))

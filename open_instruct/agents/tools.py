@@ -122,33 +122,33 @@ def make_tool(spec: ToolSpec):
     return TOOLS[spec.kind](spec.call_name, spec.config)
 
 
-def registry_problems(t: ToolsConfig) -> list[str]:
+def registry_problems(tools_cfg: ToolsConfig) -> list[str]:
     """Tool, environment and parser names that do not exist here, then each tool built once (no I/O) so that a bad
     --tool_configs key fails before any actor starts: one line each, naming the flag and the fix. The entry point
     runs this; the flag group checks the rest when it is parsed."""
     from open_instruct.agents.parsers import PARSER_ALIASES, PARSER_TYPES, UNSUPPORTED_PARSERS
 
     problems = []
-    parser = PARSER_ALIASES.get(t.tool_parser_type, t.tool_parser_type)
+    parser = PARSER_ALIASES.get(tools_cfg.tool_parser_type, tools_cfg.tool_parser_type)
     if parser in UNSUPPORTED_PARSERS:
         problems.append(f"--tool_parser_type {parser} is not supported yet: {UNSUPPORTED_PARSERS[parser]}")
     elif parser not in PARSER_TYPES:
-        problems.append(f"--tool_parser_type {t.tool_parser_type!r} is not one of {', '.join(PARSER_TYPES)}")
-    for kind in t.tools:
+        problems.append(f"--tool_parser_type {tools_cfg.tool_parser_type!r} is not one of {', '.join(PARSER_TYPES)}")
+    for kind in tools_cfg.tools:
         if kind in UNSUPPORTED_TOOLS:
             problems.append(f"--tools {kind} is not supported yet: {UNSUPPORTED_TOOLS[kind]}")
         elif kind not in SHIPPED_TOOLS + SHIPPED_ENVIRONMENTS:
             known = ", ".join(SHIPPED_TOOLS + SHIPPED_ENVIRONMENTS)
             problems.append(f"--tools {kind!r} is not a known tool or environment (known: {known})")
-    return problems or config_problems(t)
+    return problems or config_problems(tools_cfg)
 
 
-def config_problems(t: ToolsConfig) -> list[str]:
+def config_problems(tools_cfg: ToolsConfig) -> list[str]:
     """Build each tool and environment once (no I/O), so a bad --tool_configs key fails before any actor starts."""
     from open_instruct.agents.environments import make_environment
 
     problems = []
-    for spec in tool_specs(t, resolve=False):  # no I/O at parse time: MCP servers are asked at start
+    for spec in tool_specs(tools_cfg, resolve=False):  # no I/O at parse time: MCP servers are asked at start
         try:
             if spec.kind in TOOLS:
                 make_tool(spec)
@@ -180,13 +180,13 @@ class Toolbox:
 
     def __init__(self, settings: AgentSettings):
         self.settings = settings
-        self.tools = {spec.call_name: make_tool(spec) for spec in settings.tools if spec.kind in TOOLS}
+        self.tools = {spec.call_name: make_tool(spec) for spec in settings.tool_specs if spec.kind in TOOLS}
         self.env_configs = {  # `pool_size` is ours (a concurrency limit), not an environment setting
             spec.kind: {k: v for k, v in spec.config.items() if k != "pool_size"}
-            for spec in settings.tools
+            for spec in settings.tool_specs
             if spec.kind not in TOOLS
         }
-        pool = {spec.call_name: int(spec.config.get("pool_size", settings.pool_size)) for spec in settings.tools}
+        pool = {spec.call_name: int(spec.config.get("pool_size", settings.pool_size)) for spec in settings.tool_specs}
         self._limits = {name: asyncio.Semaphore(size) for name, size in pool.items()}
 
     def definitions(self, allowed: tuple[str, ...] = ()) -> tuple[ToolDefinition, ...]:

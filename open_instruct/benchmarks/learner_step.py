@@ -87,7 +87,9 @@ def train_steps(
     model_path: str, groups, batch_settings, steps: int, stage: int, gradient_checkpointing: bool = True, **options
 ) -> list[dict]:
     """`steps` training steps of a fresh 2-rank learner group on the same `groups`; each step's metrics."""
-    key = (model_path, id(groups), batch_settings, steps, stage, gradient_checkpointing, tuple(sorted(options.items())))
+    # the settings by their repr: the flag groups they carry hold lists, so they do not hash
+    options_key = tuple(sorted(options.items()))
+    key = (model_path, id(groups), repr(batch_settings), steps, stage, gradient_checkpointing, options_key)
     if key not in _MEASURED:
         _MEASURED[key] = _train_fresh(model_path, groups, batch_settings, steps, stage, gradient_checkpointing, options)
     return _MEASURED[key]
@@ -118,6 +120,11 @@ def _summary(history: list[dict]) -> dict:
     return {"step_s": statistics.median(times[1:] or times), "step_s_all": times}
 
 
+def with_learner_flags(settings, **flags):
+    """Batch settings with some learner flags changed (the token budget, the number of learners)."""
+    return replace(settings, learner=replace(settings.learner, **flags))
+
+
 def old_logprobs(model_path, groups, batch_settings, steps: int) -> dict:
     out = {}
     for stage in (2, 3):
@@ -138,11 +145,11 @@ def old_logprobs(model_path, groups, batch_settings, steps: int) -> dict:
 def micro_batches(model_path, groups, batch_settings, steps: int) -> dict:
     from open_instruct.batching import assemble
 
-    budget = replace(batch_settings, token_budget=batch_settings.pack_length)
+    budget = with_learner_flags(batch_settings, micro_batch_token_budget=batch_settings.learner.pack_length)
     shape = {}
     for world in (2, 8):
         for name, settings in (("fixed_rows", batch_settings), ("token_budget", budget)):
-            _, stats = assemble(groups, 0, replace(settings, world_size=world))
+            _, stats = assemble(groups, 0, with_learner_flags(settings, num_learners_per_node=[world]))
             shape[f"{name}_ranks{world}"] = stats.balance
     timed = {
         name: _summary(train_steps(model_path, groups, settings, steps, stage=2))
@@ -157,7 +164,7 @@ def micro_batches(model_path, groups, batch_settings, steps: int) -> dict:
 
 def seed(model_path, groups, batch_settings, steps: int) -> dict:
     old = train_steps(model_path, groups, batch_settings, steps, stage=2, separate_old_logprob_pass=True)
-    budget = replace(batch_settings, token_budget=batch_settings.pack_length)
+    budget = with_learner_flags(batch_settings, micro_batch_token_budget=batch_settings.learner.pack_length)
     new = train_steps(model_path, groups, budget, steps, stage=2)
     return {
         "old": _summary(old),
@@ -234,7 +241,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--output", default="")
     args = parser.parse_args(argv)
 
-    from open_instruct.batching import BatchSettings
+    from open_instruct.batching import batch_settings
 
     with tempfile.TemporaryDirectory() as workdir:
         model_path = build_model(args.size, Path(workdir))
@@ -242,7 +249,13 @@ def main(argv: list[str] | None = None) -> dict:
             result = {"calibration": calibrate(model_path)}
         else:
             groups = heavy_tailed_groups(args.prompts, args.samples, max_response=args.pack_length - 64)
-            settings = BatchSettings(pack_length=args.pack_length, pad_token_id=1, world_size=2, micro_batch_size=1)
+            settings = batch_settings(  # fixed rows: the baseline the token-budget benchmarks compare with
+                1,
+                pack_length=args.pack_length,
+                num_learners_per_node=[2],
+                per_device_train_batch_size=1,
+                micro_batch_token_budget=0,
+            )
             result = {
                 "size": args.size,
                 "samples": args.prompts * args.samples,

@@ -123,26 +123,6 @@ class Config:
             dataset_mixer_eval_list_splits=["test"],
         )
 
-    # -- the objective
-
-    @property
-    def remap_verifier(self) -> dict[str, str]:
-        if not self.reward.remap_verifier:
-            return {}
-        old, new = self.reward.remap_verifier.split("=")
-        return {old.strip().lower(): new.strip().lower()}
-
-    @property
-    def max_possible_reward(self) -> float:
-        """A perfect sample's reward, the denominator of pass rates (--no_resampling_pass_rate)."""
-        reward = self.reward
-        r1_format = (
-            reward.r1_style_format_reward
-            if reward.apply_r1_style_format_reward and reward.additive_format_reward
-            else 0.0
-        )
-        return reward.verification_reward + max(0.0, reward.format_reward) + max(0.0, r1_format)
-
     # -- the lookahead and the staleness bound
 
     @property

@@ -69,6 +69,35 @@ class RewardConfig:
     max_active_rubrics: int = arg(5, "Active evolving rubrics per query; the oldest retire first.")
     cache_evolving_rubric_data_dir: str | None = arg(None, "Write each step's rubric generation (JSON) here.")
 
+    @property
+    def verifier_remap(self) -> dict[str, str]:
+        """--remap_verifier OLD=NEW as {old: new}, lower-cased (verifier names are case-insensitive)."""
+        if not self.remap_verifier:
+            return {}
+        old, new = self.remap_verifier.split("=")
+        return {old.strip().lower(): new.strip().lower()}
+
+    @property
+    def r1_format_bonus(self) -> float:
+        """The R1 format score added to a matching response's reward (additive mode only)."""
+        return self.r1_style_format_reward if self.apply_r1_style_format_reward and self.additive_format_reward else 0.0
+
+    @property
+    def r1_format_gate(self) -> bool:
+        """Non-additive R1 format reward: the verifier reward counts only when the format matches."""
+        return self.apply_r1_style_format_reward and not self.additive_format_reward
+
+    @property
+    def max_possible_reward(self) -> float:
+        """A perfect sample's reward, the denominator of pass rates (--no_resampling_pass_rate)."""
+        return self.verification_reward + max(0.0, self.format_reward) + max(0.0, self.r1_format_bonus)
+
+    @property
+    def verifier_timeout_s(self) -> float:
+        """How long one verifier call may take: a code verifier may spend its HTTP client's whole timeout,
+        a judge its request timeout."""
+        return max(30.0, min(300.0, 10 * self.code_max_execution_time), self.llm_judge_timeout) + 10
+
     def problems(self) -> list[str]:
         checks = [
             (

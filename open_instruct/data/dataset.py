@@ -225,16 +225,16 @@ class _Pending:
     bad: dict[int, tuple[str, str]] = field(default_factory=dict)  # row index -> (reason, message)
 
 
-def _validate(entry: MixEntry, raw: RawRows, t: RowSettings, seed: int, cache_path) -> _Pending:
+def _validate(entry: MixEntry, raw: RawRows, settings: RowSettings, seed: int, cache_path) -> _Pending:
     if not raw.rows:
         raise DatasetError(f"{entry.label}: the dataset has no rows")
     selection = select_rows(len(raw.rows), target_rows(entry, len(raw.rows)), seed, entry.label)
     pending = _Pending(entry, cache_path, len(raw.rows), selection, parsed={})
     for index in sorted({index for index, _ in selection}):
         try:
-            pending.parsed[index] = parse_row(raw.rows[index], t)
+            pending.parsed[index] = parse_row(raw.rows[index], settings)
         except BadRow as bad:
-            _record_bad(pending, index, bad, raw.where(index), t.skip_bad_rows)
+            _record_bad(pending, index, bad, raw.where(index), settings.dataset_skip_bad_rows)
     return pending
 
 
@@ -246,17 +246,17 @@ def _record_bad(pending: _Pending, index: int, bad: BadRow, where: str, skip: bo
     pending.bad[index] = (bad.reason, message)
 
 
-def _tokenize(pending: _Pending, tokenizer, t: RowSettings) -> tuple[list[dict], SourceReport]:
+def _tokenize(pending: _Pending, tokenizer, settings: RowSettings) -> tuple[list[dict], SourceReport]:
     texts: dict[int, str] = {}
     for index in sorted(pending.parsed):  # render row by row so a template error names its row
         try:
             messages, _, _, agent = pending.parsed[index]
-            tools = row_tool_schemas(agent, t) if t.pass_tools_to_chat_template else None
+            tools = row_tool_schemas(agent, settings) if settings.pass_tools_to_chat_template else None
             texts[index] = render_prompt(tokenizer, messages, tools)
         except Exception as error:
             bad = BadRow(TEMPLATE_ERROR, f"the chat template failed ({type(error).__name__}: {error})")
-            _record_bad(pending, index, bad, "", t.skip_bad_rows)
-    tokenized = dict(zip(texts, encode_texts(tokenizer, list(texts.values()), t.add_bos)))
+            _record_bad(pending, index, bad, "", settings.dataset_skip_bad_rows)
+    tokenized = dict(zip(texts, encode_texts(tokenizer, list(texts.values()), settings.add_bos)))
     records, too_long, shortest_too_long, malformed, examples = [], 0, None, Counter(), {}
     for index, repeat in pending.selection:
         if index in pending.bad:
@@ -265,7 +265,7 @@ def _tokenize(pending: _Pending, tokenizer, t: RowSettings) -> tuple[list[dict],
             examples.setdefault(reason, message)
             continue
         ids = tokenized[index]
-        if len(ids) > t.max_prompt_token_length:
+        if len(ids) > settings.max_prompt_token_length:
             too_long += 1
             shortest_too_long = min(len(ids), shortest_too_long or len(ids))
             continue
@@ -285,7 +285,7 @@ def _tokenize(pending: _Pending, tokenizer, t: RowSettings) -> tuple[list[dict],
         if too_long:
             raise DatasetError(
                 f"{label}: all {too_long} usable selected prompts are longer than --max_prompt_token_length "
-                f"{t.max_prompt_token_length} tokens (shortest: {shortest_too_long}); raise the limit"
+                f"{settings.max_prompt_token_length} tokens (shortest: {shortest_too_long}); raise the limit"
                 + (f" ({sum(malformed.values())} more rows were malformed)" if malformed else "")
             )
         raise DatasetError(
@@ -329,7 +329,7 @@ def load_prompt_dataset(
     """Load, mix, validate, tokenize (or read from cache) and length-filter the train or eval mix.
 
     `tokenizer` must already carry the chat template (models.load_tokenizer installs it).
-    `verifier_remap` is Config.remap_verifier ({old: new}); `seed` is --seed (row selection); `tools_cfg`
+    `verifier_remap` is RewardConfig.verifier_remap ({old: new}); `seed` is --seed (row selection); `tools_cfg`
     (the tools flag group) says which tools rows may name and whether their schemas go into the prompt.
     An empty eval mix gives an empty dataset; an empty train mix means the embedded dataset.
     `forced_cache_key` (--dataset_config_hash): reload the cache entries of the mix recorded under that
@@ -338,9 +338,9 @@ def load_prompt_dataset(
     """
     if forced_cache_key:
         return _forced_mix(data_cfg.dataset_local_cache_dir, forced_cache_key, which)
-    t = _row_settings(data_cfg, model_cfg, tokenizer, verifier_remap, tools_cfg)
+    settings = _row_settings(data_cfg, model_cfg, tokenizer, verifier_remap, tools_cfg)
     identity = data_cache.tokenizer_identity(tokenizer)
-    keys = (t.messages_key, t.ground_truths_key, VERIFIER_KEY, TOOLS_KEY, ENV_CONFIG_KEY)
+    keys = (settings.sft_messages_key, settings.ground_truths_key, VERIFIER_KEY, TOOLS_KEY, ENV_CONFIG_KEY)
     results: list[tuple[MixEntry, list[dict], SourceReport] | _Pending] = []
     entry_dirs: list[tuple[str, str, str, Path]] = []
     # Phase 1: every source is read and validated (or found in the cache) before anything is tokenized.
@@ -348,22 +348,22 @@ def load_prompt_dataset(
         source: Source = open_source(entry.name, entry.split)
         path = None
         if data_cfg.dataset_local_cache_dir:  # "" disables the cache
-            settings = {
-                "transform": asdict(t),
+            cache_inputs = {
+                "transform": asdict(settings),
                 "tokenizer": identity,
                 "chat_template_name": model_cfg.chat_template_name,
             }
-            path, cached = _cached(data_cfg.dataset_local_cache_dir, entry, source, seed, settings)
+            path, cached = _cached(data_cfg.dataset_local_cache_dir, entry, source, seed, cache_inputs)
             entry_dirs.append((entry.name, entry.split, entry.weight, path))
             if cached is not None:
                 results.append(cached)
                 continue
-        results.append(_validate(entry, source.read(keys), t, seed, path))
+        results.append(_validate(entry, source.read(keys), settings, seed, path))
     # Phase 2: tokenize what missed the cache, store it.
     prompts: list[PromptRow] = []
     reports: list[SourceReport] = []
     for result in results:
-        entry, records, report = _tokenized(result, tokenizer, t) if isinstance(result, _Pending) else result
+        entry, records, report = _tokenized(result, tokenizer, settings) if isinstance(result, _Pending) else result
         prompts += _to_prompts(entry, records)
         reports.append(report)
     stored = all(r.cache != "off" and os.path.isdir(r.cache_note) for r in reports)
@@ -410,12 +410,12 @@ def _row_settings(data_cfg, model_cfg, tokenizer, verifier_remap: dict[str, str]
     if model_cfg.add_bos and tokenizer.bos_token_id is None:
         raise DatasetError("--add_bos was given but the tokenizer has no BOS token; drop --add_bos for this model")
     return RowSettings(
-        messages_key=data_cfg.sft_messages_key,
+        sft_messages_key=data_cfg.sft_messages_key,
         ground_truths_key=data_cfg.ground_truths_key,
         max_prompt_token_length=data_cfg.max_prompt_token_length,
-        skip_bad_rows=data_cfg.dataset_skip_bad_rows,
+        dataset_skip_bad_rows=data_cfg.dataset_skip_bad_rows,
         add_bos=model_cfg.add_bos,
-        system_prompt=data_cfg.system_prompt_override,
+        system_prompt_override=data_cfg.system_prompt_override,
         remap=remap,
         known_verifiers=known,
         tool_names=tuple(s.call_name for s in specs),
@@ -446,9 +446,9 @@ def _cached(cache_dir: str, entry: MixEntry, source: Source, seed: int, settings
     return path, (entry, records, SourceReport(**{**stored, "cache": "hit", "cache_note": str(path)}))
 
 
-def _tokenized(pending: _Pending, tokenizer, t: RowSettings) -> tuple[MixEntry, list[dict], SourceReport]:
+def _tokenized(pending: _Pending, tokenizer, settings: RowSettings) -> tuple[MixEntry, list[dict], SourceReport]:
     """Tokenize a validated source and store the result in the cache (when it is on)."""
-    records, report = _tokenize(pending, tokenizer, t)
+    records, report = _tokenize(pending, tokenizer, settings)
     if pending.cache_path is None:
         return pending.entry, records, SourceReport(**{**asdict(report), "cache": "off"})
     failure = data_cache.store_entry(pending.cache_path, records, asdict(report))
@@ -483,7 +483,7 @@ def load_split(cfg, tokenizer, split: str) -> PromptDataset:
         model_cfg,
         tokenizer,
         split,
-        cfg.remap_verifier,
+        cfg.reward.verifier_remap,
         seed=cfg.run.seed,
         tools_cfg=cfg.tools,
         forced_cache_key=cache_key,

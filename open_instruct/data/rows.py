@@ -38,12 +38,12 @@ ENCODE_BATCH = 512
 class RowSettings:
     """Every setting that shapes a prompt or a skip decision; all of it goes into the cache key."""
 
-    messages_key: str
+    sft_messages_key: str
     ground_truths_key: str
     max_prompt_token_length: int
-    skip_bad_rows: bool
+    dataset_skip_bad_rows: bool
     add_bos: bool
-    system_prompt: str | None
+    system_prompt_override: str | None
     remap: tuple[tuple[str, str], ...]
     known_verifiers: tuple[str, ...]
     tool_names: tuple[str, ...] = ()  # call names of --tools, what a row's `tools` column may list
@@ -61,21 +61,26 @@ class BadRow(Exception):
         self.reason, self.message, self.hint = reason, message, hint
 
 
-def parse_row(row: dict[str, Any], t: RowSettings) -> tuple[list[dict], list[Any], list[str], AgentRequest | None]:
+def parse_row(
+    row: dict[str, Any], settings: RowSettings
+) -> tuple[list[dict], list[Any], list[str], AgentRequest | None]:
     """(prompt messages, labels, verifier names, multi-turn part) of a valid row; raises BadRow naming the problem."""
     if ROW_ERROR_KEY in row:
         raise BadRow(UNREADABLE, row[ROW_ERROR_KEY])
-    for key, flag in ((t.messages_key, "--sft_messages_key"), (t.ground_truths_key, "--ground_truths_key")):
+    for key, flag in (
+        (settings.sft_messages_key, "--sft_messages_key"),
+        (settings.ground_truths_key, "--ground_truths_key"),
+    ):
         if key not in row:
             has = ", ".join(row.get(ROW_KEYS_KEY, ()))
             raise BadRow(MISSING_KEY, f"missing key {key!r} (row has: {has}); {flag} names this column")
     if VERIFIER_KEY not in row:
         has = ", ".join(row.get(ROW_KEYS_KEY, ()))
         raise BadRow(MISSING_KEY, f"missing key {VERIFIER_KEY!r}, the verifier name(s) (row has: {has})")
-    messages = _check_messages(row[t.messages_key], t.messages_key)
-    verifiers, truths = row[VERIFIER_KEY], row[t.ground_truths_key]
+    messages = _check_messages(row[settings.sft_messages_key], settings.sft_messages_key)
+    verifiers, truths = row[VERIFIER_KEY], row[settings.ground_truths_key]
     if truths is None:
-        raise BadRow(WRONG_TYPE, f"{t.ground_truths_key!r} is null")
+        raise BadRow(WRONG_TYPE, f"{settings.ground_truths_key!r} is null")
     if isinstance(verifiers, str) and verifiers:
         verifiers, truths = [verifiers], [truths]
     elif isinstance(verifiers, list) and verifiers and all(isinstance(v, str) and v for v in verifiers):
@@ -84,7 +89,7 @@ def parse_row(row: dict[str, Any], t: RowSettings) -> tuple[list[dict], list[Any
             raise BadRow(
                 LENGTH_MISMATCH,
                 f"{VERIFIER_KEY!r} lists {len(verifiers)} verifier(s) "
-                f"but {t.ground_truths_key!r} is {labels}; "
+                f"but {settings.ground_truths_key!r} is {labels}; "
                 "a list-typed row pairs label i with verifier i",
             )
     else:
@@ -92,53 +97,53 @@ def parse_row(row: dict[str, Any], t: RowSettings) -> tuple[list[dict], list[Any
             WRONG_TYPE,
             f"{VERIFIER_KEY!r} must be a verifier name or a non-empty list of names, got {verifiers!r}",
         )
-    remap = dict(t.remap)
+    remap = dict(settings.remap)
     for name in verifiers:
         resolved = remap.get(name.lower(), name.lower())
-        if resolved not in t.known_verifiers:
+        if resolved not in settings.known_verifiers:
             via = f" (remapped to {resolved!r} by --remap_verifier)" if resolved != name.lower() else ""
-            close = difflib.get_close_matches(resolved, t.known_verifiers, n=1, cutoff=0.3)
+            close = difflib.get_close_matches(resolved, settings.known_verifiers, n=1, cutoff=0.3)
             raise BadRow(
                 UNKNOWN_VERIFIER,
-                f"unknown verifier {name!r}{via} (known: {', '.join(t.known_verifiers)})",
+                f"unknown verifier {name!r}{via} (known: {', '.join(settings.known_verifiers)})",
                 f"; use --remap_verifier {name}={close[0] if close else 'NEW'} or --dataset_skip_bad_rows",
             )
     if len(messages) > 1 and messages[-1]["role"] == "assistant":
         messages = messages[:-1]  # ORZ-style rows carry the gold answer as a trailing assistant turn
-    if t.system_prompt is not None:
-        system = {"role": "system", "content": t.system_prompt}
+    if settings.system_prompt_override is not None:
+        system = {"role": "system", "content": settings.system_prompt_override}
         messages = [system, *messages[1:]] if messages[0]["role"] == "system" else [system, *messages]
-    return messages, truths, verifiers, parse_agent_columns(row.get(TOOLS_KEY), row.get(ENV_CONFIG_KEY), t)
+    return messages, truths, verifiers, parse_agent_columns(row.get(TOOLS_KEY), row.get(ENV_CONFIG_KEY), settings)
 
 
-def parse_agent_columns(tools: Any, env_config: Any, t: RowSettings) -> AgentRequest | None:
+def parse_agent_columns(tools: Any, env_config: Any, settings: RowSettings) -> AgentRequest | None:
     """A row's `tools` (call names it may use) and `env_config` (the environments it plays in).
 
     `env_config` takes open-instruct's three shapes: one {"env_name", ...reset kwargs} dict (a `max_steps`
     inside it is the row's call limit), a list of such dicts, or {"max_steps"?, "env_configs": [...]}.
     Anything else is a bad row here, where open-instruct silently plays no environment."""
-    if tools is None and env_config is None and not t.tools_environments:
+    if tools is None and env_config is None and not settings.tools_environments:
         return None
     if tools is not None and not (isinstance(tools, list) and all(isinstance(name, str) for name in tools)):
         raise BadRow(BAD_AGENT_COLUMN, f"{TOOLS_KEY!r} must be a list of tool call names, got {tools!r}")
     for name in tools or ():
-        if name not in t.tool_names:
-            configured = ", ".join(t.tool_names) or "none"
+        if name not in settings.tool_names:
+            configured = ", ".join(settings.tool_names) or "none"
             raise BadRow(BAD_AGENT_COLUMN, f"tool {name!r} in {TOOLS_KEY!r} is not configured (--tools: {configured})")
     entries, max_steps = _env_entries(env_config)
     envs = []
     for entry in entries:
         if not isinstance(entry, dict) or not isinstance(entry.get("env_name"), str):
             raise BadRow(BAD_AGENT_COLUMN, f'{ENV_CONFIG_KEY!r} entry {entry!r} has no "env_name"')
-        if entry["env_name"] not in t.known_environments:
-            known = ", ".join(t.known_environments)
+        if entry["env_name"] not in settings.known_environments:
+            known = ", ".join(settings.known_environments)
             raise BadRow(BAD_AGENT_COLUMN, f"unknown environment {entry['env_name']!r} (known: {known})")
         kwargs = tuple(
             sorted((k, v) for k, v in entry.items() if k not in ("env_name", "is_text_env") and v is not None)
         )
         envs.append(EnvSpec(entry["env_name"], kwargs))
     named = {env.name for env in envs}
-    envs += [EnvSpec(name, ()) for name in t.tools_environments if name not in named]
+    envs += [EnvSpec(name, ()) for name in settings.tools_environments if name not in named]
     if max_steps is not None and not (isinstance(max_steps, int) and max_steps >= 1):
         raise BadRow(BAD_AGENT_COLUMN, f"{ENV_CONFIG_KEY!r} max_steps must be an integer >= 1, got {max_steps!r}")
     return AgentRequest(tools=tuple(tools or ()), envs=tuple(envs), max_steps=max_steps)
@@ -188,14 +193,14 @@ def render_prompt(tokenizer, messages: list[dict], tools: list[dict] | None = No
     return tokenizer.apply_chat_template(messages, tools=tools or None, add_generation_prompt=True, tokenize=False)
 
 
-def row_tool_schemas(agent: AgentRequest | None, t: RowSettings) -> list[dict]:
+def row_tool_schemas(agent: AgentRequest | None, settings: RowSettings) -> list[dict]:
     """The schemas the chat template renders for one row: its allowed tools, then its environments' functions."""
     import json
 
     from open_instruct.agents.environments import ENVIRONMENTS
 
-    allowed = agent.tools if agent is not None and agent.tools else tuple(name for name, _ in t.tool_schemas)
-    schemas = [json.loads(schema) for name, schema in t.tool_schemas if name in allowed]
+    allowed = agent.tools if agent is not None and agent.tools else tuple(name for name, _ in settings.tool_schemas)
+    schemas = [json.loads(schema) for name, schema in settings.tool_schemas if name in allowed]
     for env in agent.envs if agent is not None else ():
         schemas += [d.as_openai() for d in ENVIRONMENTS[env.name].tool_definitions()]
     return schemas

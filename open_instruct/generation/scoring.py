@@ -28,14 +28,14 @@ async def scored(
         from open_instruct.rewards.scoring import has_think_answer_format
 
         formatted = has_think_answer_format(completion.response_text)
-        format_part = reward_settings.format_reward if formatted else 0.0
-        penalised = reward_settings.non_stop_penalty and completion.finish_reason != "stop"
+        format_part = reward_settings.reward.format_reward if formatted else 0.0
+        penalised = reward_settings.reward.non_stop_penalty and completion.finish_reason != "stop"
         reward = agent_reward(
             reward,
             format_part,
             completion.agent,
-            agent_settings.reward_aggregator,
-            agent_settings.only_reward_good_outputs,
+            agent_settings.tools.reward_aggregator,
+            agent_settings.tools.only_reward_good_outputs,
             penalised,
         )
     return replace(

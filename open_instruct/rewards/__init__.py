@@ -12,46 +12,41 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from open_instruct.config.rewards import RewardConfig
+
 
 @dataclass(frozen=True)
-class VerifierSettings:
-    """Knobs some verifiers need; built once from the parsed config and shared read-only."""
+class RewardSettings:
+    """What scoring reads, built once on the driver and shared read-only: the reward flags as parsed
+    (`settings.reward.code_api_url`, ...) plus what only the driver can resolve: the judge endpoint and key
+    from its environment (engines on other nodes need not have them exported) and whether
+    --max_length_verifier_max_length was given."""
 
-    code_api_url: str = "http://localhost:1234/test_program"
-    code_max_execution_time: float = 1.0
-    code_pass_rate_reward_threshold: float = 0.0
-    code_apply_perf_penalty: bool = False
-    # Target length (tokens) for the max_length / up_to_max_length rewards.
-    max_length_target: int = 4096
-    # --max_length_verifier_max_length when given: the divisor of the length deviation; None divides by the target.
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    # general-* and rubric judges: any OpenAI-compatible chat endpoint (see rewards/llm_judge.py).
+    judge_base_url: str = ""
+    judge_api_key: str = ""
+    judge_extra_body: str = ""  # JSON merged into each request (e.g. vLLM's structured_outputs)
+    # The max_length verifiers' divisor of the length deviation; None divides by the target (rewards/length.py).
     max_length_normalizer: float | None = None
-    # ifeval: True -> 1 only when every constraint holds; False -> fraction satisfied.
-    ifeval_require_all: bool = False
-    # general-* LLM judges: any OpenAI-compatible chat endpoint (see rewards/llm_judge.py).
-    llm_judge_model: str = "azure/gpt-4o-mini-standard"
-    llm_judge_base_url: str = ""
-    llm_judge_api_key: str = ""
-    llm_judge_extra_body: str = ""  # JSON merged into each request (e.g. vLLM's structured_outputs)
-    llm_judge_max_tokens: int = 2048
-    llm_judge_max_context_length: int = 8192
-    llm_judge_temperature: float = 1.0
-    llm_judge_timeout: float = 60.0
+    # Target length (tokens) of the max_length verifiers when a row gives none.
+    max_length_target: int = 4096
+    # How long one verifier call may take before its worker is replaced (tests shorten it).
+    verifier_timeout_s: float = field(default_factory=lambda: RewardConfig().verifier_timeout_s)
 
     @classmethod
-    def from_config(cls, cfg) -> VerifierSettings:
+    def from_config(cls, cfg) -> RewardSettings:
+        import os
+
         reward = cfg.reward
+        given_length_divisor = "max_length_verifier_max_length" in cfg.explicit_flags
         return cls(
-            code_api_url=reward.code_api_url,
-            code_max_execution_time=reward.code_max_execution_time,
-            code_pass_rate_reward_threshold=reward.code_pass_rate_reward_threshold,
-            code_apply_perf_penalty=cfg.reward.code_apply_perf_penalty,
-            ifeval_require_all=reward.ifeval_reward_mode == "all",
-            max_length_normalizer=(
-                float(cfg.reward.max_length_verifier_max_length)
-                if "max_length_verifier_max_length" in cfg.explicit_flags
-                else None
-            ),
-            **_judge_settings(cfg.reward),
+            reward=reward,
+            judge_base_url=judge_base_url(),
+            judge_api_key=os.environ.get("LLM_JUDGE_API_KEY", os.environ.get("OPENAI_API_KEY", "")),
+            judge_extra_body=os.environ.get("LLM_JUDGE_EXTRA_BODY", ""),
+            max_length_normalizer=float(reward.max_length_verifier_max_length) if given_length_divisor else None,
+            verifier_timeout_s=reward.verifier_timeout_s,
         )
 
 
@@ -60,22 +55,6 @@ def judge_base_url() -> str:
     import os
 
     return os.environ.get("LLM_JUDGE_BASE_URL", os.environ.get("OPENAI_BASE_URL", ""))
-
-
-def _judge_settings(x) -> dict[str, Any]:
-    """--llm_judge_* flags, plus the endpoint from the environment (OpenAI's variable names)."""
-    import os
-
-    return {
-        "llm_judge_model": x.llm_judge_model,
-        "llm_judge_base_url": judge_base_url(),
-        "llm_judge_api_key": os.environ.get("LLM_JUDGE_API_KEY", os.environ.get("OPENAI_API_KEY", "")),
-        "llm_judge_extra_body": os.environ.get("LLM_JUDGE_EXTRA_BODY", ""),
-        "llm_judge_max_tokens": x.llm_judge_max_tokens,
-        "llm_judge_max_context_length": x.llm_judge_max_context_length,
-        "llm_judge_temperature": x.llm_judge_temperature,
-        "llm_judge_timeout": float(x.llm_judge_timeout),
-    }
 
 
 @dataclass(frozen=True)
@@ -93,7 +72,7 @@ class VerifierResult:
     details: dict[str, Any] = field(default_factory=dict)
 
 
-Verifier = Callable[[VerifierInput, VerifierSettings], VerifierResult]
+Verifier = Callable[[VerifierInput, RewardSettings], VerifierResult]
 
 
 class UnknownVerifierError(KeyError):

@@ -32,7 +32,7 @@ from requests.adapters import HTTPAdapter
 from urllib3.util.retry import Retry
 
 from open_instruct.errors import UserError
-from open_instruct.rewards import VerifierInput, VerifierResult, VerifierSettings, register
+from open_instruct.rewards import RewardSettings, VerifierInput, VerifierResult, register
 
 _FENCED = re.compile(r"```(?:python)?(.*?)```", re.DOTALL)
 _ASSERT_PATH = "/test_program"
@@ -131,17 +131,17 @@ def run_tests(url: str, program: str, tests: Any, max_execution_time: float) -> 
     return reply
 
 
-def score_results(results: list[Any], runtimes: list[Any], settings: VerifierSettings) -> tuple[float, float]:
+def score_results(results: list[Any], runtimes: list[Any], settings: RewardSettings) -> tuple[float, float]:
     """(score, pass_rate) for one test run."""
     if not results:
         return 0.0, 0.0
     passed = [1.0 if r else 0.0 for r in results]
     pass_rate = sum(passed) / len(passed)
-    if pass_rate < settings.code_pass_rate_reward_threshold:
+    if pass_rate < settings.reward.code_pass_rate_reward_threshold:
         return 0.0, pass_rate
-    if not settings.code_apply_perf_penalty:
+    if not settings.reward.code_apply_perf_penalty:
         return pass_rate, pass_rate
-    limit = settings.code_max_execution_time
+    limit = settings.reward.code_max_execution_time
     weighted = []
     for i, ok in enumerate(passed):
         runtime = runtimes[i] if i < len(runtimes) and isinstance(runtimes[i], (int, float)) else limit
@@ -149,12 +149,12 @@ def score_results(results: list[Any], runtimes: list[Any], settings: VerifierSet
     return sum(weighted) / len(weighted), pass_rate
 
 
-def _verify(inp: VerifierInput, settings: VerifierSettings, stdio: bool) -> VerifierResult:
+def _verify(inp: VerifierInput, settings: RewardSettings, stdio: bool) -> VerifierResult:
     program = extract_program(inp.prediction)
-    url = endpoint_url(settings.code_api_url, stdio)
+    url = endpoint_url(settings.reward.code_api_url, stdio)
     if isinstance(inp.ground_truth, list) and not inp.ground_truth:
         return VerifierResult(score=0.0, extracted=program, details={"results": [], "runtimes": [], "url": url})
-    reply = run_tests(url, program, inp.ground_truth, settings.code_max_execution_time)
+    reply = run_tests(url, program, inp.ground_truth, settings.reward.code_max_execution_time)
     score, pass_rate = score_results(reply["results"], reply["runtimes"], settings)
     details = {
         "results": reply["results"],
@@ -167,10 +167,10 @@ def _verify(inp: VerifierInput, settings: VerifierSettings, stdio: bool) -> Veri
 
 
 @register("code")
-def code_verifier(inp: VerifierInput, settings: VerifierSettings) -> VerifierResult:
+def code_verifier(inp: VerifierInput, settings: RewardSettings) -> VerifierResult:
     return _verify(inp, settings, stdio=False)
 
 
 @register("code_stdio")
-def code_stdio_verifier(inp: VerifierInput, settings: VerifierSettings) -> VerifierResult:
+def code_stdio_verifier(inp: VerifierInput, settings: RewardSettings) -> VerifierResult:
     return _verify(inp, settings, stdio=True)

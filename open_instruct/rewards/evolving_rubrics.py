@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from open_instruct.prompt_feeder import row_id
-from open_instruct.rewards import VerifierSettings
+from open_instruct.rewards import RewardSettings
 from open_instruct.rewards.llm_judge import ask_judge
 from open_instruct.rewards.rubric import parse_rubric_truth
 
@@ -147,7 +147,7 @@ class EvolvingRubrics:
 
     @classmethod
     def from_config(cls, cfg, state: dict[str, QueryRubrics] | None = None) -> EvolvingRubrics:
-        settings = generation_settings(VerifierSettings.from_config(cfg))
+        settings = generation_settings(RewardSettings.from_config(cfg))
         reward = cfg.reward
 
         def generate(prompt: str) -> str:
@@ -207,10 +207,11 @@ class EvolvingRubrics:
         staging.rename(path)
 
 
-def generation_settings(settings: VerifierSettings) -> VerifierSettings:
-    extra = os.environ.get("RUBRIC_GENERATION_EXTRA_BODY", settings.llm_judge_extra_body)
-    model = os.environ.get("RUBRIC_GENERATION_MODEL") or settings.llm_judge_model
-    return replace(settings, llm_judge_model=model, llm_judge_extra_body=extra, llm_judge_temperature=0.0)
+def generation_settings(settings: RewardSettings) -> RewardSettings:
+    extra = os.environ.get("RUBRIC_GENERATION_EXTRA_BODY", settings.judge_extra_body)
+    model = os.environ.get("RUBRIC_GENERATION_MODEL") or settings.reward.llm_judge_model
+    reward = replace(settings.reward, llm_judge_model=model, llm_judge_temperature=0.0)
+    return replace(settings, reward=reward, judge_extra_body=extra)
 
 
 def rubric_groups(groups, requests: dict) -> list[RubricGroup]:

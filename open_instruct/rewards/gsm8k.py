@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from open_instruct.rewards import VerifierInput, VerifierResult, VerifierSettings, register
+from open_instruct.rewards import RewardSettings, VerifierInput, VerifierResult, register
 
 _DIGIT_COMMA = re.compile(r"(?<=\d),(?=\d)")
 _NUMBER = re.compile(r"[-+]?\d*\.\d+|[-+]?\d+")
@@ -39,7 +39,7 @@ def _gold_text(ground_truth: Any) -> str:
 
 
 @register("gsm8k")
-def gsm8k(inp: VerifierInput, settings: VerifierSettings) -> VerifierResult:
+def gsm8k(inp: VerifierInput, settings: RewardSettings) -> VerifierResult:
     gold = _gold_text(inp.ground_truth)
     number = extract_last_number(inp.prediction)
     # open-instruct falls back to the whole output when there is no number; this only matters for

@@ -6,7 +6,7 @@ scores 0.
 `ifeval` labels are a Python-literal string of a one-element list of
 `{'instruction_id': [...], 'kwargs': [...]}` (kwargs entries may be None, None-valued keys are
 dropped). The score is the fraction of constraints satisfied, or 1/0 for all/any-failed with
-`VerifierSettings.ifeval_require_all`. An empty constraint list scores 0. An unknown instruction
+--ifeval_reward_mode. An empty constraint list scores 0. An unknown instruction
 id raises `UnknownInstructionError` naming it (the reward pool turns that into a counted 0).
 
 `ifeval_old` labels are a JSON object `{"func_name": ..., <flat keys, unused ones null>}`; the
@@ -28,7 +28,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from open_instruct.rewards import VerifierInput, VerifierResult, VerifierSettings, register
+from open_instruct.rewards import RewardSettings, VerifierInput, VerifierResult, register
 from open_instruct.rewards.ifeval_checks import CHECKS, detect_language, split_sentences, strip_json_fences
 from open_instruct.rewards.string_match import remove_thinking
 
@@ -299,16 +299,16 @@ def score_new(text: str, label: dict[str, Any], require_all: bool) -> VerifierRe
 
 
 @register("ifeval")
-def ifeval(inp: VerifierInput, settings: VerifierSettings) -> VerifierResult:
+def ifeval(inp: VerifierInput, settings: RewardSettings) -> VerifierResult:
     label = _parse_label(inp.ground_truth)
     text = remove_thinking(inp.prediction)
     if "func_name" in label:
         return score_old(text, label)
-    return score_new(text, label, settings.ifeval_require_all)
+    return score_new(text, label, require_all=settings.reward.ifeval_reward_mode == "all")
 
 
 @register("ifeval_old")
-def ifeval_old(inp: VerifierInput, settings: VerifierSettings) -> VerifierResult:
+def ifeval_old(inp: VerifierInput, settings: RewardSettings) -> VerifierResult:
     label = _parse_label(inp.ground_truth)
     text = remove_thinking(inp.prediction)
     if "func_name" not in label:

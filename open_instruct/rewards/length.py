@@ -2,7 +2,7 @@
 
 Both read the response length from `VerifierInput.response_token_count` (tokens, as generated)
 and a target length T: the ground truth when it is a number or a numeric string (a 1-element
-list is unwrapped), otherwise `VerifierSettings.max_length_target` when the ground truth is
+list is unwrapped), otherwise `RewardSettings.max_length_target` when the ground truth is
 empty/None. A non-numeric, non-empty ground truth is a data error and raises.
 
 With n the response token count:
@@ -13,7 +13,7 @@ With n the response token count:
 open-instruct divides the deviation by a fixed constant instead (`--max_length_verifier_max_length`,
 default 32768, so its scores barely move below a few thousand tokens). Scaling by the target keeps the
 score in [0, 1] and comparable across targets; given that flag explicitly, its value is the divisor D
-(`VerifierSettings.max_length_normalizer`) in place of T, and the score is still clipped at 0 where
+(`RewardSettings.max_length_normalizer`) in place of T, and the score is still clipped at 0 where
 open-instruct's goes negative.
 """
 
@@ -22,10 +22,10 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from open_instruct.rewards import VerifierInput, VerifierResult, VerifierSettings, register
+from open_instruct.rewards import RewardSettings, VerifierInput, VerifierResult, register
 
 
-def target_length(ground_truth: Any, settings: VerifierSettings) -> float:
+def target_length(ground_truth: Any, settings: RewardSettings) -> float:
     if isinstance(ground_truth, (list, tuple)) and len(ground_truth) == 1:
         ground_truth = ground_truth[0]
     if ground_truth is None or (isinstance(ground_truth, str) and not ground_truth.strip()):
@@ -43,7 +43,7 @@ def target_length(ground_truth: Any, settings: VerifierSettings) -> float:
 
 
 @register("max_length")
-def max_length(inp: VerifierInput, settings: VerifierSettings) -> VerifierResult:
+def max_length(inp: VerifierInput, settings: RewardSettings) -> VerifierResult:
     target = target_length(inp.ground_truth, settings)
     n = inp.response_token_count
     score = max(0.0, 1.0 - abs(n - target) / (settings.max_length_normalizer or target))
@@ -51,7 +51,7 @@ def max_length(inp: VerifierInput, settings: VerifierSettings) -> VerifierResult
 
 
 @register("up_to_max_length")
-def up_to_max_length(inp: VerifierInput, settings: VerifierSettings) -> VerifierResult:
+def up_to_max_length(inp: VerifierInput, settings: RewardSettings) -> VerifierResult:
     target = target_length(inp.ground_truth, settings)
     n = inp.response_token_count
     score = 1.0 if n <= target else max(0.0, 1.0 - (n - target) / (settings.max_length_normalizer or target))

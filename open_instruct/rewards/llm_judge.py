@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import re
 
-from open_instruct.rewards import VerifierInput, VerifierResult, VerifierSettings, register
+from open_instruct.rewards import RewardSettings, VerifierInput, VerifierResult, register
 
 JUDGE_TYPES = {
     "quality": "How helpful, correct and well written is the response to the question?",
@@ -52,30 +52,30 @@ def served_model_name(name: str) -> str:
     return name.split("/", 1)[-1] if "/" in name and not name.startswith("/") else name
 
 
-def ask_judge(prompt: str, settings: VerifierSettings) -> str:
+def ask_judge(prompt: str, settings: RewardSettings) -> str:
     import requests
 
-    if not settings.llm_judge_base_url:
+    if not settings.judge_base_url:
         raise ValueError("no judge endpoint: set LLM_JUDGE_BASE_URL (or OPENAI_BASE_URL) to an OpenAI-compatible URL")
     body = {
-        "model": served_model_name(settings.llm_judge_model),
+        "model": served_model_name(settings.reward.llm_judge_model),
         "messages": [{"role": "user", "content": prompt}],
-        "max_tokens": settings.llm_judge_max_tokens,
-        "temperature": settings.llm_judge_temperature,
-        **(json.loads(settings.llm_judge_extra_body) if settings.llm_judge_extra_body else {}),
+        "max_tokens": settings.reward.llm_judge_max_tokens,
+        "temperature": settings.reward.llm_judge_temperature,
+        **(json.loads(settings.judge_extra_body) if settings.judge_extra_body else {}),
     }
-    headers = {"Authorization": f"Bearer {settings.llm_judge_api_key}"} if settings.llm_judge_api_key else {}
-    url = settings.llm_judge_base_url.rstrip("/") + "/chat/completions"
-    reply = requests.post(url, json=body, headers=headers, timeout=settings.llm_judge_timeout)
+    headers = {"Authorization": f"Bearer {settings.judge_api_key}"} if settings.judge_api_key else {}
+    url = settings.judge_base_url.rstrip("/") + "/chat/completions"
+    reply = requests.post(url, json=body, headers=headers, timeout=settings.reward.llm_judge_timeout)
     if reply.status_code != 200:
         raise RuntimeError(f"judge endpoint {url}: HTTP {reply.status_code}: {reply.text[:200]}")
     return reply.json()["choices"][0]["message"]["content"]
 
 
 def _judge(kind: str):
-    def verify(inp: VerifierInput, settings: VerifierSettings) -> VerifierResult:
+    def verify(inp: VerifierInput, settings: RewardSettings) -> VerifierResult:
         reference = inp.ground_truth if isinstance(inp.ground_truth, str) else json.dumps(inp.ground_truth)
-        prompt = judge_prompt(kind, inp.query, inp.prediction, reference, settings.llm_judge_max_context_length)
+        prompt = judge_prompt(kind, inp.query, inp.prediction, reference, settings.reward.llm_judge_max_context_length)
         text = ask_judge(prompt, settings)
         return VerifierResult(score=parse_score(text), extracted=text[:500])
 

@@ -27,7 +27,7 @@ from typing import Any
 
 from math_verify import parse, verify
 
-from open_instruct.rewards import VerifierInput, VerifierResult, VerifierSettings, register
+from open_instruct.rewards import RewardSettings, VerifierInput, VerifierResult, register
 
 
 class _DropDisabledTimeoutWarning(logging.Filter):
@@ -263,10 +263,10 @@ def _score(inp: VerifierInput, strict: bool) -> VerifierResult:
 
 
 @register("math")
-def math_verifier(inp: VerifierInput, settings: VerifierSettings) -> VerifierResult:
+def math_verifier(inp: VerifierInput, settings: RewardSettings) -> VerifierResult:
     return _score(inp, strict=False)
 
 
 @register("strict_math")
-def strict_math_verifier(inp: VerifierInput, settings: VerifierSettings) -> VerifierResult:
+def strict_math_verifier(inp: VerifierInput, settings: RewardSettings) -> VerifierResult:
     return _score(inp, strict=True)

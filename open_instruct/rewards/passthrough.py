@@ -6,9 +6,9 @@ Rows of a multi-turn environment carry `dataset: passthrough`; their reward is t
 
 from __future__ import annotations
 
-from open_instruct.rewards import VerifierInput, VerifierResult, VerifierSettings, register
+from open_instruct.rewards import RewardSettings, VerifierInput, VerifierResult, register
 
 
 @register("passthrough")
-def passthrough(inp: VerifierInput, settings: VerifierSettings) -> VerifierResult:
+def passthrough(inp: VerifierInput, settings: RewardSettings) -> VerifierResult:
     return VerifierResult(0.0)

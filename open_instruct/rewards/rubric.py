@@ -21,7 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any
 
-from open_instruct.rewards import VerifierInput, VerifierResult, VerifierSettings, register
+from open_instruct.rewards import RewardSettings, VerifierInput, VerifierResult, register
 from open_instruct.rewards.llm_judge import ask_judge
 
 _ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
@@ -69,12 +69,13 @@ def parse_criterion_score(text: str) -> float:
     return min(2.0, max(0.0, float(match.group(1)))) / 2.0
 
 
-def judge_settings(settings: VerifierSettings) -> VerifierSettings:
-    return replace(settings, llm_judge_model=os.environ.get("RUBRIC_JUDGE_MODEL") or settings.llm_judge_model)
+def judge_settings(settings: RewardSettings) -> RewardSettings:
+    model = os.environ.get("RUBRIC_JUDGE_MODEL") or settings.reward.llm_judge_model
+    return replace(settings, reward=replace(settings.reward, llm_judge_model=model))
 
 
 @register("rubric")
-def rubric(inp: VerifierInput, settings: VerifierSettings) -> VerifierResult:
+def rubric(inp: VerifierInput, settings: RewardSettings) -> VerifierResult:
     truth = parse_rubric_truth(inp.ground_truth)
     if not truth["rubrics"]:
         return VerifierResult(score=0.0, details={"rubrics": 0})

@@ -4,7 +4,7 @@
 
 1. Pairing: verifier i scores ground truth i. A plain-string verifier name is paired with the
    ground truth as given (wrapped into one-element lists). Names are lower-cased, then remapped
-   through `RewardSettings.remap_verifier`, then looked up in the registry.
+   through --remap_verifier, then looked up in the registry.
 2. Verifiable reward: Σ over pairs of `verification_reward` × score (skipped entirely when
    `apply_verifiable_reward` is False).
 3. Format reward: `format_reward` is added when a `</think>` is followed by a non-empty
@@ -55,11 +55,11 @@ import threading
 import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Self
 
 from open_instruct import rewards
-from open_instruct.rewards import Verifier, VerifierInput, VerifierSettings, get_verifier
+from open_instruct.rewards import RewardSettings, Verifier, VerifierInput, get_verifier
 
 logger = logging.getLogger(__name__)
 
@@ -72,41 +72,6 @@ _BOOTSTRAP = (
 )
 _HEADER = struct.Struct(">Q")
 _ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
-
-
-@dataclass(frozen=True)
-class RewardSettings:
-    apply_verifiable_reward: bool = True
-    verification_reward: float = 10.0
-    non_stop_penalty: bool = False
-    non_stop_penalty_value: float = 0.0
-    format_reward: float = 0.0
-    # open-instruct's R1 format reward: added (additive) or a gate on the verifier reward (not additive).
-    r1_format_reward: float = 0.0
-    r1_format_gate: bool = False
-    remap_verifier: dict[str, str] = field(default_factory=dict)
-    verifier_timeout_s: float = 10.0
-    verifier: VerifierSettings = field(default_factory=VerifierSettings)
-
-    @classmethod
-    def from_config(cls, cfg) -> RewardSettings:
-        reward = cfg.reward
-        return cls(
-            apply_verifiable_reward=reward.apply_verifiable_reward,
-            verification_reward=reward.verification_reward,
-            non_stop_penalty=reward.non_stop_penalty,
-            non_stop_penalty_value=reward.non_stop_penalty_value,
-            format_reward=reward.format_reward,
-            r1_format_reward=reward.r1_style_format_reward
-            if reward.apply_r1_style_format_reward and reward.additive_format_reward
-            else 0.0,
-            r1_format_gate=reward.apply_r1_style_format_reward and not reward.additive_format_reward,
-            remap_verifier=cfg.remap_verifier,
-            # A code verifier call may legitimately take its HTTP client's full timeout.
-            verifier_timeout_s=max(30.0, min(300.0, 10 * reward.code_max_execution_time), cfg.reward.llm_judge_timeout)
-            + 10,
-            verifier=VerifierSettings.from_config(cfg),
-        )
 
 
 @dataclass(frozen=True)
@@ -241,7 +206,7 @@ class _Worker:
         )
         self.ready = False
 
-    def call(self, fn: Verifier, inp: VerifierInput, settings: VerifierSettings, timeout_s: float) -> Any:
+    def call(self, fn: Verifier, inp: VerifierInput, settings: RewardSettings, timeout_s: float) -> Any:
         try:
             if not self.ready:
                 self._wait_ready()
@@ -289,7 +254,7 @@ class RewardScorer:
         if not settings.verifier_timeout_s > 0:
             raise ValueError(f"verifier_timeout_s must be > 0, got {settings.verifier_timeout_s}")
         self.settings = settings
-        self._remap = {k.lower(): v.lower() for k, v in settings.remap_verifier.items()}
+        self._remap = settings.reward.verifier_remap
         self._max_workers = max_workers
         self._idle: queue.SimpleQueue[_Worker] = queue.SimpleQueue()
         for _ in range(max_workers):
@@ -313,7 +278,7 @@ class RewardScorer:
         """Blocking: run one verifier call in an idle worker, replacing the worker if it hangs or dies."""
         worker = self._idle.get()
         try:
-            return worker.call(fn, inp, self.settings.verifier, self.settings.verifier_timeout_s)
+            return worker.call(fn, inp, self.settings, self.settings.verifier_timeout_s)
         except (_VerifierTimeout, _WorkerDied):
             worker.kill()
             worker = _Worker()
@@ -348,6 +313,18 @@ class RewardScorer:
         logger.warning("reward error: %s", message)
         return message
 
+    def _pairs(self, sample_id: str, verifier_names, ground_truths, errors: list[str]) -> list[tuple[str, Any]]:
+        """(verifier name, its ground truth) pairs; none, with an error, when the counts differ."""
+        if isinstance(verifier_names, str):
+            return [(verifier_names, ground_truths)]
+        names = list(verifier_names)
+        truths = [ground_truths] if isinstance(ground_truths, str) else list(ground_truths)
+        if len(names) != len(truths):
+            detail = f"{len(names)} verifier names but {len(truths)} ground truths"
+            errors.append(self._record_error(sample_id, "<pairing>", detail))
+            return []
+        return list(zip(names, truths))
+
     async def score(
         self,
         sample_id: str,
@@ -363,17 +340,9 @@ class RewardScorer:
         errors: list[str] = []
         per_verifier: dict[str, list[float]] = {}
         reward = 0.0
-        if self.settings.apply_verifiable_reward:
-            if isinstance(verifier_names, str):
-                pairs = [(verifier_names, ground_truths)]
-            else:
-                names = list(verifier_names)
-                truths = [ground_truths] if isinstance(ground_truths, str) else list(ground_truths)
-                pairs = list(zip(names, truths))
-                if len(names) != len(truths):
-                    detail = f"{len(names)} verifier names but {len(truths)} ground truths"
-                    errors.append(self._record_error(sample_id, "<pairing>", detail))
-                    pairs = []
+        reward_flags = self.settings.reward
+        if reward_flags.apply_verifiable_reward:
+            pairs = self._pairs(sample_id, verifier_names, ground_truths, errors)
             loop = asyncio.get_running_loop()
             results = await asyncio.gather(
                 *(
@@ -392,17 +361,17 @@ class RewardScorer:
             )
             for name, score, error in results:
                 per_verifier.setdefault(name, []).append(score)
-                reward += self.settings.verification_reward * score
+                reward += reward_flags.verification_reward * score
                 if error is not None:
                     errors.append(error)
-        if self.settings.r1_format_gate and not r1_format_matches(prediction):
+        if reward_flags.r1_format_gate and not r1_format_matches(prediction):
             reward = 0.0  # the verifier's reward counts only for well-formed responses
-        if self.settings.r1_format_reward and r1_format_matches(prediction):
-            reward += self.settings.r1_format_reward
-        if self.settings.format_reward and has_think_answer_format(prediction):
-            reward += self.settings.format_reward
-        if self.settings.non_stop_penalty and finish_reason != "stop":
-            reward = self.settings.non_stop_penalty_value
+        if reward_flags.r1_format_bonus and r1_format_matches(prediction):
+            reward += reward_flags.r1_format_bonus
+        if reward_flags.format_reward and has_think_answer_format(prediction):
+            reward += reward_flags.format_reward
+        if reward_flags.non_stop_penalty and finish_reason != "stop":
+            reward = reward_flags.non_stop_penalty_value
         return RewardOutcome(
             reward=reward,
             per_verifier={name: sum(s) / len(s) for name, s in per_verifier.items()},

@@ -28,7 +28,7 @@ import string
 from collections import Counter
 from typing import Any
 
-from open_instruct.rewards import VerifierInput, VerifierResult, VerifierSettings, register
+from open_instruct.rewards import RewardSettings, VerifierInput, VerifierResult, register
 
 _PUNCT_TABLE = str.maketrans("", "", string.punctuation)
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
@@ -88,7 +88,7 @@ def as_label_list(ground_truth: Any) -> list[str]:
 
 
 @register("string_f1")
-def string_f1(inp: VerifierInput, settings: VerifierSettings) -> VerifierResult:
+def string_f1(inp: VerifierInput, settings: RewardSettings) -> VerifierResult:
     answer = remove_thinking(inp.prediction)
     labels = as_label_list(inp.ground_truth)
     scores = [token_f1(answer, label) for label in labels]
@@ -96,7 +96,7 @@ def string_f1(inp: VerifierInput, settings: VerifierSettings) -> VerifierResult:
 
 
 @register("string_matcher")
-def string_matcher(inp: VerifierInput, settings: VerifierSettings) -> VerifierResult:
+def string_matcher(inp: VerifierInput, settings: RewardSettings) -> VerifierResult:
     _, opened, tail = inp.prediction.rpartition("<answer>")
     answer, closed, _ = tail.partition("</answer>")
     if not (opened and closed):
@@ -106,14 +106,14 @@ def string_matcher(inp: VerifierInput, settings: VerifierSettings) -> VerifierRe
 
 
 @register("flan")
-def flan(inp: VerifierInput, settings: VerifierSettings) -> VerifierResult:
+def flan(inp: VerifierInput, settings: RewardSettings) -> VerifierResult:
     answer = inp.prediction.rsplit("The answer is: ", 1)[-1].strip()
     hit = any(exact_match(answer, label) for label in as_label_list(inp.ground_truth))
     return VerifierResult(score=float(hit), extracted=answer)
 
 
 @register("puzzle")
-def puzzle(inp: VerifierInput, settings: VerifierSettings) -> VerifierResult:
+def puzzle(inp: VerifierInput, settings: RewardSettings) -> VerifierResult:
     answer = remove_thinking(inp.prediction)
     hit = any(exact_match(answer, label) for label in as_label_list(inp.ground_truth))
     return VerifierResult(score=float(hit), extracted=answer)
@@ -143,7 +143,7 @@ def _squad_f1(prediction: str, reference: str) -> float:
 
 
 @register("re_search")
-def re_search(inp: VerifierInput, settings: VerifierSettings) -> VerifierResult:
+def re_search(inp: VerifierInput, settings: RewardSettings) -> VerifierResult:
     label = _json_label(inp.ground_truth)
     labels = label if isinstance(label, list) else [label]
     match = _FINISH.search(inp.prediction)
@@ -155,7 +155,7 @@ def re_search(inp: VerifierInput, settings: VerifierSettings) -> VerifierResult:
 
 
 @register("re_search_f1")
-def re_search_f1(inp: VerifierInput, settings: VerifierSettings) -> VerifierResult:
+def re_search_f1(inp: VerifierInput, settings: RewardSettings) -> VerifierResult:
     text = inp.prediction
     if "<finish>" not in text and "</finish>" not in text:
         return VerifierResult(score=0.0, details={"reason": "no <finish> tag"})

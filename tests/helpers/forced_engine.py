@@ -22,9 +22,9 @@ def forced_turns_engine(model_path: str, tools: tuple, max_model_len: int = 512,
     from open_instruct.benchmarks.workloads import ForcedTurnsActor
     from open_instruct.generation.engine_setup import engine_settings
     from open_instruct.generation.pool import EnginePool
-    from open_instruct.rewards.scoring import RewardSettings
+    from open_instruct.rewards import RewardSettings
 
-    agent = AgentSettings(tools=tools, max_model_len=max_model_len)
+    agent = AgentSettings(tool_specs=tools, max_model_len=max_model_len)
     settings = engine_settings(model_path=model_path, max_model_len=max_model_len, vllm_kv_cache_gib=0.25, agent=agent)
     cluster.init_ray(min_logical_cpus=3)
     actors = cluster.create_generation_actors(settings, 1, RewardSettings(), actor_class=ForcedTurnsActor)

@@ -10,22 +10,22 @@ from __future__ import annotations
 import os
 import time
 
-from open_instruct.rewards import VerifierInput, VerifierResult, VerifierSettings, register
+from open_instruct.rewards import RewardSettings, VerifierInput, VerifierResult, register
 
 
 @register("test_fixed")
-def fixed_score(inp: VerifierInput, settings: VerifierSettings) -> VerifierResult:
+def fixed_score(inp: VerifierInput, settings: RewardSettings) -> VerifierResult:
     """Scores whatever number the ground truth holds."""
     return VerifierResult(score=float(inp.ground_truth))
 
 
 @register("test_raise")
-def raising(inp: VerifierInput, settings: VerifierSettings) -> VerifierResult:
+def raising(inp: VerifierInput, settings: RewardSettings) -> VerifierResult:
     raise RuntimeError(f"boom on {inp.prediction!r}")
 
 
 @register("test_sleep")
-def sleeping(inp: VerifierInput, settings: VerifierSettings) -> VerifierResult:
+def sleeping(inp: VerifierInput, settings: RewardSettings) -> VerifierResult:
     """Ground truth: {"seconds": float, "pid_file": optional path to record the worker's pid, "log_file": optional
     path to append "<pid> <start> <end>" to (monotonic clock, shared by the processes of one machine)}."""
     if inp.ground_truth.get("pid_file"):
@@ -40,10 +40,10 @@ def sleeping(inp: VerifierInput, settings: VerifierSettings) -> VerifierResult:
 
 
 @register("test_bad_score")
-def bad_score(inp: VerifierInput, settings: VerifierSettings) -> VerifierResult:
+def bad_score(inp: VerifierInput, settings: RewardSettings) -> VerifierResult:
     return VerifierResult(score=float(inp.ground_truth))  # e.g. "nan" or "2.0"
 
 
 @register("test_crash")
-def crashing(inp: VerifierInput, settings: VerifierSettings) -> VerifierResult:
+def crashing(inp: VerifierInput, settings: RewardSettings) -> VerifierResult:
     os._exit(3)  # a worker dying mid-call, like a segfault or an OOM kill

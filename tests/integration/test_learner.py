@@ -11,7 +11,8 @@ import math
 import pytest
 from helpers.batches import rewarded_groups
 
-from open_instruct.batching import BatchSettings, assemble
+from open_instruct import batching
+from open_instruct.batching import assemble
 
 N = 4
 
@@ -79,13 +80,13 @@ def _train_fresh(model_path, groups, stage, steps, num_mini_batches, token_budge
         truncated_importance_sampling_ratio_cap=0.0,
         **{"beta": 0.0, **learner_options},
     )
-    batch_settings = BatchSettings(
+    batch_settings = batching.batch_settings(
+        tokenizer.pad_token_id,
         pack_length=128,
-        pad_token_id=tokenizer.pad_token_id,
-        world_size=2,
-        micro_batch_size=1,
+        num_learners_per_node=[2],
+        per_device_train_batch_size=1,
         num_mini_batches=num_mini_batches,
-        token_budget=token_budget,
+        micro_batch_token_budget=token_budget,
     )
     with cluster.learner_group_for_a_while(settings, batch_settings, 2) as learners:
         info = learners.setup()
@@ -250,8 +251,8 @@ def group_settings(model_path, tokenizer, world_size: int, stage: int, **learner
         truncated_importance_sampling_ratio_cap=0.0,
         **learner_options,
     )
-    batch_settings = BatchSettings(
-        pack_length=128, pad_token_id=tokenizer.pad_token_id, world_size=world_size, micro_batch_size=1
+    batch_settings = batching.batch_settings(
+        tokenizer.pad_token_id, pack_length=128, num_learners_per_node=[world_size], per_device_train_batch_size=1
     )
     return settings, batch_settings, world_size
 

@@ -16,7 +16,8 @@ import pytest
 import requests
 from helpers.judge import score_with
 
-from open_instruct.rewards import VerifierInput, VerifierSettings
+from open_instruct.config.rewards import RewardConfig
+from open_instruct.rewards import RewardSettings, VerifierInput
 
 JUDGE_REGEX = r'\{"REASONING": "[a-z ]{1,20}", "SCORE": [0-9]\}'
 
@@ -59,14 +60,14 @@ def judge_server(model_path, tmp_path_factory):
 
 def test_the_judge_returns_scores_from_a_local_vllm_server(judge_server):
     url, model = judge_server
-    settings = VerifierSettings(
-        llm_judge_base_url=url,
+    flags = RewardConfig(
         llm_judge_model=f"hosted_vllm/{model}",  # a provider prefix, as litellm names are written, is dropped
         llm_judge_max_tokens=64,
         llm_judge_temperature=1.0,
         llm_judge_timeout=60,
-        llm_judge_extra_body=json.dumps({"structured_outputs": {"regex": JUDGE_REGEX}}),
     )
+    extra_body = json.dumps({"structured_outputs": {"regex": JUDGE_REGEX}})
+    settings = RewardSettings(reward=flags, judge_base_url=url, judge_extra_body=extra_body)
     for verifier in ("general-quality", "general-factuality"):
         outcome, _ = score_with(settings, verifier)
         assert not outcome.errors, outcome.errors
@@ -87,8 +88,8 @@ def test_evolving_rubrics_are_written_by_a_local_vllm_server_and_graded_by_it(ju
     from open_instruct.rewards.rubric import rubric
 
     url, model = judge_server
-    base = VerifierSettings(llm_judge_base_url=url, llm_judge_model=model, llm_judge_max_tokens=200)
-    writer = dataclasses.replace(base, llm_judge_extra_body=json.dumps({"structured_outputs": {"regex": WRITER_REGEX}}))
+    base = RewardSettings(RewardConfig(llm_judge_model=model, llm_judge_max_tokens=200), judge_base_url=url)
+    writer = dataclasses.replace(base, judge_extra_body=json.dumps({"structured_outputs": {"regex": WRITER_REGEX}}))
     rubrics = EvolvingRubrics(max_active=3, generate=lambda prompt: ask_judge(prompt, writer))
     truth = json.dumps({"query": "What is 2 + 2?", "rubrics": [{"description": "Gives 4.", "weight": 1.0}]})
     group = RubricGroup("rows:0", (truth,), 0, ("It is 4.", "It is 5."))
@@ -98,7 +99,7 @@ def test_evolving_rubrics_are_written_by_a_local_vllm_server_and_graded_by_it(ju
     written = json.loads(new_truth)
     assert written["rubrics"][0]["description"] == "Gives 4." and written["rubrics_types"] == ["persistent", "evolving"]
     judge = dataclasses.replace(
-        base, llm_judge_extra_body=json.dumps({"structured_outputs": {"regex": r'\{"score": [0-2]\}'}})
+        base, judge_extra_body=json.dumps({"structured_outputs": {"regex": r'\{"score": [0-2]\}'}})
     )
     result = rubric(VerifierInput(prediction="It is 4.", ground_truth=new_truth), judge)
     assert result.details == {"rubrics": 2, "failed": 0} and 0.0 <= result.score <= 1.0

@@ -7,7 +7,8 @@ import pytest
 import torch
 from helpers.batches import rewarded_groups
 
-from open_instruct.batching import BatchSettings, assemble
+from open_instruct import batching
+from open_instruct.batching import assemble
 
 
 def test_two_ulysses_ranks_take_the_same_step_as_one_rank_with_whole_rows(model_path):
@@ -22,10 +23,15 @@ def test_two_ulysses_ranks_take_the_same_step_as_one_rank_with_whole_rows(model_
 
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     groups = rewarded_groups(tokenizer, 2)
-    batch_settings = BatchSettings(
-        pack_length=128, pad_token_id=tokenizer.pad_token_id, world_size=1, micro_batch_size=1, token_budget=128,
-        one_document_per_row=True,
-    )  # fmt: skip
+    # one data-parallel rank of two sequence-parallel learners, each row one document
+    batch_settings = batching.batch_settings(
+        tokenizer.pad_token_id,
+        pack_length=128,
+        num_learners_per_node=[2],
+        sequence_parallel_size=2,
+        per_device_train_batch_size=1,
+        micro_batch_token_budget=128,
+    )
     [batch], _ = assemble(groups, 0, batch_settings)
     assert all(int(row.doc_ids.max()) == 1 for micro in batch.micro_batches for row in micro)
 

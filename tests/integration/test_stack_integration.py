@@ -41,7 +41,7 @@ def test_vllm_async_engine_generates_inside_a_ray_actor(model_path):
     from open_instruct import cluster
     from open_instruct.generation.engine_setup import engine_settings
     from open_instruct.messages import PromptRequest, SamplingSettings
-    from open_instruct.rewards.scoring import RewardSettings
+    from open_instruct.rewards import RewardSettings
 
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     cluster.init_ray(min_logical_cpus=2)

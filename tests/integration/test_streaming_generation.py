@@ -40,7 +40,7 @@ def make_pool(model_path, engines: int, partial_report_tokens: int = 16):
     from open_instruct import cluster
     from open_instruct.generation.engine_setup import engine_settings
     from open_instruct.generation.pool import EnginePool
-    from open_instruct.rewards.scoring import RewardSettings
+    from open_instruct.rewards import RewardSettings
 
     settings = engine_settings(
         model_path=model_path, max_model_len=MAX_MODEL_LEN, vllm_kv_cache_gib=0.25,

@@ -26,8 +26,7 @@ import ray
 import torch
 from helpers.batches import rewarded_groups
 
-from open_instruct import cluster
-from open_instruct.batching import BatchSettings
+from open_instruct import batching, cluster
 from open_instruct.config.generation import GenerationConfig
 from open_instruct.generation.engine_setup import engine_settings
 from open_instruct.generation.pool import EnginePool
@@ -125,8 +124,8 @@ def stack_for(model_path, tokenizer, engines: int, learners: int, stage: int, ba
         truncated_importance_sampling_ratio_cap=0.0,
         **{"beta": 0.0, **learner_options},
     )
-    batch_settings = BatchSettings(
-        pack_length=128, pad_token_id=tokenizer.pad_token_id, world_size=learners, micro_batch_size=1
+    batch_settings = batching.batch_settings(
+        tokenizer.pad_token_id, pack_length=128, num_learners_per_node=[learners], per_device_train_batch_size=1
     )
     stack.learners = stack.exits.enter_context(
         cluster.learner_group_for_a_while(learner_side, batch_settings, learners)
@@ -185,13 +184,17 @@ def fresh_greedy(model, prompt_ids, count: int) -> list[int]:
     return out
 
 
-def wait_until_running(actors: list, count: int, min_tokens: int, timeout_s: float = 120) -> list[dict[str, int]]:
-    """Until every engine runs `count` requests with `min_tokens` each. All engines are watched together: one
-    watched after another may have finished its requests while the first was still starting (seen in CI)."""
+def wait_until_running(
+    actors: list, count: int, min_tokens: int, every_engine: bool = True, timeout_s: float = 120
+) -> list[dict[str, int]]:
+    """Until every engine (or, with `every_engine` False, any one) runs `count` requests with `min_tokens`
+    each. All engines are watched together. A test that only needs something running at a sync waits for any
+    engine: on a loaded machine one engine's request may finish before another's has started (seen in CI)."""
     deadline = time.monotonic() + timeout_s
+    reached = all if every_engine else any
     while time.monotonic() < deadline:
         progress = ray.get([actor.running_tokens.remote() for actor in actors])
-        if all(len(p) == count and min(p.values()) >= min_tokens for p in progress):
+        if reached(len(p) == count and min(p.values()) >= min_tokens for p in progress):
             return progress
         time.sleep(0.05)
     raise AssertionError(f"requests did not reach {min_tokens} tokens: {progress}")
@@ -290,7 +293,7 @@ def test_zero3_learners_update_two_engines_after_draining(model_path, tokenizer,
     engines, sync, weights_b = stack.engines, stack.sync, stack.weights_b
     long_requests = {i: greedy(tokenizer, f"Count from {i} onwards.", LONG, f"drain{i}") for i in range(2)}
     generating = [engines[i].generate.remote([long_requests[i]]) for i in range(2)]
-    wait_until_running(engines, count=1, min_tokens=5)
+    wait_until_running(engines, count=1, min_tokens=5, every_engine=False)
     metrics = sync.push(1, step_end_time=time.time())
     drained = [c for ref in generating for c in ray.get(ref, timeout=600)]
     # Waited for: every running request finished entirely on the old weights.
@@ -336,7 +339,7 @@ def test_shared_memory_transport_updates_running_engines_without_a_group(model_p
     # Long enough to be running still after the staging, which happens before the pause.
     prompts = [greedy(tokenizer, f"Count from {i}.", LONG, f"l{i}") for i in (0, 1)]
     generating = [engines[i].generate.remote([prompts[i]]) for i in (0, 1)]
-    wait_until_running(engines, count=1, min_tokens=5)
+    wait_until_running(engines, count=1, min_tokens=5, every_engine=False)
     metrics = sync.push(1)
     running = [c for ref in generating for c in ray.get(ref, timeout=600)]
     assert metrics["weight_sync/bytes"] > 4e6

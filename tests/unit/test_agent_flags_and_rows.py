@@ -50,11 +50,11 @@ def test_non_default_values_land_in_the_config_and_the_engine_settings():
     assert not t.pass_tools_to_chat_template and t.only_reward_good_outputs and not t.mask_tool_use
     agent = AgentSettings.from_config(cfg)
     assert agent.parser_type == "vllm_qwen3_xml"  # the stale name open-instruct's own scripts pass
-    assert [(s.kind, s.call_name, s.config) for s in agent.tools] == [
+    assert [(s.kind, s.call_name, s.config) for s in agent.tool_specs] == [
         ("python", "code", {"timeout": 7, "pool_size": 2}),
         ("guess_number", "guess_number", {"max_val": 50}),
     ]
-    assert agent.pool_size == 8 and agent.max_steps == 9 and agent.per_turn_max_tokens == 64
+    assert agent.pool_size == 8 and agent.tools == cfg.tools
 
 
 @pytest.mark.parametrize(
@@ -93,10 +93,17 @@ def test_reward_aggregator_choices_are_enforced_by_the_parser():
 
 
 ROWS = RowSettings(
-    messages_key="messages", ground_truths_key="ground_truth", max_prompt_token_length=64, skip_bad_rows=False,
-    add_bos=False, system_prompt=None, remap=(), known_verifiers=("passthrough",), tool_names=("code", "search"),
+    sft_messages_key="messages",
+    ground_truths_key="ground_truth",
+    max_prompt_token_length=64,
+    dataset_skip_bad_rows=False,
+    add_bos=False,
+    system_prompt_override=None,
+    remap=(),
+    known_verifiers=("passthrough",),
+    tool_names=("code", "search"),
     known_environments=("counter", "guess_number", "wordle"),
-)  # fmt: skip
+)
 
 
 @pytest.mark.parametrize(

@@ -17,6 +17,8 @@ from open_instruct.agents.rollout import agent_reward, run_rollout
 from open_instruct.agents.settings import AgentSettings, ToolSpec
 from open_instruct.agents.tools import Toolbox, call_guarded
 from open_instruct.batching import _trained_tokens
+from open_instruct.config.fields import groups_from_flags
+from open_instruct.config.tools import ToolsConfig
 from open_instruct.loss import importance_weights
 from open_instruct.messages import AgentRequest, AgentTrace, Completion, EnvSpec, ToolCallRecord, VersionSpan
 
@@ -70,9 +72,10 @@ class EchoTool:
         pass
 
 
-def toolbox(*tools: EchoTool, **settings) -> Toolbox:
-    defaults = {"max_model_len": 400, "max_steps": 5}
-    box = Toolbox(AgentSettings(**{**defaults, **settings}))
+def toolbox(*tools: EchoTool, **values) -> Toolbox:
+    """A Toolbox of `tools` under tool flags by their names (`max_steps=2`) and AgentSettings' own fields."""
+    built, rest = groups_from_flags(values, {"tools": ToolsConfig})
+    box = Toolbox(AgentSettings(**built, **{"max_model_len": 400, **rest}))
     for tool in tools:
         box.tools[tool.call_name] = tool
         box._limits[tool.call_name] = asyncio.Semaphore(4)
@@ -179,7 +182,9 @@ def test_guess_number_environment_with_the_hermes_parser():
     call = '<tool_call>{{"name": "guess", "arguments": {{"number": {}}}}}</tool_call><|im_end|>'
     engine = ScriptedEngine([call.format(50), call.format(37), "never"])
     request = AgentRequest(envs=(EnvSpec("guess_number", (("number", "37"),)),))
-    out, trace = rollout(engine, toolbox(parser_type="vllm_hermes", max_model_len=600), request, response_length=400)
+    out, trace = rollout(
+        engine, toolbox(tool_parser_type="vllm_hermes", max_model_len=600), request, response_length=400
+    )
     assert trace.step_rewards == pytest.approx((1 - 13 / 99, 1.0)) and trace.done and out.finish_reason == "stop"
     assert trace.turns == 2 and trace.env_metrics["guess_number/solved"] == 1.0
     assert "<|im_start|>tool\n<tool_response>\n" in decode(out.response_ids)
@@ -245,6 +250,6 @@ def test_only_reward_good_outputs_needs_a_successful_non_empty_call():
 
 def test_toolbox_refuses_unknown_config_keys_and_needs_a_url_for_http():
     with pytest.raises(ValueError, match="unknown key 'endpoint'"):
-        Toolbox(AgentSettings(tools=(ToolSpec("python", "code", {"endpoint": "x"}),)))
+        Toolbox(AgentSettings(tool_specs=(ToolSpec("python", "code", {"endpoint": "x"}),)))
     with pytest.raises(ValueError, match='needs a "url"'):
-        Toolbox(AgentSettings(tools=(ToolSpec("http", "search", {}),)))
+        Toolbox(AgentSettings(tool_specs=(ToolSpec("http", "search", {}),)))

@@ -316,7 +316,8 @@ def _children() -> int:
 def test_the_reward_pool_keeps_its_workers_threads_and_queue_fixed():
     from helpers import reward_fixtures
 
-    from open_instruct.rewards.scoring import RewardScorer, RewardSettings
+    from open_instruct.rewards import RewardSettings
+    from open_instruct.rewards.scoring import RewardScorer
 
     assert reward_fixtures.fixed_score  # registers the test verifiers in this process and its workers
 

@@ -27,7 +27,8 @@ import pytest
 import requests
 
 from code_server import CodeExecutionServer, SandboxConfig, code_server, outputs_match
-from open_instruct.rewards import VerifierInput, VerifierSettings, get_verifier
+from open_instruct.config.rewards import RewardConfig
+from open_instruct.rewards import RewardSettings, VerifierInput, get_verifier
 from open_instruct.rewards.code_tests import CodeServiceError, endpoint_url, extract_program
 
 SAMPLES = Path(__file__).resolve().parents[1] / "fixtures" / "rlvr_samples"
@@ -407,8 +408,8 @@ STDIO_SOLUTIONS = [
 ]
 
 
-def _settings(base: str, **overrides) -> VerifierSettings:
-    return VerifierSettings(code_api_url=base + "/test_program", **overrides)
+def _settings(base: str, **overrides) -> RewardSettings:
+    return RewardSettings(RewardConfig(code_api_url=base + "/test_program", **overrides))
 
 
 def _respond(program: str) -> str:
@@ -456,7 +457,7 @@ def test_verifier_against_a_closed_port_raises() -> None:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    settings = VerifierSettings(code_api_url=f"http://127.0.0.1:{port}/test_program")
+    settings = RewardSettings(RewardConfig(code_api_url=f"http://127.0.0.1:{port}/test_program"))
     with pytest.raises(CodeServiceError, match=f"127.0.0.1:{port}/test_program"):
         get_verifier("code")(VerifierInput("```python\nx = 1\n```", ["assert x == 1"]), settings)
 

@@ -22,13 +22,14 @@ different reason, which is recorded so a future change to either side is easy to
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import pytest
 
 from code_server import code_server
-from open_instruct.rewards import VerifierInput, VerifierSettings, get_verifier
+from open_instruct.config.rewards import RewardConfig
+from open_instruct.rewards import RewardSettings, VerifierInput, get_verifier
 
 SOURCE = "open_instruct/code_utils/test_code_utils.py"
 
@@ -353,15 +354,15 @@ CASES = [
 
 
 @pytest.fixture(scope="module")
-def settings() -> Iterator[VerifierSettings]:
+def settings() -> Iterator[RewardSettings]:
     with code_server("127.0.0.1", 0) as (_, url):
-        yield VerifierSettings(code_api_url=url)
+        yield RewardSettings(RewardConfig(code_api_url=url))
 
 
 @pytest.mark.parametrize("sandbox_case", CASES, ids=[c.id for c in CASES])
-def test_expectation(sandbox_case: SandboxCase, settings: VerifierSettings):
+def test_expectation(sandbox_case: SandboxCase, settings: RewardSettings):
     c = sandbox_case
-    run_settings = VerifierSettings(code_api_url=settings.code_api_url, code_max_execution_time=c.max_execution_time)
+    run_settings = RewardSettings(replace(settings.reward, code_max_execution_time=c.max_execution_time))
     response = f"Here is my solution.\n```python\n{c.program}\n```\n"
     result = get_verifier("code")(VerifierInput(response, list(c.tests)), run_settings)
     want = c.expected if c.bug is None else c.ours

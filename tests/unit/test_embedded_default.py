@@ -59,9 +59,9 @@ def test_dataset_rows_are_rlvr_format_and_deterministic():
         assert row["messages"][0]["role"] == "user"
         a, b = (int(x) for x in row["messages"][0]["content"][len("What is ") : -1].split(" + "))
         assert row["ground_truth"] == str(a + b)
-        from open_instruct.rewards import VerifierInput, VerifierSettings
+        from open_instruct.rewards import RewardSettings, VerifierInput
 
-        solved = verifier(VerifierInput(ed.arith_solution(a, b), row["ground_truth"]), VerifierSettings())
+        solved = verifier(VerifierInput(ed.arith_solution(a, b), row["ground_truth"]), RewardSettings())
         assert solved.score == 1.0
 
 

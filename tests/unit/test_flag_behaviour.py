@@ -116,7 +116,8 @@ def test_load_ref_policy_false_needs_beta_zero():
     ],
 )
 def test_the_r1_format_reward_adds_up(flags, well_formed, malformed):
-    from open_instruct.rewards.scoring import RewardScorer, RewardSettings
+    from open_instruct.rewards import RewardSettings
+    from open_instruct.rewards.scoring import RewardScorer
 
     cfg = parse_config(flags)
     with RewardScorer(RewardSettings.from_config(cfg), max_workers=1) as scorer:
@@ -126,7 +127,7 @@ def test_the_r1_format_reward_adds_up(flags, well_formed, malformed):
 
         assert score("<think>2+2</think> <answer>4</answer>") == well_formed
         assert score("the answer is 4") == malformed
-    assert cfg.max_possible_reward == 10.0 + (1.0 if "--additive_format_reward" in flags else 0.0)
+    assert cfg.reward.max_possible_reward == 10.0 + (1.0 if "--additive_format_reward" in flags else 0.0)
 
 
 def test_features_not_built_yet_stop_the_run_with_one_line(capsys):
@@ -265,10 +266,10 @@ def test_rho_flags_become_the_learners_bounds():
 
 
 def test_code_perf_penalty_reaches_the_verifier_settings():
-    from open_instruct.rewards import VerifierSettings
+    from open_instruct.rewards import RewardSettings
 
-    assert VerifierSettings.from_config(parse_config(["--code_apply_perf_penalty"])).code_apply_perf_penalty
-    assert not VerifierSettings.from_config(parse_config([])).code_apply_perf_penalty
+    assert RewardSettings.from_config(parse_config(["--code_apply_perf_penalty"])).reward.code_apply_perf_penalty
+    assert not RewardSettings.from_config(parse_config([])).reward.code_apply_perf_penalty
 
 
 def test_cache_dataset_only_builds_the_cache_and_exits_without_training(tmp_path):

@@ -21,7 +21,7 @@ from open_instruct import checkpoints
 from open_instruct.config.core import ConfigError, parse_config, unsupported_features
 from open_instruct.config.derived import resolve_dtype, state_save_every
 from open_instruct.data.dataset import PromptRow
-from open_instruct.rewards import VerifierInput, VerifierSettings
+from open_instruct.rewards import RewardSettings, VerifierInput
 from open_instruct.tracking import MetricWindow
 
 # ----------------------------------------------------------------------------- logging and saving
@@ -207,8 +207,8 @@ def test_dataset_config_hash_reloads_the_recorded_mix_without_reading_the_source
 def test_max_length_verifier_max_length_is_the_divisor_when_given():
     from open_instruct.rewards.length import max_length, up_to_max_length
 
-    default = VerifierSettings.from_config(parse_config([]))
-    given = VerifierSettings.from_config(parse_config(["--max_length_verifier_max_length", "1000"]))
+    default = RewardSettings.from_config(parse_config([]))
+    given = RewardSettings.from_config(parse_config(["--max_length_verifier_max_length", "1000"]))
     assert default.max_length_normalizer is None and given.max_length_normalizer == 1000.0
     inp = VerifierInput(prediction="", ground_truth="100", response_token_count=300)
     assert max_length(inp, default).score == 0.0  # |300 - 100| / 100, clipped
@@ -269,7 +269,7 @@ def rubric_truth(query: str, *descriptions: str) -> str:
 def test_the_rubric_verifier_weights_each_criterion_and_negative_rubrics_subtract(scripted_llm):
     from open_instruct.rewards.rubric import rubric
 
-    settings = VerifierSettings(llm_judge_base_url=scripted_llm)
+    settings = RewardSettings(judge_base_url=scripted_llm)
     truth = json.dumps({"query": "2+2?", "rubrics": [
         {"description": "Explains each step.", "weight": 2.0},
         {"description": "Is correct.", "weight": 1.0},

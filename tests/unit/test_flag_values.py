@@ -176,14 +176,14 @@ def _advantages(cfg, value):
 def _reward_aggregator(cfg, value):
     from open_instruct.agents.settings import AgentSettings
 
-    assert AgentSettings.from_config(cfg).reward_aggregator == value
+    assert AgentSettings.from_config(cfg).tools.reward_aggregator == value
 
 
 def _remap(cfg, value):
     from open_instruct.rewards import get_verifier
 
     old, new = value.split("=")
-    assert cfg.remap_verifier == {old: new}
+    assert cfg.reward.verifier_remap == {old: new}
     assert callable(get_verifier(new)) and get_verifier(new.upper()) is get_verifier(new)
 
 
@@ -198,7 +198,7 @@ def _tool(cfg, value):
     from open_instruct.agents.settings import AgentSettings
     from open_instruct.agents.tools import TOOLS
 
-    [spec] = AgentSettings.from_config(cfg).tools
+    [spec] = AgentSettings.from_config(cfg).tool_specs
     assert spec.kind == value and (value in TOOLS or value in ENVIRONMENTS)
 
 
@@ -306,9 +306,9 @@ def test_values_of_other_work_have_their_flag(row):
     ],
 )
 def test_re_search_is_exact_match_of_the_finish_span(prediction, label, score):
-    from open_instruct.rewards import VerifierInput, VerifierSettings, get_verifier
+    from open_instruct.rewards import RewardSettings, VerifierInput, get_verifier
 
-    assert get_verifier("re_search")(VerifierInput(prediction, label), VerifierSettings()).score == score
+    assert get_verifier("re_search")(VerifierInput(prediction, label), RewardSettings()).score == score
 
 
 @pytest.mark.parametrize(
@@ -322,7 +322,7 @@ def test_re_search_is_exact_match_of_the_finish_span(prediction, label, score):
     ],
 )
 def test_re_search_f1_scores_token_f1_with_a_format_floor(prediction, label, score):
-    from open_instruct.rewards import VerifierInput, VerifierSettings, get_verifier
+    from open_instruct.rewards import RewardSettings, VerifierInput, get_verifier
 
-    result = get_verifier("re_search_f1")(VerifierInput(prediction, label), VerifierSettings())
+    result = get_verifier("re_search_f1")(VerifierInput(prediction, label), RewardSettings())
     assert math.isclose(result.score, score)

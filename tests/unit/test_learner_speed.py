@@ -6,12 +6,11 @@ from __future__ import annotations
 
 import random
 from collections import Counter
-from dataclasses import replace
 
 import pytest
 from helpers.items import make_item
 
-from open_instruct.batching import BatchSettings, assemble
+from open_instruct.batching import BatchSettings, assemble, batch_settings
 from open_instruct.benchmarks.learner_step import heavy_tailed_groups
 from open_instruct.learner.actor import LearnerSettings, learner_settings
 from open_instruct.packing import (
@@ -75,8 +74,9 @@ def test_balance_metrics_by_hand():
 
 def test_assemble_with_a_token_budget_keeps_the_exact_token_mean_and_reports_the_shape():
     groups = heavy_tailed_groups(prompts=6, samples=4, max_response=400)
-    fixed = BatchSettings(pack_length=512, pad_token_id=PAD, world_size=2, micro_batch_size=1)
-    budget = replace(fixed, token_budget=1024)
+    shape = {"pack_length": 512, "num_learners_per_node": [2], "per_device_train_batch_size": 1}
+    fixed = batch_settings(PAD, micro_batch_token_budget=0, **shape)
+    budget = batch_settings(PAD, micro_batch_token_budget=1024, **shape)
     fixed_batches, fixed_stats = assemble(groups, 0, fixed)
     budget_batches, budget_stats = assemble(groups, 0, budget)
     assert fixed_stats.trained_tokens == budget_stats.trained_tokens
@@ -124,11 +124,10 @@ def test_resource_flags_shape_the_deepspeed_config_and_the_engines(model_path):
 
 
 def test_the_token_budget_defaults_to_the_pack_length_for_one_row_micro_batches():
-    from open_instruct.batching import BatchSettings
     from open_instruct.config.core import parse_config
 
     def budget(*argv: str) -> int:
-        return BatchSettings.from_config(parse_config(["--pack_length", "512", *argv]), 0).token_budget
+        return BatchSettings.from_config(parse_config(["--pack_length", "512", *argv]), 0).learner.token_budget
 
     assert budget() == 512  # one row per micro-batch either way; this one is not padded to --pack_length
     assert budget("--per_device_train_batch_size", "2") == 0  # several rows per micro-batch: fixed rows

@@ -11,7 +11,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 from helpers.judge import score_with
 
-from open_instruct.rewards import VerifierSettings
+from open_instruct.config.rewards import RewardConfig
+from open_instruct.rewards import RewardSettings
 from open_instruct.rewards.llm_judge import judge_prompt, parse_score
 
 
@@ -40,7 +41,7 @@ def test_a_judge_that_times_out_scores_zero_and_is_counted():
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         url = f"http://127.0.0.1:{server.server_address[1]}/v1"
-        outcome, errors = score_with(VerifierSettings(llm_judge_base_url=url, llm_judge_timeout=0.5))
+        outcome, errors = score_with(RewardSettings(RewardConfig(llm_judge_timeout=0.5), judge_base_url=url))
     finally:
         server.shutdown()
     assert outcome.reward == 0.0 and errors["general-quality"] == 1
@@ -48,5 +49,5 @@ def test_a_judge_that_times_out_scores_zero_and_is_counted():
 
 
 def test_no_endpoint_is_a_counted_error_naming_the_variable():
-    outcome, errors = score_with(VerifierSettings(llm_judge_base_url=""))
+    outcome, errors = score_with(RewardSettings(judge_base_url=""))
     assert outcome.reward == 0.0 and "LLM_JUDGE_BASE_URL" in outcome.errors[0] and errors["general-quality"] == 1

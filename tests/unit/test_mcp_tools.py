@@ -48,7 +48,7 @@ def test_one_entry_becomes_one_tool_per_server_tool_with_the_servers_names_and_s
     specs = tool_specs(generic_mcp_entry(server.url, timeout=GENEROUS_S))
     assert [s.call_name for s in specs] == ["echo", "add", "slow", "fail", "picture"]
     assert {s.kind for s in specs} == {"generic_mcp"}
-    box = Toolbox(AgentSettings(tools=specs))
+    box = Toolbox(AgentSettings(tool_specs=specs))
     add = {d.name: d for d in box.definitions()}["add"]
     assert add.description == "Add two integers."
     assert add.parameters["properties"]["a"]["type"] == "integer" and add.required == ("a", "b")
@@ -72,7 +72,7 @@ def test_tool_name_makes_one_tool_under_its_call_name_with_the_servers_schema(se
 
 def test_calls_coerce_arguments_and_turn_tool_errors_and_other_content_into_text(server):
     async def scenario():
-        box = Toolbox(AgentSettings(tools=tool_specs(generic_mcp_entry(server.url, timeout=GENEROUS_S))))
+        box = Toolbox(AgentSettings(tool_specs=tool_specs(generic_mcp_entry(server.url, timeout=GENEROUS_S))))
         try:
             return [
                 await box.call("add", {"a": "2", "b": 3}),  # a number written as a string, as models do
@@ -178,7 +178,7 @@ def test_the_server_dying_mid_rollout_is_an_error_observation_and_a_new_server_i
     server = McpServerProcess().start()
     try:
         specs = tool_specs(generic_mcp_entry(server.url, timeout=GENEROUS_S, max_retries=1))
-        box = Toolbox(AgentSettings(tools=specs, max_model_len=4000, max_steps=5))
+        box = Toolbox(AgentSettings(tool_specs=specs, max_model_len=4000))
 
         async def scenario():
             try:

@@ -10,7 +10,9 @@ import os
 import pytest
 from helpers import reward_fixtures
 
-from open_instruct.rewards.scoring import RewardScorer, RewardSettings, has_think_answer_format
+from open_instruct.config.rewards import RewardConfig
+from open_instruct.rewards import RewardSettings
+from open_instruct.rewards.scoring import RewardScorer, has_think_answer_format
 
 assert reward_fixtures.fixed_score  # registers the test verifiers in this process
 
@@ -160,14 +162,14 @@ def test_concurrent_calls_use_all_workers(scorer, tmp_path):
 
 
 def test_reward_arithmetic_penalty_format_and_remap():
-    settings = RewardSettings(
+    flags = RewardConfig(
         verification_reward=2.0,
         non_stop_penalty=True,
         non_stop_penalty_value=-1.0,
         format_reward=0.5,
-        remap_verifier={"Legacy": "test_fixed"},
-        verifier_timeout_s=TIMEOUT_S,
+        remap_verifier="Legacy=test_fixed",
     )
+    settings = RewardSettings(flags, verifier_timeout_s=TIMEOUT_S)
     with RewardScorer(settings, max_workers=1) as scorer:
         plain = score_one(scorer, "answer", ["1"], ["LEGACY"])
         assert plain.reward == 2.0
@@ -183,7 +185,8 @@ def test_reward_arithmetic_penalty_format_and_remap():
 
 
 def test_verifiable_reward_can_be_disabled():
-    settings = RewardSettings(apply_verifiable_reward=False, format_reward=1.0, verifier_timeout_s=TIMEOUT_S)
+    flags = RewardConfig(apply_verifiable_reward=False, format_reward=1.0)
+    settings = RewardSettings(flags, verifier_timeout_s=TIMEOUT_S)
     with RewardScorer(settings, max_workers=1) as scorer:
         outcome = score_one(scorer, "x</think><answer>y</answer>", [None], ["test_raise"])
     assert (outcome.reward, outcome.per_verifier, outcome.errors) == (1.0, {}, [])

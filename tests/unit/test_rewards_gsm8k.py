@@ -5,11 +5,11 @@ from pathlib import Path
 
 import pytest
 
-from open_instruct.rewards import VerifierInput, VerifierSettings
+from open_instruct.rewards import RewardSettings, VerifierInput
 from open_instruct.rewards.gsm8k import extract_last_number, gsm8k
 
 SAMPLES = Path(__file__).resolve().parents[1] / "fixtures" / "rlvr_samples"
-SETTINGS = VerifierSettings()
+SETTINGS = RewardSettings()
 
 
 def score(prediction: str, gold) -> float:

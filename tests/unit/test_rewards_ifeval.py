@@ -9,12 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from open_instruct.rewards import VerifierInput, VerifierSettings
+from open_instruct.config.rewards import RewardConfig
+from open_instruct.rewards import RewardSettings, VerifierInput
 from open_instruct.rewards.ifeval import OLD_FUNCTIONS, UnknownInstructionError, ifeval, ifeval_old
 from open_instruct.rewards.ifeval_checks import CHECKS, split_sentences, word_tokens, words
 
 SAMPLES = Path(__file__).resolve().parents[1] / "fixtures" / "rlvr_samples"
-SETTINGS = VerifierSettings()
+SETTINGS = RewardSettings()
 
 ENGLISH = "the weather is lovely today. we walked along the river and watched the boats go by."
 FRENCH = "Le temps est magnifique aujourd'hui. Nous avons marché le long de la rivière avec nos amis."
@@ -243,7 +244,7 @@ def test_fraction_and_require_all():
     assert run_new("I like tea", label).score == 1.0
     assert run_new("I like tea, and more tea", label).score == 0.0
     assert run_new("I like coffee", label).score == 0.5
-    strict = VerifierSettings(ifeval_require_all=True)
+    strict = RewardSettings(RewardConfig(ifeval_reward_mode="all"))
     assert run_new("I like coffee", label, strict).score == 0.0
     assert run_new("I like tea", label, strict).score == 1.0
 

@@ -20,10 +20,10 @@ import json
 
 import pytest
 
-from open_instruct.rewards import VerifierInput, VerifierSettings, get_verifier
+from open_instruct.rewards import RewardSettings, VerifierInput, get_verifier
 from open_instruct.rewards.ifeval import around_tolerance
 
-SETTINGS = VerifierSettings()
+SETTINGS = RewardSettings()
 NS = range(1, 101)
 
 

@@ -2,10 +2,10 @@
 
 import pytest
 
-from open_instruct.rewards import VerifierInput, VerifierSettings
+from open_instruct.rewards import RewardSettings, VerifierInput
 from open_instruct.rewards.length import max_length, target_length, up_to_max_length
 
-SETTINGS = VerifierSettings(max_length_target=1000)
+SETTINGS = RewardSettings(max_length_target=1000)
 
 
 def run(verifier, tokens: int, gold) -> float:

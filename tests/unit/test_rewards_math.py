@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from open_instruct.rewards import VerifierInput, VerifierSettings
+from open_instruct.rewards import RewardSettings, VerifierInput
 from open_instruct.rewards.math_answer import (
     candidates,
     last_boxed,
@@ -21,7 +21,7 @@ from open_instruct.rewards.math_answer import (
 )
 
 SAMPLES = Path(__file__).resolve().parents[1] / "fixtures" / "rlvr_samples"
-SETTINGS = VerifierSettings()
+SETTINGS = RewardSettings()
 
 # (boxed prediction, gold): each equivalent only through real math equivalence or normalisation.
 EQUIVALENT = [

@@ -30,10 +30,10 @@ from typing import Any
 
 import pytest
 
-from open_instruct.rewards import VerifierInput, VerifierSettings, get_verifier
+from open_instruct.rewards import RewardSettings, VerifierInput, get_verifier
 from open_instruct.rewards.math_answer import strip_string
 
-SETTINGS = VerifierSettings()
+SETTINGS = RewardSettings()
 
 GROUND_TRUTH = "open_instruct/test_ground_truth_utils.py"
 MATH_UTILS = "open_instruct/test_math_utils.py"

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from open_instruct.rewards import VerifierInput, VerifierSettings
+from open_instruct.rewards import RewardSettings, VerifierInput
 from open_instruct.rewards.string_match import (
     flan,
     normalize_text,
@@ -17,7 +17,7 @@ from open_instruct.rewards.string_match import (
 )
 
 SAMPLES = Path(__file__).resolve().parents[1] / "fixtures" / "rlvr_samples"
-SETTINGS = VerifierSettings()
+SETTINGS = RewardSettings()
 
 
 def run(verifier, prediction, gold) -> float:

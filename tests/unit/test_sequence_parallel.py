@@ -80,4 +80,8 @@ def test_a_sequence_parallel_group_is_one_data_parallel_rank_of_one_document_row
 
     cfg = parse_config(["--sequence_parallel_size", "2", "--num_learners_per_node", "4", "--deepspeed_stage", "3"])
     settings = BatchSettings.from_config(cfg, 0)
-    assert (settings.world_size, settings.one_document_per_row, settings.token_budget) == (2, True, 512)
+    assert (settings.data_parallel_ranks, settings.one_document_per_row, settings.learner.token_budget) == (
+        2,
+        True,
+        512,
+    )

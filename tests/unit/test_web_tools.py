@@ -246,7 +246,7 @@ def test_pool_size_limits_concurrent_calls_of_one_tool(stub):
     spec = ToolSpec("serper_search", "search", {"base_url": stub.url, "pool_size": 1})
 
     async def go():
-        toolbox = Toolbox(AgentSettings(tools=(spec,), pool_size=8))
+        toolbox = Toolbox(AgentSettings(tool_specs=(spec,), pool_size=8))
         try:
             return await asyncio.gather(*(toolbox.call("search", {"query": str(i)}) for i in range(3)))
         finally:
@@ -297,7 +297,7 @@ def test_the_four_tools_parse_with_their_variables_set(stub):
     cfg = parse_config(
         ["--tools", "serper_search", "s2_search", "jina_browse", "crawl4ai_browse", "--tool_configs", *configs]
     )
-    assert [s.kind for s in AgentSettings.from_config(cfg).tools] == list(cfg.tools.tools)
+    assert [s.kind for s in AgentSettings.from_config(cfg).tool_specs] == list(cfg.tools.tools)
 
 
 @pytest.mark.parametrize(
