@@ -116,6 +116,37 @@ class StopRequest:
         logger.warning("%s received: finishing the current step, then saving state and stopping", self.reason)
 
 
+class ZeroSpreadWatch:
+    """--active_sampling trains only groups with reward spread, and only training moves the weights: after a
+    whole pass over the prompts without one such group, the next pass samples the same policy, so the run ends
+    there with the reason. Until then it says so every 4 steps' worth of groups (no step ends to show it)."""
+
+    def __init__(self, num_prompts: int, per_step: int):
+        self.num_prompts, self.per_step = num_prompts, per_step
+        self.patience = max(num_prompts, 4 * per_step)
+        self._warnings = 0
+
+    def check(self, streak: int, step: int) -> None:
+        """`streak`: groups dropped for zero spread since the last one with spread (`ReplayBuffer.zero_std_streak`)."""
+        if streak >= self.patience:
+            raise NoRewardSpread(
+                f"--active_sampling: {streak} groups in a row had zero reward spread (each prompt's samples got "
+                f"equal rewards), a whole pass over the {self.num_prompts} training prompts, so step {step} cannot "
+                "train and the policy cannot change; check the ground truths and verifiers against the answers "
+                "(--save_traces keeps them), or drop --active_sampling"
+            )
+        warnings_due = streak // (4 * self.per_step)
+        if warnings_due > self._warnings:
+            logger.warning(
+                "--active_sampling: the last %d groups had zero reward spread (each prompt's samples got equal "
+                "rewards); step %d waits for %d groups with spread",
+                streak,
+                step,
+                self.per_step,
+            )
+        self._warnings = warnings_due
+
+
 # ----------------------------------------------------------------------------- the loop
 
 
@@ -172,10 +203,7 @@ class TrainingLoop:
         self.rubrics = self._evolving_rubrics()
         self._last_engine_stats: list[EngineStats] | None = None
         self._advised = False
-        # --active_sampling trains only groups with reward spread, and only training moves the weights: after a
-        # whole pass over the prompts without one, the next pass samples the same policy, so the run ends there.
-        self.zero_std_patience = max(len(train_rows), 4 * self.per_step)
-        self._zero_std_warnings = 0
+        self.spread_watch = ZeroSpreadWatch(len(train_rows), self.per_step)
 
     def _buffer_config(self) -> dict:
         cfg = self.cfg
@@ -300,29 +328,7 @@ class TrainingLoop:
             else:
                 self.feeder.grant_refill()
                 self.outcomes.record("dropped", group.prompt_id)
-        self.check_reward_spread()
-
-    def check_reward_spread(self) -> None:
-        """Say when --active_sampling finds nothing to train (the run is silent otherwise: no step ends), and
-        end the run once a whole pass over the prompts had no group with reward spread."""
-        streak = self.buffer.zero_std_streak
-        if streak >= self.zero_std_patience:
-            raise NoRewardSpread(
-                f"--active_sampling: {streak} groups in a row had zero reward spread (each prompt's samples got "
-                f"equal rewards), a whole pass over the {len(self.feeder.prompts)} training prompts, so step "
-                f"{self.step} cannot train and the policy cannot change; check the ground truths and verifiers "
-                "against the answers (--save_traces keeps them), or drop --active_sampling"
-            )
-        warnings_due = streak // (4 * self.per_step)
-        if warnings_due > self._zero_std_warnings:
-            logger.warning(
-                "--active_sampling: the last %d groups had zero reward spread (each prompt's samples got equal "
-                "rewards); step %d waits for %d groups with spread",
-                streak,
-                self.step,
-                self.per_step,
-            )
-        self._zero_std_warnings = warnings_due
+        self.spread_watch.check(self.buffer.zero_std_streak, self.step)
 
     def abort_doomed(self) -> None:
         """Stop spending engine time on samples whose group can no longer be trained within the bound."""

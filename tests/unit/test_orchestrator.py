@@ -218,7 +218,7 @@ def test_active_sampling_that_finds_no_reward_spread_in_a_whole_pass_ends_the_ru
     with pytest.raises(NoRewardSpread, match=r"^--active_sampling: 1[2-9] groups in a row had zero reward spread"):
         run.loop.run()
     assert issubclass(NoRewardSpread, UserError)  # one line from grpo_fast.py, no traceback
-    assert run.learners.trained == [] and run.loop.buffer.zero_std_streak >= 12  # a poll may bring two
+    assert run.learners.trained == [] and run.loop.buffer.zero_std_streak >= 12 == run.loop.spread_watch.patience
     assert "the last 8 groups had zero reward spread" in caplog.text  # said before the run gives up
     filtered = run.loop.outcomes.totals()["filtered"]
     assert filtered == run.loop.buffer.zero_std_streak  # each counted, and replaced by a refill
