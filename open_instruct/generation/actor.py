@@ -82,6 +82,9 @@ class GenerationActor(WeightReceiver):
         self._paused = False
         self._pauses = 0
         self._stopping = False
+        # An abort stop cuts the samples it finds; the pull loop may still launch a request it had pulled
+        # (taken off the prompt queue, so it must be delivered): those are cut as they start.
+        self._cutting_new = False
         self._tasks: set[asyncio.Task] = set()
         self._room = asyncio.Event()
         self._occupancy = _Occupancy()
@@ -148,6 +151,7 @@ class GenerationActor(WeightReceiver):
         """Stop pulling prompts; 'finish' lets running samples end, 'abort' cuts them (they are still
         delivered, with finish_reason 'abort'). Returns what happened to the in-flight samples."""
         self._stopping = True
+        self._cutting_new = mode == "abort"
         self._room.set()
         in_flight = len(self._tasks)
         if mode == "abort":
@@ -173,7 +177,7 @@ class GenerationActor(WeightReceiver):
 
     async def run(self, prompts, results) -> EngineLoopEnded:
         """Pull prompts while there is room; push each finished sample. Returns when stopped."""
-        self._stopping = False
+        self._stopping = self._cutting_new = False
         self._results = results
         while not self._stopping:
             self._room.clear()
@@ -208,6 +212,8 @@ class GenerationActor(WeightReceiver):
             self._generating[key] = asyncio.current_task()
         try:
             try:
+                if self._cutting_new:  # launched after an abort stop went through the running samples
+                    raise asyncio.CancelledError
                 completion = await self._one_sample(request, sample_index)
             except asyncio.CancelledError:  # cancelled outside a vLLM call (before it, or between two)
                 completion = self._empty(request, sample_index, "abort", "aborted before generating")

@@ -20,12 +20,11 @@ import json
 import os
 import pickle
 import random
-import sys
-import types
 from pathlib import Path
 
 import pytest
 from helpers import fakes
+from helpers.fake_vllm import fake_generation_actor
 
 from open_instruct import tracking
 from open_instruct.generation.ledger import DeliveryLedger
@@ -223,34 +222,6 @@ def test_the_engine_pool_keeps_only_prompts_in_flight(monkeypatch):
 # ----------------------------------------------------------------------------- an engine on a fake vLLM
 
 
-class _FakeVllm:
-    """Three outputs per request, growing by one token each."""
-
-    async def generate(self, prompt, params, request_id: str):
-        for n in (1, 2, 3):
-            await asyncio.sleep(0)
-            out = types.SimpleNamespace(
-                token_ids=list(range(n)), logprobs=None, finish_reason="stop" if n == 3 else None,
-                stop_reason=None, text="abc"[:n],
-            )  # fmt: skip
-            yield types.SimpleNamespace(outputs=[out])
-
-
-def _actor(monkeypatch):
-    """A GenerationActor on `_FakeVllm`; the two vLLM modules it imports per sample are stubbed in-process."""
-    from open_instruct.generation.actor import GenerationActor
-    from open_instruct.generation.engine_setup import engine_settings
-
-    monkeypatch.setitem(sys.modules, "vllm.inputs", types.SimpleNamespace(tokens_input=lambda ids, **_: ids))
-    monkeypatch.setitem(
-        sys.modules, "vllm.v1.engine.exceptions", types.SimpleNamespace(EngineDeadError=type("Dead", (Exception,), {}))
-    )
-    actor = GenerationActor(0, engine_settings("unused", 64, partial_report_tokens=1))
-    actor.engine, actor.toolbox, actor.target_concurrency = _FakeVllm(), types.SimpleNamespace(tools={}), 16
-    actor.sampling_params = lambda request, sample_index, turn: None
-    return actor
-
-
 def _engine_sizes(actor) -> dict[str, int]:
     return {
         "tasks": len(actor._tasks), "generating": len(actor._generating), "first_version": len(actor._first_version),
@@ -264,7 +235,7 @@ def _requests(batch: int):
 
 
 def test_a_streaming_engine_keeps_only_running_samples(monkeypatch):
-    actor = _actor(monkeypatch)
+    actor = fake_generation_actor(monkeypatch)
 
     async def drive() -> list[dict[str, int]]:
         prompts, results = LocalChannel(name="prompts"), LocalChannel(name="results")
@@ -289,7 +260,7 @@ def test_a_streaming_engine_keeps_only_running_samples(monkeypatch):
 
 
 def test_a_batch_mode_engine_keeps_nothing_per_sample(monkeypatch):
-    actor = _actor(monkeypatch)
+    actor = fake_generation_actor(monkeypatch)
     measured = []
     for batch in range(30):
         completions = asyncio.run(actor.generate(_requests(batch)))
