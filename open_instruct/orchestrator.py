@@ -123,7 +123,8 @@ class ZeroSpreadWatch:
 
     def __init__(self, num_prompts: int, per_step: int):
         self.num_prompts, self.per_step = num_prompts, per_step
-        self.patience = max(num_prompts, 4 * per_step)
+        self.warn_every = 4 * per_step
+        self.patience = max(num_prompts, self.warn_every)
         self._warnings = 0
 
     def check(self, streak: int, step: int) -> None:
@@ -135,7 +136,7 @@ class ZeroSpreadWatch:
                 "train and the policy cannot change; check the ground truths and verifiers against the answers "
                 "(--save_traces keeps them), or drop --active_sampling"
             )
-        warnings_due = streak // (4 * self.per_step)
+        warnings_due = streak // self.warn_every
         if warnings_due > self._warnings:
             logger.warning(
                 "--active_sampling: the last %d groups had zero reward spread (each prompt's samples got equal "
