@@ -17,7 +17,7 @@ out="${OUT:-output/bench}"
 if [[ "${QUICK:-0}" == "1" ]]; then
   weight_sync=(--sizes 128x2 --syncs 1 --running 2 --max_tokens 64 --warmup_s 0.1)
   replay=(--response_lengths 32 96 --max_prompts 4 --samples 2 --kv_cache_gib 0.1)
-  e2e=(--steps 2 --prompts 4 --samples 2 --median_tokens 12 --max_tokens 48 --tool_median_tokens 8
+  e2e=(--steps 2 --rounds 2 --prompts 4 --samples 2 --median_tokens 12 --max_tokens 48 --tool_median_tokens 8
        --tool_latency_s 0.2 --calibrate 1 4)
   simulator=(--seed_steps 2 --async_sweep 1,2)
   learner_step=(--size embedded --prompts 2 --samples 2 --pack_length 256 --steps 1 --parts seed micro_batches)

@@ -1,7 +1,7 @@
-"""Benchmark: synchronous vs one-step-ahead async vs streaming training, one run, same machine, same prompts.
+"""Benchmark: synchronous vs one-step-ahead async vs streaming training, same machine, same prompts.
 
-One set of actors (vLLM engine(s), DeepSpeed learner(s), weight-sync group) runs the real
-training loop (`orchestrator.TrainingLoop`) in each mode, one after the other:
+One set of actors (vLLM engine, DeepSpeed learner, weight sync) runs the real training loop
+(`orchestrator.TrainingLoop`) in each mode:
 
 * synchronous      `--async_steps 0 --inflight_updates False`: admit a batch, wait for its
                    longest sample, train, sync (engines idle while the learner trains);
@@ -13,6 +13,13 @@ training loop (`orchestrator.TrainingLoop`) in each mode, one after the other:
 * streaming_drop, streaming_downweight: the same with `--off_policy_action drop` / `downweight`,
                    to show what each action costs and how it biases trained lengths.
 
+Measured so that a reader can trust a ratio (`rounds.py`): engine and learner each get their own
+cores (`--pin`, through the CPU split of `--single_gpu_mode`: the engine's OpenMP threads on one
+half, the learner on the other, as separate GPUs would be), the modes run interleaved (A B C A B C)
+for `--rounds` rounds, and every number is reported as the median over rounds with its min-max
+spread; a ratio of two modes is taken per round. Each workload also gets its learner-bound ceiling:
+the rate of a learner that never waits, at the step and sync times streaming measured.
+
 Three workloads, each with the same prompts in every mode (a sample's shape is a function of
 its id): `heavy_tail`, response lengths drawn from a lognormal (exact, ignore_eos); `tool_latency`,
 shorter responses with a real tool call halfway through each sample (the production multi-turn
@@ -21,11 +28,12 @@ exponentially distributed wait, as APIs do); and `env_turns`, samples that play 
 `--env_calls` turns through the real environment.
 
 Per mode: trained samples/s, generated tokens/s, generation idle fraction, learner wait
-fraction, weight-sync pause, staleness (version lag mean/max), and streaming / synchronous.
-Also measured: engine decode throughput vs running sequences, prefill speed and learner step
-time vs tokens, written as `measured.json`, the input `open_instruct.benchmarks.simulator` fits
-its cost model to. Writes `e2e.json` and `timeline_<workload>.png` (engine occupancy and learner steps
-over time, synchronous vs streaming) and prints a table.
+fraction, weight-sync pause, staleness (version lag mean/max), the trained/generated length ratio.
+Also measured (on the same pinned stack): engine decode throughput vs running sequences, prefill
+speed and learner step time vs tokens, written as `measured.json` with each mode's median rate, the
+input `open_instruct.benchmarks.simulator` fits and validates its cost model on. Writes `e2e.json`
+and `e2e.md` (the tables, stamped with date, commit and machine), `timeline_<workload>.png` (engine
+occupancy and learner steps over time, synchronous vs streaming, last round) and prints the tables.
 
     python -m open_instruct.benchmarks.e2e --output output/bench/e2e
 """
@@ -42,6 +50,8 @@ import threading
 import time
 from pathlib import Path
 
+from open_instruct.benchmarks import rounds as rounds_lib
+from open_instruct.benchmarks.stamp import describe, stamp
 from open_instruct.benchmarks.workloads import LatencyToolServer, ShapedGenerationActor, ShapedWorkload
 
 logger = logging.getLogger(__name__)
@@ -151,6 +161,7 @@ def run_mode(stack, cfg, mode: str, tokenizer, rows) -> tuple[dict, list]:
     result = {
         "mode": mode,
         "steps": len(history),
+        "samples_per_step": cfg.rollout_batch_size,
         "wall_s": wall,
         "trained_samples_per_s": samples / wall,
         "generated_tokens_per_s": sum(h["perf/generated_tokens_per_s"] * h["time/step_s"] for h in history) / wall,
@@ -174,6 +185,7 @@ def run_mode(stack, cfg, mode: str, tokenizer, rows) -> tuple[dict, list]:
         "learner_steps": [{"tokens": h["perf/trained_tokens"], "step_s": h["learner/step_s"]} for h in history],
         **_agent_columns(history),
     }
+    result["learner_bound_samples_per_s"] = rounds_lib.learner_bound_samples_per_s(result)
     return result, timeline
 
 
@@ -273,12 +285,21 @@ def parse_args(argv: list[str] | None):
     parser.add_argument("--env_calls", type=int, default=2, help="guess_number turns per sample in env_turns")
     parser.add_argument("--workloads", nargs="+", default=["heavy_tail", "tool_latency", "env_turns"])
     parser.add_argument("--modes", nargs="+", default=list(MODES), choices=list(MODES))
+    parser.add_argument("--rounds", type=int, default=3, help="every mode runs once per round, interleaved")
+    parser.add_argument(
+        "--pin",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="engine and learner on their own cores (the CPU split of --single_gpu_mode)",
+    )
     parser.add_argument("--max_off_policy_steps", type=int, default=2, help="the staleness bound of every mode")
     parser.add_argument("--calibrate", type=int, nargs="*", default=[1, 4, 16, 64], help="running counts")
     parser.add_argument("--output", default="output/bench/e2e")
     args = parser.parse_args(argv)
     if not {"synchronous", "streaming"} <= set(args.modes):
         parser.error("--modes must include synchronous and streaming: the benchmark reports their ratio")
+    if args.rounds < 1:
+        parser.error(f"--rounds must be >= 1, got {args.rounds}")
     return args
 
 
@@ -305,35 +326,67 @@ def base_config(args, out: Path, tool_flags: list[str]):
         "save_freq": 0,
         "vllm_kv_cache_gib": 0.5,
         "max_off_policy_steps": args.max_off_policy_steps,
+        "single_gpu_mode": args.pin,
         "output_dir": out,
     }
     argv = [token for name, value in flags.items() for token in (f"--{name}", str(value))]
     return parse_config(argv + tool_flags)
 
 
-def run_workload(stack, base, workload: ShapedWorkload, tokenizer, rows, out: Path, mode_names: list[str]) -> dict:
-    """The modes, one after the other, on the same actors and prompts; draws the timeline."""
-    stack.pool.call_all("set_workload", workload)
-    modes, timelines = {}, {}
-    for mode in mode_names:
-        logger.info("workload %s, mode %s", workload.name, mode)
-        cfg = mode_config(base, mode, out / workload.name / mode)
-        modes[mode], timelines[mode] = run_mode(stack, cfg, mode, tokenizer, rows)
-    plot_timeline(
-        {m: timelines[m] for m in ("synchronous", "streaming")},
-        out / f"timeline_{workload.name}.png",
-        f"{workload.name}: synchronous vs streaming (same prompts)",
-    )
-    speedup = modes["streaming"]["trained_samples_per_s"] / modes["synchronous"]["trained_samples_per_s"]
-    return {"workload": dataclasses.asdict(workload), "modes": modes, "speedup_streaming_vs_sync": speedup}
+def summarize_workload(workload: ShapedWorkload, runs: dict[str, list[dict]]) -> dict:
+    """Each mode's median and spread over the rounds, ratios per round, and the learner-bound ceiling."""
+    sync = runs["synchronous"]
+    ratios = {f"{mode}_vs_synchronous": rounds_lib.paired_ratio(r, sync) for mode, r in runs.items() if r is not sync}
+    if "one_step_async" in runs:
+        ratios["streaming_vs_one_step_async"] = rounds_lib.paired_ratio(runs["streaming"], runs["one_step_async"])
+    streaming = runs["streaming"]
+    return {
+        "workload": dataclasses.asdict(workload),
+        "modes": {mode: rounds_lib.summarize_mode(r) for mode, r in runs.items()},
+        "ratios": ratios,
+        "learner_bound_ceiling_samples_per_s": rounds_lib.spread(r["learner_bound_samples_per_s"] for r in streaming),
+        "streaming_of_ceiling": rounds_lib.spread(
+            r["trained_samples_per_s"] / r["learner_bound_samples_per_s"] for r in streaming
+        ),
+        "speedup_streaming_vs_sync": ratios["streaming_vs_synchronous"]["median"],
+        "runs": runs,
+    }
+
+
+def run_rounds(stack, base, workloads: dict[str, ShapedWorkload], tokenizer, rows, out: Path, args) -> dict:
+    """Every (round, workload, mode) on the same actors and prompts, rounds outermost; the last round's
+    synchronous and streaming timelines are drawn."""
+    from tqdm import tqdm
+
+    runs = {name: {mode: [] for mode in args.modes} for name in args.workloads}
+    timelines: dict[str, dict] = {name: {} for name in args.workloads}
+    order = rounds_lib.interleaved(args.rounds, args.workloads, args.modes)
+    current = None
+    for round_index, name, mode in tqdm(order, desc="e2e runs", unit="run"):
+        if name != current:
+            stack.pool.call_all("set_workload", workloads[name])
+            current = name
+        logger.info("round %d, workload %s, mode %s", round_index, name, mode)
+        cfg = mode_config(base, mode, out / name / f"round{round_index}" / mode)
+        result, timelines[name][mode] = run_mode(stack, cfg, mode, tokenizer, rows)
+        runs[name][mode].append({**result, "round": round_index})
+    for name in args.workloads:
+        plot_timeline(
+            {m: timelines[name][m] for m in ("synchronous", "streaming")},
+            out / f"timeline_{name}.png",
+            f"{name}: synchronous vs streaming (same prompts, round {args.rounds - 1})",
+        )
+    return {name: summarize_workload(workloads[name], runs[name]) for name in args.workloads}
 
 
 def measured_for_simulator(args, calibration: dict, heavy: dict, max_running: int) -> dict:
-    """What `simulator.fit_cost_model` fits (see its docstring), from the heavy-tail workload's runs."""
+    """What `simulator.fit_cost_model` fits (see its docstring) and each mode's measured median, from the
+    heavy-tail workload's runs."""
+    runs = heavy["runs"]
     return {
         **calibration,
-        "learner": [s for m in heavy["modes"].values() for s in m["learner_steps"]],
-        "weight_sync_pause_s": heavy["modes"]["streaming"]["weight_sync_pause_s_avg"],
+        "learner": [s for mode_runs in runs.values() for run in mode_runs for s in run["learner_steps"]],
+        "weight_sync_pause_s": heavy["modes"]["streaming"]["weight_sync_pause_s_avg"]["median"],
         "max_running": max_running,
         "num_learners": 1,
         "workload": {
@@ -348,7 +401,12 @@ def measured_for_simulator(args, calibration: dict, heavy: dict, max_running: in
         },
         "cluster": {"num_engines": 1, "num_learners": 1},
         "max_off_policy_steps": args.max_off_policy_steps,
+        "pinned": args.pin,
+        "rounds": args.rounds,
         "measured_speedup_streaming_vs_sync": heavy["speedup_streaming_vs_sync"],
+        "measured_trained_samples_per_s": {
+            mode: summary["trained_samples_per_s"] for mode, summary in heavy["modes"].items()
+        },
     }
 
 
@@ -376,17 +434,14 @@ def main(argv: list[str] | None = None) -> dict:
     base = base_config(args, out, tool_server.tool_flags())
     tokenizer = load_tokenizer(base.model)
     rows = data.load_prompt_dataset(base.train_data, base.model, tokenizer, "train", {}, seed=1).prompts
-    results: dict = {"machine": {"cpu_count": os.cpu_count()}, "workloads": {}}
+    results: dict = {"stamp": stamp(), "rounds": args.rounds, "pinned": args.pin, "workloads": {}}
     with PeakMemory() as memory:
         stack = Stack(base, resolve_model_path(None), tokenizer.pad_token_id, ShapedGenerationActor, (None,))
         try:
             # Calibration first: it also warms the engine up before any mode is timed.
             calibration = calibrate_engine(stack, tokenizer, rows, args.calibrate) if args.calibrate else {}
             max_running = stack.pool.start_info[0].target_concurrency
-            for name in args.workloads:
-                results["workloads"][name] = run_workload(
-                    stack, base, workloads[name], tokenizer, rows, out, args.modes
-                )
+            results["workloads"] = run_rounds(stack, base, workloads, tokenizer, rows, out, args)
         finally:
             stack.close()
             tool_server.close()
@@ -394,41 +449,64 @@ def main(argv: list[str] | None = None) -> dict:
     (out / "e2e.json").write_text(json.dumps(results, indent=1))
     if calibration and "heavy_tail" in results["workloads"]:
         measured = measured_for_simulator(args, calibration, results["workloads"]["heavy_tail"], max_running)
-        (out / "measured.json").write_text(json.dumps(measured, indent=1))
-    print_table(results)
+        (out / "measured.json").write_text(json.dumps({**measured, "stamp": results["stamp"]}, indent=1))
+    report = format_report(results)
+    (out / "e2e.md").write_text(f"{describe(results['stamp'])}\n\n```\n{report}\n```\n")
+    print(report)
     print(f"peak memory (PSS, all processes): {results['peak_memory_gib']:.2f} GiB; wrote {out / 'e2e.json'}")
     return results
 
 
-_COLUMNS = (  # (title, key, width, format)
-    ("samples/s", "trained_samples_per_s", 10, ".2f"),
-    ("tokens/s", "generated_tokens_per_s", 9, ".0f"),
-    ("gen idle", "generation_idle_frac", 9, ".3f"),
-    ("learner wait", "learner_wait_frac", 13, ".3f"),
-    ("sync pause s", "weight_sync_pause_s_avg", 13, ".3f"),
-    ("lag avg", "version_lag_avg", 8, ".2f"),
-    ("lag max", "version_lag_max", 8, ".0f"),
-    ("trained/gen len", "trained_to_generated_length_ratio", 16, ".3f"),
-    ("requeued", "requeued_prompts", 9, ".0f"),
-    ("dropped", "dropped_prompts", 8, ".0f"),
-    ("aborted tok", "aborted_tokens", 12, ".0f"),
+_COLUMNS = (  # (title, key, format): median [min-max] over the rounds
+    ("samples/s", "trained_samples_per_s", ".2f"),
+    ("gen idle", "generation_idle_frac", ".3f"),
+    ("learner wait", "learner_wait_frac", ".3f"),
+    ("sync pause s", "weight_sync_pause_s_avg", ".3f"),
+    ("lag avg", "version_lag_avg", ".2f"),
+    ("lag max", "version_lag_max", ".0f"),
+    ("trained/gen len", "trained_to_generated_length_ratio", ".3f"),
+    ("requeued", "requeued_prompts", ".0f"),
+    ("dropped", "dropped_prompts", ".0f"),
+    ("aborted tok", "aborted_tokens", ".0f"),
 )
 
 
-def print_table(results: dict) -> None:
+def _aligned(rows: list[list[str]]) -> list[str]:
+    """Columns padded to their widest cell: the first left-aligned, the numbers right-aligned."""
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    lines = []
+    for row in rows:
+        cells = [row[0].ljust(widths[0]), *(cell.rjust(width) for cell, width in zip(row[1:], widths[1:]))]
+        lines.append("  ".join(cells))
+    return lines
+
+
+def format_report(results: dict) -> str:
+    """Per workload: each mode's medians [min-max] over the rounds, the ratios per round, the ceiling."""
+    lines = [f"{results['rounds']} rounds, modes interleaved; engine and learner pinned: {results['pinned']}"]
     for name, workload in results["workloads"].items():
-        print(f"\n{name}: {workload['workload']}")
-        print(f"{'mode':<21}" + "".join(f"{title:>{width}}" for title, _, width, _ in _COLUMNS))
-        for mode, r in workload["modes"].items():
-            print(f"{mode:<21}" + "".join(f"{r[key]:>{width}{fmt}}" for _, key, width, fmt in _COLUMNS))
-        streaming = workload["modes"]["streaming"]
-        if "turns_per_sample" in streaming:
-            print(
-                f"streaming: {streaming['turns_per_sample']:.2f} turns and {streaming['tool_calls_per_sample']:.2f} "
-                f"calls per sample, {streaming['tool_runtime_s_avg']:.2f} s per call, "
-                f"{streaming['parked_on_tools_frac']:.2f} of sample time parked on tools"
+        lines += ["", f"{name}: {workload['workload']}"]
+        rows = [["mode", *(title for title, _, _ in _COLUMNS)]]
+        for mode, summary in workload["modes"].items():
+            rows.append([mode, *(rounds_lib.format_spread(summary[key], fmt) for _, key, fmt in _COLUMNS)])
+        lines += _aligned(rows)
+        streaming = workload["runs"]["streaming"]
+        if "turns_per_sample" in streaming[-1]:
+            s = streaming[-1]
+            lines.append(
+                f"streaming (last round): {s['turns_per_sample']:.2f} turns and {s['tool_calls_per_sample']:.2f} "
+                f"calls per sample, {s['tool_runtime_s_avg']:.2f} s per call, "
+                f"{s['parked_on_tools_frac']:.2f} of sample time parked on tools"
             )
-        print(f"streaming / synchronous trained samples/s: {workload['speedup_streaming_vs_sync']:.2f}x")
+        for ratio, value in workload["ratios"].items():
+            lines.append(f"{ratio.replace('_vs_', ' / ')} trained samples/s: {rounds_lib.format_spread(value)}x")
+        ceiling, of_ceiling = workload["learner_bound_ceiling_samples_per_s"], workload["streaming_of_ceiling"]
+        lines.append(
+            f"learner-bound ceiling (streaming's learner step + sync, back to back): "
+            f"{rounds_lib.format_spread(ceiling)} samples/s; streaming reaches "
+            f"{rounds_lib.format_spread(of_ceiling)} of it"
+        )
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

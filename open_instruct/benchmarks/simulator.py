@@ -684,7 +684,39 @@ def validate_on_measurements(path: Path, async_steps: int) -> tuple[dict[str, An
             f"streaming vs synchronous: predicted {summary['speedup_streaming_vs_sync']:.2f}x, "
             f"measured {measured_speedup:.2f}x (relative error {error:+.1%})"
         )
+    measured_rates = data.get("measured_trained_samples_per_s", {})
+    if measured_rates:
+        entry["per_mode"] = per_mode_validation(summary, measured_rates)
+        print(format_per_mode_validation(entry["per_mode"]))
     return entry, runs
+
+
+def per_mode_validation(summary: dict[str, Any], measured_rates: dict[str, dict[str, float]]) -> dict[str, Any]:
+    """Each simulated mode's whole-run rate against the measured median (and min-max over the rounds)."""
+    out = {}
+    for mode in MODES:
+        if mode not in measured_rates:
+            continue
+        measured, predicted = measured_rates[mode], summary[mode]["trained_samples_per_s"]
+        out[mode] = {
+            "predicted": predicted,
+            "measured_median": measured["median"],
+            "measured_min": measured["min"],
+            "measured_max": measured["max"],
+            "relative_error": predicted / measured["median"] - 1,
+            "within_measured_spread": measured["min"] <= predicted <= measured["max"],
+        }
+    return out
+
+
+def format_per_mode_validation(per_mode: dict[str, Any]) -> str:
+    lines = ["trained samples/s per mode: predicted vs measured median [min-max over rounds]"]
+    for mode, v in per_mode.items():
+        lines.append(
+            f"  {mode:<15} {v['predicted']:7.2f} vs {v['measured_median']:7.2f} "
+            f"[{v['measured_min']:.2f}-{v['measured_max']:.2f}]   error {v['relative_error']:+.1%}"
+        )
+    return "\n".join(lines)
 
 
 def project_seed_cluster(num_steps: int, sweep_steps: list[int]) -> tuple[dict[str, Any], AsyncSweep]:
