@@ -235,6 +235,8 @@ class EngineStats:
     prefix_cache_hit_tokens: int = 0
     token_outputs: int = 0  # vLLM outputs received (one per decode step of each sample): the hang watch's pulse
     parked_samples: int = 0  # samples waiting on a tool or environment right now
+    reprefilled_samples: int = 0  # running samples a reprefill sync cut and continued (--inflight_update_kv)
+    reprefill_tokens: int = 0  # prompt + kept tokens those continuations prefilled again
 
     @property
     def tokens_per_s(self) -> float:

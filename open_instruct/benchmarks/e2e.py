@@ -10,6 +10,10 @@ One set of actors (vLLM engine, DeepSpeed learner, weight sync) runs the real tr
 * streaming        `--async_steps 1 --inflight_updates True`: this project's design; samples
                    keep running through syncs with their KV cache; groups over
                    `--max_off_policy_steps` are requeued (the default action);
+* streaming_reprefill: streaming with `--inflight_update_kv reprefill`: each sync aborts the
+                   running samples, which keep their tokens and logprobs and continue after one
+                   fresh prefill of prompt + tokens under the new weights (the approach of verl,
+                   AReaL and slime), against streaming's kept KV cache;
 * streaming_drop, streaming_downweight: the same with `--off_policy_action drop` / `downweight`,
                    to show what each action costs and how it biases trained lengths.
 
@@ -56,12 +60,13 @@ from open_instruct.benchmarks.workloads import LatencyToolServer, ShapedGenerati
 
 logger = logging.getLogger(__name__)
 
-MODES = {  # name -> (async_steps, inflight_updates, off_policy_action)
-    "synchronous": (0, False, "requeue"),
-    "one_step_async": (1, False, "requeue"),
-    "streaming": (1, True, "requeue"),
-    "streaming_drop": (1, True, "drop"),
-    "streaming_downweight": (1, True, "downweight"),
+MODES = {  # name -> (async_steps, inflight_updates, inflight_update_kv, off_policy_action)
+    "synchronous": (0, False, "keep", "requeue"),
+    "one_step_async": (1, False, "keep", "requeue"),
+    "streaming": (1, True, "keep", "requeue"),
+    "streaming_reprefill": (1, True, "reprefill", "requeue"),
+    "streaming_drop": (1, True, "keep", "drop"),
+    "streaming_downweight": (1, True, "keep", "downweight"),
 }
 
 
@@ -124,9 +129,13 @@ class PeakMemory:
 
 
 def mode_config(base, mode: str, output_dir: Path):
-    async_steps, inflight, action = MODES[mode]
+    async_steps, inflight, kv, action = MODES[mode]
     generation = dataclasses.replace(
-        base.generation, async_steps=str(async_steps), inflight_updates=inflight, off_policy_action=action
+        base.generation,
+        async_steps=str(async_steps),
+        inflight_updates=inflight,
+        inflight_update_kv=kv,
+        off_policy_action=action,
     )
     return dataclasses.replace(
         base, generation=generation, run=dataclasses.replace(base.run, output_dir=str(output_dir))
@@ -180,6 +189,9 @@ def run_mode(stack, cfg, mode: str, tokenizer, rows) -> tuple[dict, list]:
         "requeued_prompts": history[-1]["offpolicy/requeued_prompts_total"],
         "dropped_prompts": history[-1]["offpolicy/dropped_prompts_total"],
         "aborted_tokens": history[-1]["offpolicy/aborted_tokens_total"],
+        # Prompt + kept tokens prefilled again after reprefill syncs (0 when the KV cache is kept).
+        "reprefilled_samples": history[-1]["engines/reprefilled_samples_total"],
+        "reprefill_tokens": history[-1]["engines/reprefill_tokens_total"],
         "buffer_peak_samples": max(h["buffer/size_samples"] for h in history),
         "buffer_cap_samples": cfg.replay_buffer_max_samples,
         "learner_steps": [{"tokens": h["perf/trained_tokens"], "step_s": h["learner/step_s"]} for h in history],
@@ -464,10 +476,12 @@ _COLUMNS = (  # (title, key, format): median [min-max] over the rounds
     ("sync pause s", "weight_sync_pause_s_avg", ".3f"),
     ("lag avg", "version_lag_avg", ".2f"),
     ("lag max", "version_lag_max", ".0f"),
+    ("token lag", "token_lag_avg", ".2f"),
     ("trained/gen len", "trained_to_generated_length_ratio", ".3f"),
     ("requeued", "requeued_prompts", ".0f"),
     ("dropped", "dropped_prompts", ".0f"),
     ("aborted tok", "aborted_tokens", ".0f"),
+    ("reprefill tok", "reprefill_tokens", ".0f"),
 )
 
 

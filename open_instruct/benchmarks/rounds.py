@@ -30,6 +30,7 @@ SPREAD_KEYS = (
     "requeued_prompts",
     "dropped_prompts",
     "aborted_tokens",
+    "reprefill_tokens",
 )
 
 

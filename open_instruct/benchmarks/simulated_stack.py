@@ -20,9 +20,11 @@ halfway, leaves its engine (freeing the slot) for the wait, then queues at the f
 engine's waiting line (its context assumed prefix-cached).
 
 Weight sync: "keep" pauses each engine at its next step boundary and its running samples
-continue afterwards with the new version (they span two versions); "wait" lets each engine
-drain first (samples out on a tool call are parked until the resume). The transfer starts when
-the last engine has paused and takes `weight_sync_pause_s`.
+continue afterwards with the new version (they span two versions); "reprefill" pauses there too
+but takes the running samples out: after the resume each one joins again and pays the prefill of
+prompt + its tokens (`--inflight_update_kv reprefill`); "wait" lets each engine drain first
+(samples out on a tool call are parked until the resume). The transfer starts when the last
+engine has paused and takes `weight_sync_pause_s`.
 
 Completions carry `range(n)` as response token ids: an O(1)-size immutable int sequence whose
 `len()` is the simulated length, so the buffer's token accounting and length metrics are exact
@@ -145,6 +147,7 @@ class _Sample:
         "index",
         "joined_step",
         "length",
+        "reprefill",
         "request",
         "spans",
         "started_at",
@@ -160,6 +163,7 @@ class _Sample:
         self.spans: list[VersionSpan] = []
         self.engine, self.started_at = engine, 0.0
         self.fresh = True  # still needs its prefill
+        self.reprefill = False  # cut by a reprefill sync: needs the prefill of prompt + its tokens again
         self.aborted = False  # doomed by the staleness bound: leaves at the next step boundary
 
     def stop_at(self) -> int:
@@ -179,7 +183,7 @@ class _Engine:
         self.steps_done = 0
         self.version_steps, self.versions = [0], [0]  # weight version in effect from engine step s on
         self.paused = False
-        self.pause_mode: str | None = None  # "keep" / "wait" while a sync is pending
+        self.pause_mode: str | None = None  # "keep" / "reprefill" / "wait" while a sync is pending
         self.wake_token = 0
         self.wake_at: float | None = None
         self.phase_start = self.phase_prefill = self.phase_dt = 0.0
@@ -187,6 +191,7 @@ class _Engine:
         self.unprefilled_tokens = 0
         self.acc_t = 0.0
         self.tokens = self.samples = self.pulled = 0
+        self.reprefilled = self.reprefill_tokens = 0
         self.busy_s = self.idle_s = self.sync_s = self.underfilled_s = 0.0
         self.segments: list[list] = []
 
@@ -255,6 +260,8 @@ class SimEngines:
                     paused_s=e.sync_s,
                     pauses=0,
                     weight_version=e.versions[-1],
+                    reprefilled_samples=e.reprefilled,
+                    reprefill_tokens=e.reprefill_tokens,
                 )
             )
         return out
@@ -281,7 +288,7 @@ class SimEngines:
             if e.wake_at is None:
                 self._account(e, t)
                 self._pause(e)
-            elif mode == "keep":
+            elif mode in ("keep", "reprefill"):
                 self._poke(e, t)  # freeze at the next step boundary
             # "wait": the engine drains; `_schedule` pauses it once nothing is left in it.
 
@@ -374,7 +381,9 @@ class SimEngines:
         """At a step boundary: pause if asked, pull work, plan the next phase."""
         if e.paused:
             return
-        if e.pause_mode == "keep" or (e.pause_mode == "wait" and not e.launched):
+        if e.pause_mode == "reprefill":
+            self._cut_running(e)
+        if e.pause_mode in ("keep", "reprefill") or (e.pause_mode == "wait" and not e.launched):
             self._pause(e)
             return
         while self.prompts.depth() and self._can_pull(e):
@@ -385,6 +394,11 @@ class SimEngines:
             if sample.fresh:
                 sample.fresh, sample.started_at = False, t
                 e.unprefilled_tokens += len(sample.request.prompt_token_ids)
+            elif sample.reprefill:
+                sample.reprefill = False
+                recomputed = len(sample.request.prompt_token_ids) + sample.generated
+                e.unprefilled_tokens += recomputed
+                e.reprefill_tokens += recomputed
             e.running[sample.uid] = sample
             heapq.heappush(e.finish_heap, (e.steps_done + sample.stop_at() - sample.generated, sample.uid, sample))
         if e.running:
@@ -393,6 +407,19 @@ class SimEngines:
             e.phase_prefill = e.unprefilled_tokens * self.cost.prefill_per_token_s
             e.phase_dt = self.cost.step_s(len(e.running))
             self._set_wake(e, t + e.phase_prefill + k * e.phase_dt, k)
+
+    def _cut_running(self, e: _Engine) -> None:
+        """A reprefill sync at a step boundary: the running samples leave with their tokens and wait, first in
+        line, for the resume (their KV cache is gone: each will prefill prompt + tokens again)."""
+        cut = sorted(e.running.values(), key=lambda sample: sample.uid)
+        for sample in cut:
+            extend_spans(sample.spans, e, sample.joined_step, e.steps_done, sample.generated)
+            sample.generated += e.steps_done - sample.joined_step
+            sample.reprefill = True
+        e.running.clear()
+        e.finish_heap.clear()
+        e.waiting.extendleft(reversed(cut))
+        e.reprefilled += len(cut)
 
     def _set_wake(self, e: _Engine, at: float, steps: int) -> None:
         e.wake_token += 1
@@ -519,15 +546,16 @@ class SimLearners:
 
 
 class SimWeightSync:
-    """Pause every engine ("keep" in flight, or "wait" to drain), transfer, resume with the new version."""
+    """Pause every engine ("keep" or "reprefill" in flight, or "wait" to drain), transfer, resume with the new
+    version."""
 
-    def __init__(self, world: SimWorld, engines: SimEngines, cost: CostModel, inflight: bool):
-        self.world, self.engines, self.cost, self.inflight = world, engines, cost, inflight
+    def __init__(self, world: SimWorld, engines: SimEngines, cost: CostModel, pause_mode: str):
+        self.world, self.engines, self.cost, self.pause_mode = world, engines, cost, pause_mode
         self.syncs: list[tuple[float, float]] = []  # (step end, engines resumed)
 
     def push(self, version: int, step_end_time: float | None = None) -> dict[str, float]:
         started = self.world.now
-        self.engines.request_pause("keep" if self.inflight else "wait")
+        self.engines.request_pause(self.pause_mode)
         self.world.run(stop=self.engines.all_paused)
         drained = self.world.now
         self.world.run(until=drained + self.cost.weight_sync_pause_s)

@@ -72,7 +72,7 @@ from open_instruct.metrics import async_steps_needed, mean
 from open_instruct.orchestrator import TrainingLoop
 from open_instruct.tracking import MemoryLog
 
-MODES = ("synchronous", "one_step_async", "streaming")
+MODES = ("synchronous", "one_step_async", "streaming", "streaming_reprefill")
 
 __all__ = [
     "GPU_H100_COST",
@@ -168,6 +168,8 @@ class SimResult:
     aborted_tokens: int = 0  # generated, then aborted when their group could no longer be trained in time
     trained_to_generated_length_ratio: float = 1.0  # < 1: dropping stragglers trained shorter samples
     lookahead_final: int = 0  # the lookahead at the end (where `auto` settled)
+    reprefilled_samples: int = 0  # running samples a reprefill sync cut (streaming_reprefill)
+    reprefill_tokens: int = 0  # prompt + kept tokens their continuations prefilled again
     timeline: tuple[Segment, ...] = ()
 
     def as_json(self) -> dict[str, Any]:
@@ -195,21 +197,25 @@ class _SimPrompt:
     verifier_names: tuple[str, ...] = ()
 
 
-def mode_settings(mode: str, async_steps: int | str) -> tuple[str, bool]:
-    """(--async_steps, inflight) of a mode: synchronous and one_step_async drain before each sync."""
+def mode_settings(mode: str, async_steps: int | str) -> tuple[str, str]:
+    """(--async_steps, the sync's pause mode) of a mode: synchronous and one_step_async drain ("wait") before
+    each sync; streaming keeps running samples' KV cache ("keep"); streaming_reprefill cuts them and
+    prefills prompt + tokens again after the sync ("reprefill")."""
     if mode == "synchronous":
-        return "0", False
+        return "0", "wait"
     if mode == "one_step_async":
-        return "1", False
+        return "1", "wait"
     if mode == "streaming":
-        return str(async_steps), True
+        return str(async_steps), "keep"
+    if mode == "streaming_reprefill":
+        return str(async_steps), "reprefill"
     raise ValueError(f"unknown mode {mode!r}; use one of {MODES}")
 
 
 def loop_config(
     workload: Workload,
     async_steps: int | str,
-    inflight: bool,
+    pause_mode: str,
     max_off_policy_steps: int | None = None,
     off_policy_action: str = "requeue",
 ) -> Config:
@@ -230,7 +236,8 @@ def loop_config(
             num_samples_per_prompt_rollout=w.samples_per_prompt,
             response_length=w.max_tokens,
             async_steps=str(async_steps),
-            inflight_updates=inflight,
+            inflight_updates=pause_mode != "wait",
+            inflight_update_kv="reprefill" if pause_mode == "reprefill" else "keep",
             max_off_policy_steps=max_off_policy_steps,
             off_policy_action=off_policy_action,
         ),
@@ -262,13 +269,13 @@ def simulate(
     """Simulate `workload.num_steps` training steps. `async_steps` (an int or "auto") applies to
     "streaming" only: "synchronous" is async_steps=0 and "one_step_async" is async_steps=1, both with a
     draining sync. The staleness bound defaults to the lookahead (--max_off_policy_steps)."""
-    steps, inflight = mode_settings(mode, async_steps)
+    steps, pause_mode = mode_settings(mode, async_steps)
     _validate(workload, cost, cluster, async_steps)
-    cfg = loop_config(workload, steps, inflight, max_off_policy_steps, off_policy_action)
+    cfg = loop_config(workload, steps, pause_mode, max_off_policy_steps, off_policy_action)
     world = SimWorld()
     engines = SimEngines(world, workload, cost, cluster.num_engines)
     learners = SimLearners(world, cost, cluster.num_learners)
-    sync = SimWeightSync(world, engines, cost, inflight)
+    sync = SimWeightSync(world, engines, cost, pause_mode)
     prompt_ids = (0,) * workload.prompt_tokens  # shared by every row: only its length matters
     epoch = (workload.num_steps + cfg.lookahead_max + 1) * workload.prompts_per_step
     rows = [_SimPrompt(f"sim:{i}", prompt_ids) for i in range(epoch)]
@@ -337,6 +344,8 @@ def _result(
         aborted_tokens=summary["prompts_aborted_tokens"],
         trained_to_generated_length_ratio=summary["trained_to_generated_length_ratio"],
         lookahead_final=lookahead_final,
+        reprefilled_samples=sum(e.reprefilled for e in engines.engines),
+        reprefill_tokens=sum(e.reprefill_tokens for e in engines.engines),
         timeline=tuple(timeline),
     )
 
@@ -730,15 +739,57 @@ def project_seed_cluster(num_steps: int, sweep_steps: list[int]) -> tuple[dict[s
         f"{seed.num_steps} steps (rates after {warmup_steps(seed.num_steps)} warm-up steps)"
     )
     print(format_sweep(sweep))
+    chosen = sweep.chosen_async_steps
+    reprefill = simulate("streaming_reprefill", seed, GPU_H100_COST, SEED_CLUSTER, chosen)
+    comparison = kv_kept_vs_reprefill(sweep.streaming[chosen], reprefill, sweep.synchronous)
+    print(format_kv_comparison(comparison, chosen))
     entry = {
         "cost_model": asdict(GPU_H100_COST),
         "workload": asdict(seed),
         "cluster": asdict(SEED_CLUSTER),
         "learner_step_ratio_measured": LEARNER_STEP_RATIO,
         **sweep.as_json(),
+        "kv_kept_vs_reprefill": {"async_steps": chosen, **comparison},
         "sim_s": time.monotonic() - started,
     }
     return entry, sweep
+
+
+_KV_COLUMNS = (  # (title, SimResult field, format)
+    ("samples/s", "steady_trained_samples_per_s", "{:.2f}"),
+    ("gen idle", "generation_idle_frac", "{:.1%}"),
+    ("learner wait", "learner_wait_frac", "{:.1%}"),
+    ("sync pause s", "weight_sync_pause_s_avg", "{:.2f}"),
+    ("token lag", "token_lag_avg", "{:.2f}"),
+    ("lag max", "version_lag_max", "{:.0f}"),
+    ("reprefilled", "reprefilled_samples", "{:d}"),
+    ("prefill tok recomputed", "reprefill_tokens", "{:,d}"),
+)
+
+
+def kv_kept_vs_reprefill(kept: SimResult, reprefill: SimResult, synchronous: SimResult) -> dict[str, Any]:
+    """An in-flight update that keeps running samples' KV cache against one that aborts them and re-prefills
+    prompt + tokens (verl, AReaL, slime), same lookahead, same workload."""
+    rows = {"kv_kept": kept, "reprefill": reprefill}
+    sync_rate = synchronous.steady_trained_samples_per_s
+    return {
+        **{name: {key: getattr(r, key) for _, key, _ in _KV_COLUMNS} for name, r in rows.items()},
+        "speedup_vs_sync": {name: r.steady_trained_samples_per_s / sync_rate for name, r in rows.items()},
+        "kv_kept_over_reprefill": kept.steady_trained_samples_per_s / reprefill.steady_trained_samples_per_s,
+    }
+
+
+def format_kv_comparison(comparison: dict[str, Any], async_steps: int) -> str:
+    lines = [f"in-flight update at --async_steps {async_steps}: KV cache kept vs abort + re-prefill"]
+    rows = [["", *(title for title, _, _ in _KV_COLUMNS), "vs sync"]]
+    for name in ("kv_kept", "reprefill"):
+        values = comparison[name]
+        cells = [fmt.format(values[key]) for _, key, fmt in _KV_COLUMNS]
+        rows.append([name, *cells, f"{comparison['speedup_vs_sync'][name]:.2f}x"])
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    lines += ["  ".join(cell.rjust(w) for cell, w in zip(row, widths)) for row in rows]
+    lines.append(f"KV kept / reprefill trained samples/s: {comparison['kv_kept_over_reprefill']:.2f}x")
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:

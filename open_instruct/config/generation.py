@@ -45,6 +45,13 @@ class GenerationConfig:
         "Push new weights into running engines mid-generation (KV cache kept); False waits for running "
         "requests to finish before each update (the conservative baseline).",
     )
+    inflight_update_kv: Literal["keep", "reprefill"] = arg(
+        "keep",
+        "What an in-flight update does with running samples: keep their KV cache and decode on with the new "
+        "weights (keep), or abort them, keep their tokens and logprobs, and continue each after one fresh "
+        "prefill of prompt + tokens under the new weights (reprefill: the approach of verl, AReaL and slime, "
+        "measured side by side in the e2e benchmark).",
+    )
     weight_sync_every_steps: int = arg(1, "Push the learner's weights to the engines every N optimizer steps.")
     vllm_num_engines: int = arg(1, "Number of vLLM engine actors.")
     vllm_tensor_parallel_size: int = arg(1, "GPUs per engine (tensor parallel, vLLM's mp workers in the actor).")
@@ -110,6 +117,11 @@ class GenerationConfig:
             (
                 self.max_off_policy_steps != 0 or not self.async_steps_auto,
                 "--async_steps auto adapts the lookahead within [1, --max_off_policy_steps]; give a bound >= 1",
+            ),
+            (
+                self.inflight_updates or self.inflight_update_kv == "keep",
+                "--inflight_update_kv reprefill says what an in-flight update does with running samples; "
+                "--inflight_updates False makes every update wait for them instead: drop one of the two",
             ),
             (self.vllm_num_engines >= 1, "--vllm_num_engines must be >= 1"),
             (self.weight_sync_every_steps >= 1, "--weight_sync_every_steps must be >= 1"),

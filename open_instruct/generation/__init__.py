@@ -3,7 +3,8 @@
 actor.py           `GenerationActor`: one AsyncLLM pulling prompts, streaming scored Completions back
 agent_turns.py     a multi-turn sample (tools, environments): one engine request per turn
 scoring.py         a finished sample's reward, computed in the actor off its event loop
-weight_receive.py  the engine's side of a weight sync: pause (KV kept), receive, resume
+sample_requests.py one sample as vLLM requests, continued from tokens it has (a dead engine's, a reprefill cut)
+weight_receive.py  the engine's side of a weight sync: pause (KV kept, or cut for reprefill), receive, resume
 engine_setup.py    vLLM engine arguments from the configuration
 outputs.py         vLLM outputs -> Completions and progress reports (partial samples)
 queues.py          the shared prompt and result channels

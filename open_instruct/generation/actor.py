@@ -20,12 +20,12 @@ import logging
 import os
 import time
 from collections.abc import AsyncIterator
-from dataclasses import replace
 
 from open_instruct.generation.agent_turns import agent_sample
 from open_instruct.generation.engine_setup import EngineSettings, engine_args, scheduler_probe
-from open_instruct.generation.outputs import continued, from_output, progress_report, sampling_params
+from open_instruct.generation.outputs import sampling_params
 from open_instruct.generation.queues import ChannelTimeout
+from open_instruct.generation.sample_requests import SampleRequests
 from open_instruct.generation.scoring import scored
 from open_instruct.generation.weight_receive import WeightReceiver
 from open_instruct.messages import (
@@ -66,7 +66,7 @@ class _Occupancy:
             self.underfilled_s += elapsed
 
 
-class GenerationActor(WeightReceiver):
+class GenerationActor(WeightReceiver, SampleRequests):
     def __init__(self, engine_id: int, settings: EngineSettings, reward_settings=None, reward_workers: int = 1):
         self.engine_id = engine_id
         self.settings = settings
@@ -90,6 +90,10 @@ class GenerationActor(WeightReceiver):
         self._occupancy = _Occupancy()
         self._tokens = self._completed = self._pulled = 0
         self._prompt_tokens = self._weight_updates = self._outputs = 0
+        # A reprefill sync (--inflight_update_kv reprefill) aborts the running requests: a stream that ends
+        # "abort" while the epoch moved was cut by one, and its sample continues after the resume.
+        self._reprefill_epoch = 0
+        self._reprefilled_samples = self._reprefill_tokens = 0
         self._resumed = asyncio.Event()
         self._resumed.set()
         self._weights_settled = asyncio.Event()  # clear while receive_weights runs (and restores, on failure)
@@ -322,90 +326,6 @@ class GenerationActor(WeightReceiver):
         benchmarks force a turn's text (tool calls from a random model) through structured outputs."""
         return sampling_params(request, sample_index)
 
-    async def _generate_sample(self, request: PromptRequest, sample_index: int, part: str = "", turn: int = 0):
-        """One vLLM request; the Completion is not scored yet. A single-turn sample interrupted before
-        (`request.partials`) continues from prompt + its kept tokens (multi-turn ones restart: tool state)."""
-        from vllm.v1.engine.exceptions import EngineDeadError
-
-        kept = request.partial_of(sample_index) if not part else None
-        base = Completion(
-            prompt_id=request.prompt_id,
-            sample_index=sample_index,
-            prompt_token_ids=request.prompt_token_ids,
-            response_token_ids=(),
-            behaviour_logprobs=(),
-            finish_reason="error",
-            version_spans=(),
-            admitted_version=request.admitted_version,
-            engine_id=self.engine_id,
-            is_eval=request.is_eval,
-            queued_at=request.queued_at,
-            started_at=time.time(),
-        )
-        if kept is not None:
-            versions = [s.version for s in kept.version_spans] or [request.admitted_version]
-            self._first_version[(request.prompt_id, sample_index)] = min(versions)
-            if len(kept.token_ids) >= request.sampling.max_tokens:  # it had ended when it was interrupted
-                return continued(replace(base, finish_reason="length", finished_at=time.time()), kept, self.tokenizer)
-        first_token_at, final = 0.0, None
-        try:
-            async for output in self._engine_stream(request, sample_index, part, turn, kept):
-                if not first_token_at and output.outputs and output.outputs[0].token_ids:
-                    first_token_at = time.time()
-                    self._first_version.setdefault((request.prompt_id, sample_index), self.weight_version)
-                final = output
-        except asyncio.CancelledError:
-            # Aborted (at shutdown, or doomed by the staleness bound): still delivered, marked as such.
-            completion = continued(
-                from_output(base, final, request, first_token_at, "abort", self.tokenizer), kept, self.tokenizer
-            )
-            self._tokens += len(completion.response_token_ids) - completion.continued_tokens
-            return replace(completion, error="aborted")
-        except EngineDeadError:
-            raise
-        except Exception as error:  # the engine rejected this prompt (too long, bad ids, ...)
-            logger.warning("prompt %s sample %d failed: %s", request.prompt_id, sample_index, error)
-            return replace(base, error=f"{type(error).__name__}: {error}", finished_at=time.time())
-        completion = continued(
-            from_output(base, final, request, first_token_at, None, self.tokenizer), kept, self.tokenizer
-        )
-        self._tokens += len(completion.response_token_ids) - completion.continued_tokens
-        return completion
-
-    async def _engine_stream(self, request: PromptRequest, sample_index: int, part: str, turn: int, kept):
-        """The vLLM outputs of one request, reporting progress to the driver every --partial_report_tokens."""
-        from vllm.inputs import tokens_input
-
-        prompt_ids, offset = request.prompt_token_ids, 0
-        if kept is not None:
-            prompt_ids, offset = prompt_ids + kept.token_ids, len(kept.token_ids)
-            request = replace(
-                request, sampling=replace(request.sampling, max_tokens=request.sampling.max_tokens - offset)
-            )
-        params = self.sampling_params(request, sample_index, turn)
-        request_id = f"{request.prompt_id}/{sample_index}/e{self.engine_id}{part}"
-        report_every = self.settings.generation.partial_report_tokens if self._results is not None and not part else 0
-        # A request submitted during a weight sync would be salted with the outgoing version and
-        # could then reuse prefix blocks computed with the old weights: submit after the resume.
-        await self._resumed.wait()
-        self._prompt_tokens += len(prompt_ids)
-        prompt = tokens_input(list(prompt_ids), cache_salt=f"v{self.weight_version}")
-        reported = 0
-        try:
-            async for output in self.engine.generate(prompt, params, request_id=request_id):
-                sample = output.outputs[0] if output.outputs else None
-                generated = len(sample.token_ids) if sample is not None else 0
-                self._progress[request_id] = offset + generated
-                self._outputs += 1
-                if report_every and generated - reported >= report_every:
-                    await self._results.put_async(
-                        progress_report(request, sample_index, self.engine_id, sample, reported, offset, kept)
-                    )
-                    reported = generated
-                yield output
-        finally:
-            self._progress.pop(request_id, None)
-
     # ------------------------------------------------------------------ metrics
 
     def running_tokens(self) -> dict[str, int]:
@@ -445,11 +365,14 @@ class GenerationActor(WeightReceiver):
             prefix_cache_hit_tokens=self._probe.get("cache_hit_tokens", 0),
             token_outputs=self._outputs,
             parked_samples=self._parked,
+            reprefilled_samples=self._reprefilled_samples,
+            reprefill_tokens=self._reprefill_tokens,
         )
 
     def reset_stats(self) -> None:
         self._occupancy = _Occupancy()
         self._tokens = self._completed = self._pulled = 0
         self._prompt_tokens = self._weight_updates = 0
+        self._reprefilled_samples = self._reprefill_tokens = 0
         for key in ("preempted", "prefill_tokens", "cache_hit_tokens"):
             self._probe.pop(key, None)

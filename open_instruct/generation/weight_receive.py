@@ -16,16 +16,21 @@ class WeightReceiver:
 
         'keep': running requests stay in the engine with their KV cache and continue with the
         new weights after `resume` (in-flight update). 'wait': running requests first finish
-        with the current weights (the conservative baseline). The cache is never cleared:
-        clearing would preempt and recompute every running request.
+        with the current weights (the conservative baseline). 'reprefill': running requests are
+        aborted; each sample keeps its tokens and logprobs and continues after `resume` as a new
+        request, prompt + those tokens prefilled under the new weights (the abort / re-prefill
+        approach of verl, AReaL and slime, to compare with 'keep'). The cache is never cleared: new
+        requests are salted with the new version, so none reuses a block of the old weights.
         """
-        if mode not in ("keep", "wait"):
-            raise ValueError(f"pause mode must be 'keep' or 'wait', got {mode!r}")
+        if mode not in ("keep", "wait", "reprefill"):
+            raise ValueError(f"pause mode must be 'keep', 'wait' or 'reprefill', got {mode!r}")
         started = time.monotonic()
         self._set_paused(True)
         self._resumed.clear()
         running = len(self._progress)
-        await self.engine.pause_generation(mode=mode, clear_cache=False)
+        if mode == "reprefill":
+            self._reprefill_epoch += 1  # before the abort: its streams end under the new epoch
+        await self.engine.pause_generation(mode="abort" if mode == "reprefill" else mode, clear_cache=False)
         return EnginePaused(self.engine_id, time.monotonic() - started, running, len(self._progress))
 
     async def init_weight_transfer(self, init_info: dict) -> dict:

@@ -185,7 +185,7 @@ class WeightSync:
     def _pause_transfer_resume(self, version: int, step_end_time: float | None, staged: list | None) -> dict:
         s = self.settings
         paused_at = time.monotonic()
-        mode = "keep" if s.generation.inflight_updates else "wait"
+        mode = s.generation.inflight_update_kv if s.generation.inflight_updates else "wait"
         pauses: list[EnginePaused] = []
         try:
             pauses = self._get("pause", self.engines.start_pause(mode))

@@ -9,25 +9,46 @@ import types
 
 
 class FakeVllm:
-    """Three outputs per request, growing by one token each; with `hang_after` outputs, waits there until
-    cancelled instead (a sample that is certainly running when the test acts)."""
+    """Three outputs per request, growing by one token each; with `hang_after` outputs, a first attempt waits
+    there until cancelled, or until an abort pause (a reprefill sync) ends it with finish_reason "abort" and
+    its tokens so far (a sample that is certainly running when the test acts). Records every request's
+    prompt and every pause's mode."""
 
     def __init__(self, hang_after: int | None = None):
         self.hang_after = hang_after
+        self.prompts: dict[str, list[int]] = {}
+        self.pause_modes: list[str] = []
+        self._cut: dict[str, asyncio.Event] = {}
 
     async def generate(self, prompt, params, request_id: str):
-        for n in (1, 2, 3):
-            await asyncio.sleep(0)
-            out = types.SimpleNamespace(
-                token_ids=list(range(n)),
-                logprobs=None,
-                finish_reason="stop" if n == 3 else None,
-                stop_reason=None,
-                text="abc"[:n],
-            )
-            yield types.SimpleNamespace(outputs=[out])
-            if n == self.hang_after:
-                await asyncio.Event().wait()
+        self.prompts[request_id] = list(prompt)
+        cut = self._cut[request_id] = asyncio.Event()
+        try:
+            for n in (1, 2, 3):
+                await asyncio.sleep(0)
+                yield _output(n, "stop" if n == 3 else None)
+                if n == self.hang_after and "/r" not in request_id:  # "/r<k>": a continuation after a cut
+                    await cut.wait()
+                    yield _output(n, "abort")
+                    return
+        finally:
+            self._cut.pop(request_id, None)
+
+    async def pause_generation(self, mode: str, clear_cache: bool) -> None:
+        self.pause_modes.append(mode)
+        if mode == "abort":
+            for cut in self._cut.values():
+                cut.set()
+
+    async def resume_generation(self) -> None:
+        pass
+
+
+def _output(tokens: int, finish_reason: str | None):
+    sample = types.SimpleNamespace(
+        token_ids=list(range(tokens)), logprobs=None, finish_reason=finish_reason, stop_reason=None, text="abc"[:tokens]
+    )
+    return types.SimpleNamespace(outputs=[sample])
 
 
 def fake_generation_actor(monkeypatch, engine: FakeVllm | None = None):
@@ -43,4 +64,6 @@ def fake_generation_actor(monkeypatch, engine: FakeVllm | None = None):
     actor = GenerationActor(0, engine_settings("unused", 64, partial_report_tokens=1))
     actor.engine, actor.toolbox, actor.target_concurrency = engine or FakeVllm(), types.SimpleNamespace(tools={}), 16
     actor.sampling_params = lambda request, sample_index, turn: None
+    # Joining a continued sample decodes its tokens: one character per token id is enough here.
+    actor.tokenizer = types.SimpleNamespace(decode=lambda ids, skip_special_tokens=True: "".join(map(str, ids)))
     return actor

@@ -81,35 +81,51 @@ def test_replay_benchmark_sweeps_response_lengths(quick_bench):
     assert (out / "replay" / "embedded_prompts.jsonl").exists()  # the recorded prompt file it replayed
 
 
-def test_end_to_end_benchmark_reports_every_mode(quick_bench):
+def test_end_to_end_benchmark_reports_every_mode_over_interleaved_rounds(quick_bench):
     out, stdout = quick_bench
     result = json.loads((out / "e2e" / "e2e.json").read_text())
+    assert result["rounds"] == 2 and result["pinned"]
+    assert result["stamp"]["commit"] and result["stamp"]["machine"]["cpu_count"] >= 1
     assert set(result["workloads"]) == {"heavy_tail", "tool_latency", "env_turns"}
+    modes = {"synchronous", "one_step_async", "streaming", "streaming_drop", "streaming_downweight"}
     for workload in result["workloads"].values():
-        assert set(workload["modes"]) == {
-            "synchronous", "one_step_async", "streaming", "streaming_drop", "streaming_downweight",
-        }  # fmt: skip
-        for mode, r in workload["modes"].items():
-            assert set(r) >= MODE_KEYS and r["mode"] == mode and r["steps"] == 2
-            assert r["trained_samples_per_s"] > 0 and r["buffer_peak_samples"] <= r["buffer_cap_samples"]
-            assert r["max_off_policy_steps"] == 2 and r["off_policy_action"] in ("requeue", "drop", "downweight")
-            if r["off_policy_action"] != "downweight":
-                assert r["version_lag_max"] <= 2  # the bound holds, whatever the tail
-            assert r["trained_to_generated_length_ratio"] > 0
-        assert workload["modes"]["synchronous"]["version_lag_max"] == 0  # nothing runs ahead when synchronous
-        assert workload["speedup_streaming_vs_sync"] > 0
+        assert set(workload["modes"]) == set(workload["runs"]) == modes
+        for mode, runs in workload["runs"].items():
+            assert [r["round"] for r in runs] == [0, 1]
+            for r in runs:
+                assert set(r) >= MODE_KEYS and r["mode"] == mode and r["steps"] == 2
+                assert r["trained_samples_per_s"] > 0 and r["buffer_peak_samples"] <= r["buffer_cap_samples"]
+                assert r["max_off_policy_steps"] == 2 and r["off_policy_action"] in ("requeue", "drop", "downweight")
+                if r["off_policy_action"] != "downweight":
+                    assert r["version_lag_max"] <= 2  # the bound holds, whatever the tail
+                assert r["trained_to_generated_length_ratio"] > 0 and r["learner_bound_samples_per_s"] > 0
+            rates = sorted(r["trained_samples_per_s"] for r in runs)
+            summary = workload["modes"][mode]
+            assert summary["rounds"] == 2 and summary["trained_samples_per_s"]["min"] == rates[0]
+            assert summary["trained_samples_per_s"]["max"] == rates[1]
+        assert all(r["version_lag_max"] == 0 for r in workload["runs"]["synchronous"])  # nothing runs ahead
+        ratio = workload["ratios"]["streaming_vs_synchronous"]
+        assert ratio["min"] <= ratio["median"] <= ratio["max"] and len(ratio["per_round"]) == 2
+        assert workload["speedup_streaming_vs_sync"] == ratio["median"]
+        assert workload["learner_bound_ceiling_samples_per_s"]["median"] > 0
     # The multi-turn workloads go through the real path: a tool call over HTTP, environment turns.
-    for r in result["workloads"]["tool_latency"]["modes"].values():
-        assert r["tool_calls_per_sample"] == 1 and r["turns_per_sample"] == 2 and r["tool_failures"] == 0
-        assert r["tool_runtime_s_avg"] > 0 and 0 < r["parked_on_tools_frac"] < 1
-    for r in result["workloads"]["env_turns"]["modes"].values():
-        assert r["tool_calls_per_sample"] == 2 and r["turns_per_sample"] == 3 and r["tool_failures"] == 0
+    for runs in result["workloads"]["tool_latency"]["runs"].values():
+        for r in runs:
+            assert r["tool_calls_per_sample"] == 1 and r["turns_per_sample"] == 2 and r["tool_failures"] == 0
+            assert r["tool_runtime_s_avg"] > 0 and 0 < r["parked_on_tools_frac"] < 1
+    for runs in result["workloads"]["env_turns"]["runs"].values():
+        for r in runs:
+            assert r["tool_calls_per_sample"] == 2 and r["turns_per_sample"] == 3 and r["tool_failures"] == 0
     assert result["peak_memory_gib"] > 0
     measured = json.loads((out / "e2e" / "measured.json").read_text())
     assert [d["running"] for d in measured["decode"]] == [1, 4] and measured["prefill_tokens_per_s"] > 0
+    assert set(measured["measured_trained_samples_per_s"]) == modes and measured["pinned"]
     for name in ("heavy_tail", "tool_latency", "env_turns"):
         assert (out / "e2e" / f"timeline_{name}.png").stat().st_size > 0
-    assert "streaming / synchronous trained samples/s" in stdout
+    report = (out / "e2e" / "e2e.md").read_text()
+    assert report.startswith(f"measured {result['stamp']['date']} at commit {result['stamp']['commit']}")
+    for text in (report, stdout):
+        assert "streaming / synchronous trained samples/s" in text and "learner-bound ceiling" in text
 
 
 def test_simulator_fits_the_measurements_and_projects_the_seed_cluster(quick_bench):
@@ -117,6 +133,8 @@ def test_simulator_fits_the_measurements_and_projects_the_seed_cluster(quick_ben
     result = json.loads((out / "simulator" / "simulator.json").read_text())
     measured = result["measured"]
     assert measured["measured_speedup_streaming_vs_sync"] > 0 and "speedup_relative_error" in measured
+    assert set(measured["per_mode"]) == {"synchronous", "one_step_async", "streaming"}
+    assert all(v["predicted"] > 0 and v["measured_median"] > 0 for v in measured["per_mode"].values())
     for mode in ("synchronous", "one_step_async", "streaming"):
         assert set(measured[mode]) >= MODE_KEYS and set(result["seed_projection"][mode]) >= MODE_KEYS
     assert result["seed_projection"]["speedup_streaming_vs_sync"] > 1

@@ -253,6 +253,45 @@ def test_inflight_update_from_a_real_learner_keeps_the_kv_cache(model_path, toke
     assert [s.version for s in after_update.version_spans] == [2]
 
 
+def test_a_reprefill_update_continues_each_sample_from_its_tokens_under_the_new_weights(model_path, tokenizer):
+    """--inflight_update_kv reprefill: the sync aborts the running requests; each sample keeps its tokens and
+    logprobs and continues as prompt + tokens prefilled under the new weights (the recomputed reference of
+    the keep test above), at full length, its versions spanning the switch."""
+    stack = stack_for(model_path, tokenizer, 1, 1, stage=0, share=True)
+    [engine] = stack.engines
+    before = ray.get(engine.stats.remote())
+    version, weights_old = before.weight_version, stack.learners.full_state_dict()
+    stack.learners.train_step(rewarded_groups(tokenizer), version)
+    weights_new = stack.learners.full_state_dict()
+    generation = GenerationConfig(inflight_updates=True, inflight_update_kv="reprefill")
+    sync = stack.sync.with_settings(generation=generation)
+    long_requests = [greedy(tokenizer, f"Count from {n} onwards, please.", LONG, f"reprefill{n}") for n in (3, 9)]
+    generating = engine.generate.remote(long_requests)
+    wait_until_running([engine], count=2, min_tokens=SWITCH_AFTER)
+    sync.push(version + 1, step_end_time=time.time())
+    completions = ray.get(generating, timeout=600)
+
+    assert all(c.finish_reason == "length" and len(c.response_token_ids) == LONG for c in completions)
+    model_old, model_new = hf_model(model_path, weights_old), hf_model(model_path, weights_new)
+    switches = []
+    for c in completions:
+        spans = [(s.version, s.start, s.end) for s in c.version_spans]
+        assert [v for v, _, _ in spans] == [version, version + 1], spans
+        switch = spans[1][1]
+        switches.append(switch)
+        generated = list(c.response_token_ids)
+        assert generated[:switch] == fresh_greedy(model_old, c.prompt_token_ids, switch)
+        recomputed = continue_greedy(model_new, model_new, c.prompt_token_ids, generated, switch, LONG - switch)
+        assert generated[switch:] == recomputed  # the kept tokens prefilled again under the new weights
+        assert len(c.behaviour_logprobs) == LONG and c.continued_tokens == 0  # not a fault's continuation
+
+    after = ray.get(engine.stats.remote())
+    assert after.reprefilled_samples - before.reprefilled_samples == 2
+    prefilled = sum(len(c.prompt_token_ids) + switch for c, switch in zip(completions, switches))
+    assert after.reprefill_tokens - before.reprefill_tokens == prefilled
+    assert after.generated_tokens - before.generated_tokens == 2 * LONG  # each token counted once
+
+
 def failed_transfer_recovers(tokenizer, stack: Stack) -> None:
     """Metadata that disagrees with the parameters: learner 0 refuses to send and closes its end of the
     group, so every engine waiting in it fails at once (not at the group timeout), finishes the reload with

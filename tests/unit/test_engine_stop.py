@@ -68,3 +68,44 @@ def test_an_abort_stop_cuts_running_samples_and_delivers_their_tokens(monkeypatc
     completions = [m for m in delivered if isinstance(m, Completion)]
     assert sorted(c.sample_index for c in completions) == [0, 1]
     assert all(c.finish_reason == "abort" and len(c.response_token_ids) == 1 for c in completions)
+
+
+def test_a_reprefill_pause_cuts_running_samples_and_continues_each_from_its_tokens(monkeypatch):
+    """--inflight_update_kv reprefill: the sync's abort ends the running requests; after the resume each sample
+    continues as a new request whose prompt is prompt + its tokens, and is delivered once, whole."""
+    engine = FakeVllm(hang_after=1)
+    actor = fake_generation_actor(monkeypatch, engine)
+
+    async def drive():
+        generating = asyncio.create_task(actor.generate([request("long")]))
+        while sum(actor._progress.values()) < 2:  # both samples have their first token
+            await asyncio.sleep(0)
+        await actor.pause("reprefill")
+        actor.weight_version = 1  # what receive_weights would set
+        await actor.resume()
+        return await asyncio.wait_for(generating, timeout=60)  # only a failure waits this long
+
+    completions = asyncio.run(drive())
+    assert engine.pause_modes == ["abort"]
+    assert sorted(c.sample_index for c in completions) == [0, 1]
+    for c in completions:
+        assert c.finish_reason == "stop" and c.response_token_ids == (0, 0, 1, 2) and c.continued_tokens == 0
+        assert engine.prompts[f"long/{c.sample_index}/e0/r1"] == [1, 2, 3, 0]  # prompt + the kept token
+    stats = actor.stats()
+    assert stats.reprefilled_samples == 2 and stats.reprefill_tokens == 2 * (3 + 1)
+    assert stats.generated_tokens == 2 * 4  # the kept token counted once
+
+
+def test_a_keep_pause_leaves_running_samples_in_the_engine(monkeypatch):
+    engine = FakeVllm()
+    actor = fake_generation_actor(monkeypatch, engine)
+
+    async def drive():
+        await actor.pause("keep")
+        await actor.resume()
+        return await actor.generate([request("short")])
+
+    completions = asyncio.run(drive())
+    assert engine.pause_modes == ["keep"] and actor.stats().reprefilled_samples == 0
+    assert all(c.response_token_ids == (0, 1, 2) for c in completions)
+    assert set(engine.prompts) == {"short/0/e0", "short/1/e0"}  # no continuation request

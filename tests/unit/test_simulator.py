@@ -109,6 +109,20 @@ def test_one_step_async_drains_before_the_transfer():
     assert r.multi_version_frac == 0.0
 
 
+def test_reprefill_costs_exactly_the_prefill_of_what_it_cut():
+    """A reprefill sync takes the running samples out at a step boundary; after the resume each pays the
+    prefill of prompt + its tokens. With free prefill the schedule is the KV-kept one, step for step."""
+    workload = dataclasses.replace(FIXED, num_steps=6)
+    free = fixed_cost(learner_base_s=0.3)  # the sync lands mid-generation
+    kept, cut = (simulate(mode, workload, free, ONE) for mode in ("streaming", "streaming_reprefill"))
+    assert kept.reprefilled_samples == kept.reprefill_tokens == 0
+    assert cut.reprefilled_samples > 0 and cut.reprefill_tokens > cut.reprefilled_samples * FIXED.prompt_tokens
+    assert cut.wall_s == pytest.approx(kept.wall_s, **EXACT) and cut.multi_version_frac == kept.multi_version_frac
+    costly = dataclasses.replace(free, prefill_per_token_s=1e-4)
+    kept, cut = (simulate(mode, workload, costly, ONE) for mode in ("streaming", "streaming_reprefill"))
+    assert cut.wall_s > kept.wall_s and cut.trained_samples == kept.trained_samples
+
+
 # ----------------------------------------------------------------------------- heavy tails and tools
 
 # Seed-like shape scaled down: lognormal lengths capped at 4x the median.
@@ -177,10 +191,10 @@ def test_version_spans_cover_every_response_exactly():
     learners = RecordingLearners(world, SMALL_COST, FOUR.num_learners)
     rows = [sim._SimPrompt(f"p{i}", (0,) * workload.prompt_tokens) for i in range(12 * 16)]
     loop = TrainingLoop(
-        sim.loop_config(workload, async_steps=1, inflight=True),
+        sim.loop_config(workload, async_steps=1, pause_mode="keep"),
         engines=engines,
         learners=learners,
-        weight_sync=SimWeightSync(world, engines, SMALL_COST, inflight=True),
+        weight_sync=SimWeightSync(world, engines, SMALL_COST, pause_mode="keep"),
         clock=VirtualClock(world),
         log=MemoryLog(),
         train_rows=rows,
@@ -286,10 +300,14 @@ def test_cli_writes_json_and_timeline(tmp_path, capsys):
     assert projection["streaming"]["num_steps"] == 2
     assert set(projection["streaming_by_async_steps"]) == {"1", "2"}
     assert projection["streaming_async_steps"] in (1, 2) and projection["learner_bound_speedup"] > 1
+    kv = projection["kv_kept_vs_reprefill"]
+    assert kv["async_steps"] == projection["streaming_async_steps"] and kv["kv_kept"]["reprefill_tokens"] == 0
+    assert kv["reprefill"]["reprefilled_samples"] > 0 and kv["kv_kept_over_reprefill"] > 0
     for name in ("simulator_timeline.png", "simulator_timeline_measured.png", "simulator_async_sweep.png"):
         assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     printed = capsys.readouterr().out
     assert "relative error" in printed and "speedup streaming vs synchronous" in printed
+    assert "KV cache kept vs abort + re-prefill" in printed
 
 
 def test_cli_rejects_a_sweep_without_lookahead(tmp_path, capsys):

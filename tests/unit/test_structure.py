@@ -45,6 +45,7 @@ ACTORS = {
     "generation.engine_setup",
     "generation.outputs",
     "generation.queues",
+    "generation.sample_requests",
     "learner.actor",
     "learner.deepspeed_setup",
     "learner.sequence_parallel",

@@ -1,0 +1,95 @@
+"""How repeated benchmark runs become the numbers a reader sees: interleaved order, medians with spreads,
+ratios per round, the learner-bound ceiling, the stamp, and the simulator's per-mode validation."""
+
+from __future__ import annotations
+
+import pytest
+
+from open_instruct.benchmarks import rounds
+
+
+def _run(mode: str, rate: float, round_index: int = 0, **extra) -> dict:
+    return {
+        "mode": mode,
+        "round": round_index,
+        "trained_samples_per_s": rate,
+        "samples_per_step": 32,
+        "weight_sync_pause_s_avg": 0.5,
+        "learner_steps": [{"tokens": 100, "step_s": 1.0}, {"tokens": 100, "step_s": 3.0}],
+        **extra,
+    }
+
+
+def test_every_mode_runs_once_per_round_in_the_same_order():
+    order = rounds.interleaved(3, ["heavy", "tool"], ["sync", "stream"])
+    assert len(order) == 12
+    first_round = [(w, m) for r, w, m in order if r == 0]
+    assert first_round == [("heavy", "sync"), ("heavy", "stream"), ("tool", "sync"), ("tool", "stream")]
+    assert [(w, m) for r, w, m in order if r == 2] == first_round
+    assert [r for r, _, _ in order] == sorted(r for r, _, _ in order)  # A B A B, never A A B B
+    with pytest.raises(ValueError, match="rounds must be >= 1"):
+        rounds.interleaved(0, ["sync"])
+
+
+def test_a_mode_is_its_median_with_the_spread_of_its_rounds():
+    runs = [
+        _run("streaming", rate, i, version_lag_max=lag)
+        for i, (rate, lag) in enumerate([(9.0, 2), (15.0, 2), (10.0, 1)])
+    ]
+    summary = rounds.summarize_mode(runs)
+    assert summary["mode"] == "streaming" and summary["rounds"] == 3
+    assert summary["trained_samples_per_s"] == {"median": 10.0, "min": 9.0, "max": 15.0}
+    assert summary["version_lag_max"] == {"median": 2, "min": 1, "max": 2}
+    assert "generation_idle_frac" not in summary  # only what every run measured
+
+
+def test_a_ratio_is_taken_per_round_not_of_the_medians():
+    streaming = [_run("streaming", rate, i) for i, rate in enumerate([20.0, 12.0, 30.0])]
+    synchronous = [_run("synchronous", rate, i) for i, rate in enumerate([10.0, 10.0, 10.0])]
+    ratio = rounds.paired_ratio(streaming, synchronous)
+    assert ratio["per_round"] == [2.0, 1.2, 3.0]
+    assert (ratio["median"], ratio["min"], ratio["max"]) == (2.0, 1.2, 3.0)
+    with pytest.raises(ValueError, match="rounds differ"):
+        rounds.paired_ratio(streaming, synchronous[:2])
+
+
+def test_the_learner_bound_ceiling_is_a_step_of_training_and_syncing_back_to_back():
+    # Mean step 2 s + 0.5 s pause per 32 samples.
+    assert rounds.learner_bound_samples_per_s(_run("streaming", 10.0)) == pytest.approx(32 / 2.5)
+
+
+def test_a_spread_prints_with_its_range_unless_every_round_agreed():
+    assert rounds.format_spread({"median": 2.0, "min": 1.85, "max": 2.31}) == "2.00 [1.85-2.31]"
+    assert rounds.format_spread({"median": 2.0, "min": 2.0, "max": 2.0}, ".1f") == "2.0"
+    with pytest.raises(ValueError):
+        rounds.spread([])
+
+
+def test_a_stamp_names_the_date_the_commit_and_the_machine():
+    from open_instruct.benchmarks.stamp import describe, stamp
+
+    s = stamp()
+    assert s["date"].endswith("+00:00") and s["machine"]["cpu_count"] >= 1 and s["machine"]["cpu_model"]
+    line = describe(s)
+    assert line.startswith(f"measured {s['date']}") and f"{s['machine']['cpu_count']} cores" in line
+    # A copy of the tree outside git (an sdist) has no commit, and says so.
+    assert "no git checkout" in describe({**s, "commit": None, "dirty": False})
+
+
+def test_the_simulator_is_validated_per_mode_against_the_measured_median():
+    from open_instruct.benchmarks.simulator import format_per_mode_validation, per_mode_validation
+
+    rates = {"synchronous": 8.8, "one_step_async": 9.0, "streaming": 20.0}
+    summary = {mode: {"trained_samples_per_s": rate} for mode, rate in rates.items()}
+    measured = {
+        "synchronous": {"median": 8.0, "min": 7.5, "max": 9.0},
+        "streaming": {"median": 16.0, "min": 15.0, "max": 17.0},
+        "streaming_drop": {"median": 15.0, "min": 14.0, "max": 16.0},  # not a simulated mode
+    }
+    per_mode = per_mode_validation(summary, measured)
+    assert set(per_mode) == {"synchronous", "streaming"}
+    assert per_mode["synchronous"]["relative_error"] == pytest.approx(0.1)
+    assert per_mode["synchronous"]["within_measured_spread"]
+    assert per_mode["streaming"]["relative_error"] == pytest.approx(0.25)
+    assert not per_mode["streaming"]["within_measured_spread"]
+    assert "error +25.0%" in format_per_mode_validation(per_mode)
