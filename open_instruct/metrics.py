@@ -110,8 +110,8 @@ def engine_window(now: list[EngineStats], before: list[EngineStats] | None, wind
         "time/generation_idle_frac": idle / uptime if uptime > 0 else 0.0,
         "perf/generated_tokens_per_s": tokens / window_s if window_s > 0 else 0.0,
         "engines/preempted_requests_total": float(sum(s.preempted_requests for s in now)),
-        "engines/reprefilled_samples_total": float(sum(s.reprefilled_samples for s in now)),
-        "engines/reprefill_tokens_total": float(sum(s.reprefill_tokens for s in now)),
+        "weight_sync/reprefilled_samples_total": float(sum(s.reprefilled_samples for s in now)),
+        "weight_sync/reprefill_tokens_total": float(sum(s.reprefill_tokens for s in now)),
     }
 
 

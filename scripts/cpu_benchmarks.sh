@@ -3,7 +3,8 @@
 # (default output/bench): weight_sync.json (pause vs model size), learner_step.json (pi_old pass, fixed
 # rows vs token budget, gradient checkpointing), replay/ (engines-only replay,
 # response-length sweep), e2e/ (sync vs one-step vs streaming, + measured.json), simulator/ (cost
-# model fitted to e2e/measured.json, validation, seed-cluster projection).
+# model fitted to e2e/measured.json, validation, seed-cluster projection), faults/ (an engine SIGKILLed with
+# and without continuation, a stop and resume).
 # Hardware: a 2-core x86_64 Linux machine, no GPU: about 50 minutes; QUICK=1 shrinks every
 # benchmark to a smoke run (about 4 minutes; the tests use it). Sets up .venv first when needed.
 # Usage: bash scripts/cpu_benchmarks.sh    or    QUICK=1 OUT=/tmp/bench bash scripts/cpu_benchmarks.sh
@@ -21,11 +22,15 @@ if [[ "${QUICK:-0}" == "1" ]]; then
        --tool_latency_s 0.2 --calibrate 1 4)
   simulator=(--seed_steps 2 --async_sweep 1,2)
   learner_step=(--size embedded --prompts 2 --samples 2 --pack_length 256 --steps 1 --parts seed micro_batches)
+  # Equal lengths of 160 tokens: every sample runs for seconds, so the fault always finds some running.
+  faults=(--steps 4 --fault_step 2 --prompts 2 --samples 2 --median_tokens 160 --sigma 0 --max_tokens 160
+          --report_tokens 8 --scenarios sigkill_continue)
 else
-  weight_sync=() replay=() e2e=(--steps 24) simulator=() learner_step=()
+  weight_sync=() replay=() e2e=(--steps 24) simulator=() learner_step=() faults=()
 fi
 $py -m open_instruct.benchmarks.weight_sync "${weight_sync[@]}" --output "$out/weight_sync.json"
 $py -m open_instruct.benchmarks.learner_step "${learner_step[@]}" --output "$out/learner_step.json"
 $py -m open_instruct.benchmarks.replay "${replay[@]}" --output "$out/replay"
 $py -m open_instruct.benchmarks.e2e "${e2e[@]}" --output "$out/e2e"
 $py -m open_instruct.benchmarks.simulator "${simulator[@]}" --measured "$out/e2e/measured.json" --output "$out/simulator"
+$py -m open_instruct.benchmarks.faults "${faults[@]}" --output "$out/faults"

@@ -190,8 +190,8 @@ def run_mode(stack, cfg, mode: str, tokenizer, rows) -> tuple[dict, list]:
         "dropped_prompts": history[-1]["offpolicy/dropped_prompts_total"],
         "aborted_tokens": history[-1]["offpolicy/aborted_tokens_total"],
         # Prompt + kept tokens prefilled again after reprefill syncs (0 when the KV cache is kept).
-        "reprefilled_samples": history[-1]["engines/reprefilled_samples_total"],
-        "reprefill_tokens": history[-1]["engines/reprefill_tokens_total"],
+        "reprefilled_samples": history[-1]["weight_sync/reprefilled_samples_total"],
+        "reprefill_tokens": history[-1]["weight_sync/reprefill_tokens_total"],
         "buffer_peak_samples": max(h["buffer/size_samples"] for h in history),
         "buffer_cap_samples": cfg.replay_buffer_max_samples,
         "learner_steps": [{"tokens": h["perf/trained_tokens"], "step_s": h["learner/step_s"]} for h in history],

@@ -85,6 +85,8 @@ class EnginePool:
         self.partials = PartialSamples()
         self.hangs = HangWatch(hang_timeout_s)
         self.hung_engines = 0
+        # (engine id, failure noticed, replacement serving), wall-clock seconds: what a fault cost in time.
+        self.replacements: list[tuple[int, float, float]] = []
         self._hangs_checked_at = float("-inf")
         self._interrupting = False  # stop("interrupt") in progress: cut samples are kept, not delivered
 
@@ -188,6 +190,7 @@ class EnginePool:
         """Replace the engine within the restart budget; past it raise `EngineFailure`."""
         import ray
 
+        noticed_at = time.time()
         self._drain_results()  # samples it finished before dying count as delivered
         self.hangs.forget(engine_id)
         failure = EngineFailure(engine_id, error, self.ledger.in_flight(engine_id))
@@ -207,10 +210,12 @@ class EnginePool:
         actor = self.respawn(engine_id)
         info = ray.get(actor.start.remote(), timeout=600)
         self.actors[engine_id] = actor
+        self.start_info[engine_id] = info
         sync = self.rejoin() if self.rejoin is not None else {}
         version = ray.get(actor.stats.remote(), timeout=60).weight_version
         logger.info("engine %d replaced (%s); it joined at weight version %d: %s", engine_id, info, version, sync)
         self._loops[actor.run.remote(self.prompts, self.results)] = engine_id
+        self.replacements.append((engine_id, noticed_at, time.time()))
         shm_sweep.sweep()  # the killed engine's vLLM message queues in /dev/shm, once no process maps them
 
     def _pulled_unannounced(self, settle_s: float = 2.0) -> list[str]:
@@ -338,6 +343,10 @@ class EnginePool:
             "engines/resubmitted_samples_total": float(self.resubmitted_samples),
             "engines/duplicate_samples_dropped_total": float(self.duplicate_samples),
             "engines/hung_total": float(self.hung_engines),
+            # Failure noticed -> the replacement started, rejoined the weights and pulls prompts (the driver waits).
+            "engines/last_replacement_s": self.replacements[-1][2] - self.replacements[-1][1]
+            if self.replacements
+            else 0.0,
             **self.partials.metrics(),
         }
 

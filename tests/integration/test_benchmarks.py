@@ -141,3 +141,16 @@ def test_simulator_fits_the_measurements_and_projects_the_seed_cluster(quick_ben
     auto = result["seed_projection"]["streaming_auto"]
     assert auto["async_steps"] == "auto" and 1 <= auto["lookahead_final"] <= 8
     assert (out / "simulator" / "simulator_timeline.png").stat().st_size > 0
+
+
+def test_fault_benchmark_kills_an_engine_mid_run_and_measures_the_recovery(quick_bench):
+    out, stdout = quick_bench
+    result = json.loads((out / "faults" / "faults.json").read_text())
+    assert result["stamp"]["commit"] and set(result["scenarios"]) == {"sigkill_continue"}
+    killed = result["scenarios"]["sigkill_continue"]
+    assert killed["samples_held"] >= 1 and killed["tokens_held"] > 0 and killed["partial_report_tokens"] == 8
+    assert killed["tokens_saved"] >= 0 and killed["tokens_generated_again"] >= 0
+    assert 0 <= killed["noticed_s"] <= killed["replacement_serving_s"]
+    assert killed["steps"] == 4 and killed["baseline_samples_per_s"] > 0 and len(killed["rates"]) == 4
+    assert (out / "faults" / "faults.md").read_text().startswith(f"measured {result['stamp']['date']}")
+    assert "a replacement serving after" in stdout

@@ -93,3 +93,21 @@ def test_the_simulator_is_validated_per_mode_against_the_measured_median():
     assert per_mode["streaming"]["relative_error"] == pytest.approx(0.25)
     assert not per_mode["streaming"]["within_measured_spread"]
     assert "error +25.0%" in format_per_mode_validation(per_mode)
+
+
+def test_a_fault_dip_is_measured_against_the_steps_before_it():
+    from open_instruct.benchmarks.faults import throughput_dip
+
+    # 10 samples per step; steps of 2 s (the first, start-up, 10 s); the fault at t=16 (during step 4).
+    ends = [10.0, 12.0, 14.0, 16.0, 25.0, 30.0, 32.0, 34.0]
+    dip = throughput_dip(0.0, ends, 10, fault_at=15.0)
+    assert dip["baseline_samples_per_s"] == 5.0  # steps 1 and 2 (the first left out)
+    assert dip["deepest_samples_per_s"] == pytest.approx(10 / 9)
+    # The first step starting after the fault at >= 90% of 5/s starts at t=30: 15 s of dip, in which the
+    # baseline would have trained 75 samples and 30 were (the steps ending at 16, 25 and 30).
+    assert dip["recovered"] and dip["dip_s"] == 15.0 and dip["samples_lost"] == 45.0
+    assert [r["end_s"] for r in dip["rates"]] == ends
+    never = throughput_dip(0.0, ends[:6], 10, fault_at=15.0)
+    assert not never["recovered"] and never["dip_s"] == 15.0
+    with pytest.raises(ValueError, match="no step"):
+        throughput_dip(0.0, ends, 10, fault_at=11.0)
