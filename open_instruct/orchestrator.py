@@ -438,7 +438,7 @@ class TrainingLoop:
         self._advise_async_steps(needed, waited / step_s if step_s > 0 else 0.0)
         return {
             **window,
-            "scheduling/async_steps": float(self.lookahead.update(group_latency_s, step_s - waited)),
+            "scheduling/async_steps": float(self.lookahead.update(group_latency_s, step_s - waited, waited)),
             "scheduling/async_steps_needed": float(needed),
             "time/step_s": step_s,
             "perf/trained_tokens_per_s": self._trained_tokens / step_s if step_s > 0 else 0.0,

@@ -9,6 +9,13 @@ measures both every step and follows that need:
 * it moves by at most one step at a time; it grows as soon as the need exceeds it (a starving
   learner costs throughput) but shrinks only when the need stayed clearly lower (by `margin`) for
   `patience` steps in a row, so a need hovering at a boundary does not make it oscillate;
+* Little's law on the *mean* group latency undercounts a heavy tail: the learner still waits for the
+  batch's slowest groups at the lookahead it names (at the seed's shape it settled at 5 where 8
+  removes the wait). So the learner's wait itself also counts: a step in which it waited more than
+  `wait_tolerance` of the step grows the lookahead by one, then gives the pipeline the time a new
+  admission takes to arrive (the need, in steps) before it may grow again for that reason. A
+  lookahead reached that way is a floor the estimate cannot shrink below, until the need falls by
+  `release` (the latency dropped: the wait that set the floor is gone);
 * it stays within [1, max_off_policy_steps]: more lookahead than the staleness bound would only
   produce samples the bound throws away.
 
@@ -30,8 +37,13 @@ class Lookahead:
     smoothing: float = 0.3  # weight of the newest measurement in the moving average
     patience: int = 3  # steps the need must stay lower before the lookahead shrinks
     margin: float = 0.25  # how far below (current - 1) the need must be to count as lower
+    wait_tolerance: float = 0.05  # share of a step the learner may wait before the lookahead grows for it
+    release: float = 0.25  # how far the need must fall below its value at a floor to release the floor
     _need: float | None = None
     _lower_for: int = 0
+    _floor: int = 1  # set by a growth on the learner's wait
+    _floor_need: float = 0.0
+    _cooldown: int = 0  # steps until the wait may grow the lookahead again
 
     @classmethod
     def fixed(cls, steps: int) -> Lookahead:
@@ -43,16 +55,24 @@ class Lookahead:
             raise ValueError(f"an automatic lookahead needs a bound >= 1, got {maximum}")
         return cls(current=max(1, min(start, maximum)), auto=True, maximum=maximum)
 
-    def update(self, group_latency_s: float, busy_step_s: float) -> int:
-        """Feed one step's measurements; returns the lookahead for the next admissions."""
+    def update(self, group_latency_s: float, busy_step_s: float, waited_s: float = 0.0) -> int:
+        """Feed one step's measurements (the step's time less the learner's wait, and that wait); returns the
+        lookahead for the next admissions."""
         if not self.auto or group_latency_s <= 0 or busy_step_s <= 0:
             return self.current
         need = group_latency_s / busy_step_s
         self._need = need if self._need is None else self.smoothing * need + (1 - self.smoothing) * self._need
-        if self._need > self.current + 1e-9 and self.current < self.maximum:
+        self._cooldown = max(0, self._cooldown - 1)
+        if self._floor > 1 and self._need < (1 - self.release) * self._floor_need:
+            self._floor = 1  # the latency fell: the wait that set the floor is gone
+        starving = waited_s > self.wait_tolerance * (busy_step_s + waited_s) and not self._cooldown
+        if (self._need > self.current + 1e-9 or starving) and self.current < self.maximum:
             self.current += 1
             self._lower_for = 0
-        elif self._need <= self.current - 1 - self.margin and self.current > 1:
+            if starving:
+                self._floor, self._floor_need = self.current, self._need
+                self._cooldown = max(1, round(self._need))
+        elif self._need <= self.current - 1 - self.margin and self.current > self._floor:
             self._lower_for += 1
             if self._lower_for >= self.patience:
                 self.current -= 1

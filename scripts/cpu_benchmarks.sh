@@ -7,6 +7,7 @@
 # and without continuation, a stop and resume).
 # Hardware: a 2-core x86_64 Linux machine, no GPU: about 50 minutes; QUICK=1 shrinks every
 # benchmark to a smoke run (about 4 minutes; the tests use it). Sets up .venv first when needed.
+# PUBLISH=1 copies the stamped tables (e2e.md, faults.md) into docs/results/, which docs/benchmarks.md links.
 # Usage: bash scripts/cpu_benchmarks.sh    or    QUICK=1 OUT=/tmp/bench bash scripts/cpu_benchmarks.sh
 set -euo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -34,3 +35,8 @@ $py -m open_instruct.benchmarks.replay "${replay[@]}" --output "$out/replay"
 $py -m open_instruct.benchmarks.e2e "${e2e[@]}" --output "$out/e2e"
 $py -m open_instruct.benchmarks.simulator "${simulator[@]}" --measured "$out/e2e/measured.json" --output "$out/simulator"
 $py -m open_instruct.benchmarks.faults "${faults[@]}" --output "$out/faults"
+if [[ "${PUBLISH:-0}" == "1" ]]; then
+  mkdir -p docs/results
+  cp "$out/e2e/e2e.md" docs/results/e2e.md
+  cp "$out/faults/faults.md" docs/results/faults.md
+fi

@@ -50,6 +50,7 @@ import dataclasses
 import json
 import logging
 import os
+import statistics
 import threading
 import time
 from pathlib import Path
@@ -71,15 +72,22 @@ MODES = {  # name -> (async_steps, inflight_updates, inflight_update_kv, off_pol
 
 
 class TimedLearners:
-    """The learner group, recording each step and its samples' engine intervals for the timeline plot."""
+    """The learner group, recording each step and its samples' engine intervals for the timeline plot, and each
+    step's time against the batch's tokens (prompt + response of every sample, as the simulator charges them;
+    the learner skips zero-advantage rows, so the fitted cost per token includes how many it skipped)."""
 
     def __init__(self, learners, timeline: list):
         self.learners, self.timeline = learners, timeline
+        self.steps: list[dict] = []
 
     def train_step(self, groups, step: int):
+        from open_instruct.replay_buffer import sample_tokens
+
         report = self.learners.train_step(groups, step)
         self.timeline.append(("learner", report.started_at, report.finished_at))
         self.timeline += [(f"engine {c.engine_id}", c.started_at, c.finished_at) for g in groups for c in g.completions]
+        tokens = sum(sample_tokens(c) for g in groups for c in g.completions)
+        self.steps.append({"tokens": tokens, "step_s": report.finished_at - report.started_at})
         return report
 
     def __getattr__(self, name: str):
@@ -152,10 +160,11 @@ def run_mode(stack, cfg, mode: str, tokenizer, rows) -> tuple[dict, list]:
     stack.pool.call_all("reset_stats")
     sync.push(0)  # every mode starts at version 0, so staleness numbers compare across modes
     timeline: list = []
+    learners = TimedLearners(stack.learners, timeline)
     loop = TrainingLoop(
         cfg,
         engines=stack.pool,
-        learners=TimedLearners(stack.learners, timeline),
+        learners=learners,
         weight_sync=TimedSync(sync, timeline),
         clock=SystemClock(),
         log=RunLog(cfg),
@@ -194,10 +203,11 @@ def run_mode(stack, cfg, mode: str, tokenizer, rows) -> tuple[dict, list]:
         "reprefill_tokens": history[-1]["weight_sync/reprefill_tokens_total"],
         "buffer_peak_samples": max(h["buffer/size_samples"] for h in history),
         "buffer_cap_samples": cfg.replay_buffer_max_samples,
-        "learner_steps": [{"tokens": h["perf/trained_tokens"], "step_s": h["learner/step_s"]} for h in history],
+        "learner_steps": learners.steps,
         **_agent_columns(history),
     }
     result["learner_bound_samples_per_s"] = rounds_lib.learner_bound_samples_per_s(result)
+    result["generation_bound_samples_per_s"] = rounds_lib.generation_bound_samples_per_s(result)
     return result, timeline
 
 
@@ -307,6 +317,11 @@ def parse_args(argv: list[str] | None):
     parser.add_argument("--max_off_policy_steps", type=int, default=2, help="the staleness bound of every mode")
     parser.add_argument("--calibrate", type=int, nargs="*", default=[1, 4, 16, 64], help="running counts")
     parser.add_argument("--output", default="output/bench/e2e")
+    parser.add_argument(
+        "--summarize",
+        metavar="E2E_JSON",
+        help="measure nothing: summarize the runs of an earlier e2e.json again (its stamp kept) into --output",
+    )
     args = parser.parse_args(argv)
     if not {"synchronous", "streaming"} <= set(args.modes):
         parser.error("--modes must include synchronous and streaming: the benchmark reports their ratio")
@@ -345,20 +360,29 @@ def base_config(args, out: Path, tool_flags: list[str]):
     return parse_config(argv + tool_flags)
 
 
-def summarize_workload(workload: ShapedWorkload, runs: dict[str, list[dict]]) -> dict:
-    """Each mode's median and spread over the rounds, ratios per round, and the learner-bound ceiling."""
+def summarize_workload(workload: dict, runs: dict[str, list[dict]]) -> dict:
+    """Each mode's median and spread over the rounds, ratios per round, and the ceilings of streaming's runs:
+    learner-bound (a learner that never waits), generation-bound (an engine that never idles) and the lower
+    of the two, which binds."""
     sync = runs["synchronous"]
     ratios = {f"{mode}_vs_synchronous": rounds_lib.paired_ratio(r, sync) for mode, r in runs.items() if r is not sync}
-    if "one_step_async" in runs:
-        ratios["streaming_vs_one_step_async"] = rounds_lib.paired_ratio(runs["streaming"], runs["one_step_async"])
+    for other in ("one_step_async", "streaming_reprefill"):
+        if other in runs:
+            ratios[f"streaming_vs_{other}"] = rounds_lib.paired_ratio(runs["streaming"], runs[other])
     streaming = runs["streaming"]
+    ceilings = [rounds_lib.pipeline_ceiling(r) for r in streaming]
+    binding = statistics.mode(kind for _, kind in ceilings)  # which ceiling binds in most rounds
     return {
-        "workload": dataclasses.asdict(workload),
+        "workload": workload,
         "modes": {mode: rounds_lib.summarize_mode(r) for mode, r in runs.items()},
         "ratios": ratios,
         "learner_bound_ceiling_samples_per_s": rounds_lib.spread(r["learner_bound_samples_per_s"] for r in streaming),
+        "generation_bound_ceiling_samples_per_s": rounds_lib.spread(
+            rounds_lib.generation_bound_samples_per_s(r) for r in streaming
+        ),
+        "ceiling_binding": binding,
         "streaming_of_ceiling": rounds_lib.spread(
-            r["trained_samples_per_s"] / r["learner_bound_samples_per_s"] for r in streaming
+            r["trained_samples_per_s"] / ceiling for r, (ceiling, _) in zip(streaming, ceilings)
         ),
         "speedup_streaming_vs_sync": ratios["streaming_vs_synchronous"]["median"],
         "runs": runs,
@@ -388,7 +412,7 @@ def run_rounds(stack, base, workloads: dict[str, ShapedWorkload], tokenizer, row
             out / f"timeline_{name}.png",
             f"{name}: synchronous vs streaming (same prompts, round {args.rounds - 1})",
         )
-    return {name: summarize_workload(workloads[name], runs[name]) for name in args.workloads}
+    return {name: summarize_workload(dataclasses.asdict(workloads[name]), runs[name]) for name in args.workloads}
 
 
 def measured_for_simulator(args, calibration: dict, heavy: dict, max_running: int) -> dict:
@@ -424,6 +448,8 @@ def measured_for_simulator(args, calibration: dict, heavy: dict, max_running: in
 
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
+    if args.summarize:
+        return summarize_again(Path(args.summarize), Path(args.output))
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 
@@ -462,10 +488,29 @@ def main(argv: list[str] | None = None) -> dict:
     if calibration and "heavy_tail" in results["workloads"]:
         measured = measured_for_simulator(args, calibration, results["workloads"]["heavy_tail"], max_running)
         (out / "measured.json").write_text(json.dumps({**measured, "stamp": results["stamp"]}, indent=1))
+    write_report(results, out)
+    print(f"peak memory (PSS, all processes): {results['peak_memory_gib']:.2f} GiB; wrote {out / 'e2e.json'}")
+    return results
+
+
+def write_report(results: dict, out: Path) -> None:
     report = format_report(results)
     (out / "e2e.md").write_text(f"{describe(results['stamp'])}\n\n```\n{report}\n```\n")
     print(report)
-    print(f"peak memory (PSS, all processes): {results['peak_memory_gib']:.2f} GiB; wrote {out / 'e2e.json'}")
+
+
+def summarize_again(path: Path, out: Path) -> dict:
+    """The summaries of an e2e.json's runs recomputed by this code (a new ceiling or ratio needs no new run)."""
+    results = json.loads(path.read_text())
+    for name, workload in results["workloads"].items():
+        runs = workload["runs"]
+        for mode_runs in runs.values():
+            for run in mode_runs:
+                run["generation_bound_samples_per_s"] = rounds_lib.generation_bound_samples_per_s(run)
+        results["workloads"][name] = summarize_workload(workload["workload"], runs)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "e2e.json").write_text(json.dumps(results, indent=1))
+    write_report(results, out)
     return results
 
 
@@ -514,11 +559,12 @@ def format_report(results: dict) -> str:
             )
         for ratio, value in workload["ratios"].items():
             lines.append(f"{ratio.replace('_vs_', ' / ')} trained samples/s: {rounds_lib.format_spread(value)}x")
-        ceiling, of_ceiling = workload["learner_bound_ceiling_samples_per_s"], workload["streaming_of_ceiling"]
+        learner = rounds_lib.format_spread(workload["learner_bound_ceiling_samples_per_s"])
+        generation = rounds_lib.format_spread(workload["generation_bound_ceiling_samples_per_s"])
         lines.append(
-            f"learner-bound ceiling (streaming's learner step + sync, back to back): "
-            f"{rounds_lib.format_spread(ceiling)} samples/s; streaming reaches "
-            f"{rounds_lib.format_spread(of_ceiling)} of it"
+            f"ceilings of streaming's runs: learner-bound {learner} samples/s (train + sync back to back), "
+            f"generation-bound {generation} (an engine never idle); {workload['ceiling_binding']} binds, and "
+            f"streaming reaches {rounds_lib.format_spread(workload['streaming_of_ceiling'])} of the lower"
         )
     return "\n".join(lines)
 

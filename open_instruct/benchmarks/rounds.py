@@ -27,6 +27,7 @@ SPREAD_KEYS = (
     "token_lag_avg",
     "trained_to_generated_length_ratio",
     "learner_bound_samples_per_s",
+    "generation_bound_samples_per_s",
     "requeued_prompts",
     "dropped_prompts",
     "aborted_tokens",
@@ -55,6 +56,19 @@ def learner_bound_samples_per_s(run: dict) -> float:
     steps = run["learner_steps"]
     busy = sum(s["step_s"] for s in steps) / len(steps) + run["weight_sync_pause_s_avg"]
     return run["samples_per_step"] / busy
+
+
+def generation_bound_samples_per_s(run: dict) -> float:
+    """The rate this run would reach if its engines never idled (at the rate they trained while busy): the
+    ceiling when generation, not the learner, is the bottleneck."""
+    busy = 1.0 - run["generation_idle_frac"]
+    return run["trained_samples_per_s"] / busy if busy > 0 else float("inf")
+
+
+def pipeline_ceiling(run: dict) -> tuple[float, str]:
+    """The lower of the learner-bound and generation-bound rates, and which one it is."""
+    learner, generation = learner_bound_samples_per_s(run), generation_bound_samples_per_s(run)
+    return (learner, "learner") if learner <= generation else (generation, "generation")
 
 
 def summarize_mode(runs: list[dict]) -> dict:

@@ -50,3 +50,30 @@ def test_noise_around_a_boundary_does_not_make_it_oscillate():
 def test_missing_measurements_change_nothing():
     lookahead = Lookahead.adaptive(maximum=8, start=2)
     assert lookahead.update(0.0, 1.0) == 2 and lookahead.update(5.0, 0.0) == 2
+
+
+def test_a_waiting_learner_grows_auto_past_the_estimate_which_cannot_shrink_it_back():
+    """Little's law on the mean latency says 3, but the learner waits until the lookahead is 5 (a heavy tail's
+    slowest groups): the wait grows it, pausing between growths for the pipeline to answer, and holds it."""
+    lookahead = Lookahead.adaptive(maximum=8)
+    path = []
+    for _ in range(30):
+        waited = 0.5 if lookahead.current < 5 else 0.0
+        path.append(lookahead.update(group_latency_s=3.0, busy_step_s=1.0, waited_s=waited))
+    assert path[-10:] == [5] * 10 and max(path) == 5
+    assert all(b - a in (0, 1) for a, b in zip(path, path[1:]))
+    assert path.index(5) > 5  # not one step per wait: each growth waits for its admissions to arrive
+
+
+def test_auto_shrinks_again_once_the_latency_that_made_the_learner_wait_falls():
+    lookahead = Lookahead.adaptive(maximum=8)
+    for _ in range(30):
+        lookahead.update(3.0, 1.0, waited_s=0.5 if lookahead.current < 5 else 0.0)
+    assert lookahead.current == 5
+    path = [lookahead.update(0.5, 1.0) for _ in range(40)]
+    assert path[-1] == 1 and all(a - b in (0, 1) for a, b in zip(path, path[1:]))
+
+
+def test_a_short_wait_is_tolerated():
+    lookahead = Lookahead.adaptive(maximum=8, start=3)
+    assert [lookahead.update(2.0, 1.0, waited_s=0.04) for _ in range(10)] == [3] * 10
