@@ -495,7 +495,8 @@ def main(argv: list[str] | None = None) -> dict:
 
 def write_report(results: dict, out: Path) -> None:
     report = format_report(results)
-    (out / "e2e.md").write_text(f"{describe(results['stamp'])}\n\n```\n{report}\n```\n")
+    title = "# Streaming vs synchronous training: measured tables\n\n"
+    (out / "e2e.md").write_text(f"{title}{describe(results['stamp'])}\n\n```\n{report}\n```\n")
     print(report)
 
 

@@ -98,11 +98,9 @@ class FaultAt(threading.Thread):
         self._done = threading.Event()
 
     def run(self) -> None:
-        import ray
-
         while not self._done.is_set():
             if self.loop.step >= self.step:
-                held = ray.get([actor.running_tokens.remote() for actor in self.pool.actors], timeout=60)
+                held = self.pool.call_all("running_tokens")
                 if any(held):  # a fault with nothing running measures nothing: wait for samples
                     self._act(held)
                     return
@@ -290,7 +288,8 @@ def main(argv: list[str] | None = None) -> dict:
     }
     (out / "faults.json").write_text(json.dumps(results, indent=1))
     report = format_report(results)
-    (out / "faults.md").write_text(f"{describe(results['stamp'])}\n\n```\n{report}\n```\n")
+    title = "# What a fault costs: measured tables\n\n"
+    (out / "faults.md").write_text(f"{title}{describe(results['stamp'])}\n\n```\n{report}\n```\n")
     print(report)
     return results
 

@@ -35,6 +35,8 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+from open_instruct.benchmarks.stamp import stamp
+
 
 def heavy_tailed_groups(prompts: int, samples: int, max_response: int, seed: int = 0, prompt_len: int = 32):
     """Replay-buffer groups of random tokens: lognormal response lengths (median max/8, sigma 1), capped."""
@@ -276,6 +278,7 @@ def main(argv: list[str] | None = None) -> dict:
                 from open_instruct import cluster
 
                 cluster.shutdown_ray()
+    result["stamp"] = stamp()
     print(json.dumps(result, indent=1))
     if args.output:
         Path(args.output).parent.mkdir(parents=True, exist_ok=True)

@@ -28,6 +28,8 @@ import statistics
 import time
 from pathlib import Path
 
+from open_instruct.benchmarks.stamp import stamp
+
 logger = logging.getLogger(__name__)
 
 # Dense bf16 peak FLOP/s and memory bandwidth (bytes/s) per GPU, from the vendors' data sheets.
@@ -277,6 +279,7 @@ def main(argv: list[str] | None = None) -> dict:
         pool.shutdown()
         cluster.shutdown_ray()
     result = {
+        "stamp": stamp(),
         "prompt_file": str(prompt_file),
         "prompts": len(recorded),
         "engines": args.engines,

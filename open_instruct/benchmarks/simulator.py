@@ -63,6 +63,7 @@ from open_instruct.benchmarks.simulated_stack import (
     Workload,
 )
 from open_instruct.benchmarks.simulator_plots import plot_sweep, plot_timelines
+from open_instruct.benchmarks.stamp import stamp
 from open_instruct.config.core import Config
 from open_instruct.config.data import DataConfig
 from open_instruct.config.generation import GenerationConfig
@@ -795,7 +796,7 @@ def format_kv_comparison(comparison: dict[str, Any], async_steps: int) -> str:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     args.output.mkdir(parents=True, exist_ok=True)
-    report: dict[str, Any] = {}
+    report: dict[str, Any] = {"stamp": stamp()}
     if args.measured:
         report["measured"], runs = validate_on_measurements(args.measured, args.async_steps)
         panels = [("measured: synchronous", runs["synchronous"]), ("measured: streaming", runs["streaming"])]

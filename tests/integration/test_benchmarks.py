@@ -46,7 +46,7 @@ def quick_bench(tmp_path_factory):
 def test_weight_sync_benchmark_reports_pause_and_bound(quick_bench):
     out, stdout = quick_bench
     report = json.loads((out / "weight_sync.json").read_text())
-    assert report["memory_bandwidth_gb_s"] > 0
+    assert report["memory_bandwidth_gb_s"] > 0 and report["stamp"]["machine"]["cpu_count"] >= 1
     rows = {row["transport"]: row for row in report["sizes"]}
     assert set(rows) == {"gloo", "shm"}  # measured side by side in one run
     for row in rows.values():
@@ -71,6 +71,7 @@ def test_learner_step_benchmark_reports_padding_and_imbalance_of_both_layouts(qu
 def test_replay_benchmark_sweeps_response_lengths(quick_bench):
     out, _ = quick_bench
     result = json.loads((out / "replay" / "replay.json").read_text())
+    assert result["stamp"]["date"]
     assert result["prompts"] == 4 and [r["response_length_cap"] for r in result["sweep"]] == [32, 96]
     for row in result["sweep"]:
         assert row["samples"] == 8 and row["generated_tokens"] > 0
@@ -123,7 +124,7 @@ def test_end_to_end_benchmark_reports_every_mode_over_interleaved_rounds(quick_b
     for name in ("heavy_tail", "tool_latency", "env_turns"):
         assert (out / "e2e" / f"timeline_{name}.png").stat().st_size > 0
     report = (out / "e2e" / "e2e.md").read_text()
-    assert report.startswith(f"measured {result['stamp']['date']} at commit {result['stamp']['commit']}")
+    assert f"measured {result['stamp']['date']} at commit {result['stamp']['commit']}" in report
     for text in (report, stdout):
         assert "streaming / synchronous trained samples/s" in text and "learner-bound ceiling" in text
 
@@ -131,6 +132,7 @@ def test_end_to_end_benchmark_reports_every_mode_over_interleaved_rounds(quick_b
 def test_simulator_fits_the_measurements_and_projects_the_seed_cluster(quick_bench):
     out, _stdout = quick_bench
     result = json.loads((out / "simulator" / "simulator.json").read_text())
+    assert result["stamp"]["commit"]
     measured = result["measured"]
     assert measured["measured_speedup_streaming_vs_sync"] > 0 and "speedup_relative_error" in measured
     assert set(measured["per_mode"]) == {"synchronous", "one_step_async", "streaming"}
@@ -152,5 +154,5 @@ def test_fault_benchmark_kills_an_engine_mid_run_and_measures_the_recovery(quick
     assert killed["tokens_saved"] >= 0 and killed["tokens_generated_again"] >= 0
     assert 0 <= killed["noticed_s"] <= killed["replacement_serving_s"]
     assert killed["steps"] == 4 and killed["baseline_samples_per_s"] > 0 and len(killed["rates"]) == 4
-    assert (out / "faults" / "faults.md").read_text().startswith(f"measured {result['stamp']['date']}")
+    assert f"measured {result['stamp']['date']}" in (out / "faults" / "faults.md").read_text()
     assert "a replacement serving after" in stdout

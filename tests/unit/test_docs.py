@@ -47,8 +47,9 @@ def test_the_site_builds_strictly(tmp_path):
 
 def test_every_page_is_in_the_nav():
     config = (REPO / "mkdocs.yml").read_text()
-    listed = set(re.findall(r":\s*(\S+\.md)\s*$", config, re.M))
-    assert listed == {p.name for p in (REPO / "docs").glob("*.md")}
+    listed = set(re.findall(r"[:-]\s*(\S+\.md)\s*$", config, re.M))  # "- Title: page.md" or "- page.md"
+    docs = REPO / "docs"
+    assert listed == {p.relative_to(docs).as_posix() for p in docs.rglob("*.md")}
 
 
 def test_the_readme_is_a_short_front_page_whose_links_resolve():

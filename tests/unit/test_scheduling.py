@@ -61,7 +61,7 @@ def test_a_waiting_learner_grows_auto_past_the_estimate_which_cannot_shrink_it_b
         waited = 0.5 if lookahead.current < 5 else 0.0
         path.append(lookahead.update(group_latency_s=3.0, busy_step_s=1.0, waited_s=waited))
     assert path[-10:] == [5] * 10 and max(path) == 5
-    assert all(b - a in (0, 1) for a, b in zip(path, path[1:]))
+    assert all(b - a in (0, 1) for a, b in itertools.pairwise(path))
     assert path.index(5) > 5  # not one step per wait: each growth waits for its admissions to arrive
 
 
@@ -71,7 +71,7 @@ def test_auto_shrinks_again_once_the_latency_that_made_the_learner_wait_falls():
         lookahead.update(3.0, 1.0, waited_s=0.5 if lookahead.current < 5 else 0.0)
     assert lookahead.current == 5
     path = [lookahead.update(0.5, 1.0) for _ in range(40)]
-    assert path[-1] == 1 and all(a - b in (0, 1) for a, b in zip(path, path[1:]))
+    assert path[-1] == 1 and all(a - b in (0, 1) for a, b in itertools.pairwise(path))
 
 
 def test_a_short_wait_is_tolerated():
