@@ -26,10 +26,11 @@ HOLD_MARK_DIR = os.environ.get("HOLD_MARK_DIR", "")
 
 
 class HoldingEngine(GenerationActor):
-    async def _engine_stream(self, request, sample_index, part, turn, kept):
+    async def _engine_stream(self, request, sample_index, part, turn, kept, attempt=0):
         held = request.admitted_version >= HOLD_FROM_VERSION and not request.is_eval
         outputs = 0
-        async with contextlib.aclosing(super()._engine_stream(request, sample_index, part, turn, kept)) as stream:
+        stream = super()._engine_stream(request, sample_index, part, turn, kept, attempt)
+        async with contextlib.aclosing(stream):
             async for output in stream:
                 yield output
                 outputs += 1

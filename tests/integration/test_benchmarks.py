@@ -88,7 +88,9 @@ def test_end_to_end_benchmark_reports_every_mode_over_interleaved_rounds(quick_b
     assert result["rounds"] == 2 and result["pinned"]
     assert result["stamp"]["commit"] and result["stamp"]["machine"]["cpu_count"] >= 1
     assert set(result["workloads"]) == {"heavy_tail", "tool_latency", "env_turns"}
-    modes = {"synchronous", "one_step_async", "streaming", "streaming_drop", "streaming_downweight"}
+    modes = {
+        "synchronous", "one_step_async", "streaming", "streaming_reprefill", "streaming_drop", "streaming_downweight",
+    }  # fmt: skip
     for workload in result["workloads"].values():
         assert set(workload["modes"]) == set(workload["runs"]) == modes
         for mode, runs in workload["runs"].items():
@@ -135,7 +137,7 @@ def test_simulator_fits_the_measurements_and_projects_the_seed_cluster(quick_ben
     assert result["stamp"]["commit"]
     measured = result["measured"]
     assert measured["measured_speedup_streaming_vs_sync"] > 0 and "speedup_relative_error" in measured
-    assert set(measured["per_mode"]) == {"synchronous", "one_step_async", "streaming"}
+    assert set(measured["per_mode"]) == {"synchronous", "one_step_async", "streaming", "streaming_reprefill"}
     assert all(v["predicted"] > 0 and v["measured_median"] > 0 for v in measured["per_mode"].values())
     for mode in ("synchronous", "one_step_async", "streaming"):
         assert set(measured[mode]) >= MODE_KEYS and set(result["seed_projection"][mode]) >= MODE_KEYS
