@@ -5,7 +5,7 @@
 # response-length sweep), e2e/ (sync vs one-step vs streaming, + measured.json), simulator/ (cost
 # model fitted to e2e/measured.json, validation, seed-cluster projection), faults/ (an engine SIGKILLed with
 # and without continuation, a stop and resume).
-# Hardware: a 2-core x86_64 Linux machine, no GPU: about 50 minutes; QUICK=1 shrinks every
+# Hardware: a 2-core x86_64 Linux machine, no GPU: about 80 minutes (its parts, 2026-12-04); QUICK=1 shrinks every
 # benchmark to a smoke run (about 4 minutes; the tests use it). Sets up .venv first when needed.
 # PUBLISH=1 copies the stamped tables (e2e.md, faults.md) into docs/results/, which docs/benchmarks.md links.
 # Usage: bash scripts/cpu_benchmarks.sh    or    QUICK=1 OUT=/tmp/bench bash scripts/cpu_benchmarks.sh

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The long tier, which CI does not run: a 3,000-step soak of the real stack (memory and queue gauges must
 # level off) and every benchmark at full size (docs/benchmarks.md). Hardware: the 2-core CPU machine is
-# enough; about 12 minutes for the soak and 50 for the benchmarks. Sets up .venv first when needed.
+# enough; about 12 minutes for the soak and 80 for the benchmarks (the sum of their parts measured on
+# 2026-12-04; not timed as a whole). Sets up .venv first when needed.
 # Usage: bash scripts/nightly.sh    (outputs under output/nightly/)
 set -euo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"

@@ -128,7 +128,7 @@ def test_end_to_end_benchmark_reports_every_mode_over_interleaved_rounds(quick_b
     report = (out / "e2e" / "e2e.md").read_text()
     assert f"measured {result['stamp']['date']} at commit {result['stamp']['commit']}" in report
     for text in (report, stdout):
-        assert "streaming / synchronous trained samples/s" in text and "learner-bound ceiling" in text
+        assert "streaming / synchronous trained samples/s" in text and "ceilings of streaming's runs" in text
 
 
 def test_simulator_fits_the_measurements_and_projects_the_seed_cluster(quick_bench):
