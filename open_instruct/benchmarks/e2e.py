@@ -57,7 +57,7 @@ from pathlib import Path
 
 from open_instruct.benchmarks import rounds as rounds_lib
 from open_instruct.benchmarks.stamp import describe, stamp
-from open_instruct.benchmarks.workloads import LatencyToolServer, ShapedGenerationActor, ShapedWorkload
+from open_instruct.benchmarks.workloads import LatencyToolServer, ShapedGenerationActor, ShapedWorkload, run_config
 
 logger = logging.getLogger(__name__)
 
@@ -336,28 +336,8 @@ CALL_HEADROOM_TOKENS = 128
 
 def base_config(args, out: Path, tool_flags: list[str]):
     """The grpo_fast flags every mode shares; modes differ only in --async_steps and --inflight_updates."""
-    from open_instruct.config.core import parse_config
-
-    response_length = args.max_tokens + CALL_HEADROOM_TOKENS
-    flags = {
-        "num_unique_prompts_rollout": args.prompts,
-        "num_samples_per_prompt_rollout": args.samples,
-        "total_episodes": args.steps * args.prompts * args.samples,
-        "response_length": response_length,
-        "max_prompt_token_length": 64,
-        "pack_length": response_length + 64,
-        "beta": 0,
-        "learning_rate": 1e-5,
-        "lr_scheduler_type": "constant",
-        "num_evals": 0,
-        "save_freq": 0,
-        "vllm_kv_cache_gib": 0.5,
-        "max_off_policy_steps": args.max_off_policy_steps,
-        "single_gpu_mode": args.pin,
-        "output_dir": out,
-    }
-    argv = [token for name, value in flags.items() for token in (f"--{name}", str(value))]
-    return parse_config(argv + tool_flags)
+    flags = {"max_off_policy_steps": args.max_off_policy_steps, "single_gpu_mode": args.pin, "output_dir": out}
+    return run_config(args, args.max_tokens + CALL_HEADROOM_TOKENS, flags, tuple(tool_flags))
 
 
 def summarize_workload(workload: dict, runs: dict[str, list[dict]]) -> dict:

@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 
 from open_instruct.benchmarks.stamp import describe, stamp
-from open_instruct.benchmarks.workloads import ShapedGenerationActor, ShapedWorkload
+from open_instruct.benchmarks.workloads import ShapedGenerationActor, ShapedWorkload, run_config
 
 logger = logging.getLogger(__name__)
 
@@ -129,22 +129,7 @@ class FaultAt(threading.Thread):
 
 def scenario_config(args, out: Path, scenario: str):
     """The grpo_fast flags of one scenario: the same workload, its own output and state directories."""
-    from open_instruct.config.core import parse_config
-
-    response_length = args.max_tokens + 8
     flags = {
-        "num_unique_prompts_rollout": args.prompts,
-        "num_samples_per_prompt_rollout": args.samples,
-        "total_episodes": args.steps * args.prompts * args.samples,
-        "response_length": response_length,
-        "max_prompt_token_length": 64,
-        "pack_length": response_length + 64,
-        "beta": 0,
-        "learning_rate": 1e-5,
-        "lr_scheduler_type": "constant",
-        "num_evals": 0,
-        "save_freq": 0,
-        "vllm_kv_cache_gib": 0.5,
         "vllm_num_engines": 2,
         "async_steps": args.async_steps,
         "max_engine_restarts": 1,
@@ -153,7 +138,7 @@ def scenario_config(args, out: Path, scenario: str):
         "checkpoint_state_freq": 10_000,  # only the stop saves state
         "output_dir": out / scenario,
     }
-    return parse_config([token for name, value in flags.items() for token in (f"--{name}", str(value))])
+    return run_config(args, args.max_tokens + 8, flags)
 
 
 def run_scenario(args, out: Path, scenario: str, workload: ShapedWorkload, tokenizer, rows) -> dict:

@@ -73,6 +73,30 @@ class ShapedWorkload:
         return f"<{WAIT_TOOL}>{sample_id}</{WAIT_TOOL}>"
 
 
+def run_config(args, response_length: int, flags: dict, extra_argv: tuple[str, ...] = ()):
+    """The grpo_fast configuration of a benchmark's training run: `args.steps` steps of `args.prompts` x
+    `args.samples` samples of the embedded model, no KL, a constant small learning rate, no evals or
+    checkpoints; `flags` (name -> value) add to or override these."""
+    from open_instruct.config.core import parse_config
+
+    common = {
+        "num_unique_prompts_rollout": args.prompts,
+        "num_samples_per_prompt_rollout": args.samples,
+        "total_episodes": args.steps * args.prompts * args.samples,
+        "response_length": response_length,
+        "max_prompt_token_length": 64,
+        "pack_length": response_length + 64,
+        "beta": 0,
+        "learning_rate": 1e-5,
+        "lr_scheduler_type": "constant",
+        "num_evals": 0,
+        "save_freq": 0,
+        "vllm_kv_cache_gib": 0.5,
+    }
+    argv = [token for name, value in {**common, **flags}.items() for token in (f"--{name}", str(value))]
+    return parse_config([*argv, *extra_argv])
+
+
 class ShapedGenerationActor(GenerationActor):
     """GenerationActor with a `ShapedWorkload` applied to every sample (pass it to `cluster.Stack`)."""
 

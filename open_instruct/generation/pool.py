@@ -343,12 +343,16 @@ class EnginePool:
             "engines/resubmitted_samples_total": float(self.resubmitted_samples),
             "engines/duplicate_samples_dropped_total": float(self.duplicate_samples),
             "engines/hung_total": float(self.hung_engines),
-            # Failure noticed -> the replacement started, rejoined the weights and pulls prompts (the driver waits).
-            "engines/last_replacement_s": self.replacements[-1][2] - self.replacements[-1][1]
-            if self.replacements
-            else 0.0,
+            "engines/last_replacement_s": self._last_replacement_s(),
             **self.partials.metrics(),
         }
+
+    def _last_replacement_s(self) -> float:
+        """Failure noticed -> the replacement started, rejoined the weights and pulls prompts (the driver waits)."""
+        if not self.replacements:
+            return 0.0
+        _, noticed_at, serving_at = self.replacements[-1]
+        return serving_at - noticed_at
 
     def stop(self, mode: str = "finish", timeout_s: float = 600) -> list[Completion]:
         """Stop every engine; returns the samples delivered meanwhile. 'finish' lets running samples end,

@@ -92,9 +92,8 @@ class SampleRequests:
     def _counted(self, completion: Completion, interrupted) -> Completion:
         """Adds its newly generated tokens to the engine's count. `continued_tokens` stays what an earlier
         attempt (a dead engine, a stopped run) left: tokens kept through reprefill cuts were generated here."""
-        previous = len(interrupted.token_ids) if interrupted else 0
-        self._tokens += len(completion.response_token_ids) - max(completion.continued_tokens, previous)
-        return replace(completion, continued_tokens=previous)
+        self._tokens += len(completion.response_token_ids) - completion.continued_tokens  # the last part's
+        return replace(completion, continued_tokens=len(interrupted.token_ids) if interrupted else 0)
 
     async def _engine_stream(
         self, request: PromptRequest, sample_index: int, part: str, turn: int, kept, attempt: int = 0
