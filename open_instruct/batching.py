@@ -28,6 +28,7 @@ from open_instruct.packing import (
     split_evenly,
     split_for_ranks,
 )
+from open_instruct.replay_buffer import token_spans
 
 
 @dataclass(frozen=True)
@@ -79,17 +80,20 @@ class BatchStats:
     balance: dict[str, float]  # packing.balance_metrics: padding fraction and rank imbalance
 
 
-def _trained_tokens(completion, trains: bool, mask_tool_use: bool) -> tuple[int, ...] | None:
-    """The loss mask of one sample: None (every token), all zeros, or zeros on tool/environment output."""
+def _trained_tokens(completion, trains: bool, mask_tool_use: bool, trained_from_version: int = 0):
+    """The loss mask of one sample: None (every token), all zeros, or zeros on tool/environment output and on
+    tokens generated before `trained_from_version` (too old to train, kept as context)."""
     length = len(completion.response_token_ids)
     if not trains:
         return (0,) * length
-    if completion.agent is None or not mask_tool_use or not completion.agent.observation_spans:
-        return None
     mask = [1] * length
-    for start, end in completion.agent.observation_spans:
-        mask[start:end] = [0] * (end - start)
-    return tuple(mask)
+    if completion.agent is not None and mask_tool_use:
+        for start, end in completion.agent.observation_spans:
+            mask[start:end] = [0] * (end - start)
+    for span in token_spans(completion):
+        if span.version < trained_from_version:
+            mask[span.start : span.end] = [0] * (span.end - span.start)
+    return None if all(mask) else tuple(mask)
 
 
 def _packed_per_rank(items: list[PackItem], settings: BatchSettings, cost):
@@ -129,7 +133,9 @@ def assemble(groups, step: int, settings: BatchSettings) -> tuple[list[TrainBatc
                     response_ids=completion.response_token_ids,
                     behaviour_logprobs=completion.behaviour_logprobs,
                     advantage=float(advantages_GN[g_index, j]) * weight,
-                    response_mask=_trained_tokens(completion, trains, settings.mask_tool_use),
+                    response_mask=_trained_tokens(
+                        completion, trains, settings.mask_tool_use, getattr(group, "trained_from_version", 0)
+                    ),
                     version=completion.min_version,
                     sample_id=f"{completion.prompt_id}/{completion.sample_index}",
                 )

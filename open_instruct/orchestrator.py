@@ -49,6 +49,21 @@ class NoRewardSpread(UserError):
     """--active_sampling went a whole pass over the training prompts without one group it could train."""
 
 
+class NothingGenerated(UserError):
+    """Every sample of a step failed in the engines: the step has nothing to train, and neither will the next."""
+
+
+def check_generated(groups: list[Group], step: int) -> None:
+    """A step whose every sample is an error (the engines could not serve a single prompt) ends the run with
+    the first error, instead of training on nothing and reporting the run as completed."""
+    completions = [c for g in groups for c in g.completions]
+    if completions and all(c.finish_reason == "error" for c in completions):
+        raise NothingGenerated(
+            f"step {step}: all {len(completions)} samples failed in the engines, so nothing can be trained "
+            f"(first error: {completions[0].error or 'no message'})"
+        )
+
+
 # ----------------------------------------------------------------------------- collaborators
 
 
@@ -148,6 +163,18 @@ class ZeroSpreadWatch:
         self._warnings = warnings_due
 
 
+def buffer_config(cfg: Config) -> dict:
+    """The replay buffer's rules and caps for this run (`ReplayBuffer(**buffer_config(cfg))`)."""
+    action = cfg.generation.off_policy_action
+    return {
+        "samples_per_prompt": cfg.generation.num_samples_per_prompt_rollout,
+        "max_samples": cfg.replay_buffer_max_samples,
+        # requeue and drop both take the group out of training; the loop tells them apart.
+        "max_age": MaxAge(cfg.max_off_policy_steps, action if action in ("downweight", "mask") else "drop"),
+        "drop_zero_std": cfg.algorithm.active_sampling,
+    }
+
+
 # ----------------------------------------------------------------------------- the loop
 
 
@@ -180,7 +207,7 @@ class TrainingLoop:
         self.sampling = SamplingSettings.from_config(cfg)
         self.step, self.version, self.episodes = 0, 0, 0
         self.outcomes = PromptOutcomes()
-        self.buffer = ReplayBuffer(**self._buffer_config())
+        self.buffer = ReplayBuffer(**buffer_config(self.cfg))
         self._resumed_rubrics = None  # set by _resume when the saved state has evolving rubrics
         feeder_state, requeue = self._resume()
         self.lookahead = (
@@ -205,17 +232,6 @@ class TrainingLoop:
         self._last_engine_stats: list[EngineStats] | None = None
         self._advised = False
         self.spread_watch = ZeroSpreadWatch(len(train_rows), self.per_step)
-
-    def _buffer_config(self) -> dict:
-        cfg = self.cfg
-        action = cfg.generation.off_policy_action
-        return {
-            "samples_per_prompt": cfg.generation.num_samples_per_prompt_rollout,
-            "max_samples": cfg.replay_buffer_max_samples,
-            # requeue and drop both take the group out of training; the loop tells them apart.
-            "max_age": MaxAge(cfg.max_off_policy_steps, "downweight" if action == "downweight" else "drop"),
-            "drop_zero_std": cfg.algorithm.active_sampling,
-        }
 
     def _evolving_rubrics(self):
         """--apply_evolving_rubric_reward: the rubric book (restored on resume), feeding the feeder's labels."""
@@ -242,7 +258,7 @@ class TrainingLoop:
             raise RuntimeError(f"{path}: learner version {self.version} != driver version {state.version}")
         self.step, self.episodes = state.next_step, state.episodes
         self.outcomes = PromptOutcomes(**state.outcomes)  # {} in states saved before outcomes existed (migrate)
-        self.buffer = ReplayBuffer.from_state(state.buffer, **self._buffer_config())
+        self.buffer = ReplayBuffer.from_state(state.buffer, **buffer_config(self.cfg))
         logger.info(
             "resumed from %s: step %d, %d prompts re-queued, %d groups in the buffer",
             path,
@@ -271,6 +287,7 @@ class TrainingLoop:
                 self.save_state_if_due()
                 break
             groups, waited = batch
+            check_generated(groups, self.step)
             metrics = self.train(groups)
             metrics.update(self.sync_if_due(step_end=self.clock.time()))
             metrics.update(self.evaluate_if_due())
@@ -323,7 +340,7 @@ class TrainingLoop:
                 self._record_pass_rate(group.prompt_id, group.completions)
                 self.feeder.grant_refill()
                 self.outcomes.record("filtered", group.prompt_id)
-            elif self.cfg.generation.off_policy_action == "requeue":
+            elif self.cfg.generation.off_policy_action in ("requeue", "mask"):  # mask: no token was young enough
                 self.feeder.requeue(group.prompt_id)
                 self.outcomes.record("requeued", group.prompt_id)
             else:
@@ -333,8 +350,8 @@ class TrainingLoop:
 
     def abort_doomed(self) -> None:
         """Stop spending engine time on samples whose group can no longer be trained within the bound."""
-        if self.cfg.generation.off_policy_action == "downweight":
-            return  # late groups are trained (down-weighted): let them finish
+        if self.cfg.generation.off_policy_action in ("downweight", "mask"):
+            return  # late groups are trained (down-weighted, or on their young tokens): let them finish
         oldest_allowed = self.version - self.cfg.max_off_policy_steps
         if oldest_allowed > 0:
             self.engines.abort_stale(oldest_allowed, self.buffer.open_groups_older_than(oldest_allowed))
@@ -527,6 +544,7 @@ class TrainingLoop:
         leftover = sorted(self.untrained)
         self.engines.stop("abort")
         evals = self.log.evals
+        buffer = self.buffer.metrics()
         summary = {
             "status": "completed" if completed else f"stopped by {self.stop.reason}",
             "steps_trained": self.step,
@@ -539,7 +557,14 @@ class TrainingLoop:
             "last_eval_reward": evals[-1]["eval/verifiable_reward"] if evals else None,
             "multi_version_frac": mean(h.get("staleness/multi_version_frac", 0.0) for h in self.log.history),
             # < 1: training saw shorter samples than generation produced (dropping stragglers biases).
-            "trained_to_generated_length_ratio": self.buffer.metrics()["buffer/trained_to_generated_length_ratio"],
+            "trained_to_generated_length_ratio": buffer["buffer/trained_to_generated_length_ratio"],
+            # the same bias per token: response tokens of trained samples that the loss left out for their age
+            "context_only_token_fraction": buffer["buffer/context_only_token_fraction"],
+            "full_weight_token_age_max": buffer["buffer/full_weight_token_age_max"],
+            # the window: the staleness bound, its action, and where the lookahead ended (it adapts with auto)
+            "max_off_policy_steps": self.cfg.max_off_policy_steps,
+            "off_policy_action": self.cfg.generation.off_policy_action,
+            "async_steps_final": self.lookahead.current,
             **{f"prompts_{name}": count for name, count in self.outcomes.totals().items()},
         }
         self.log.finish(summary, leftover)

@@ -84,15 +84,3 @@ class Lookahead:
     @property
     def smoothed_need(self) -> float:
         return self._need or 0.0
-
-
-def sync_interval_check(bound: int, sync_every: int, off_policy_action: str) -> tuple[bool, str]:
-    """Between weight syncs the engines fall up to `sync_every - 1` versions behind the learner. A tighter
-    staleness bound dooms every sample before the next sync, which then never comes (the learner waits
-    forever), unless late groups are down-weighted instead of dropped. (ok, the problem as one line)."""
-    lag = sync_every - 1
-    return off_policy_action == "downweight" or bound >= lag, (
-        f"--weight_sync_every_steps {sync_every} leaves the engines up to {lag} versions behind the learner, "
-        f"more than the staleness bound {bound} allows: nothing would be trainable before the next sync; give "
-        f"--max_off_policy_steps >= {lag} (or --off_policy_action downweight)"
-    )

@@ -4,10 +4,11 @@
 # rows vs token budget, gradient checkpointing), replay/ (engines-only replay,
 # response-length sweep), e2e/ (sync vs one-step vs streaming, + measured.json), simulator/ (cost
 # model fitted to e2e/measured.json, validation, seed-cluster projection), faults/ (an engine SIGKILLed with
-# and without continuation, a stop and resume).
-# Hardware: a 2-core x86_64 Linux machine, no GPU: about 80 minutes (its parts, 2026-12-04); QUICK=1 shrinks every
-# benchmark to a smoke run (about 4 minutes; the tests use it). Sets up .venv first when needed.
-# PUBLISH=1 copies the stamped tables (e2e.md, faults.md) into docs/results/, which docs/benchmarks.md links.
+# and without continuation, a stop and resume), staleness_learning/ (the demo per --off_policy_action and seed).
+# Hardware: a 2-core x86_64 Linux machine, no GPU: about 90 minutes (its parts, 2026-12-04); QUICK=1 shrinks every
+# benchmark to a smoke run (about 8 minutes; the tests use it). Sets up .venv first when needed.
+# PUBLISH=1 copies the stamped tables (e2e.md, faults.md, staleness_learning.md) into docs/results/, which
+# docs/benchmarks.md links.
 # Usage: bash scripts/cpu_benchmarks.sh    or    QUICK=1 OUT=/tmp/bench bash scripts/cpu_benchmarks.sh
 set -euo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -26,8 +27,9 @@ if [[ "${QUICK:-0}" == "1" ]]; then
   # Equal lengths of 160 tokens: every sample runs for seconds, so the fault always finds some running.
   faults=(--steps 4 --fault_step 2 --prompts 2 --samples 2 --median_tokens 160 --sigma 0 --max_tokens 160
           --report_tokens 8 --scenarios sigkill_continue)
+  staleness=(--seeds 1 --total_episodes 256)
 else
-  weight_sync=() replay=() e2e=(--steps 24) simulator=() learner_step=() faults=()
+  weight_sync=() replay=() e2e=(--steps 24) simulator=() learner_step=() faults=() staleness=()
 fi
 $py -m open_instruct.benchmarks.weight_sync "${weight_sync[@]}" --output "$out/weight_sync.json"
 $py -m open_instruct.benchmarks.learner_step "${learner_step[@]}" --output "$out/learner_step.json"
@@ -35,8 +37,10 @@ $py -m open_instruct.benchmarks.replay "${replay[@]}" --output "$out/replay"
 $py -m open_instruct.benchmarks.e2e "${e2e[@]}" --output "$out/e2e"
 $py -m open_instruct.benchmarks.simulator "${simulator[@]}" --measured "$out/e2e/measured.json" --output "$out/simulator"
 $py -m open_instruct.benchmarks.faults "${faults[@]}" --output "$out/faults"
+$py -m open_instruct.benchmarks.staleness_learning "${staleness[@]}" --output "$out/staleness_learning"
 if [[ "${PUBLISH:-0}" == "1" ]]; then
   mkdir -p docs/results
   cp "$out/e2e/e2e.md" docs/results/e2e.md
   cp "$out/faults/faults.md" docs/results/faults.md
+  cp "$out/staleness_learning/staleness_learning.md" docs/results/staleness_learning.md
 fi

@@ -9,13 +9,14 @@ One set of actors (vLLM engine, DeepSpeed learner, weight sync) runs the real tr
                    the learner trains; each sync waits for running samples to finish;
 * streaming        `--async_steps 1 --inflight_updates True`: this project's design; samples
                    keep running through syncs with their KV cache; groups over
-                   `--max_off_policy_steps` are requeued (the default action);
+                   `--max_off_policy_steps` are requeued (`--off_policy_action requeue`);
 * streaming_reprefill: streaming with `--inflight_update_kv reprefill`: each sync aborts the
                    running samples, which keep their tokens and logprobs and continue after one
                    fresh prefill of prompt + tokens under the new weights (the approach of verl,
                    AReaL and slime), against streaming's kept KV cache;
-* streaming_drop, streaming_downweight: the same with `--off_policy_action drop` / `downweight`,
-                   to show what each action costs and how it biases trained lengths.
+* streaming_drop, streaming_downweight, streaming_mask: the same with `--off_policy_action drop` /
+                   `downweight` / `mask`, to show what each action costs and how it biases trained
+                   lengths (mask trains late groups whole, their too-old tokens as context only).
 
 Measured so that a reader can trust a ratio (`rounds.py`): engine and learner each get their own
 cores (`--pin`, through the CPU split of `--single_gpu_mode`: the engine's OpenMP threads on one
@@ -68,6 +69,7 @@ MODES = {  # name -> (async_steps, inflight_updates, inflight_update_kv, off_pol
     "streaming_reprefill": (1, True, "reprefill", "requeue"),
     "streaming_drop": (1, True, "keep", "drop"),
     "streaming_downweight": (1, True, "keep", "downweight"),
+    "streaming_mask": (1, True, "keep", "mask"),
 }
 
 
@@ -172,12 +174,18 @@ def run_mode(stack, cfg, mode: str, tokenizer, rows) -> tuple[dict, list]:
         tokenizer=tokenizer,
     )
     loop.run()
-    history = list(loop.log.history)  # metrics.jsonl, parsed once
+    result = {"mode": mode, **measured_run(cfg, list(loop.log.history)), "learner_steps": learners.steps}
+    result["learner_bound_samples_per_s"] = rounds_lib.learner_bound_samples_per_s(result)
+    result["generation_bound_samples_per_s"] = rounds_lib.generation_bound_samples_per_s(result)
+    return result, timeline
+
+
+def measured_run(cfg, history: list[dict]) -> dict:
+    """One mode's run, from its step metrics: rates, idle and wait fractions, staleness and length bias."""
     wall = sum(h["time/step_s"] for h in history)
     samples = cfg.rollout_batch_size * len(history)
     syncs = [h["time/weight_sync_pause_s"] for h in history if "time/weight_sync_pause_s" in h]
-    result = {
-        "mode": mode,
+    return {
         "steps": len(history),
         "samples_per_step": cfg.rollout_batch_size,
         "wall_s": wall,
@@ -193,6 +201,9 @@ def run_mode(stack, cfg, mode: str, tokenizer, rows) -> tuple[dict, list]:
         "group_latency_s_avg": sum(h["time/group_latency_s_avg"] for h in history) / len(history),
         # < 1: the mode trained shorter samples than it generated (streaming trains stragglers late).
         "trained_to_generated_length_ratio": history[-1]["buffer/trained_to_generated_length_ratio"],
+        # The same bias per token: response tokens of trained samples left out of the loss for their age (mask).
+        "context_only_token_fraction": history[-1]["buffer/context_only_token_fraction"],
+        "full_weight_token_age_max": history[-1]["buffer/full_weight_token_age_max"],
         "max_off_policy_steps": cfg.max_off_policy_steps,
         "off_policy_action": cfg.generation.off_policy_action,
         "requeued_prompts": history[-1]["offpolicy/requeued_prompts_total"],
@@ -203,12 +214,8 @@ def run_mode(stack, cfg, mode: str, tokenizer, rows) -> tuple[dict, list]:
         "reprefill_tokens": history[-1]["weight_sync/reprefill_tokens_total"],
         "buffer_peak_samples": max(h["buffer/size_samples"] for h in history),
         "buffer_cap_samples": cfg.replay_buffer_max_samples,
-        "learner_steps": learners.steps,
         **_agent_columns(history),
     }
-    result["learner_bound_samples_per_s"] = rounds_lib.learner_bound_samples_per_s(result)
-    result["generation_bound_samples_per_s"] = rounds_lib.generation_bound_samples_per_s(result)
-    return result, timeline
 
 
 def _agent_columns(history: list[dict]) -> dict:
@@ -349,6 +356,9 @@ def summarize_workload(workload: dict, runs: dict[str, list[dict]]) -> dict:
     for other in ("one_step_async", "streaming_reprefill"):
         if other in runs:
             ratios[f"streaming_vs_{other}"] = rounds_lib.paired_ratio(runs["streaming"], runs[other])
+    for action in ("streaming_drop", "streaming_downweight", "streaming_mask"):  # against streaming (requeue)
+        if action in runs:
+            ratios[f"{action}_vs_streaming"] = rounds_lib.paired_ratio(runs[action], runs["streaming"])
     streaming = runs["streaming"]
     ceilings = [rounds_lib.pipeline_ceiling(r) for r in streaming]
     binding = statistics.mode(kind for _, kind in ceilings)  # which ceiling binds in most rounds
@@ -504,6 +514,8 @@ _COLUMNS = (  # (title, key, format): median [min-max] over the rounds
     ("lag max", "version_lag_max", ".0f"),
     ("token lag", "token_lag_avg", ".2f"),
     ("trained/gen len", "trained_to_generated_length_ratio", ".3f"),
+    ("context-only tok", "context_only_token_fraction", ".3f"),
+    ("oldest trained", "full_weight_token_age_max", ".0f"),
     ("requeued", "requeued_prompts", ".0f"),
     ("dropped", "dropped_prompts", ".0f"),
     ("aborted tok", "aborted_tokens", ".0f"),
@@ -528,7 +540,9 @@ def format_report(results: dict) -> str:
         lines += ["", f"{name}: {workload['workload']}"]
         rows = [["mode", *(title for title, _, _ in _COLUMNS)]]
         for mode, summary in workload["modes"].items():
-            rows.append([mode, *(rounds_lib.format_spread(summary[key], fmt) for _, key, fmt in _COLUMNS)])
+            # "-": a number this run's e2e.json predates (--summarize of an older run)
+            cells = (rounds_lib.format_spread(summary[key], fmt) if key in summary else "-" for _, key, fmt in _COLUMNS)
+            rows.append([mode, *cells])
         lines += _aligned(rows)
         streaming = workload["runs"]["streaming"]
         if "turns_per_sample" in streaming[-1]:

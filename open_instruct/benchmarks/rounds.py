@@ -26,6 +26,8 @@ SPREAD_KEYS = (
     "version_lag_max",
     "token_lag_avg",
     "trained_to_generated_length_ratio",
+    "context_only_token_fraction",
+    "full_weight_token_age_max",
     "learner_bound_samples_per_s",
     "generation_bound_samples_per_s",
     "requeued_prompts",

@@ -34,11 +34,13 @@ class GenerationConfig:
         "Staleness bound: a group whose oldest token is more than K learner versions behind at training time "
         "gets --off_policy_action. Default: --async_steps (open-instruct's bound); 8 with --async_steps auto.",
     )
-    off_policy_action: Literal["requeue", "drop", "downweight"] = arg(
-        "requeue",
-        "For groups over --max_off_policy_steps: admit the prompt again, fresh (requeue); drop it and admit "
-        "another (drop); or train it at weight 0.5^(lag - K) (downweight). Requeue and drop also abort running "
-        "samples that can no longer finish within the bound.",
+    off_policy_action: Literal["mask", "requeue", "drop", "downweight"] = arg(
+        "mask",
+        "For groups over --max_off_policy_steps: train the group whole at full weight on its tokens at most K "
+        "versions old, the older ones kept as context outside the loss, and requeue it only when no token is "
+        "that young (mask: a long answer is not lost for its age); admit the prompt again, fresh (requeue); "
+        "drop it and admit another (drop); or train it at weight 0.5^(lag - K) (downweight). Requeue and drop "
+        "also abort running samples that can no longer finish within the bound.",
     )
     inflight_updates: bool = arg(
         True,

@@ -162,6 +162,7 @@ class ScriptedEngines:
             response_token_ids=kept.token_ids + tuple(range(7 + n, 7 + n + rest)),
             behaviour_logprobs=kept.logprobs + (-1.0,) * rest,
             finish_reason=script.finish_reason,  # type: ignore[arg-type]
+            error="scripted engine failure" if script.finish_reason == "error" else None,
             version_spans=kept.version_spans + spans,
             continued_tokens=n,
             admitted_version=request.admitted_version,

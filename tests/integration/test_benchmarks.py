@@ -88,9 +88,8 @@ def test_end_to_end_benchmark_reports_every_mode_over_interleaved_rounds(quick_b
     assert result["rounds"] == 2 and result["pinned"]
     assert result["stamp"]["commit"] and result["stamp"]["machine"]["cpu_count"] >= 1
     assert set(result["workloads"]) == {"heavy_tail", "tool_latency", "env_turns"}
-    modes = {
-        "synchronous", "one_step_async", "streaming", "streaming_reprefill", "streaming_drop", "streaming_downweight",
-    }  # fmt: skip
+    modes = {"synchronous", "one_step_async", "streaming", "streaming_reprefill"}
+    modes |= {"streaming_drop", "streaming_downweight", "streaming_mask"}
     for workload in result["workloads"].values():
         assert set(workload["modes"]) == set(workload["runs"]) == modes
         for mode, runs in workload["runs"].items():
@@ -98,9 +97,12 @@ def test_end_to_end_benchmark_reports_every_mode_over_interleaved_rounds(quick_b
             for r in runs:
                 assert set(r) >= MODE_KEYS and r["mode"] == mode and r["steps"] == 2
                 assert r["trained_samples_per_s"] > 0 and r["buffer_peak_samples"] <= r["buffer_cap_samples"]
-                assert r["max_off_policy_steps"] == 2 and r["off_policy_action"] in ("requeue", "drop", "downweight")
-                if r["off_policy_action"] != "downweight":
+                action = r["off_policy_action"]
+                assert r["max_off_policy_steps"] == 2 and action in ("requeue", "drop", "downweight", "mask")
+                if action in ("requeue", "drop"):
                     assert r["version_lag_max"] <= 2  # the bound holds, whatever the tail
+                if action != "downweight":  # no token older than the bound is trained at full weight
+                    assert r["full_weight_token_age_max"] <= 2
                 assert r["trained_to_generated_length_ratio"] > 0 and r["learner_bound_samples_per_s"] > 0
             rates = sorted(r["trained_samples_per_s"] for r in runs)
             summary = workload["modes"][mode]
@@ -158,3 +160,15 @@ def test_fault_benchmark_kills_an_engine_mid_run_and_measures_the_recovery(quick
     assert killed["steps"] == 4 and killed["baseline_samples_per_s"] > 0 and len(killed["rates"]) == 4
     assert f"measured {result['stamp']['date']}" in (out / "faults" / "faults.md").read_text()
     assert "a replacement serving after" in stdout
+
+
+def test_staleness_learning_benchmark_runs_the_demo_once_per_policy(quick_bench):
+    out, stdout = quick_bench
+    result = json.loads((out / "staleness_learning" / "staleness_learning.json").read_text())
+    assert [(r["action"], r["seed"]) for r in result["runs"]] == [("requeue", 1), ("mask", 1)]
+    for run in result["runs"]:
+        assert run["steps_trained"] == 2 and run["episodes"] == 256 and run["trained_samples_per_s"] > 0
+        assert run["full_weight_token_age_max"] <= 1  # the bound, per token, for both policies
+        assert run["eval_gain"] == pytest.approx(run["last_eval_reward"] - run["first_eval_reward"])
+    assert set(result["summary"]) == {"requeue", "mask"} and "mask: mean eval gain" in stdout
+    assert (out / "staleness_learning" / "staleness_learning.md").read_text().startswith("# Staleness policies")

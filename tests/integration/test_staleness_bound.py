@@ -5,8 +5,8 @@
    arithmetic: every step trains exactly --num_unique_prompts_rollout groups, all with reward spread
    (the learner group's own zero-std filter never finds one), the flat groups being replaced.
 2. A heavy tail (temperature 2: the tiny model rambles up to the length limit, or stops early) with
-   `--async_steps 3 --max_off_policy_steps 1`: no trained sample is more than one version old, and
-   samples the bound doomed were aborted in the engine (visible in the metrics).
+   `--async_steps 3 --max_off_policy_steps 1 --off_policy_action requeue`: no trained sample is more than one
+   version old, and samples the bound doomed were aborted in the engine (visible in the metrics).
 In both, every admitted prompt id has exactly one fate: trained, requeued, dropped, filtered or untrained.
 """
 
@@ -40,7 +40,8 @@ def common(admitted, response_length: int, temperature: float) -> list[str]:
         "--total_episodes", str(STEPS * PROMPTS * SAMPLES), "--response_length", str(response_length),
         "--temperature", str(temperature), "--max_prompt_token_length", "64", "--pack_length", "256",
         "--stop_strings", "</answer>", "--learning_rate", "1e-4", "--lr_scheduler_type", "constant", "--beta", "0",
-        "--async_steps", "3", "--max_off_policy_steps", "1", "--num_evals", "0", "--save_freq", "0",
+        "--async_steps", "3", "--max_off_policy_steps", "1", "--off_policy_action", "requeue",
+        "--num_evals", "0", "--save_freq", "0",
         "--vllm_kv_cache_gib", "0.25", "--seed", "3", "--save_admitted_prompts", str(admitted),
     ]  # fmt: skip
 
@@ -86,7 +87,7 @@ def test_no_trained_sample_is_older_than_the_bound_and_doomed_samples_are_aborte
     # Whether a doomed sample is still running when the bound dooms it depends on timing here; the abort
     # itself is checked deterministically in test_orchestrator.py (scripted engines).
     assert last["offpolicy/aborted_samples_total"] >= 0 and last["offpolicy/aborted_tokens_total"] >= 0
-    assert last["offpolicy/requeued_prompts_total"] > 0  # the default action for groups over the bound
+    assert last["offpolicy/requeued_prompts_total"] > 0  # the action for groups over the bound
     summary = json.loads((out / "summary.json").read_text())
     assert 0 < summary["trained_to_generated_length_ratio"] <= 1.5 and summary["prompts_requeued"] > 0
 

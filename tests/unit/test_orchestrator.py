@@ -166,11 +166,32 @@ def test_groups_over_the_bound_never_train_are_replaced_and_their_samples_aborte
     assert (8 - 1 + 3 + 1) < run.loop.feeder.state.admitted <= (8 - 1 + 3 + 1) + refills
 
 
+def test_a_step_whose_every_sample_failed_ends_the_run_with_the_cause_and_a_partly_failed_one_trains():
+    from open_instruct.errors import UserError
+    from open_instruct.orchestrator import NothingGenerated
+
+    def failing(request, j):
+        return fakes.Script(length=0, finish_reason="error")
+
+    run = fakes.build(fakes.config(steps=3, prompts=2), script=failing)
+    cause = r"^step 0: all 4 samples failed .*\(first error: scripted engine failure\)$"
+    with pytest.raises(NothingGenerated, match=cause):
+        run.loop.run()
+    assert issubclass(NothingGenerated, UserError) and run.learners.trained == []
+
+    def first_sample_fails(request, j):
+        return fakes.Script(length=0, finish_reason="error") if j == 0 else fakes.Script(reward=float(j % 2))
+
+    run = fakes.build(fakes.config(steps=3, prompts=2), script=first_sample_fails)
+    assert run.loop.run()["status"] == "completed" and len(run.learners.trained) == 3
+
+
 def test_eval_samples_are_never_aborted_by_the_training_staleness_bound():
     def script(request, j):  # eval samples outlive several steps; training ones are quick
         return fakes.Script(latency_s=9.0 if request.is_eval else 0.5, reward=10.0 if request.is_eval else float(j % 2))
 
-    flags = ("--async_steps", "2", "--max_off_policy_steps", "1", "--num_evals", "2", "--eval_on_step_0")
+    flags = ("--async_steps", "2", "--max_off_policy_steps", "1", "--off_policy_action", "requeue", "--num_evals", "2")
+    flags += ("--eval_on_step_0",)
     run = fakes.build(fakes.config(*flags, steps=8), eval_rows=fakes.rows(3, "test"), script=script)
     run.loop.run()
     assert run.engines.aborts  # the bound was enforced on every step after the first ones
@@ -187,6 +208,26 @@ def test_downweight_trains_late_groups_at_a_lower_weight_without_aborting():
     [late] = [g for groups in run.learners.trained for g in groups if g.prompt_id == "fake:train:0@0"]
     assert late.age > 1 and late.weights[0] == pytest.approx(0.5 ** (late.age - 1))
     assert run.log.history[-1]["buffer/downweighted_total"] >= 1
+
+
+def test_mask_trains_late_groups_whole_on_their_young_tokens_without_aborting_or_replacing():
+    flags = ("--async_steps", "1", "--max_off_policy_steps", "1", "--off_policy_action", "mask")
+    run = fakes.build(fakes.config(*flags, steps=8, prompts=1), train_rows=fakes.rows(6),
+                      script=straggler_script({"0"}, slow_s=6.0))  # fmt: skip
+    run.loop.run()
+    got = assert_every_admitted_prompt_has_exactly_one_fate(run)
+    assert "fake:train:0@0" in got["trained"] and not run.engines.aborts
+    assert not got.get("requeued") and not got.get("dropped")  # no prompt is lost or replaced for its age
+    [late] = [g for groups in run.learners.trained for g in groups if g.prompt_id == "fake:train:0@0"]
+    assert late.age > 1 and late.weights == (1.0,) * len(late.completions)
+    assert late.trained_from_version == late.min_version + late.age - 1  # the learner's version minus the bound
+    history = run.log.history
+    assert history[-1]["buffer/dropped_stale_total"] == 0 and history[-1]["buffer/context_only_tokens_total"] > 0
+    assert all(h["buffer/full_weight_token_age_max"] <= 1 for h in history)  # no trained token is older than K
+    summary = run.log.summary
+    assert summary["full_weight_token_age_max"] <= 1 and summary["context_only_token_fraction"] > 0
+    window = (summary["max_off_policy_steps"], summary["off_policy_action"], summary["async_steps_final"])
+    assert window == (1, "mask", 1)
 
 
 def test_active_sampling_trains_full_batches_of_groups_with_reward_spread():
@@ -408,7 +449,8 @@ def test_heavy_tails_lose_nothing_and_train_nothing_twice():
     got = assert_every_admitted_prompt_has_exactly_one_fate(run)
     refills = len(got.get("requeued", []))
     assert summary["prompts_admitted"] == len(run.engines.admitted_ids) == (19 + 2 + 1) * 4 + refills
-    assert all(h["staleness/version_lag_max"] <= 2 for h in run.log.history)
+    # the default action (mask) bounds every token trained at full weight; a group may be older than that
+    assert all(h["buffer/full_weight_token_age_max"] <= 2 for h in run.log.history)
     counts = run.engines.ledger.counts()
     assert counts["delivered_samples"] <= counts["expected_samples"]
     assert all(h["time/learner_wait_s"] >= 0 and h["time/step_s"] > 0 for h in run.log.history)

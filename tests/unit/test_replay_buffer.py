@@ -170,8 +170,37 @@ def test_max_age_downweight_keeps_stale_groups_at_halved_weights():
     m = buf.metrics()
     assert m["buffer/downweighted_total"] == 4 and m["buffer/dropped_stale_total"] == 0
     assert m["buffer/trained_groups_total"] == 5
-    with pytest.raises(ValueError, match="'drop' or 'downweight'"):
+    with pytest.raises(ValueError, match="'drop', 'downweight' or 'mask'"):
         MaxAge(1, "keep")  # type: ignore[arg-type]
+
+
+def test_max_age_mask_trains_every_group_whole_but_only_its_tokens_within_the_bound():
+    buf = buffer(max_age=MaxAge(max_age=1, action="mask"))
+    # A long straggler: 6 tokens at version 0, 4 at version 2, 2 at version 3; and a short fresh group.
+    spans = (VersionSpan(0, 0, 6), VersionSpan(2, 6, 10), VersionSpan(3, 10, 12))
+    add_all(buf, [completion("long", j, length=12, spans=spans) for j in range(N)])
+    add_all(buf, group_of("fresh", version=3))
+    add_all(buf, group_of("all_old", version=1))  # no token within the bound: it would train nothing
+    assert buf.evict(learner_version=3) == 1
+    assert [(d.prompt_id, d.reason) for d in buf.pop_dropped()] == [("all_old", "stale")]
+    long, fresh = buf.take(2, learner_version=3)
+    assert (long.age, long.weights, long.trained_from_version) == (3, (1.0,) * N, 2)
+    assert fresh.trained_from_version == 2 and fresh.response_lengths == (4,) * N
+    m = buf.metrics()
+    assert m["buffer/dropped_stale_total"] == 1 and m["buffer/trained_samples_total"] == 2 * N
+    assert m["buffer/context_only_tokens_total"] == 6 * N  # the version-0 tokens of both long samples
+    assert m["buffer/context_only_token_fraction"] == pytest.approx(6 * N / (12 * N + 4 * N))
+    assert m["buffer/full_weight_token_age_max"] == 1  # the oldest trained token is version 2, learner at 3
+    # the long samples count whole (the dropped all-old group's 4-token samples were generated, not trained)
+    assert m["buffer/trained_to_generated_length_ratio"] == pytest.approx(8 / ((12 * N + 4 * N + 4 * N) / (3 * N)))
+
+
+def test_the_oldest_full_weight_token_counts_only_groups_trained_at_full_weight():
+    buf = buffer(max_age=MaxAge(max_age=1, action="downweight"))
+    add_all(buf, group_of("old", version=0) + group_of("young", version=2))
+    old, young = buf.take(2, learner_version=3)
+    assert (old.weights, young.weights) == ((0.25,) * N, (1.0,) * N)
+    assert buf.metrics()["buffer/full_weight_token_age_max"] == 1  # the old group's tokens are at reduced weight
 
 
 # ---- zero reward spread

@@ -161,6 +161,17 @@ def test_streaming_beats_synchronous_on_a_heavy_tail():
         assert report[mode]["mode"] == mode
 
 
+def test_mask_keeps_the_stragglers_that_requeue_regenerates_on_the_same_heavy_tail():
+    heavier = dataclasses.replace(TAILED, sigma=1.3, max_tokens=2000)  # K = --async_steps = 1
+    requeue = simulate("streaming", heavier, SMALL_COST, FOUR, off_policy_action="requeue")
+    mask = simulate("streaming", heavier, SMALL_COST, FOUR, off_policy_action="mask")
+    assert requeue.requeued_prompts > 0 and requeue.aborted_tokens > 0
+    # every straggler has tokens young enough to train: none is regenerated, and lengths are not biased
+    assert mask.requeued_prompts == mask.aborted_tokens == 0 and mask.trained_samples == requeue.trained_samples
+    assert mask.trained_to_generated_length_ratio >= requeue.trained_to_generated_length_ratio + 0.05
+    assert mask.trained_samples_per_s >= requeue.trained_samples_per_s
+
+
 def test_tool_latency_costs_synchronous_more_than_streaming():
     cost = dataclasses.replace(SMALL_COST, max_running=16)
     with_tools = dataclasses.replace(TAILED, tool_latency_s=10.0)
