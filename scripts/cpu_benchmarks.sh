@@ -6,7 +6,7 @@
 # model fitted to e2e/measured.json, validation, seed-cluster projection), faults/ (an engine SIGKILLed with
 # and without continuation, a stop and resume), staleness_learning/ (the demo per --off_policy_action and seed).
 # Hardware: a 2-core x86_64 Linux machine, no GPU: about 90 minutes (its parts, 2026-12-04); QUICK=1 shrinks every
-# benchmark to a smoke run (about 8 minutes; the tests use it). Sets up .venv first when needed.
+# benchmark to a smoke run (about 9 minutes; the tests use it). Sets up .venv first when needed.
 # PUBLISH=1 copies the stamped tables (e2e.md, faults.md, staleness_learning.md) into docs/results/, which
 # docs/benchmarks.md links.
 # Usage: bash scripts/cpu_benchmarks.sh    or    QUICK=1 OUT=/tmp/bench bash scripts/cpu_benchmarks.sh
