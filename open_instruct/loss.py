@@ -204,7 +204,7 @@ class ImportanceResult:
     mask_BT: the input mask minus the tokens/sequences the mode dropped (bool). Use it as the
         loss mask (and to count tokens for the denominator).
     stats: detached 0-dim tensors (no host sync), same keys in every mode, all over the *input*
-        mask's valid tokens: rho_mean, rho_min, rho_max (1.0 when there is none), truncated_frac
+        mask's valid tokens: rho_mean, rho_min, rho_max, rho_sq_mean (1.0 when there is none), truncated_frac
         (kept tokens whose weight was capped at `cap`), masked_frac (tokens removed),
         num_tokens. Average over micro-batches weighted by num_tokens.
     """
@@ -351,10 +351,18 @@ def _importance_stats(
         "rho_mean": torch.where(has_tokens, masked_sum(rho_BT, mask_BT) / count, 1.0),
         "rho_min": torch.where(has_tokens, torch.where(mask_BT, rho_BT, float("inf")).min(), 1.0),
         "rho_max": torch.where(has_tokens, torch.where(mask_BT, rho_BT, float("-inf")).max(), 1.0),
+        "rho_sq_mean": torch.where(has_tokens, masked_sum(rho_BT.square(), mask_BT) / count, 1.0),
         "truncated_frac": truncated.sum() / count,
         "masked_frac": (mask_BT & ~keep_BT).sum() / count,
         "num_tokens": num_valid,
     }
+
+
+def effective_sample_fraction(rho_mean: float, rho_sq_mean: float) -> float:
+    """Kish's effective sample size of the importance weights, as a fraction of the tokens: E[rho]^2 / E[rho^2].
+    1 when the engines sampled from the learner's policy; it falls as they drift apart (stale weights), and
+    it is exact for a whole step when both means are token means over the step."""
+    return rho_mean * rho_mean / rho_sq_mean if rho_sq_mean > 0 else 1.0
 
 
 def _sample_mean(values_BT: torch.Tensor, mask_BT: torch.Tensor, sample_ids_BT: torch.Tensor | None) -> torch.Tensor:

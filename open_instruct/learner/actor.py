@@ -574,5 +574,6 @@ def _loss_stats(out, importance) -> dict[str, float]:
         "policy/approx_kl_avg": float(out.approx_kl),
         "offpolicy/rho_mean": float(importance.stats["rho_mean"]),
         "offpolicy/rho_max": float(importance.stats["rho_max"]),
+        "offpolicy/rho_sq_mean": float(importance.stats["rho_sq_mean"]),
         "offpolicy/truncated_frac": float(importance.stats["truncated_frac"]),
     }

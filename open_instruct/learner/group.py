@@ -16,6 +16,7 @@ import contextlib
 import time
 
 from open_instruct.batching import BatchSettings, assemble
+from open_instruct.loss import effective_sample_fraction
 from open_instruct.messages import LearnerReady, LearnerStepResult, StepReport, WeightMetadata
 
 
@@ -36,6 +37,8 @@ def rank_mean(results: list[LearnerStepResult]) -> dict[str, float]:
             out[key] = sum(values) / len(values)
         else:
             out[key] = sum(v * t for v, t in zip(values, tokens)) / total
+    if "offpolicy/rho_sq_mean" in out:  # from the step's token means, not a mean of per-rank fractions
+        out["offpolicy/ess_frac"] = effective_sample_fraction(out["offpolicy/rho_mean"], out["offpolicy/rho_sq_mean"])
     return out
 
 

@@ -30,6 +30,7 @@ CONTRACT_KEYS = {
     "objective/verifiable_reward",
     "objective/kl_avg",
     "policy/clipfrac_avg",
+    "offpolicy/ess_frac",
     "loss/policy_avg",
     "val/sequence_lengths",
     "val/stop_rate",
@@ -81,6 +82,7 @@ def test_short_run_trains_streams_and_syncs_in_flight(uninterrupted):
     assert max(m["staleness/multi_version_frac"] for m in metrics) > 0
     assert max(m["weight_sync/kept_requests"] for m in metrics) > 0
     assert all(m["staleness/version_lag_max"] >= 0 for m in metrics)
+    assert all(0 < m["offpolicy/ess_frac"] <= 1 + 1e-9 for m in metrics)  # Kish's fraction of the step's weights
     # No token is older than the oldest sample's first token; every group took measurable time.
     assert all(0 <= m["staleness/token_lag_avg"] <= m["staleness/version_lag_max"] for m in metrics)
     assert all(m["time/group_latency_s_max"] >= m["time/group_latency_s_avg"] > 0 for m in metrics)

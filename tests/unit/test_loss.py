@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from open_instruct.loss import (
+    effective_sample_fraction,
     importance_weights,
     kl_per_token,
     mask_truncated,
@@ -123,6 +124,18 @@ def test_truncate_caps_rho_and_reports_stats():
     assert stats["truncated_frac"] == pytest.approx(1 / 3)
     assert stats["masked_frac"] == 0.0
     assert stats["num_tokens"] == 3
+    assert stats["rho_sq_mean"] == pytest.approx((1 + 9 + 0.0625) / 3)
+
+
+def test_the_effective_sample_fraction_is_one_on_policy_and_falls_as_one_weight_dominates():
+    assert effective_sample_fraction(1.0, 1.0) == 1.0  # every rho is 1: the engines sampled the learner's policy
+    rho = torch.tensor([1.0, 3.0, 0.25])
+    kish = float(rho.sum() ** 2 / (len(rho) * rho.square().sum()))  # (sum w)^2 / (n sum w^2)
+    assert effective_sample_fraction(float(rho.mean()), float(rho.square().mean())) == pytest.approx(kish)
+    dominated = torch.tensor([100.0] + [0.01] * 99)  # one token carries nearly all the weight
+    fraction = effective_sample_fraction(float(dominated.mean()), float(dominated.square().mean()))
+    assert fraction == pytest.approx(1 / 100, rel=0.03)
+    assert effective_sample_fraction(0.0, 0.0) == 1.0  # no token: nothing is off-policy
 
 
 def test_mask_token_drops_tokens_outside_bounds():
@@ -177,6 +190,7 @@ def test_importance_fully_masked_and_garbage_padding():
         "rho_mean": 1.0,
         "rho_min": 1.0,
         "rho_max": 1.0,
+        "rho_sq_mean": 1.0,
         "truncated_frac": 0.0,
         "masked_frac": 0.0,
         "num_tokens": 0,
