@@ -28,7 +28,6 @@ from open_instruct.packing import (
     split_evenly,
     split_for_ranks,
 )
-from open_instruct.replay_buffer import token_spans
 
 
 @dataclass(frozen=True)
@@ -90,7 +89,7 @@ def _trained_tokens(completion, trains: bool, mask_tool_use: bool, trained_from_
     if completion.agent is not None and mask_tool_use:
         for start, end in completion.agent.observation_spans:
             mask[start:end] = [0] * (end - start)
-    for span in token_spans(completion):
+    for span in completion.token_spans:
         if span.version < trained_from_version:
             mask[span.start : span.end] = [0] * (span.end - span.start)
     return None if all(mask) else tuple(mask)
@@ -126,7 +125,7 @@ def assemble(groups, step: int, settings: BatchSettings) -> tuple[list[TrainBatc
             masked += not trains
             if not completion.response_token_ids:
                 continue  # an error sample has nothing to pack; it was counted above
-            weight = group.weights[j] if getattr(group, "weights", None) else 1.0
+            weight = group.weights[j]
             items.append(
                 PackItem(
                     query_ids=completion.prompt_token_ids,
@@ -134,7 +133,7 @@ def assemble(groups, step: int, settings: BatchSettings) -> tuple[list[TrainBatc
                     behaviour_logprobs=completion.behaviour_logprobs,
                     advantage=float(advantages_GN[g_index, j]) * weight,
                     response_mask=_trained_tokens(
-                        completion, trains, settings.mask_tool_use, getattr(group, "trained_from_version", 0)
+                        completion, trains, settings.mask_tool_use, group.trained_from_version
                     ),
                     version=completion.min_version,
                     sample_id=f"{completion.prompt_id}/{completion.sample_index}",

@@ -187,6 +187,14 @@ class Completion:
         return len(self.response_token_ids) - observed
 
     @property
+    def token_spans(self) -> tuple[VersionSpan, ...]:
+        """The weight versions of the response tokens (a sample without recorded spans was generated whole at
+        its admitted version)."""
+        if self.version_spans or not self.response_token_ids:
+            return self.version_spans
+        return (VersionSpan(self.admitted_version, 0, len(self.response_token_ids)),)
+
+    @property
     def min_version(self) -> int:
         return min((s.version for s in self.version_spans), default=self.admitted_version)
 

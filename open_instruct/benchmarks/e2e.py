@@ -342,7 +342,7 @@ CALL_HEADROOM_TOKENS = 128
 
 
 def base_config(args, out: Path, tool_flags: list[str]):
-    """The grpo_fast flags every mode shares; modes differ only in --async_steps and --inflight_updates."""
+    """The grpo_fast flags every mode shares; modes differ only in the flags of `MODES` (mode_config)."""
     flags = {"max_off_policy_steps": args.max_off_policy_steps, "single_gpu_mode": args.pin, "output_dir": out}
     return run_config(args, args.max_tokens + CALL_HEADROOM_TOKENS, flags, tuple(tool_flags))
 

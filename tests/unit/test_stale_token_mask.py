@@ -3,6 +3,8 @@ than the bound stay in the packed row as context, and only the younger ones ente
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from open_instruct.batching import assemble, batch_settings
 from open_instruct.messages import Completion, VersionSpan
 from open_instruct.replay_buffer import MaxAge, ReplayBuffer
@@ -47,3 +49,10 @@ def test_mask_trains_only_the_tokens_within_the_bound_and_keeps_the_old_ones_as_
 def test_downweight_trains_every_token_of_the_same_group():
     masks, stats = trained_masks("downweight")
     assert all(bit for mask in masks for bit in mask) and stats.trained_tokens == 24
+
+
+def test_a_sample_without_recorded_spans_counts_as_generated_at_its_admitted_version():
+    bare = replace(straggler(0), version_spans=(), admitted_version=2)
+    assert bare.token_spans == (VersionSpan(2, 0, 12),) and bare.min_version == 2
+    assert replace(bare, response_token_ids=(), behaviour_logprobs=()).token_spans == ()
+    assert straggler(0).token_spans == SPANS  # recorded spans are the spans
