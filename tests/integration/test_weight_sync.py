@@ -80,6 +80,7 @@ class Stack:
     learners: LearnerGroup | None = None
     sync: WeightSync | None = None
     weights_b: dict = dataclasses.field(default_factory=dict)  # the learners' weights after their one step
+    learner_pids: list[int] = dataclasses.field(default_factory=list)
 
     @property
     def engines(self) -> list:
@@ -130,7 +131,7 @@ def stack_for(model_path, tokenizer, engines: int, learners: int, stage: int, ba
     stack.learners = stack.exits.enter_context(
         cluster.learner_group_for_a_while(learner_side, batch_settings, learners)
     )
-    stack.learners.setup()
+    stack.learner_pids = [ready.pid for ready in stack.learners.setup()]
     stack.sync = connected_sync(stack.pool, stack.learners, backend, inflight)
     stack.learners.train_step(rewarded_groups(tokenizer), 0)
     stack.weights_b = stack.learners.full_state_dict()
@@ -361,10 +362,12 @@ def test_a_failed_zero3_transfer_ends_every_ranks_gathers_and_leaves_the_engines
     failed_transfer_recovers(tokenizer, stack)
 
 
-def staged_files() -> set[str]:
+def staged_files(pids: list[int]) -> set[str]:
+    """The files these learners staged: only theirs, since the suite's other worker may be staging its own."""
     from open_instruct.weights.shm import FILE_PREFIX
 
-    return {name for name in os.listdir("/dev/shm") if name.startswith(FILE_PREFIX)}
+    prefixes = tuple(f"{FILE_PREFIX}{pid}-" for pid in pids)
+    return {name for name in os.listdir("/dev/shm") if name.startswith(prefixes)}
 
 
 def test_shared_memory_transport_updates_running_engines_without_a_group(model_path, tokenizer):
@@ -372,7 +375,6 @@ def test_shared_memory_transport_updates_running_engines_without_a_group(model_p
     shared-memory file, both engines load them in flight (running requests keep their KV and switch
     version), and the file is gone afterwards. A staged transfer that fails (metadata that disagrees with
     the parameters) names the step, leaves no file, and the engines keep serving the previous version."""
-    before = staged_files()
     stack = stack_for(model_path, tokenizer, 2, 2, stage=3, backend="shm")
     engines, sync, weights_b = stack.engines, stack.sync, stack.weights_b
     # Long enough to be running still after the staging, which happens before the pause.
@@ -388,7 +390,7 @@ def test_shared_memory_transport_updates_running_engines_without_a_group(model_p
     switched = [c for c in running if [s.version for s in c.version_spans] == [0, 1]]
     assert 1 <= len(switched) == metrics["weight_sync/kept_requests"]
     assert all(len(c.response_token_ids) == LONG for c in running)
-    assert staged_files() == before
+    assert staged_files(stack.learner_pids) == set()
 
     probe = greedy(tokenizer, "What is 4 + 5?", 24, "probe")
     expected = fresh_greedy(hf_model(model_path, weights_b), probe.prompt_token_ids, 24)
@@ -400,7 +402,7 @@ def test_shared_memory_transport_updates_running_engines_without_a_group(model_p
     sync.metadata = dataclasses.replace(md, shapes=((1,),) + md.shapes[1:])
     with pytest.raises(WeightSyncError, match=r"step 'stage' failed on learner 0: .*embed_tokens"):
         sync.push(2)
-    assert staged_files() == before
+    assert staged_files(stack.learner_pids) == set()
     for engine in engines:
         [c] = ray.get(engine.generate.remote([probe]), timeout=120)
         assert list(c.response_token_ids) == expected and ray.get(engine.stats.remote()).weight_version == 1
