@@ -325,3 +325,19 @@ def test_gpu_check_dry_run_without_the_stack_says_how_a_full_run_installs_it(tmp
     status, detail = parts["install"]
     assert status == "SKIP" and "-m venv --system-site-packages" in detail and 'pip install -e ".[gpu,dev]"' in detail
     assert parts["model"][0] == "SKIP" and parts["single_gpu"][1].startswith("needs 1 GPU")
+
+
+def test_cuda_ipc_check_says_in_one_line_that_it_needs_cuda_and_its_loss_comparison_runs_on_any_device():
+    """scripts/cuda_ipc_check.py (the GPU check that needs torch alone) on a CPU machine: one line and exit
+    status 2, not a traceback; its CPU-vs-device loss comparison runs end to end with the CPU as both."""
+    result = subprocess.run(
+        [sys.executable, "scripts/cuda_ipc_check.py"], cwd=REPO, capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 2 and result.stderr.strip() == "cuda_ipc_check: no CUDA device visible to torch"
+    sys.path.insert(0, str(REPO / "scripts"))
+    try:
+        import cuda_ipc_check
+    finally:
+        sys.path.remove(str(REPO / "scripts"))
+    ok, detail = cuda_ipc_check.check_loss("cpu", "cpu")
+    assert ok and detail.startswith("11 outputs"), detail
