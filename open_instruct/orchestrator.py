@@ -40,7 +40,7 @@ from open_instruct.metrics import (
 )
 from open_instruct.prompt_feeder import FeederState, PromptFeeder, record_prompts
 from open_instruct.replay_buffer import AddResult, Group, MaxAge, ReplayBuffer
-from open_instruct.scheduling import Lookahead
+from open_instruct.scheduling import Pacing
 
 logger = logging.getLogger(__name__)
 
@@ -210,14 +210,13 @@ class TrainingLoop:
         self.buffer = ReplayBuffer(**buffer_config(self.cfg))
         self._resumed_rubrics = None  # set by _resume when the saved state has evolving rubrics
         feeder_state, requeue = self._resume()
-        self.lookahead = (
-            Lookahead.adaptive(cfg.max_off_policy_steps) if cfg.async_steps_auto else Lookahead.fixed(cfg.lookahead_max)
-        )
+        self.pacing = Pacing.from_config(cfg)
+        self.buffer.set_max_age(self.pacing.window.current)
         self.feeder = PromptFeeder(
             train_rows,
             prompts_per_step=self.per_step,
             samples_per_prompt=generation.num_samples_per_prompt_rollout,
-            async_steps=self.lookahead.current,
+            async_steps=self.pacing.lookahead.current,
             sampling=self.sampling,
             seed=cfg.run.seed,
             state=feeder_state,
@@ -230,7 +229,6 @@ class TrainingLoop:
         self.traces = _trace_writer(cfg)
         self.rubrics = self._evolving_rubrics()
         self._last_engine_stats: list[EngineStats] | None = None
-        self._advised = False
         self.spread_watch = ZeroSpreadWatch(len(train_rows), self.per_step)
 
     def _evolving_rubrics(self):
@@ -291,14 +289,14 @@ class TrainingLoop:
             metrics = self.train(groups)
             metrics.update(self.sync_if_due(step_end=self.clock.time()))
             metrics.update(self.evaluate_if_due())
-            metrics.update(self.timing(step_started, waited, metrics["time/group_latency_s_avg"]))
+            metrics.update(self.timing(step_started, waited, metrics))
             self.log.step(self.step, metrics, [g.prompt_id for g in groups], self.outcomes.take_step_ids())
             self.step += 1
             self.checkpoint_if_due()
         return self.finish(self.clock.time() - started)
 
     def admit(self) -> None:
-        self.feeder.async_steps = self.lookahead.current
+        self.feeder.async_steps = self.pacing.lookahead.current
         requests = self.feeder.admit(self.version, now=self.clock.time())
         for request in requests:
             self.untrained[request.prompt_id] = request
@@ -352,7 +350,7 @@ class TrainingLoop:
         """Stop spending engine time on samples whose group can no longer be trained within the bound."""
         if self.cfg.generation.off_policy_action in ("downweight", "mask"):
             return  # late groups are trained (down-weighted, or on their young tokens): let them finish
-        oldest_allowed = self.version - self.cfg.max_off_policy_steps
+        oldest_allowed = self.version - self.pacing.window.current
         if oldest_allowed > 0:
             self.engines.abort_stale(oldest_allowed, self.buffer.open_groups_older_than(oldest_allowed))
 
@@ -446,16 +444,20 @@ class TrainingLoop:
 
     # -- timing and checkpoints
 
-    def timing(self, step_started: float, waited: float, group_latency_s: float) -> dict:
+    def timing(self, step_started: float, waited: float, metrics: dict) -> dict:
+        """The step's timing and pacing: the lookahead and the staleness window follow what it measured."""
         stats = self.engines.stats()
         step_s = self.clock.time() - step_started
         window = engine_window(stats, self._last_engine_stats, step_s)
         self._last_engine_stats = stats
+        group_latency_s = metrics["time/group_latency_s_avg"]
         needed = async_steps_needed(group_latency_s, step_s - waited)
-        self._advise_async_steps(needed, waited / step_s if step_s > 0 else 0.0)
+        self.pacing.advise(self.step, needed, waited / step_s if step_s > 0 else 0.0)
+        pacing = self.pacing.update(group_latency_s, step_s - waited, waited, metrics)
+        self.buffer.set_max_age(self.pacing.window.current)
         return {
             **window,
-            "scheduling/async_steps": float(self.lookahead.update(group_latency_s, step_s - waited, waited)),
+            **pacing,
             "scheduling/async_steps_needed": float(needed),
             "time/step_s": step_s,
             "perf/trained_tokens_per_s": self._trained_tokens / step_s if step_s > 0 else 0.0,
@@ -463,32 +465,6 @@ class TrainingLoop:
             "data/epoch": float(self.feeder.state.epoch),  # the pass over the training mix admission is in
             **self.engines.pool_metrics(),
         }
-
-    def _advise_async_steps(self, needed: int, wait_frac: float) -> None:
-        """Once per run: say when the learner starves because groups outlast the lookahead."""
-        lookahead = self.lookahead.current
-        if (
-            self._advised
-            or self.lookahead.auto
-            or lookahead == 0
-            or self.step < lookahead + 2
-            or wait_frac < 0.25
-            or needed <= lookahead
-        ):
-            return
-        self._advised = True
-        logger.warning(
-            "the learner waited %.0f%% of step %d: a group takes about %d training steps from admission "
-            "to its last sample, more than --async_steps %d lets run ahead; at least --async_steps %d is "
-            "needed to keep the learner fed (more samples in flight slow each group down, so check "
-            "scheduling/async_steps_needed again, or let --async_steps auto follow it; the price is staleness: "
-            "staleness/token_lag_avg)",
-            100 * wait_frac,
-            self.step,
-            needed,
-            lookahead,
-            needed,
-        )
 
     def checkpoint_if_due(self) -> None:
         run = self.cfg.run
@@ -543,6 +519,7 @@ class TrainingLoop:
             )
         leftover = sorted(self.untrained)
         self.engines.stop("abort")
+        generation = self.cfg.generation
         evals = self.log.evals
         buffer = self.buffer.metrics()
         summary = {
@@ -562,9 +539,10 @@ class TrainingLoop:
             "context_only_token_fraction": buffer["buffer/context_only_token_fraction"],
             "full_weight_token_age_max": buffer["buffer/full_weight_token_age_max"],
             # the window: the staleness bound, its action, and where the lookahead ended (it adapts with auto)
-            "max_off_policy_steps": self.cfg.max_off_policy_steps,
-            "off_policy_action": self.cfg.generation.off_policy_action,
-            "async_steps_final": self.lookahead.current,
+            "max_off_policy_steps": "auto" if generation.off_policy_window_auto else self.cfg.max_off_policy_steps,
+            "off_policy_window_final": self.pacing.window.current,
+            "off_policy_action": generation.off_policy_action,
+            "async_steps_final": self.pacing.lookahead.current,
             **{f"prompts_{name}": count for name, count in self.outcomes.totals().items()},
         }
         self.log.finish(summary, leftover)

@@ -40,6 +40,7 @@ Pure logic: no Ray, no torch. `state()` / `from_state()` snapshot the contents f
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import math
 from collections import deque
@@ -447,6 +448,12 @@ class ReplayBuffer:
         """True when `take(num_groups, ...)` can return a full batch (after `evict` at that version)."""
         self._check_batch_size(num_groups)
         return len(self._complete) >= num_groups
+
+    def set_max_age(self, max_age: int) -> None:
+        """A new staleness bound (a self-tuning window moved): the next `evict` judges every group by it."""
+        if self.max_age is not None and max_age != self.max_age.max_age:
+            self.max_age = dataclasses.replace(self.max_age, max_age=max_age)
+            self._judged = None
 
     def evict(self, learner_version: int) -> int:
         """Apply the age rule to complete groups; return how many groups were dropped.

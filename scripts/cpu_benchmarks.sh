@@ -4,11 +4,13 @@
 # rows vs token budget, gradient checkpointing), replay/ (engines-only replay,
 # response-length sweep), e2e/ (sync vs one-step vs streaming, + measured.json), simulator/ (cost
 # model fitted to e2e/measured.json, validation, seed-cluster projection), faults/ (an engine SIGKILLed with
-# and without continuation, a stop and resume), staleness_learning/ (the demo per --off_policy_action and seed).
-# Hardware: a 2-core x86_64 Linux machine, no GPU: about 90 minutes (its parts, 2026-12-04); QUICK=1 shrinks every
+# and without continuation, a stop and resume), staleness_learning/ (the demo per --off_policy_action and seed),
+# window_sim/ and window_cpu/ (--max_off_policy_steps auto against fixed bounds: simulated, and the demo at two
+# learning rates).
+# Hardware: a 2-core x86_64 Linux machine, no GPU: about 105 minutes (its parts, 2026-12-04); QUICK=1 shrinks every
 # benchmark to a smoke run (about 9 minutes; the tests use it). Sets up .venv first when needed.
-# PUBLISH=1 copies the stamped tables (e2e.md, faults.md, staleness_learning.md) into docs/results/, which
-# docs/benchmarks.md links.
+# PUBLISH=1 copies the stamped tables (e2e.md, faults.md, staleness_learning.md, window_cpu.md) into docs/results/,
+# which docs/benchmarks.md links.
 # Usage: bash scripts/cpu_benchmarks.sh    or    QUICK=1 OUT=/tmp/bench bash scripts/cpu_benchmarks.sh
 set -euo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -28,8 +30,11 @@ if [[ "${QUICK:-0}" == "1" ]]; then
   faults=(--steps 4 --fault_step 2 --prompts 2 --samples 2 --median_tokens 160 --sigma 0 --max_tokens 160
           --report_tokens 8 --scenarios sigkill_continue)
   staleness=(--seeds 1 --total_episodes 256)
+  window_sim=(--steps 8 --fixed 1)
+  window_cpu=(--learning_rates 3e-4 --fixed --total_episodes 256)
 else
-  weight_sync=() replay=() e2e=(--steps 24) simulator=() learner_step=() faults=() staleness=()
+  weight_sync=() replay=() e2e=(--steps 24) simulator=() learner_step=() faults=() staleness=() window_sim=()
+  window_cpu=()
 fi
 $py -m open_instruct.benchmarks.weight_sync "${weight_sync[@]}" --output "$out/weight_sync.json"
 $py -m open_instruct.benchmarks.learner_step "${learner_step[@]}" --output "$out/learner_step.json"
@@ -38,9 +43,12 @@ $py -m open_instruct.benchmarks.e2e "${e2e[@]}" --output "$out/e2e"
 $py -m open_instruct.benchmarks.simulator "${simulator[@]}" --measured "$out/e2e/measured.json" --output "$out/simulator"
 $py -m open_instruct.benchmarks.faults "${faults[@]}" --output "$out/faults"
 $py -m open_instruct.benchmarks.staleness_learning "${staleness[@]}" --output "$out/staleness_learning"
+$py -m open_instruct.benchmarks.window_sim "${window_sim[@]}" --output "$out/window_sim"
+$py -m open_instruct.benchmarks.window_cpu "${window_cpu[@]}" --output "$out/window_cpu"
 if [[ "${PUBLISH:-0}" == "1" ]]; then
   mkdir -p docs/results
   cp "$out/e2e/e2e.md" docs/results/e2e.md
   cp "$out/faults/faults.md" docs/results/faults.md
   cp "$out/staleness_learning/staleness_learning.md" docs/results/staleness_learning.md
+  cp "$out/window_cpu/window_cpu.md" docs/results/window_cpu.md
 fi

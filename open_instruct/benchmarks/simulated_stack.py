@@ -524,11 +524,38 @@ class SimEngines:
 # Learners and weight sync
 
 
-class SimLearners:
-    """`num_learners` data-parallel ranks whose step costs `CostModel.learner_step_s` of the batch's tokens."""
+@dataclass(frozen=True)
+class PolicyDrift:
+    """How far the policy moves per learner version, as the spread of the importance weights it causes: a
+    token generated `lag` versions before the learner has log(pi_old / mu) ~ Normal(-s^2 / 2, s^2) with
+    s = per_version * lag (mean weight 1). A higher learning rate is a larger `per_version`. Gives a step's
+    `offpolicy/ess_frac` (1 / mean over tokens of exp(s^2)) and `offpolicy/truncated_frac` (the share of
+    weights above `cap`) in expectation, as the real learner measures them on sampled weights."""
 
-    def __init__(self, world: SimWorld, cost: CostModel, num_learners: int):
-        self.world, self.cost, self.num_learners = world, cost, num_learners
+    per_version: float
+    cap: float = 2.0
+
+    def metrics(self, lags: list[tuple[int, int]]) -> dict[str, float]:
+        """`lags`: (lag, tokens) of the step's trained tokens."""
+        total = sum(n for _, n in lags)
+        if total == 0:
+            return {}
+        second_moment = sum(n * math.exp((self.per_version * lag) ** 2) for lag, n in lags) / total
+        truncated = sum(n * self._above_cap(self.per_version * lag) for lag, n in lags) / total
+        return {"offpolicy/ess_frac": 1.0 / second_moment, "offpolicy/truncated_frac": truncated}
+
+    def _above_cap(self, s: float) -> float:
+        if s <= 0:
+            return 0.0
+        return 0.5 * math.erfc((math.log(self.cap) + s * s / 2) / (s * math.sqrt(2)))
+
+
+class SimLearners:
+    """`num_learners` data-parallel ranks whose step costs `CostModel.learner_step_s` of the batch's tokens;
+    with a `drift`, each step also reports the off-policy health its trained tokens' lags imply."""
+
+    def __init__(self, world: SimWorld, cost: CostModel, num_learners: int, drift: PolicyDrift | None = None):
+        self.world, self.cost, self.num_learners, self.drift = world, cost, num_learners, drift
         self.steps: list[tuple[float, float]] = []  # (start, end) of each train step
 
     def train_step(self, groups, step: int) -> StepReport:
@@ -537,7 +564,10 @@ class SimLearners:
         duration = self.cost.learner_step_s(tokens, self.num_learners)
         self.world.run(until=started + duration)  # the engines keep generating meanwhile
         self.steps.append((started, self.world.now))
-        return StepReport({"learner/step_s": duration}, tokens, started, self.world.now)
+        metrics = {"learner/step_s": duration}
+        if self.drift is not None:
+            metrics |= self.drift.metrics(trained_lags(groups, step))
+        return StepReport(metrics, tokens, started, self.world.now)
 
     def save_model(self, path: str) -> None:
         raise NotImplementedError("simulated runs have no weights to save")
@@ -570,6 +600,17 @@ class SimWeightSync:
 
 # ---------------------------------------------------------------------------------------------------
 # Helpers
+
+
+def trained_lags(groups, learner_version: int) -> list[tuple[int, int]]:
+    """(lag, tokens) of every response token the loss sees (the `mask` action leaves older ones out)."""
+    return [
+        (learner_version - span.version, span.end - span.start)
+        for g in groups
+        for c in g.completions
+        for span in c.token_spans
+        if span.version >= g.trained_from_version
+    ]
 
 
 def add_segment(segments: list[list], start: float, end: float, kind: str) -> None:

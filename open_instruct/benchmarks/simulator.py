@@ -54,6 +54,7 @@ from typing import Any
 from open_instruct.benchmarks.simulated_stack import (
     Cluster,
     CostModel,
+    PolicyDrift,
     Segment,
     SimEngines,
     SimLearners,
@@ -169,6 +170,10 @@ class SimResult:
     aborted_tokens: int = 0  # generated, then aborted when their group could no longer be trained in time
     trained_to_generated_length_ratio: float = 1.0  # < 1: dropping stragglers trained shorter samples
     lookahead_final: int = 0  # the lookahead at the end (where `auto` settled)
+    window_final: int = 0  # the staleness bound K at the end (where --max_off_policy_steps auto settled)
+    window_avg: float = 0.0  # K averaged over the steps after the warm-up
+    ess_frac_min: float = 1.0  # the least effective sample size fraction of a step after the warm-up (with drift)
+    truncated_frac_max: float = 0.0  # the largest share of capped importance weights of such a step
     reprefilled_samples: int = 0  # running samples a reprefill sync cut (streaming_reprefill)
     reprefill_tokens: int = 0  # prompt + kept tokens their continuations prefilled again
     timeline: tuple[Segment, ...] = ()
@@ -217,8 +222,9 @@ def loop_config(
     workload: Workload,
     async_steps: int | str,
     pause_mode: str,
-    max_off_policy_steps: int | None = None,
+    max_off_policy_steps: int | str | None = None,
     off_policy_action: str = "requeue",
+    window_limits: dict[str, Any] | None = None,
 ) -> Config:
     """The flags a real run of this workload would pass (one learner rank: the simulated learners
     carry the data-parallel width in their cost model)."""
@@ -239,8 +245,9 @@ def loop_config(
             async_steps=str(async_steps),
             inflight_updates=pause_mode != "wait",
             inflight_update_kv="reprefill" if pause_mode == "reprefill" else "keep",
-            max_off_policy_steps=max_off_policy_steps,
+            max_off_policy_steps=None if max_off_policy_steps is None else str(max_off_policy_steps),
             off_policy_action=off_policy_action,
+            **(window_limits or {}),
         ),
         learner=LearnerConfig(pack_length=prompt_tokens + w.max_tokens),
     )
@@ -248,14 +255,17 @@ def loop_config(
 
 @contextlib.contextmanager
 def _loop_warnings_silenced():
-    """The loop's one-time lookahead advice is for a user's run; a sweep prints the same numbers."""
-    loop_logger = logging.getLogger("open_instruct.orchestrator")
-    level = loop_logger.level
-    loop_logger.setLevel(logging.ERROR)
+    """The loop's one-time lookahead advice and the window's moves are for a user's run; a sweep prints the
+    same numbers."""
+    loggers = [logging.getLogger(name) for name in ("open_instruct.orchestrator", "open_instruct.scheduling")]
+    levels = [each.level for each in loggers]
+    for each in loggers:
+        each.setLevel(logging.ERROR)
     try:
         yield
     finally:
-        loop_logger.setLevel(level)
+        for each, level in zip(loggers, levels):
+            each.setLevel(level)
 
 
 def simulate(
@@ -264,18 +274,22 @@ def simulate(
     cost: CostModel,
     cluster: Cluster,
     async_steps: int | str = 1,
-    max_off_policy_steps: int | None = None,
+    max_off_policy_steps: int | str | None = None,
     off_policy_action: str = "requeue",
+    drift: PolicyDrift | None = None,
+    window_limits: dict[str, Any] | None = None,
 ) -> SimResult:
     """Simulate `workload.num_steps` training steps. `async_steps` (an int or "auto") applies to
     "streaming" only: "synchronous" is async_steps=0 and "one_step_async" is async_steps=1, both with a
-    draining sync. The staleness bound defaults to the lookahead (--max_off_policy_steps)."""
+    draining sync. The staleness bound defaults to the lookahead (--max_off_policy_steps; "auto" tunes it
+    within `window_limits`, the --off_policy_* flags). `drift`: the learners report the off-policy health
+    of what they train."""
     steps, pause_mode = mode_settings(mode, async_steps)
     _validate(workload, cost, cluster, async_steps)
-    cfg = loop_config(workload, steps, pause_mode, max_off_policy_steps, off_policy_action)
+    cfg = loop_config(workload, steps, pause_mode, max_off_policy_steps, off_policy_action, window_limits)
     world = SimWorld()
     engines = SimEngines(world, workload, cost, cluster.num_engines)
-    learners = SimLearners(world, cost, cluster.num_learners)
+    learners = SimLearners(world, cost, cluster.num_learners, drift)
     sync = SimWeightSync(world, engines, cost, pause_mode)
     prompt_ids = (0,) * workload.prompt_tokens  # shared by every row: only its length matters
     epoch = (workload.num_steps + cfg.lookahead_max + 1) * workload.prompts_per_step
@@ -293,9 +307,8 @@ def simulate(
     with _loop_warnings_silenced():
         summary = loop.run()
     lookahead = int(steps) if steps.isdigit() else steps
-    return _result(
-        mode, lookahead, workload, world.now, engines, learners, sync, log.history, summary, loop.lookahead.current
-    )
+    final = loop.pacing.lookahead.current
+    return _result(mode, lookahead, workload, world.now, engines, learners, sync, log.history, summary, final)
 
 
 def _result(
@@ -345,6 +358,10 @@ def _result(
         aborted_tokens=summary["prompts_aborted_tokens"],
         trained_to_generated_length_ratio=summary["trained_to_generated_length_ratio"],
         lookahead_final=lookahead_final,
+        window_final=summary["off_policy_window_final"],
+        window_avg=mean(h["offpolicy/window"] for h in history[warmup:]),
+        ess_frac_min=min((h.get("offpolicy/ess_frac", 1.0) for h in history[warmup:]), default=1.0),
+        truncated_frac_max=max((h.get("offpolicy/truncated_frac", 0.0) for h in history[warmup:]), default=0.0),
         reprefilled_samples=sum(e.reprefilled for e in engines.engines),
         reprefill_tokens=sum(e.reprefill_tokens for e in engines.engines),
         timeline=tuple(timeline),

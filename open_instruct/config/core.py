@@ -187,6 +187,14 @@ def _cross_group_checks(cfg: Config) -> list[tuple[bool, str]]:
             f"--checkpointing_steps {run.checkpointing_steps} must be >= 1",
         ),
     ]
+    window_flags = sorted(cfg.explicit_flags & WINDOW_FLAGS)
+    checks.append(
+        (
+            generation.off_policy_window_auto or not window_flags,
+            f"--{window_flags[0] if window_flags else ''} sets a limit of the self-tuning window, which needs "
+            f"--max_off_policy_steps auto (it is {generation.max_off_policy_steps})",
+        )
+    )
     for flag, folder in (("output_dir", run.output_dir), ("checkpoint_state_dir", state_dir(cfg))):
         # a file where a folder goes would fail only when the first thing is written, minutes in
         checks.append((not folder or not os.path.isfile(folder), f"--{flag} {folder} is a file; give a directory"))
@@ -207,6 +215,11 @@ def _cross_group_checks(cfg: Config) -> list[tuple[bool, str]]:
             )
         )
     return checks
+
+
+WINDOW_FLAGS = frozenset(
+    {"off_policy_window_min", "off_policy_window_max", "off_policy_min_ess_frac", "off_policy_max_truncated_frac"}
+)
 
 
 def _placement_problems(cfg: Config) -> list[str]:

@@ -29,10 +29,27 @@ class GenerationConfig:
         "How many optimizer steps generation may run ahead of the learner: an integer (0 = synchronous), or "
         "'auto' to follow the measured group latency and learner step time within [1, --max_off_policy_steps].",
     )
-    max_off_policy_steps: int | None = arg(
+    max_off_policy_steps: str | None = arg(
         None,
         "Staleness bound: a group whose oldest token is more than K learner versions behind at training time "
-        "gets --off_policy_action. Default: --async_steps (open-instruct's bound); 8 with --async_steps auto.",
+        "gets --off_policy_action. Default: --async_steps (open-instruct's bound); 8 with --async_steps auto. "
+        "'auto': K tunes itself within [--off_policy_window_min, --off_policy_window_max], widening while the "
+        "learner waits for batches and narrowing when the off-policy health limits are crossed "
+        "(--off_policy_min_ess_frac, --off_policy_max_truncated_frac).",
+    )
+    off_policy_window_min: int = arg(1, "With --max_off_policy_steps auto: the smallest K (where it starts).")
+    off_policy_window_max: int = arg(
+        DEFAULT_AUTO_BOUND, "With --max_off_policy_steps auto: the largest K (capacities are sized for it)."
+    )
+    off_policy_min_ess_frac: float = arg(
+        0.9,
+        "With --max_off_policy_steps auto: the narrowest effective sample size of a step's importance weights "
+        "pi_old/mu, as a fraction of its tokens (offpolicy/ess_frac), before K narrows.",
+    )
+    off_policy_max_truncated_frac: float = arg(
+        0.02,
+        "With --max_off_policy_steps auto: the largest share of a step's tokens whose importance weight hits the "
+        "cap (offpolicy/truncated_frac, --truncated_importance_sampling_ratio_cap) before K narrows.",
     )
     off_policy_action: Literal["mask", "requeue", "drop", "downweight"] = arg(
         "mask",
@@ -92,11 +109,23 @@ class GenerationConfig:
         return self.async_steps.strip().lower() == "auto"
 
     @property
+    def off_policy_window_auto(self) -> bool:
+        return str(self.max_off_policy_steps).strip().lower() == "auto"
+
+    @property
     def staleness_bound(self) -> int:
-        """K: the largest version lag a trained group may have (see --off_policy_action)."""
+        """K: the largest version lag a trained group may have (see --off_policy_action); with a self-tuning
+        window its largest value."""
+        if self.off_policy_window_auto:
+            return self.off_policy_window_max
         if self.max_off_policy_steps is not None:
-            return self.max_off_policy_steps
+            return int(self.max_off_policy_steps)
         return DEFAULT_AUTO_BOUND if self.async_steps_auto else int(self.async_steps)
+
+    @property
+    def staleness_bound_min(self) -> int:
+        """The smallest K the run may use: the fixed bound, or the window's minimum."""
+        return self.off_policy_window_min if self.off_policy_window_auto else self.staleness_bound
 
     def problems(self) -> list[str]:
         checks = [
@@ -108,18 +137,6 @@ class GenerationConfig:
             ),
             (0 <= self.temperature <= 2, f"--temperature {self.temperature} must be in [0, 2] (vLLM refuses others)"),
             (0 < self.vllm_top_p <= 1, "--vllm_top_p must be in (0, 1]"),
-            (
-                self.async_steps_auto or self.async_steps.strip().isdigit(),
-                f"--async_steps {self.async_steps!r} must be an integer >= 0 (0 = synchronous) or 'auto'",
-            ),
-            (
-                self.max_off_policy_steps is None or self.max_off_policy_steps >= 0,
-                f"--max_off_policy_steps {self.max_off_policy_steps} must be >= 0",
-            ),
-            (
-                self.max_off_policy_steps != 0 or not self.async_steps_auto,
-                "--async_steps auto adapts the lookahead within [1, --max_off_policy_steps]; give a bound >= 1",
-            ),
             (
                 self.inflight_updates or self.inflight_update_kv == "keep",
                 "--inflight_update_kv reprefill says what an in-flight update does with running samples; "
@@ -146,10 +163,43 @@ class GenerationConfig:
                 f"--eval_response_length {self.eval_response_length} must be >= 1",
             ),
         ]
+        return [message for ok, message in checks if not ok] + self.window_problems()
+
+    def window_problems(self) -> list[str]:
+        """The lookahead and the staleness window: each valid, and together able to train something."""
+        checks = [
+            (
+                self.async_steps_auto or self.async_steps.strip().isdigit(),
+                f"--async_steps {self.async_steps!r} must be an integer >= 0 (0 = synchronous) or 'auto'",
+            ),
+            (
+                self.max_off_policy_steps is None
+                or self.off_policy_window_auto
+                or str(self.max_off_policy_steps).strip().isdigit(),
+                f"--max_off_policy_steps {self.max_off_policy_steps!r} must be an integer >= 0 or 'auto'",
+            ),
+            (
+                str(self.max_off_policy_steps).strip() != "0" or not self.async_steps_auto,
+                "--async_steps auto adapts the lookahead within [1, --max_off_policy_steps]; give a bound >= 1",
+            ),
+            (
+                1 <= self.off_policy_window_min <= self.off_policy_window_max,
+                f"--off_policy_window_min {self.off_policy_window_min} and --off_policy_window_max "
+                f"{self.off_policy_window_max} must satisfy 1 <= min <= max",
+            ),
+            (
+                0 <= self.off_policy_min_ess_frac < 1,
+                f"--off_policy_min_ess_frac {self.off_policy_min_ess_frac} must be in [0, 1) (0: no limit)",
+            ),
+            (
+                0 < self.off_policy_max_truncated_frac <= 1,
+                f"--off_policy_max_truncated_frac {self.off_policy_max_truncated_frac} must be in (0, 1] (1: no limit)",
+            ),
+        ]
         problems = [message for ok, message in checks if not ok]
         if not problems:  # the bound is defined only once --async_steps and --max_off_policy_steps are valid
             problems += sync_interval_problems(
-                self.staleness_bound, self.weight_sync_every_steps, self.off_policy_action
+                self.staleness_bound_min, self.weight_sync_every_steps, self.off_policy_action
             )
         return problems
 

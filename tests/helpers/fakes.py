@@ -196,10 +196,17 @@ class ScriptedEngines:
 
 
 class FakeLearners:
-    """Records every batch; `on_step(step)` lets a test act mid-run (e.g. request a stop)."""
+    """Records every batch; `on_step(step)` lets a test act mid-run (e.g. request a stop); `health(lag)` gives
+    the step's off-policy metrics from the oldest trained token's lag (none: the step reports none)."""
 
-    def __init__(self, clock: FakeClock, step_s: float = 2.0, on_step: Callable[[int], None] | None = None):
-        self.clock, self.step_s, self.on_step = clock, step_s, on_step
+    def __init__(
+        self,
+        clock: FakeClock,
+        step_s: float = 2.0,
+        on_step: Callable[[int], None] | None = None,
+        health: Callable[[int], dict] | None = None,
+    ):
+        self.clock, self.step_s, self.on_step, self.health = clock, step_s, on_step, health
         self.trained: list[list] = []  # groups of each step
         self.version = 0
 
@@ -211,7 +218,11 @@ class FakeLearners:
         if self.on_step is not None:
             self.on_step(step)
         tokens = sum(len(c.response_token_ids) for g in groups for c in g.completions)
-        return StepReport({"learner/step_s": self.step_s, "loss/policy_avg": 0.0}, tokens, started, self.clock.now)
+        metrics = {"learner/step_s": self.step_s, "loss/policy_avg": 0.0}
+        if self.health is not None:
+            spans = [(s, g.trained_from_version) for g in groups for c in g.completions for s in c.token_spans]
+            metrics |= self.health(step - min(s.version for s, trained_from in spans if s.version >= trained_from))
+        return StepReport(metrics, tokens, started, self.clock.now)
 
     @property
     def trained_ids(self) -> list[str]:
@@ -280,14 +291,21 @@ class Run:
 
 
 def build(
-    cfg, train_rows=None, eval_rows=(), script=alternating_rewards, step_s: float = 2.0, on_step=None, stop=None
+    cfg,
+    train_rows=None,
+    eval_rows=(),
+    script=alternating_rewards,
+    step_s: float = 2.0,
+    on_step=None,
+    stop=None,
+    health=None,
 ) -> Run:
     from open_instruct.orchestrator import TrainingLoop
     from open_instruct.tracking import MemoryLog
 
     clock = FakeClock()
     engines = ScriptedEngines(clock, script)
-    learners = FakeLearners(clock, step_s, on_step)
+    learners = FakeLearners(clock, step_s, on_step, health)
     sync = FakeWeightSync(clock, engines)
     log = MemoryLog()
     loop = TrainingLoop(

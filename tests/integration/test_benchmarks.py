@@ -172,3 +172,18 @@ def test_staleness_learning_benchmark_runs_the_demo_once_per_policy(quick_bench)
         assert run["eval_gain"] == pytest.approx(run["last_eval_reward"] - run["first_eval_reward"])
     assert set(result["summary"]) == {"requeue", "mask"} and "mask: mean eval gain" in stdout
     assert (out / "staleness_learning" / "staleness_learning.md").read_text().startswith("# Staleness policies")
+
+
+def test_window_benchmarks_compare_the_self_tuning_window_with_fixed_bounds(quick_bench):
+    out, stdout = quick_bench
+    simulated = json.loads((out / "window_sim" / "window_sim.json").read_text())
+    assert simulated["steps"] == 8 and set(simulated["speeds"]) == {"slow", "fast"}
+    for entry in simulated["speeds"].values():
+        assert [r["K"] for r in entry["fixed"]] == ["1"] and entry["auto"]["samples_per_s"] > 0
+        assert 1 <= entry["auto"]["window_final"] <= 8 and 0 < entry["auto"]["ess_frac_min"] <= 1
+    assert "auto / best fixed K whatever its health" in stdout
+    real = json.loads((out / "window_cpu" / "window_cpu.json").read_text())
+    [run] = real["runs"]  # the demo, 2 steps, with --max_off_policy_steps auto
+    assert run["K"] == "auto" and run["learning_rate"] == "3e-4" and run["samples_per_s"] > 0
+    assert 1 <= run["window_final"] <= 8 and 0 < run["ess_frac_min"] <= 1
+    assert (out / "window_cpu" / "window_cpu.md").read_text().startswith("# The self-tuning off-policy window")

@@ -115,6 +115,19 @@ def test_defaults_select_the_embedded_model():
             ["--async_steps", "1", "--weight_sync_every_steps", "4"],
             r"--weight_sync_every_steps 4 leaves the engines up to 3 versions behind.*--max_off_policy_steps >= 3",
         ),
+        (["--max_off_policy_steps", "some"], r"--max_off_policy_steps 'some' must be an integer >= 0 or 'auto'"),
+        (
+            ["--off_policy_min_ess_frac", "0.8"],
+            r"--off_policy_min_ess_frac sets a limit of the self-tuning window, which needs --max_off_policy_steps",
+        ),
+        (
+            ["--max_off_policy_steps", "auto", "--off_policy_window_min", "4", "--off_policy_window_max", "3"],
+            r"--off_policy_window_min 4 and --off_policy_window_max 3 must satisfy 1 <= min <= max",
+        ),
+        (
+            ["--max_off_policy_steps", "auto", "--off_policy_window_min", "1", "--weight_sync_every_steps", "4"],
+            r"up to 3 versions behind the learner, more than the staleness bound 1",
+        ),
     ],
 )
 def test_bad_values_name_the_flag_and_the_fix(argv, message):
@@ -187,3 +200,11 @@ def test_config_equality_is_value_based():
     parsed = parse_config(["--seed", "3"])
     assert parsed == Config(run=parsed.run, explicit_flags=frozenset({"seed"}))
     assert parsed.explicit_flags == {"seed"}
+
+
+def test_a_self_tuning_window_is_sized_for_its_widest_bound():
+    cfg = parse_config(["--max_off_policy_steps", "auto", "--async_steps", "auto", "--off_policy_window_max", "5"])
+    assert cfg.generation.off_policy_window_auto and cfg.max_off_policy_steps == 5 and cfg.lookahead_max == 5
+    assert cfg.generation.staleness_bound_min == 1
+    fixed = parse_config(["--max_off_policy_steps", "3"])
+    assert not fixed.generation.off_policy_window_auto and fixed.max_off_policy_steps == 3

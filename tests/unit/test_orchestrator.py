@@ -454,3 +454,32 @@ def test_heavy_tails_lose_nothing_and_train_nothing_twice():
     counts = run.engines.ledger.counts()
     assert counts["delivered_samples"] <= counts["expected_samples"]
     assert all(h["time/learner_wait_s"] >= 0 and h["time/step_s"] > 0 for h in run.log.history)
+
+
+def window_run(health=None):
+    # Groups take 4.5 s from admission; a step is 1 s of training plus the push: about 4 steps of lookahead
+    # keep the learner fed, if the window lets generation run that far ahead.
+    flags = ("--async_steps", "auto", "--max_off_policy_steps", "auto", "--off_policy_window_max", "6")
+    run = fakes.build(fakes.config(*flags, steps=40, prompts=2),
+                      script=lambda r, j: fakes.Script(latency_s=4.5, reward=float(j % 2)), step_s=1.0,
+                      health=health)  # fmt: skip
+    summary = run.loop.run()
+    return run, summary, [h["offpolicy/window"] for h in run.log.history]
+
+
+def test_a_self_tuning_window_widens_until_the_learner_is_fed_when_health_allows():
+    run, summary, window = window_run()
+    assert window[0] <= 2 and all(b - a in (0, 1) for a, b in itertools.pairwise(window))
+    assert window[-1] >= 4 and summary["off_policy_window_final"] == window[-1]
+    assert summary["max_off_policy_steps"] == "auto"
+    lookahead = [h["scheduling/async_steps"] for h in run.log.history]
+    assert all(a <= k for a, k in zip(lookahead, window))  # the lookahead never runs past the window
+    assert max(h["time/learner_wait_s"] for h in run.log.history[-10:]) < 0.01
+
+
+def test_a_self_tuning_window_stops_where_the_policy_moves_too_fast_for_the_lag():
+    # The ess deficit grows with the square of the lag: 0.98 at lag 1, 0.92 at 2, 0.82 at 3 (past the 0.9 limit).
+    run, _, window = window_run(health=lambda lag: {"offpolicy/ess_frac": 1 - 0.02 * lag**2})
+    assert max(window) == window[-1] == 2  # from 2 the prediction for 3 is 1 - 0.08 * (3/2)^2 = 0.82: it stays
+    assert min(h["offpolicy/ess_frac"] for h in run.log.history) >= 0.9  # never past the limit
+    assert max(h["time/learner_wait_s"] for h in run.log.history[-10:]) > 0  # the price: the learner waits

@@ -75,22 +75,18 @@ def test_async_steps_needed_is_littles_law(latency, step, needed):
     assert async_steps_needed(latency, step) == needed
 
 
-def advisor(async_steps: int | str, step: int):
-    from types import SimpleNamespace
-
-    from open_instruct.scheduling import Lookahead
+def advisor(async_steps: int | str):
+    from open_instruct.scheduling import Lookahead, OffPolicyWindow, Pacing
 
     lookahead = Lookahead.adaptive(8) if async_steps == "auto" else Lookahead.fixed(async_steps)
-    return SimpleNamespace(lookahead=lookahead, step=step, _advised=False)
+    return Pacing(lookahead, OffPolicyWindow.fixed(8))
 
 
 def test_a_starving_learner_gets_the_advice_once(caplog):
-    from open_instruct.orchestrator import TrainingLoop
-
-    loop = advisor(async_steps=1, step=5)
-    with caplog.at_level("WARNING", logger="open_instruct.orchestrator"):
-        TrainingLoop._advise_async_steps(loop, needed=3, wait_frac=0.4)
-        TrainingLoop._advise_async_steps(loop, needed=3, wait_frac=0.4)
+    pacing = advisor(async_steps=1)
+    with caplog.at_level("WARNING", logger="open_instruct.scheduling"):
+        pacing.advise(5, needed=3, wait_frac=0.4)
+        pacing.advise(5, needed=3, wait_frac=0.4)
     (record,) = caplog.records
     assert "waited 40% of step 5" in record.message and "at least --async_steps 3" in record.message
 
@@ -106,8 +102,6 @@ def test_a_starving_learner_gets_the_advice_once(caplog):
     ],
 )
 def test_no_advice_when_it_would_not_help(caplog, async_steps, step, needed, wait_frac):
-    from open_instruct.orchestrator import TrainingLoop
-
-    with caplog.at_level("WARNING", logger="open_instruct.orchestrator"):
-        TrainingLoop._advise_async_steps(advisor(async_steps, step), needed=needed, wait_frac=wait_frac)
+    with caplog.at_level("WARNING", logger="open_instruct.scheduling"):
+        advisor(async_steps).advise(step, needed=needed, wait_frac=wait_frac)
     assert not caplog.records

@@ -1,4 +1,6 @@
-"""The lookahead controller of `--async_steps auto` (pure): bounded, smooth, no oscillation."""
+"""The pacing controllers (pure): the lookahead of `--async_steps auto` (bounded, smooth, no oscillation) and the
+staleness window of `--max_off_policy_steps auto` (widens on the learner's wait while health allows, narrows past
+a health limit, within its bounds)."""
 
 from __future__ import annotations
 
@@ -7,7 +9,7 @@ import random
 
 import pytest
 
-from open_instruct.scheduling import Lookahead
+from open_instruct.scheduling import Lookahead, OffPolicyWindow, Pacing
 
 
 def test_a_fixed_lookahead_never_moves():
@@ -77,3 +79,83 @@ def test_auto_shrinks_again_once_the_latency_that_made_the_learner_wait_falls():
 def test_a_short_wait_is_tolerated():
     lookahead = Lookahead.adaptive(maximum=8, start=3)
     assert [lookahead.update(2.0, 1.0, waited_s=0.04) for _ in range(10)] == [3] * 10
+
+
+def window(minimum: int = 1, maximum: int = 6, warmup_steps: int = 0) -> OffPolicyWindow:
+    w = OffPolicyWindow.adaptive(minimum, maximum, min_ess_frac=0.9, max_truncated_frac=0.02)
+    w.warmup_steps = warmup_steps
+    return w
+
+
+def test_health_headroom_is_the_distance_to_the_nearest_limit():
+    w = window()
+    assert w.health_headroom(1.0, 0.0) == 1.0 and w.health_headroom(None, None) == 1.0  # on-policy
+    assert w.health_headroom(0.95, 0.0) == pytest.approx(0.5)  # halfway from 1 to the ess limit 0.9
+    assert w.health_headroom(0.99, 0.015) == pytest.approx(0.25)  # the truncation limit is nearer
+    assert w.health_headroom(0.85, 0.0) < 0 and w.health_headroom(1.0, 0.03) < 0  # past a limit
+
+
+def test_a_fixed_window_never_moves():
+    w = OffPolicyWindow.fixed(3)
+    assert [w.update(0.9, 0.1, 0.5) for _ in range(4)] == [3] * 4 and w.change == 0 and not w.auto
+
+
+def test_the_window_widens_while_the_learner_waits_and_health_allows_one_step_at_a_time():
+    w = window()
+    path = [w.update(waited_frac=0.3, ess_frac=0.99, truncated_frac=0.0) for _ in range(12)]
+    # one version at a time, each followed by 2 steps that show the health of the wider lag
+    assert path == [2, 2, 2, 3, 3, 3, 4, 4, 4, 5, 5, 5] and w.change == 0
+
+
+def test_the_window_counts_neither_the_pipeline_filling_nor_one_slow_batch_nor_a_lag_not_yet_reached():
+    filling = window(warmup_steps=2)
+    assert [filling.update(0.9, 1.0, 0.0) for _ in range(3)] == [1, 1, 2]  # the first two steps wait whatever K is
+    once = window()
+    assert [once.update(w, 1.0, 0.0) for w in (0.0, 0.0, 0.12, 0.0, 0.0)] == [1] * 5  # average 0.3 x 12% < 5%
+    unreached = window(minimum=2)
+    assert [unreached.update(0.5, 1.0, 0.0, lag_max=1) for _ in range(3)] == [2, 2, 2]  # lag 2 not measured yet
+    assert unreached.update(0.5, 1.0, 0.0, lag_max=2) == 3
+
+
+def test_the_window_widens_only_where_one_more_version_of_lag_is_predicted_inside_the_limits():
+    # A deficit grows with the square of the lag: 1 - 0.95 at K=2 is predicted as 1 - 0.05 * (3/2)^2 = 0.8875 at 3.
+    narrow, wide = window(minimum=2), window(minimum=4)
+    assert narrow.update(0.5, 0.95, 0.0) == 2 and narrow.predicted_headroom() < 0
+    assert wide.update(0.5, 0.95, 0.0) == 5  # at 4: 1 - 0.05 * (5/4)^2 = 0.922, inside
+    # the worst step since the last move counts, not the latest one
+    assert [narrow.update(0.5, 1.0, 0.0) for _ in range(3)] == [2, 2, 2]
+    tails = window(minimum=2)
+    assert tails.update(0.5, 1.0, 0.01) == 2  # 0.01 * 2.25 = 0.0225 capped weights: past the 0.02 limit
+
+
+def test_the_window_holds_when_the_learner_is_fed_or_health_has_too_little_headroom():
+    fed, thin = window(), window()
+    assert [fed.update(0.01, 1.0, 0.0) for _ in range(5)] == [1] * 5  # a 1% wait is tolerated
+    assert [thin.update(0.5, 0.92, 0.0) for _ in range(5)] == [1] * 5  # headroom 0.2 < 0.25: not worth it
+
+
+def test_the_window_narrows_at_once_past_a_limit_down_to_its_minimum():
+    w = window(minimum=2)
+    for _ in range(20):
+        w.update(0.5, 1.0, 0.0)
+    assert w.current == 6
+    # At once (a widening's wait does not delay it), then one per two steps (narrow_cooldown 1), to the minimum.
+    path = [w.update(0.5, ess_frac=0.8, truncated_frac=0.0) for _ in range(10)]
+    assert path == [5, 5, 4, 4, 3, 3, 2, 2, 2, 2] and w.change == 0
+    w.update(0.5, 1.0, 0.05)  # the tails are past their limit too: it stays at the minimum
+    assert w.current == 2
+
+
+def test_pacing_keeps_an_automatic_lookahead_within_the_window():
+    pacing = Pacing(Lookahead.adaptive(8, start=4), window(minimum=2))
+    assert pacing.lookahead.current == 2 and pacing.lookahead.maximum == 2
+    metrics = pacing.update(group_latency_s=10.0, busy_step_s=1.0, waited_s=0.5, learner={"offpolicy/ess_frac": 1.0})
+    assert metrics["offpolicy/window"] == 3 and metrics["offpolicy/window_change"] == 1
+    assert metrics["scheduling/async_steps"] == 3 == pacing.lookahead.maximum  # the need (10) is capped at K
+    fixed = Pacing(Lookahead.fixed(4), window(minimum=2))
+    assert fixed.update(10.0, 1.0, 0.5, {})["scheduling/async_steps"] == 4  # a fixed lookahead is the user's
+
+
+def test_a_window_needs_ordered_bounds():
+    with pytest.raises(ValueError, match="1 <= minimum <= maximum"):
+        window(minimum=3, maximum=2)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import json
+import math
 import time
 
 import pytest
@@ -325,3 +326,32 @@ def test_cli_rejects_a_sweep_without_lookahead(tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_info:
         sim.main(["--output", str(tmp_path), "--async_sweep", "0,1"])
     assert exit_info.value.code == 2 and "--async_sweep needs async_steps >= 1" in capsys.readouterr().err
+
+
+def test_policy_drift_gives_the_health_a_lognormal_importance_weight_has():
+    from open_instruct.benchmarks.simulated_stack import PolicyDrift
+
+    drift = PolicyDrift(per_version=0.1, cap=2.0)
+    assert drift.metrics([(0, 100)]) == {"offpolicy/ess_frac": 1.0, "offpolicy/truncated_frac": 0.0}
+    at_lag_3 = drift.metrics([(3, 10)])
+    assert at_lag_3["offpolicy/ess_frac"] == pytest.approx(math.exp(-(0.3**2)))  # Kish: E[w]^2 / E[w^2]
+    above_cap = 0.5 * math.erfc((math.log(2) + 0.045) / (0.3 * 2**0.5))  # P(log w > log 2), log w ~ N(-0.045, 0.09)
+    assert at_lag_3["offpolicy/truncated_frac"] == pytest.approx(above_cap)
+    mixed = drift.metrics([(0, 10), (3, 10)])  # token-weighted: the second moments average
+    assert mixed["offpolicy/ess_frac"] == pytest.approx(2 / (1 + math.exp(0.09)))
+    assert drift.metrics([]) == {}
+
+
+def test_the_self_tuning_window_matches_the_best_fixed_bound_inside_the_limits_for_slow_and_fast_policies():
+    """The window_sim benchmark's claim at a small shape: near the best fixed K that keeps health inside the
+    default limits, never outside them itself, and narrower when the policy moves faster."""
+    from open_instruct.benchmarks.window_sim import sweep
+
+    workload = dataclasses.replace(TAILED, num_steps=40)
+    slow = sweep(workload, SMALL_COST, FOUR, drift=0.05, fixed=[1, 2, 3, 4, 6])
+    fast = sweep(workload, SMALL_COST, FOUR, drift=0.15, fixed=[1, 2, 3, 4, 6])
+    for entry in (slow, fast):
+        assert entry["auto"]["healthy"] and entry["auto_vs_best_within_limits"] >= 0.95
+    assert fast["best_fixed_within_limits"] == "2" and fast["auto"]["window_final"] == 2
+    assert slow["auto"]["window_avg"] > 2 * fast["auto"]["window_avg"]
+    assert not all(r["healthy"] for r in fast["fixed"])  # the wide fixed bounds break the limits there
