@@ -362,7 +362,10 @@ def effective_sample_fraction(rho_mean: float, rho_sq_mean: float) -> float:
     """Kish's effective sample size of the importance weights, as a fraction of the tokens: E[rho]^2 / E[rho^2].
     1 when the engines sampled from the learner's policy; it falls as they drift apart (stale weights), and
     it is exact for a whole step when both means are token means over the step."""
-    return rho_mean * rho_mean / rho_sq_mean if rho_sq_mean > 0 else 1.0
+    if rho_sq_mean <= 0:
+        return 1.0
+    # <= 1 by Jensen's inequality; float32 means of weights that are all ~1 can round a hair above it.
+    return min(1.0, rho_mean * rho_mean / rho_sq_mean)
 
 
 def _sample_mean(values_BT: torch.Tensor, mask_BT: torch.Tensor, sample_ids_BT: torch.Tensor | None) -> torch.Tensor:
