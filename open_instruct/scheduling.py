@@ -109,16 +109,14 @@ class OffPolicyWindow:
       steps, and widen again only after K steps;
     * when the learner waited more than `wait_tolerance` of its steps (a moving average that leaves out
       the first `warmup_steps`, which wait for the pipeline to fill whatever K is; one slow batch does
-      not widen it either), K widens by one if the health one
-      more version of lag would have stays inside the limits. The prediction takes the worst step since
-      the last move (health varies with each batch's lags: one good step does not make a wider K safe)
-      and scales its deficits (1 - ess_frac, truncated_frac) by ((K + 1) / K)^2: a log-ratio whose spread
-      grows in proportion to the lag has a variance, and so an ess deficit, growing with its square.
-      It widens only once a trained group has reached the current K since the last move: before that
-      the health of lag K is not measured yet, and a K no group reaches is not what the learner waits for.
-      Then it waits `widen_cooldown` steps to see the health of the wider lag (under mask a straggler's
-      older tokens train at once; new admissions reach the trained tokens later, and a limit crossed
-      then narrows K back);
+      not widen it either), K widens by one if the health one more version of lag would have stays
+      inside the limits. The prediction takes the worst step since the last move (health varies with
+      each batch's lags: one good step does not make a wider K safe) and scales its deficits
+      (1 - ess_frac, truncated_frac) by ((K + 1) / K)^2: a log-ratio whose spread grows in proportion
+      to the lag has a variance, and so an ess deficit, growing with its square. It widens only once a
+      trained group has reached the current K since the last move: before that the health of lag K is
+      not measured yet, and a K that no group reaches is not what the learner waits for. Then it waits
+      `widen_cooldown` steps to see the health of the wider lag (a limit crossed then narrows K back);
     * it starts at `minimum`, the conservative end, and stays within [minimum, maximum].
 
     A step without importance statistics (a learner that logs none) counts as on-policy.
