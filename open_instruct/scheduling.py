@@ -159,6 +159,10 @@ class OffPolicyWindow:
         tails = 1.0 if truncated_frac is None else 1.0 - truncated_frac / self.max_truncated_frac
         return min(ess, tails)
 
+    def _forget_since_move(self) -> None:
+        """What the window measured at the previous K no longer says anything about the new one."""
+        self._worst_ess, self._worst_truncated, self._lag_reached = 1.0, 0.0, 0.0
+
     def predicted_headroom(self) -> float:
         """The headroom one more version of lag would leave, from the worst step since the last move."""
         growth = ((self.current + 1) / self.current) ** 2
@@ -189,7 +193,7 @@ class OffPolicyWindow:
             self.current, self.change = self.current - 1, -1
             self._narrow_from = step + 1 + self.narrow_cooldown
             self._widen_from = step + 1 + self.current  # not straight back: the narrower lag must show first
-            self._worst_ess, self._worst_truncated, self._lag_reached = 1.0, 0.0, 0.0
+            self._forget_since_move()
             logger.info(
                 "off-policy window narrowed to %d: ess_frac %s, truncated_frac %s past the limits (%.2f, %.3f)",
                 self.current,
@@ -215,7 +219,7 @@ class OffPolicyWindow:
                 100 * self._wait,
                 predicted,
             )
-            self._worst_ess, self._worst_truncated, self._lag_reached = 1.0, 0.0, 0.0
+            self._forget_since_move()
         return self.current
 
 

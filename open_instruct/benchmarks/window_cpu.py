@@ -21,10 +21,8 @@ import sys
 from pathlib import Path
 
 from open_instruct.benchmarks.stamp import REPO, describe, stamp
-from open_instruct.config.generation import GenerationConfig
+from open_instruct.benchmarks.window_sim import LIMITS, within_limits
 from open_instruct.metrics import mean
-
-LIMITS = GenerationConfig()
 
 
 def demo_command(learning_rate: str, bound: str, args, out: Path) -> list[str]:
@@ -65,7 +63,7 @@ def run_once(learning_rate: str, bound: str, args, root: Path) -> dict:
         "window_final": summary["off_policy_window_final"],
         "ess_frac_min": ess,
         "truncated_frac_max": truncated,
-        "healthy": ess >= LIMITS.off_policy_min_ess_frac and truncated <= LIMITS.off_policy_max_truncated_frac,
+        "healthy": within_limits(ess, truncated),
         "eval_before": summary["first_eval_reward"],
         "eval_after": summary["last_eval_reward"],
     }

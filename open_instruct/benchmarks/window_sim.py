@@ -34,16 +34,22 @@ from open_instruct.benchmarks.simulator import (
 )
 from open_instruct.benchmarks.stamp import stamp
 from open_instruct.config.generation import GenerationConfig
+from open_instruct.scheduling import OffPolicyWindow
 
 LIMITS = GenerationConfig()  # the window's default limits and bounds
+# The controller's own judgement of a step's health, so that the benchmarks call "within limits" what it does.
+DEFAULT_WINDOW = OffPolicyWindow.adaptive(
+    LIMITS.off_policy_window_min,
+    LIMITS.off_policy_window_max,
+    LIMITS.off_policy_min_ess_frac,
+    LIMITS.off_policy_max_truncated_frac,
+)
 SPEEDS = {"slow": 0.05, "fast": 0.15}  # PolicyDrift.per_version
 
 
-def healthy(result: SimResult) -> bool:
-    return (
-        result.ess_frac_min >= LIMITS.off_policy_min_ess_frac
-        and result.truncated_frac_max <= LIMITS.off_policy_max_truncated_frac
-    )
+def within_limits(ess_frac_min: float, truncated_frac_max: float) -> bool:
+    """Whether a run's worst step stayed inside the default health limits."""
+    return DEFAULT_WINDOW.health_headroom(ess_frac_min, truncated_frac_max) >= 0
 
 
 def row(name: str, result: SimResult) -> dict:
@@ -55,7 +61,7 @@ def row(name: str, result: SimResult) -> dict:
         "window_final": result.window_final,
         "ess_frac_min": result.ess_frac_min,
         "truncated_frac_max": result.truncated_frac_max,
-        "healthy": healthy(result),
+        "healthy": within_limits(result.ess_frac_min, result.truncated_frac_max),
     }
 
 

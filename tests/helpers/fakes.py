@@ -23,6 +23,7 @@ from open_instruct.data.dataset import PromptRow
 from open_instruct.generation.ledger import DeliveryLedger
 from open_instruct.generation.queues import LocalChannel
 from open_instruct.messages import Completion, EngineStats, PartialSample, PromptRequest, StepReport, VersionSpan
+from open_instruct.replay_buffer import oldest_trained_version
 
 
 class FakeClock:
@@ -220,8 +221,8 @@ class FakeLearners:
         tokens = sum(len(c.response_token_ids) for g in groups for c in g.completions)
         metrics = {"learner/step_s": self.step_s, "loss/policy_avg": 0.0}
         if self.health is not None:
-            spans = [(s, g.trained_from_version) for g in groups for c in g.completions for s in c.token_spans]
-            metrics |= self.health(step - min(s.version for s, trained_from in spans if s.version >= trained_from))
+            oldest = [oldest_trained_version(c, g.trained_from_version) for g in groups for c in g.completions]
+            metrics |= self.health(step - min(v for v in oldest if v is not None))
         return StepReport(metrics, tokens, started, self.clock.now)
 
     @property
