@@ -10,6 +10,10 @@ One set of actors (vLLM engine, DeepSpeed learner, weight sync) runs the real tr
 * streaming        `--async_steps 1 --inflight_updates True`: this project's design; samples
                    keep running through syncs with their KV cache; groups over
                    `--max_off_policy_steps` are requeued (`--off_policy_action requeue`);
+* streaming_auto   `--async_steps auto --inflight_updates True`: streaming whose lookahead grows
+                   while the learner waits (up to `--max_off_policy_steps`): more samples in flight
+                   when they spend their time parked on tools; a draining sync cannot do this, as
+                   every extra step ahead is more to wait for at each sync;
 * streaming_reprefill: streaming with `--inflight_update_kv reprefill`: each sync aborts the
                    running samples, which keep their tokens and logprobs and continue after one
                    fresh prefill of prompt + tokens under the new weights (the approach of verl,
@@ -62,14 +66,15 @@ from open_instruct.benchmarks.workloads import LatencyToolServer, ShapedGenerati
 
 logger = logging.getLogger(__name__)
 
-MODES = {  # name -> (async_steps, inflight_updates, inflight_update_kv, off_policy_action)
-    "synchronous": (0, False, "keep", "requeue"),
-    "one_step_async": (1, False, "keep", "requeue"),
-    "streaming": (1, True, "keep", "requeue"),
-    "streaming_reprefill": (1, True, "reprefill", "requeue"),
-    "streaming_drop": (1, True, "keep", "drop"),
-    "streaming_downweight": (1, True, "keep", "downweight"),
-    "streaming_mask": (1, True, "keep", "mask"),
+MODES = {  # name -> (--async_steps, inflight_updates, inflight_update_kv, off_policy_action)
+    "synchronous": ("0", False, "keep", "requeue"),
+    "one_step_async": ("1", False, "keep", "requeue"),
+    "streaming": ("1", True, "keep", "requeue"),
+    "streaming_auto": ("auto", True, "keep", "requeue"),
+    "streaming_reprefill": ("1", True, "reprefill", "requeue"),
+    "streaming_drop": ("1", True, "keep", "drop"),
+    "streaming_downweight": ("1", True, "keep", "downweight"),
+    "streaming_mask": ("1", True, "keep", "mask"),
 }
 
 
@@ -142,7 +147,7 @@ def mode_config(base, mode: str, output_dir: Path):
     async_steps, inflight, kv, action = MODES[mode]
     generation = dataclasses.replace(
         base.generation,
-        async_steps=str(async_steps),
+        async_steps=async_steps,
         inflight_updates=inflight,
         inflight_update_kv=kv,
         off_policy_action=action,
@@ -356,6 +361,10 @@ def summarize_workload(workload: dict, runs: dict[str, list[dict]]) -> dict:
     for other in ("one_step_async", "streaming_reprefill"):
         if other in runs:
             ratios[f"streaming_vs_{other}"] = rounds_lib.paired_ratio(runs["streaming"], runs[other])
+    if {"streaming_auto", "one_step_async"} <= set(runs):
+        ratios["streaming_auto_vs_one_step_async"] = rounds_lib.paired_ratio(
+            runs["streaming_auto"], runs["one_step_async"]
+        )
     for action in ("streaming_drop", "streaming_downweight", "streaming_mask"):  # against streaming (requeue)
         if action in runs:
             ratios[f"{action}_vs_streaming"] = rounds_lib.paired_ratio(runs[action], runs["streaming"])

@@ -161,11 +161,14 @@ class LatencyToolServer:
                 wait = _seeded(query).expovariate(1.0 / mean) if mean > 0 else 0.0
                 time.sleep(wait)
                 body = json.dumps({"result": f"waited {wait:.2f} s"}).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
+                try:
+                    self.send_response(200)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(len(body)))
+                    self.end_headers()
+                    self.wfile.write(body)
+                except (BrokenPipeError, ConnectionResetError):
+                    pass  # the caller stopped waiting: its sample was aborted when a mode's run ended
 
             def log_message(self, *args):
                 pass
