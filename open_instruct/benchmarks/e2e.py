@@ -38,9 +38,10 @@ exponentially distributed wait, as APIs do); and `env_turns`, samples that play 
 
 Per mode: trained samples/s, generated tokens/s, generation idle fraction, learner wait
 fraction, weight-sync pause, staleness (version lag mean/max), the trained/generated length ratio.
-Also measured (on the same pinned stack): engine decode throughput vs running sequences, prefill
-speed and learner step time vs tokens, written as `measured.json` with each mode's median rate, the
-input `open_instruct.benchmarks.simulator` fits and validates its cost model on. Writes `e2e.json`
+Also measured (on the same pinned stack): the engine's decode time on heavy-tail batches of several
+sizes at the start of every round (`--calibrate`), prefill speed, and learner step time vs tokens,
+written as `measured.json` with each mode's median rate and the runs' prompts and lengths: the input
+`open_instruct.benchmarks.simulator` fits its cost model on and replays to validate it. Writes `e2e.json`
 and `e2e.md` (the tables, stamped with date, commit and machine), `timeline_<workload>.png` (engine
 occupancy and learner steps over time, synchronous vs streaming, last round) and prints the tables.
 
@@ -242,33 +243,50 @@ def _agent_columns(history: list[dict]) -> dict:
     }
 
 
-def calibrate_engine(stack, tokenizer, rows, running_counts: list[int], tokens: int = 64) -> dict:
-    """Decode tokens/s of engine 0 with exactly `running` sequences of equal length; prefill tokens/s."""
+def warm_up_engine(stack, rows, workload: ShapedWorkload) -> None:
+    """The first requests of a fresh engine are several times slower (one-off set-up): not in any timing."""
     from open_instruct.messages import SamplingSettings
     from open_instruct.prompt_feeder import make_request
 
-    pool = stack.pool
-    pool.call_all("set_workload", None)  # calibration requests carry their own exact lengths
-    # Warm-up: the first requests of a fresh engine are several times slower (one-off set-up).
-    warm = SamplingSettings(max_tokens=tokens, ignore_eos=True)
-    pool.generate([make_request(rows[i], f"warmup:{i}", warm, 1, 1, 0) for i in range(8)])
-    decode = []
-    for running in running_counts:
-        sampling = SamplingSettings(max_tokens=tokens, ignore_eos=True)
-        requests = [make_request(rows[i % len(rows)], f"calib{running}:{i}", sampling, 1, 1, 0) for i in range(running)]
+    stack.pool.call_all("set_workload", workload)
+    sampling = SamplingSettings(max_tokens=workload.max_tokens, ignore_eos=True)
+    stack.pool.generate([make_request(rows[i], f"warmup:{i}", sampling, 1, 1, 0) for i in range(8)])
+
+
+def calibrate_decode(stack, rows, workload: ShapedWorkload, batch_sizes: list[int], tag: str) -> list[dict]:
+    """Engine 0 on one batch of each size, every sample as long as `workload` makes it (the heavy tail and its
+    long contexts included) and through the actor path the training runs take. The batches' prompt ids are
+    their own (`tag` tells rounds apart): the training runs never see these lengths."""
+    from open_instruct.messages import SamplingSettings
+    from open_instruct.prompt_feeder import make_request
+
+    stack.pool.call_all("set_workload", workload)
+    sampling = SamplingSettings(max_tokens=workload.max_tokens, ignore_eos=True)
+    batches = []
+    for index, size in enumerate(batch_sizes):
+        requests = [
+            make_request(rows[i % len(rows)], f"calib{tag}.{index}:{i}", sampling, 1, 1, 0) for i in range(size)
+        ]
         started = time.monotonic()
-        completions = pool.generate(requests)
+        completions = stack.pool.generate(requests)
         elapsed = time.monotonic() - started
-        decode.append(
-            {"running": running, "tokens_per_s": sum(len(c.response_token_ids) for c in completions) / elapsed}
-        )
+        samples = [[len(c.prompt_token_ids), len(c.response_token_ids)] for c in completions]
+        batches.append({"samples": samples, "elapsed_s": elapsed, "round": tag})
+    return batches
+
+
+def measure_prefill(stack, rows) -> float:
+    """Prompt tokens/s of engine 0 on 32 prompts of 8x a dataset prompt, one token each."""
+    from open_instruct.messages import SamplingSettings
+    from open_instruct.prompt_feeder import make_request
+
+    stack.pool.call_all("set_workload", None)  # these requests carry their own exact length
     long_prompt = dataclasses.replace(rows[0], prompt_token_ids=tuple(rows[0].prompt_token_ids) * 8)
-    sampling = SamplingSettings(max_tokens=1, ignore_eos=True)
-    requests = [make_request(long_prompt, f"prefill:{i}", sampling, 1, 1, 0) for i in range(32)]
+    one_token = SamplingSettings(max_tokens=1, ignore_eos=True)
+    requests = [make_request(long_prompt, f"prefill:{i}", one_token, 1, 1, 0) for i in range(32)]
     started = time.monotonic()
-    pool.generate(requests)
-    prefill = sum(len(r.prompt_token_ids) for r in requests) / (time.monotonic() - started)
-    return {"decode": decode, "prefill_tokens_per_s": prefill}
+    stack.pool.generate(requests)
+    return sum(len(r.prompt_token_ids) for r in requests) / (time.monotonic() - started)
 
 
 def plot_timeline(timelines: dict[str, list], path: Path, title: str) -> None:
@@ -327,7 +345,14 @@ def parse_args(argv: list[str] | None):
         help="engine and learner on their own cores (the CPU split of --single_gpu_mode)",
     )
     parser.add_argument("--max_off_policy_steps", type=int, default=2, help="the staleness bound of every mode")
-    parser.add_argument("--calibrate", type=int, nargs="*", default=[1, 4, 16, 64], help="running counts")
+    parser.add_argument(
+        "--calibrate",
+        type=int,
+        nargs="*",
+        default=[4, 8, 16, 32, 48, 64],
+        help="sizes of the heavy-tail batches, run at the start of every round, that the simulator's decode cost "
+        "is fitted on (none, or no heavy_tail workload: no measured.json)",
+    )
     parser.add_argument("--output", default="output/bench/e2e")
     parser.add_argument(
         "--summarize",
@@ -388,16 +413,24 @@ def summarize_workload(workload: dict, runs: dict[str, list[dict]]) -> dict:
     }
 
 
-def run_rounds(stack, base, workloads: dict[str, ShapedWorkload], tokenizer, rows, out: Path, args) -> dict:
+def run_rounds(
+    stack, base, workloads: dict[str, ShapedWorkload], tokenizer, rows, out: Path, args, calibration: dict | None
+) -> dict:
     """Every (round, workload, mode) on the same actors and prompts, rounds outermost; the last round's
-    synchronous and streaming timelines are drawn."""
+    synchronous and streaming timelines are drawn. With `calibration`, each round starts with the decode
+    calibration batches (added to its "decode"), so that a machine whose speed drifts moves them and the
+    modes alike."""
     from tqdm import tqdm
 
     runs = {name: {mode: [] for mode in args.modes} for name in args.workloads}
     timelines: dict[str, dict] = {name: {} for name in args.workloads}
     order = rounds_lib.interleaved(args.rounds, args.workloads, args.modes)
-    current = None
+    current, calibrated_round = None, None
     for round_index, name, mode in tqdm(order, desc="e2e runs", unit="run"):
+        if calibration is not None and round_index != calibrated_round:
+            heavy = workloads["heavy_tail"]
+            calibration["decode"] += calibrate_decode(stack, rows, heavy, args.calibrate, str(round_index))
+            calibrated_round, current = round_index, None
         if name != current:
             stack.pool.call_all("set_workload", workloads[name])
             current = name
@@ -414,12 +447,13 @@ def run_rounds(stack, base, workloads: dict[str, ShapedWorkload], tokenizer, row
     return {name: summarize_workload(dataclasses.asdict(workloads[name]), runs[name]) for name in args.workloads}
 
 
-def measured_for_simulator(args, calibration: dict, heavy: dict, max_running: int) -> dict:
+def measured_for_simulator(args, calibration: dict, heavy: dict, max_running: int, replay: dict) -> dict:
     """What `simulator.fit_cost_model` fits (see its docstring) and each mode's measured median, from the
-    heavy-tail workload's runs."""
+    heavy-tail workload's runs, with what `simulator.Replay` needs to replay their prompts and lengths."""
     runs = heavy["runs"]
     return {
         **calibration,
+        "replay": replay,
         "learner": [s for mode_runs in runs.values() for run in mode_runs for s in run["learner_steps"]],
         "weight_sync_pause_s": heavy["modes"]["streaming"]["weight_sync_pause_s_avg"]["median"],
         "max_running": max_running,
@@ -475,17 +509,25 @@ def main(argv: list[str] | None = None) -> dict:
     with PeakMemory() as memory:
         stack = Stack(base, resolve_model_path(None), tokenizer.pad_token_id, ShapedGenerationActor, (None,))
         try:
-            # Calibration first: it also warms the engine up before any mode is timed.
-            calibration = calibrate_engine(stack, tokenizer, rows, args.calibrate) if args.calibrate else {}
+            warm_up_engine(stack, rows, workloads["heavy_tail"])
+            calibration = None
+            if args.calibrate and "heavy_tail" in args.workloads:
+                calibration = {"decode": [], "prefill_tokens_per_s": measure_prefill(stack, rows)}
             max_running = stack.pool.start_info[0].target_concurrency
-            results["workloads"] = run_rounds(stack, base, workloads, tokenizer, rows, out, args)
+            results["workloads"] = run_rounds(stack, base, workloads, tokenizer, rows, out, args, calibration)
         finally:
             stack.close()
             tool_server.close()
     results["peak_memory_gib"] = memory.peak / 2**30
     (out / "e2e.json").write_text(json.dumps(results, indent=1))
-    if calibration and "heavy_tail" in results["workloads"]:
-        measured = measured_for_simulator(args, calibration, results["workloads"]["heavy_tail"], max_running)
+    if calibration is not None:
+        replay = {
+            "seed": base.run.seed,
+            "prompts": [[row.prompt_id, len(row.prompt_token_ids)] for row in rows],
+            "workload": dataclasses.asdict(workloads["heavy_tail"]),
+        }
+        heavy_runs = results["workloads"]["heavy_tail"]
+        measured = measured_for_simulator(args, calibration, heavy_runs, max_running, replay)
         (out / "measured.json").write_text(json.dumps({**measured, "stamp": results["stamp"]}, indent=1))
     write_report(results, out)
     print(f"peak memory (PSS, all processes): {results['peak_memory_gib']:.2f} GiB; wrote {out / 'e2e.json'}")

@@ -12,10 +12,12 @@ Engine model (like `GenerationActor.run`): an engine pulls whole prompts from on
 one prompt each, as getters blocked on one queue do. The scheduler runs at most `max_running`
 samples (the rest of a prompt's samples wait in the engine). Decoding advances in steps: each
 running sample gains one token per step, a step takes `decode_base_s + decode_per_seq_s *
-running`, and the step in which samples start also pays `prefill_per_token_s` per prompt token
-of each. New work and pauses take effect at the next step boundary. Between two events an
+running + decode_per_context_token_s * context` (context: the prompt and generated tokens of the
+running samples), and the step in which samples start also pays `prefill_per_token_s` per prompt
+token of each. New work and pauses take effect at the next step boundary. Between two events an
 engine's running set is fixed, so it jumps k steps to the next finish (or to the next boundary
-after an interruption) instead of simulating every token. With a tool latency, a sample stops
+after an interruption) instead of simulating every token; the k steps are equal, each at the
+phase's mean context. With a tool latency, a sample stops
 halfway, leaves its engine (freeing the slot) for the wait, then queues at the front of the same
 engine's waiting line (its context assumed prefix-cached).
 
@@ -73,9 +75,12 @@ class CostModel:
     weight_sync_pause_s: float  # engines frozen per sync (the transfer)
     learner_base_s: float  # per train step
     learner_per_token_s: float  # per trained token on one data-parallel rank
+    # per engine step, per token the running samples attend to (prompt + generated): attention grows with
+    # the context, which dominates a CPU decode step past a few hundred tokens
+    decode_per_context_token_s: float = 0.0
 
-    def step_s(self, running: int) -> float:
-        return self.decode_base_s + self.decode_per_seq_s * running
+    def step_s(self, running: int, context_tokens: float = 0.0) -> float:
+        return self.decode_base_s + self.decode_per_seq_s * running + self.decode_per_context_token_s * context_tokens
 
     def learner_step_s(self, trained_tokens: int, num_learners: int) -> float:
         return self.learner_base_s + self.learner_per_token_s * trained_tokens / num_learners
@@ -204,8 +209,16 @@ class SimEngines:
     """The engine pool (`orchestrator.Engines`) over simulated engines; prompts and results travel on
     `LocalChannel`s and the real `DeliveryLedger` checks that every admitted sample is delivered once."""
 
-    def __init__(self, world: SimWorld, workload: Workload, cost: CostModel, num_engines: int):
+    def __init__(
+        self,
+        world: SimWorld,
+        workload: Workload,
+        cost: CostModel,
+        num_engines: int,
+        sample_length: Callable[[str], int] | None = None,
+    ):
         self.world, self.w, self.cost = world, workload, cost
+        self.sample_length = sample_length  # "<prompt id>/<sample index>" -> its response length; None: drawn
         self.engines = [_Engine(i) for i in range(num_engines)]
         self.prompts: LocalChannel[PromptRequest] = LocalChannel(name="prompt queue")
         self.results: LocalChannel[Completion] = LocalChannel(name="result queue")
@@ -225,11 +238,14 @@ class SimEngines:
         w = self.w
         for request in requests:
             self.ledger.admit(request)
-            # Drawn in admission order: the k-th admitted prompt has the same lengths in every mode.
-            self.lengths[request.prompt_id] = [
-                capped_lognormal(self.lengths_rng, w.median_tokens, w.sigma, w.max_tokens)
-                for _ in range(request.num_samples)
-            ]
+            if self.sample_length is not None:  # a replay: each sample as long as the real one was
+                lengths = [self.sample_length(f"{request.prompt_id}/{j}") for j in range(request.num_samples)]
+            else:  # drawn in admission order: the k-th admitted prompt has the same lengths in every mode
+                lengths = [
+                    capped_lognormal(self.lengths_rng, w.median_tokens, w.sigma, w.max_tokens)
+                    for _ in range(request.num_samples)
+                ]
+            self.lengths[request.prompt_id] = lengths
             self.prompts.put(request)
         if requests:
             self._distribute(self.world.now)
@@ -405,8 +421,18 @@ class SimEngines:
             k = e.finish_heap[0][0] - e.steps_done
             e.phase_start, e.phase_steps = t, k
             e.phase_prefill = e.unprefilled_tokens * self.cost.prefill_per_token_s
-            e.phase_dt = self.cost.step_s(len(e.running))
+            context = self._phase_context(e, k) if self.cost.decode_per_context_token_s else 0.0
+            e.phase_dt = self.cost.step_s(len(e.running), context)
             self._set_wake(e, t + e.phase_prefill + k * e.phase_dt, k)
+
+    def _phase_context(self, e: _Engine, steps: int) -> float:
+        """The tokens the running samples attend to, summed, on average over the phase's `steps` steps (each
+        step adds one per sample): equal steps at that cost take as long as the growing ones."""
+        now = sum(
+            len(sample.request.prompt_token_ids) + sample.generated + e.steps_done - sample.joined_step
+            for sample in e.running.values()
+        )
+        return now + len(e.running) * (steps - 1) / 2
 
     def _cut_running(self, e: _Engine) -> None:
         """A reprefill sync at a step boundary: the running samples leave with their tokens and wait, first in

@@ -43,6 +43,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import itertools
 import json
 import logging
 import sys
@@ -65,6 +66,7 @@ from open_instruct.benchmarks.simulated_stack import (
 )
 from open_instruct.benchmarks.simulator_plots import plot_sweep, plot_timelines
 from open_instruct.benchmarks.stamp import stamp
+from open_instruct.benchmarks.workloads import ShapedWorkload
 from open_instruct.config.core import Config
 from open_instruct.config.data import DataConfig
 from open_instruct.config.generation import GenerationConfig
@@ -84,6 +86,7 @@ __all__ = [
     "AsyncSweep",
     "Cluster",
     "CostModel",
+    "Replay",
     "Segment",
     "SimResult",
     "Workload",
@@ -203,6 +206,26 @@ class _SimPrompt:
     verifier_names: tuple[str, ...] = ()
 
 
+@dataclass(frozen=True)
+class Replay:
+    """The prompts and response lengths of a measured run (`benchmarks.e2e` writes them into measured.json).
+    A simulation of that run admits the same rows in the same order (the same --seed shuffles them) and gives
+    each sample the length the real one had, so that a validation compares costs and schedules, not two draws
+    of a heavy tail (the longest of a batch's 32 samples sets a synchronous step's time)."""
+
+    seed: int  # the run's --seed
+    prompts: tuple[tuple[str, int], ...]  # (row prompt id, prompt tokens) of every row, in the dataset's order
+    lengths: ShapedWorkload  # its `length(sample id)` is the exact response length of each real sample
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> Replay:
+        prompts = tuple((str(prompt_id), int(tokens)) for prompt_id, tokens in d["prompts"])
+        return cls(int(d["seed"]), prompts, ShapedWorkload(**d["workload"]))
+
+    def rows(self) -> list[_SimPrompt]:
+        return [_SimPrompt(prompt_id, (0,) * tokens) for prompt_id, tokens in self.prompts]
+
+
 def mode_settings(mode: str, async_steps: int | str) -> tuple[str, str]:
     """(--async_steps, the sync's pause mode) of a mode: synchronous and one_step_async drain ("wait") before
     each sync; streaming keeps running samples' KV cache ("keep"); streaming_reprefill cuts them and
@@ -278,22 +301,29 @@ def simulate(
     off_policy_action: str = "requeue",
     drift: PolicyDrift | None = None,
     window_limits: dict[str, Any] | None = None,
+    replay: Replay | None = None,
 ) -> SimResult:
     """Simulate `workload.num_steps` training steps. `async_steps` (an int or "auto") applies to
     "streaming" only: "synchronous" is async_steps=0 and "one_step_async" is async_steps=1, both with a
     draining sync. The staleness bound defaults to the lookahead (--max_off_policy_steps; "auto" tunes it
     within `window_limits`, the --off_policy_* flags). `drift`: the learners report the off-policy health
-    of what they train."""
+    of what they train. `replay`: a measured run's prompts and lengths instead of drawn ones."""
     steps, pause_mode = mode_settings(mode, async_steps)
+    if replay is not None:
+        longest_prompt = max(tokens for _, tokens in replay.prompts)
+        workload = dataclasses.replace(workload, seed=replay.seed, prompt_tokens=longest_prompt)
     _validate(workload, cost, cluster, async_steps)
     cfg = loop_config(workload, steps, pause_mode, max_off_policy_steps, off_policy_action, window_limits)
     world = SimWorld()
-    engines = SimEngines(world, workload, cost, cluster.num_engines)
+    engines = SimEngines(world, workload, cost, cluster.num_engines, replay.lengths.length if replay else None)
     learners = SimLearners(world, cost, cluster.num_learners, drift)
     sync = SimWeightSync(world, engines, cost, pause_mode)
-    prompt_ids = (0,) * workload.prompt_tokens  # shared by every row: only its length matters
-    epoch = (workload.num_steps + cfg.lookahead_max + 1) * workload.prompts_per_step
-    rows = [_SimPrompt(f"sim:{i}", prompt_ids) for i in range(epoch)]
+    if replay is not None:
+        rows = replay.rows()
+    else:
+        prompt_ids = (0,) * workload.prompt_tokens  # shared by every row: only its length matters
+        epoch = (workload.num_steps + cfg.lookahead_max + 1) * workload.prompts_per_step
+        rows = [_SimPrompt(f"sim:{i}", prompt_ids) for i in range(epoch)]
     log = MemoryLog()
     loop = TrainingLoop(
         cfg,
@@ -407,8 +437,9 @@ def _validate(workload: Workload, cost: CostModel, cluster: Cluster, async_steps
             ("tool_latency_s >= 0", workload.tool_latency_s >= 0),
             ("max_running >= 1", cost.max_running >= 1),
             (
-                "decode step time > 0 and not shrinking with the batch",
-                cost.decode_base_s + cost.decode_per_seq_s > 0 and cost.decode_per_seq_s >= 0,
+                "decode step time > 0 and not shrinking with the batch or the context",
+                cost.decode_base_s + cost.decode_per_seq_s + cost.decode_per_context_token_s > 0
+                and min(cost.decode_per_seq_s, cost.decode_per_context_token_s) >= 0,
             ),
             ("num_engines >= 1", cluster.num_engines >= 1),
             ("num_learners >= 1", cluster.num_learners >= 1),
@@ -420,9 +451,17 @@ def _validate(workload: Workload, cost: CostModel, cluster: Cluster, async_steps
 
 
 def run_modes(
-    workload: Workload, cost: CostModel, cluster: Cluster, async_steps: int = 1, max_off_policy_steps: int | None = None
+    workload: Workload,
+    cost: CostModel,
+    cluster: Cluster,
+    async_steps: int = 1,
+    max_off_policy_steps: int | None = None,
+    replay: Replay | None = None,
 ) -> dict[str, SimResult]:
-    return {mode: simulate(mode, workload, cost, cluster, async_steps, max_off_policy_steps) for mode in MODES}
+    return {
+        mode: simulate(mode, workload, cost, cluster, async_steps, max_off_policy_steps, replay=replay)
+        for mode in MODES
+    }
 
 
 def summarize(results: dict[str, SimResult]) -> dict[str, Any]:
@@ -442,32 +481,67 @@ def fit_cost_model(measured: dict[str, Any]) -> CostModel:
     """Least-squares cost model from measurements on a real (small) setup.
 
     Format (times in seconds):
-        {"decode": [{"running": 32, "tokens_per_s": 1800.0}, ...],  # one engine, fixed running samples
+        {"decode": [{"samples": [[20, 812], [20, 40], ...], "elapsed_s": 3.1}, ...],  # one engine
          "prefill_tokens_per_s": 20000.0,
          "learner": [{"tokens": 65536, "step_s": 4.2}, ...],  # tokens of the whole batch (all ranks)
          "weight_sync_pause_s": 1.5,
          "max_running": 256,
          "num_learners": 2}  # the data-parallel ranks the learner points were measured on
 
-    Decode: step_s = running / tokens_per_s, fitted as decode_base_s + decode_per_seq_s * running.
+    Decode: each entry is one batch generated to its samples' exact lengths ([prompt tokens, response
+    tokens] per sample). The engine runs it in max(lengths) steps, over which the running samples add up
+    to sum(lengths) and their contexts to sum(prompt * length + length * (length - 1) / 2), so elapsed_s
+    less the prompts' prefill is decode_base_s, decode_per_seq_s and decode_per_context_token_s times those
+    three, fitted by least squares with every cost >= 0. Batches shaped like the workload (its tail
+    included) tell the costs apart; batches of short equal samples would not see the context's.
     Learner: step_s fitted as learner_base_s + learner_per_token_s * tokens / num_learners. With a
     single distinct x a line cannot be fitted and goes through the origin; a negative intercept is
     refitted through the origin, a negative slope becomes 0 (intercept = mean).
     """
-    decode = measured["decode"]
-    base, per_seq = _fit_line([p["running"] for p in decode], [p["running"] / p["tokens_per_s"] for p in decode])
+    prefill_per_token_s = 1.0 / measured["prefill_tokens_per_s"] if measured.get("prefill_tokens_per_s") else 0.0
+    terms, elapsed = [], []
+    for batch in measured["decode"]:
+        prompts, lengths = zip(*batch["samples"])
+        context = sum(p * n + n * (n - 1) / 2 for p, n in zip(prompts, lengths))
+        terms.append((max(lengths), sum(lengths), context))
+        elapsed.append(batch["elapsed_s"] - sum(prompts) * prefill_per_token_s)
+    base, per_seq, per_context = _fit_nonnegative(terms, elapsed)
     learners = measured.get("num_learners", 1)
     learner = measured["learner"]
     l_base, l_per_token = _fit_line([p["tokens"] / learners for p in learner], [p["step_s"] for p in learner])
     return CostModel(
         decode_base_s=base,
         decode_per_seq_s=per_seq,
-        prefill_per_token_s=1.0 / measured["prefill_tokens_per_s"] if measured.get("prefill_tokens_per_s") else 0.0,
+        decode_per_context_token_s=per_context,
+        prefill_per_token_s=prefill_per_token_s,
         max_running=int(measured["max_running"]),
         weight_sync_pause_s=float(measured["weight_sync_pause_s"]),
         learner_base_s=l_base,
         learner_per_token_s=l_per_token,
     )
+
+
+def _fit_nonnegative(xs: list[tuple[float, ...]], ys: list[float]) -> tuple[float, ...]:
+    """Coefficients >= 0 minimizing the squared error of y = sum(c_i * x_i) (no intercept): the best
+    least-squares fit over every subset of the terms whose coefficients all come out >= 0 (the others 0)."""
+    import numpy as np
+
+    x, y = np.asarray(xs, dtype=float), np.asarray(ys, dtype=float)
+    if x.ndim != 2 or len(x) != len(y) or not len(y):
+        raise ValueError("need at least one point, each with the same terms, to fit")
+    best, best_error = np.zeros(x.shape[1]), float(y @ y)
+    for subset in itertools.chain.from_iterable(
+        itertools.combinations(range(x.shape[1]), size) for size in range(1, x.shape[1] + 1)
+    ):
+        columns = list(subset)
+        solution = np.linalg.lstsq(x[:, columns], y, rcond=None)[0]
+        if (solution < 0).any():
+            continue
+        error = float(np.sum((y - x[:, columns] @ solution) ** 2))
+        if error < best_error - 1e-15 * max(1.0, best_error):
+            best, best_error = np.zeros(x.shape[1]), error
+            best[columns] = solution
+    return tuple(float(c) for c in best)
 
 
 def _fit_line(xs: list[float], ys: list[float]) -> tuple[float, float]:
@@ -689,13 +763,16 @@ def validate_on_measurements(path: Path, async_steps: int) -> tuple[dict[str, An
     workload = workload_from_json(data["workload"])
     cluster = Cluster(int(data["cluster"]["num_engines"]), int(data["cluster"]["num_learners"]))
     started = time.monotonic()
-    # The same staleness bound as the measured run (older files have none: the lookahead's).
-    runs = run_modes(workload, cost, cluster, async_steps, data.get("max_off_policy_steps"))
+    # The same staleness bound as the measured run (older files have none: the lookahead's), and its prompts
+    # and lengths where the file has them.
+    replay = Replay.from_json(data["replay"]) if "replay" in data else None
+    runs = run_modes(workload, cost, cluster, async_steps, data.get("max_off_policy_steps"), replay)
     summary = summarize(runs)
     entry: dict[str, Any] = {
         "cost_model": asdict(cost),
         "workload": asdict(workload),
         "cluster": asdict(cluster),
+        "replayed": replay is not None,  # the measured runs' prompts and lengths, not drawn ones
         **summary,
         "sim_s": time.monotonic() - started,
     }

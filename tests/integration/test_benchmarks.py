@@ -123,7 +123,11 @@ def test_end_to_end_benchmark_reports_every_mode_over_interleaved_rounds(quick_b
             assert r["tool_calls_per_sample"] == 2 and r["turns_per_sample"] == 3 and r["tool_failures"] == 0
     assert result["peak_memory_gib"] > 0
     measured = json.loads((out / "e2e" / "measured.json").read_text())
-    assert [d["running"] for d in measured["decode"]] == [1, 4] and measured["prefill_tokens_per_s"] > 0
+    # One calibration batch per --calibrate size, each sample as long as the heavy-tail workload makes it.
+    assert [len(d["samples"]) for d in measured["decode"]] == [1, 4] and measured["prefill_tokens_per_s"] > 0
+    assert all(0 < n <= 48 for d in measured["decode"] for _, n in d["samples"])
+    replay = measured["replay"]  # what the simulator replays: the runs' prompts, their order and lengths
+    assert replay["workload"]["name"] == "heavy_tail" and len(replay["prompts"]) >= 2 * 4 * 2
     assert set(measured["measured_trained_samples_per_s"]) == modes and measured["pinned"]
     for name in ("heavy_tail", "tool_latency", "env_turns"):
         assert (out / "e2e" / f"timeline_{name}.png").stat().st_size > 0
@@ -133,12 +137,16 @@ def test_end_to_end_benchmark_reports_every_mode_over_interleaved_rounds(quick_b
         assert "streaming / synchronous trained samples/s" in text and "ceilings of streaming's runs" in text
 
 
+COSTS = ("base_s", "per_seq_s", "per_context_token_s")
+
+
 def test_simulator_fits_the_measurements_and_projects_the_seed_cluster(quick_bench):
     out, _stdout = quick_bench
     result = json.loads((out / "simulator" / "simulator.json").read_text())
     assert result["stamp"]["commit"]
     measured = result["measured"]
     assert measured["measured_speedup_streaming_vs_sync"] > 0 and "speedup_relative_error" in measured
+    assert measured["replayed"] and min(measured["cost_model"][f"decode_{c}"] for c in COSTS) >= 0
     assert set(measured["per_mode"]) == {"synchronous", "one_step_async", "streaming", "streaming_reprefill"}
     assert all(v["predicted"] > 0 and v["measured_median"] > 0 for v in measured["per_mode"].values())
     for mode in ("synchronous", "one_step_async", "streaming"):

@@ -19,6 +19,7 @@ from open_instruct.benchmarks.simulator import (
     SEED_CLUSTER_WORKLOAD,
     Cluster,
     CostModel,
+    Replay,
     Workload,
     compare,
     fit_cost_model,
@@ -259,9 +260,20 @@ def test_async_sweep_picks_the_least_lookahead_near_the_best_rate(tmp_path):
 # ----------------------------------------------------------------------------- fitting, projection, CLI
 
 
+def synthetic_batch(truth: CostModel, lengths: list[int], prompt_tokens: int = 20) -> dict:
+    """A calibration batch as the engine model runs it: every step the samples still short of their length,
+    each attending to its prompt and the tokens before."""
+    steps = [
+        truth.step_s(sum(n > k for n in lengths), sum(prompt_tokens + k for n in lengths if n > k))
+        for k in range(max(lengths))
+    ]
+    prefill = prompt_tokens * len(lengths) * truth.prefill_per_token_s
+    return {"samples": [[prompt_tokens, n] for n in lengths], "elapsed_s": sum(steps) + prefill}
+
+
 def synthetic_measurements(truth: CostModel, num_learners: int) -> dict:
     return {
-        "decode": [{"running": r, "tokens_per_s": r / truth.step_s(r)} for r in (1, 8, 64, 256)],
+        "decode": [synthetic_batch(truth, lengths) for lengths in ([64] * 8, [16, 40, 900], [300] * 64, [5] * 256)],
         "prefill_tokens_per_s": 1 / truth.prefill_per_token_s,
         "learner": [{"tokens": t, "step_s": truth.learner_step_s(t, num_learners)} for t in (10_000, 50_000, 200_000)],
         "weight_sync_pause_s": truth.weight_sync_pause_s,
@@ -271,9 +283,54 @@ def synthetic_measurements(truth: CostModel, num_learners: int) -> dict:
 
 
 def test_fit_cost_model_recovers_linear_parameters():
+    truth = dataclasses.replace(GPU_H100_COST, decode_per_context_token_s=2e-8)
+    fitted = fit_cost_model(synthetic_measurements(truth, num_learners=4))
+    for field in dataclasses.fields(CostModel):
+        assert getattr(fitted, field.name) == pytest.approx(getattr(truth, field.name), rel=1e-6)
     fitted = fit_cost_model(synthetic_measurements(GPU_H100_COST, num_learners=4))
     for field in dataclasses.fields(CostModel):
         assert getattr(fitted, field.name) == pytest.approx(getattr(GPU_H100_COST, field.name), rel=1e-9)
+
+
+def test_decode_fit_keeps_every_cost_non_negative():
+    # Per-sample cost alone (no per-step or context cost): an unconstrained fit would go below zero on noise.
+    truth = dataclasses.replace(GPU_H100_COST, decode_base_s=0.0, decode_per_seq_s=0.001)
+    batches = [synthetic_batch(truth, lengths) for lengths in ([100] * 4, [50, 400], [200] * 16, [7, 900, 30])]
+    batches[0]["elapsed_s"] *= 0.9
+    fitted = fit_cost_model({**synthetic_measurements(truth, 1), "decode": batches})
+    costs = (fitted.decode_base_s, fitted.decode_per_seq_s, fitted.decode_per_context_token_s)
+    assert min(costs) >= 0 and fitted.decode_per_seq_s == pytest.approx(0.001, rel=0.1)
+    # One batch cannot tell the costs apart: all of it goes to one of them.
+    one = fit_cost_model({**synthetic_measurements(truth, 1), "decode": batches[:1]})
+    assert sorted((one.decode_base_s, one.decode_per_seq_s, one.decode_per_context_token_s))[:2] == [0.0, 0.0]
+
+
+def test_decode_step_time_grows_with_the_context_the_running_samples_attend_to():
+    # Two samples of 100 tokens after a 20-token prompt: their contexts sum to 2 * (20 + k) at step k.
+    cost = dataclasses.replace(GPU_H100_COST, decode_base_s=0.0, decode_per_seq_s=0.0, prefill_per_token_s=0.0)
+    cost = dataclasses.replace(cost, decode_per_context_token_s=1e-5, max_running=8)
+    workload = Workload(1, 2, 1, prompt_tokens=20, median_tokens=100, sigma=0.0, max_tokens=100)
+    result = simulate("synchronous", workload, cost, Cluster(1, 1))
+    decode_s = sum(2 * (20 + k) for k in range(100)) * 1e-5
+    learner_and_sync = cost.learner_step_s(2 * 120, 1) + cost.weight_sync_pause_s
+    assert result.wall_s == pytest.approx(decode_s + learner_and_sync, rel=1e-6)
+
+
+def test_a_replay_admits_the_measured_runs_prompts_in_its_order_with_each_samples_length():
+    import random
+
+    from open_instruct.benchmarks.workloads import ShapedWorkload
+
+    shape = ShapedWorkload("heavy_tail", median_tokens=30, sigma=1.0, max_tokens=200)
+    replay = Replay(seed=7, prompts=tuple((f"row{i}", 10 + i) for i in range(20)), lengths=shape)
+    workload = Workload(2, 2, 3, prompt_tokens=1, median_tokens=5, sigma=0.0, max_tokens=200)
+    cost = dataclasses.replace(GPU_H100_COST, max_running=8)
+    result = simulate("synchronous", workload, cost, Cluster(1, 1), replay=replay)
+    order = list(range(20))
+    random.Random(7 * 1_000_003).shuffle(order)  # the feeder's first epoch under --seed 7
+    admitted = [f"row{i}@0" for i in order[:6]]
+    expected = sum(shape.length(f"{prompt_id}/{j}") for prompt_id in admitted for j in range(2))
+    assert result.generated_tokens_per_s * result.wall_s == pytest.approx(expected)
 
 
 def test_seed_cluster_projection_is_fast_and_reports_the_speedup():
