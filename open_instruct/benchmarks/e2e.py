@@ -255,8 +255,9 @@ def warm_up_engine(stack, rows, workload: ShapedWorkload) -> None:
 
 def calibrate_decode(stack, rows, workload: ShapedWorkload, batch_sizes: list[int], tag: str) -> list[dict]:
     """Engine 0 on one batch of each size, every sample as long as `workload` makes it (the heavy tail and its
-    long contexts included) and through the actor path the training runs take. The batches' prompt ids are
-    their own (`tag` tells rounds apart): the training runs never see these lengths."""
+    long contexts included), each sample generated and scored as in the training runs (`GenerationActor.generate`:
+    the same per-sample path, without the prompt and result queues). The batches' prompt ids are their own
+    (`tag` tells rounds apart): the training runs never see these lengths."""
     from open_instruct.messages import SamplingSettings
     from open_instruct.prompt_feeder import make_request
 

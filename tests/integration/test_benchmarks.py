@@ -88,7 +88,7 @@ def test_end_to_end_benchmark_reports_every_mode_over_interleaved_rounds(quick_b
     assert result["rounds"] == 2 and result["pinned"]
     assert result["stamp"]["commit"] and result["stamp"]["machine"]["cpu_count"] >= 1
     assert set(result["workloads"]) == {"heavy_tail", "tool_latency", "env_turns"}
-    modes = {"synchronous", "one_step_async", "streaming", "streaming_reprefill"}
+    modes = {"synchronous", "one_step_async", "streaming", "streaming_auto", "streaming_reprefill"}
     modes |= {"streaming_drop", "streaming_downweight", "streaming_mask"}
     for workload in result["workloads"].values():
         assert set(workload["modes"]) == set(workload["runs"]) == modes
@@ -112,6 +112,7 @@ def test_end_to_end_benchmark_reports_every_mode_over_interleaved_rounds(quick_b
         ratio = workload["ratios"]["streaming_vs_synchronous"]
         assert ratio["min"] <= ratio["median"] <= ratio["max"] and len(ratio["per_round"]) == 2
         assert workload["speedup_streaming_vs_sync"] == ratio["median"]
+        assert len(workload["ratios"]["streaming_auto_vs_one_step_async"]["per_round"]) == 2
         assert workload["learner_bound_ceiling_samples_per_s"]["median"] > 0
     # The multi-turn workloads go through the real path: a tool call over HTTP, environment turns.
     for runs in result["workloads"]["tool_latency"]["runs"].values():
@@ -123,8 +124,10 @@ def test_end_to_end_benchmark_reports_every_mode_over_interleaved_rounds(quick_b
             assert r["tool_calls_per_sample"] == 2 and r["turns_per_sample"] == 3 and r["tool_failures"] == 0
     assert result["peak_memory_gib"] > 0
     measured = json.loads((out / "e2e" / "measured.json").read_text())
-    # One calibration batch per --calibrate size, each sample as long as the heavy-tail workload makes it.
-    assert [len(d["samples"]) for d in measured["decode"]] == [1, 4] and measured["prefill_tokens_per_s"] > 0
+    # One calibration batch per --calibrate size at the start of each round, each sample as long as the
+    # heavy-tail workload makes it.
+    assert [(d["round"], len(d["samples"])) for d in measured["decode"]] == [("0", 1), ("0", 4), ("1", 1), ("1", 4)]
+    assert measured["prefill_tokens_per_s"] > 0
     assert all(0 < n <= 48 for d in measured["decode"] for _, n in d["samples"])
     replay = measured["replay"]  # what the simulator replays: the runs' prompts, their order and lengths
     assert replay["workload"]["name"] == "heavy_tail" and len(replay["prompts"]) >= 2 * 4 * 2
@@ -147,7 +150,8 @@ def test_simulator_fits_the_measurements_and_projects_the_seed_cluster(quick_ben
     measured = result["measured"]
     assert measured["measured_speedup_streaming_vs_sync"] > 0 and "speedup_relative_error" in measured
     assert measured["replayed"] and min(measured["cost_model"][f"decode_{c}"] for c in COSTS) >= 0
-    assert set(measured["per_mode"]) == {"synchronous", "one_step_async", "streaming", "streaming_reprefill"}
+    simulated = {"synchronous", "one_step_async", "streaming", "streaming_auto", "streaming_reprefill"}
+    assert set(measured["per_mode"]) == simulated
     assert all(v["predicted"] > 0 and v["measured_median"] > 0 for v in measured["per_mode"].values())
     for mode in ("synchronous", "one_step_async", "streaming"):
         assert set(measured[mode]) >= MODE_KEYS and set(result["seed_projection"][mode]) >= MODE_KEYS
