@@ -17,9 +17,9 @@ running samples), and the step in which samples start also pays `prefill_per_tok
 token of each. New work and pauses take effect at the next step boundary. Between two events an
 engine's running set is fixed, so it jumps k steps to the next finish (or to the next boundary
 after an interruption) instead of simulating every token; the k steps are equal, each at the
-phase's mean context. With a tool latency, a sample stops
-halfway, leaves its engine (freeing the slot) for the wait, then queues at the front of the same
-engine's waiting line (its context assumed prefix-cached).
+phase's mean context. With a tool latency, a sample stops halfway, leaves its engine (freeing the
+slot) for the wait, then queues at the front of the same engine's waiting line (its context
+assumed prefix-cached).
 
 Weight sync: "keep" pauses each engine at its next step boundary and its running samples
 continue afterwards with the new version (they span two versions); "reprefill" pauses there too
@@ -76,7 +76,7 @@ class CostModel:
     learner_base_s: float  # per train step
     learner_per_token_s: float  # per trained token on one data-parallel rank
     # per engine step, per token the running samples attend to (prompt + generated): attention grows with
-    # the context, which dominates a CPU decode step past a few hundred tokens
+    # the context (fitted on the CPU stack, it outweighs the per-sample cost past about 50 tokens of context)
     decode_per_context_token_s: float = 0.0
 
     def step_s(self, running: int, context_tokens: float = 0.0) -> float:

@@ -48,6 +48,7 @@ import json
 import logging
 import sys
 import time
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -719,9 +720,9 @@ _COLUMNS = (
 )
 
 
-def format_table(summary: dict[str, Any]) -> str:
+def format_table(summary: dict[str, Any], modes: Iterable[str]) -> str:
     rows = [[title for title, _, _ in _COLUMNS]]
-    for mode in [mode for mode in summary if isinstance(summary[mode], dict)]:
+    for mode in modes:
         r = dict(summary[mode], mode=mode, step_s=summary[mode]["wall_s"] / max(1, summary[mode]["num_steps"]))
         rows.append([fmt.format(r[key]) for _, key, fmt in _COLUMNS])
     widths = [max(len(row[i]) for row in rows) for i in range(len(_COLUMNS))]
@@ -782,7 +783,7 @@ def validate_on_measurements(path: Path, async_steps: int) -> tuple[dict[str, An
     }
     print(f"== measured setup ({path}): {cluster.num_engines} engines, {cluster.num_learners} learners")
     print(f"fitted cost model: {cost}")
-    print(format_table(summary))
+    print(format_table(summary, runs))
     measured_speedup = data.get("measured_speedup_streaming_vs_sync")
     if measured_speedup:
         error = summary["speedup_streaming_vs_sync"] / measured_speedup - 1
@@ -801,8 +802,8 @@ def validate_on_measurements(path: Path, async_steps: int) -> tuple[dict[str, An
 def per_mode_validation(summary: dict[str, Any], measured_rates: dict[str, dict[str, float]]) -> dict[str, Any]:
     """Each simulated mode's whole-run rate against the measured median (and min-max over the rounds)."""
     out = {}
-    for mode in summary:
-        if mode not in measured_rates:
+    for mode in measured_rates:
+        if mode not in summary:
             continue
         measured, predicted = measured_rates[mode], summary[mode]["trained_samples_per_s"]
         out[mode] = {
