@@ -276,6 +276,33 @@ def calibrate_decode(stack, rows, workload: ShapedWorkload, batch_sizes: list[in
     return batches
 
 
+def measure_queue_overhead(stack, rows, prompts: int, samples_per_prompt: int, tag: str) -> dict:
+    """The same short samples (8 tokens) once through the prompt and result queues the training runs use and
+    once as a direct batch (`generate`): the difference, per sample, is what the queue path costs on top."""
+    from open_instruct.generation.ledger import DeliveryLedger
+    from open_instruct.messages import SamplingSettings
+    from open_instruct.prompt_feeder import make_request
+
+    pool = stack.pool
+    pool.call_all("set_workload", None)  # these requests carry their own exact length
+    short = SamplingSettings(max_tokens=8, ignore_eos=True)
+
+    def batch(name: str) -> list:
+        return [make_request(rows[i], f"{name}{tag}:{i}", short, samples_per_prompt, 1, 0) for i in range(prompts)]
+
+    pool.ledger = DeliveryLedger()
+    pool.start_loops()
+    started, expected, delivered = time.monotonic(), prompts * samples_per_prompt, 0
+    pool.submit(batch("queued"))
+    while delivered < expected:
+        delivered += len(pool.poll(timeout_s=1.0))
+    queue_s = time.monotonic() - started
+    pool.stop("abort")
+    started = time.monotonic()
+    pool.generate(batch("direct"))
+    return {"samples": expected, "queue_s": queue_s, "direct_s": time.monotonic() - started, "round": tag}
+
+
 def measure_prefill(stack, rows) -> float:
     """Prompt tokens/s of engine 0 on 32 prompts of 8x a dataset prompt, one token each."""
     from open_instruct.messages import SamplingSettings
@@ -419,8 +446,8 @@ def run_rounds(
 ) -> dict:
     """Every (round, workload, mode) on the same actors and prompts, rounds outermost; the last round's
     synchronous and streaming timelines are drawn. With `calibration`, each round starts with the decode
-    calibration batches (added to its "decode"), so that a machine whose speed drifts moves them and the
-    modes alike."""
+    calibration batches and the queue path's overhead (added to its "decode" and "queue_overhead"), so
+    that a machine whose speed drifts moves them and the modes alike."""
     from tqdm import tqdm
 
     runs = {name: {mode: [] for mode in args.modes} for name in args.workloads}
@@ -431,6 +458,8 @@ def run_rounds(
         if calibration is not None and round_index != calibrated_round:
             heavy = workloads["heavy_tail"]
             calibration["decode"] += calibrate_decode(stack, rows, heavy, args.calibrate, str(round_index))
+            overhead = measure_queue_overhead(stack, rows, 4 * args.prompts, args.samples, str(round_index))
+            calibration["queue_overhead"].append(overhead)
             calibrated_round, current = round_index, None
         if name != current:
             stack.pool.call_all("set_workload", workloads[name])
@@ -513,7 +542,7 @@ def main(argv: list[str] | None = None) -> dict:
             warm_up_engine(stack, rows, workloads["heavy_tail"])
             calibration = None
             if args.calibrate and "heavy_tail" in args.workloads:
-                calibration = {"decode": [], "prefill_tokens_per_s": measure_prefill(stack, rows)}
+                calibration = {"decode": [], "queue_overhead": [], "prefill_tokens_per_s": measure_prefill(stack, rows)}
             max_running = stack.pool.start_info[0].target_concurrency
             results["workloads"] = run_rounds(stack, base, workloads, tokenizer, rows, out, args, calibration)
         finally:

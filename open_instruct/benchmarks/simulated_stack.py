@@ -7,19 +7,19 @@ makes advances it: `SimEngines.poll` until a sample finishes (or its timeout), t
 transfer's cost. So engines keep generating while the loop trains or syncs, exactly as real
 engines do while the driver waits on Ray, and nothing sleeps.
 
-Engine model (like `GenerationActor.run`): an engine pulls whole prompts from one shared FIFO
-(work stealing) while it holds fewer than `max_running` samples; engines with room take turns,
-one prompt each, as getters blocked on one queue do. The scheduler runs at most `max_running`
-samples (the rest of a prompt's samples wait in the engine). Decoding advances in steps: each
-running sample gains one token per step, a step takes `decode_base_s + decode_per_seq_s *
-running + decode_per_context_token_s * context` (context: the prompt and generated tokens of the
-running samples), and the step in which samples start also pays `prefill_per_token_s` per prompt
-token of each. New work and pauses take effect at the next step boundary. Between two events an
-engine's running set is fixed, so it jumps k steps to the next finish (or to the next boundary
-after an interruption) instead of simulating every token; the k steps are equal, each at the
-phase's mean context. With a tool latency, a sample stops halfway, leaves its engine (freeing the
-slot) for the wait, then queues at the front of the same engine's waiting line (its context
-assumed prefix-cached).
+Engine model (like `GenerationActor.run`): an engine pulls whole prompts from one shared FIFO (work
+stealing) while it holds fewer than `max_running` samples; engines with room take turns, one prompt
+each, as getters blocked on one queue do. The scheduler runs at most `max_running` samples (the rest
+of a prompt's samples wait in the engine). Decoding advances in steps: each running sample gains one
+token per step, a step takes `decode_base_s + decode_per_seq_s * running +
+decode_per_context_token_s * context` (context: the prompt and generated tokens of the running
+samples), and the step in which samples start also pays `prefill_per_token_s` per prompt token of
+each and `per_sample_s` per new sample. New work and pauses take effect at the next step boundary.
+Between two events an engine's running set is fixed, so it jumps k steps to the next finish (or to
+the next boundary after an interruption) instead of simulating every token; the k steps are equal,
+each at the phase's mean context. With a tool latency, a sample stops halfway, leaves its engine
+(freeing the slot) for the wait, then queues at the front of the same engine's waiting line (its
+context assumed prefix-cached).
 
 Weight sync: "keep" pauses each engine at its next step boundary and its running samples
 continue afterwards with the new version (they span two versions); "reprefill" pauses there too
@@ -78,6 +78,9 @@ class CostModel:
     # per engine step, per token the running samples attend to (prompt + generated): attention grows with
     # the context (fitted on the CPU stack, it outweighs the per-sample cost past about 50 tokens of context)
     decode_per_context_token_s: float = 0.0
+    # engine time per sample for its way through the prompt and result queues (pull, scoring, push), paid
+    # in its first step; measured as the queue path's extra time over a direct batch of the same samples
+    per_sample_s: float = 0.0
 
     def step_s(self, running: int, context_tokens: float = 0.0) -> float:
         return self.decode_base_s + self.decode_per_seq_s * running + self.decode_per_context_token_s * context_tokens
@@ -194,6 +197,7 @@ class _Engine:
         self.phase_start = self.phase_prefill = self.phase_dt = 0.0
         self.phase_steps = 0
         self.unprefilled_tokens = 0
+        self.unstarted_samples = 0  # fresh samples joining at the next step: each pays `per_sample_s` there
         self.acc_t = 0.0
         self.tokens = self.samples = self.pulled = 0
         self.reprefilled = self.reprefill_tokens = 0
@@ -380,7 +384,7 @@ class SimEngines:
         if steps:
             e.tokens += len(e.running) * steps
             e.steps_done += steps
-            e.unprefilled_tokens = 0  # the phase's first step (which carried the prefill) is done
+            e.unprefilled_tokens = e.unstarted_samples = 0  # the phase's first step carried their costs
         for sample in [s for s in e.running.values() if s.aborted]:
             del e.running[sample.uid]
             extend_spans(sample.spans, e, sample.joined_step, e.steps_done, sample.generated)
@@ -410,6 +414,7 @@ class SimEngines:
             if sample.fresh:
                 sample.fresh, sample.started_at = False, t
                 e.unprefilled_tokens += len(sample.request.prompt_token_ids)
+                e.unstarted_samples += 1
             elif sample.reprefill:
                 sample.reprefill = False
                 recomputed = len(sample.request.prompt_token_ids) + sample.generated
@@ -420,7 +425,9 @@ class SimEngines:
         if e.running:
             k = e.finish_heap[0][0] - e.steps_done
             e.phase_start, e.phase_steps = t, k
-            e.phase_prefill = e.unprefilled_tokens * self.cost.prefill_per_token_s
+            e.phase_prefill = (
+                e.unprefilled_tokens * self.cost.prefill_per_token_s + e.unstarted_samples * self.cost.per_sample_s
+            )
             context = self._phase_context(e, k) if self.cost.decode_per_context_token_s else 0.0
             e.phase_dt = self.cost.step_s(len(e.running), context)
             self._set_wake(e, t + e.phase_prefill + k * e.phase_dt, k)

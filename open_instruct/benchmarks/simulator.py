@@ -46,6 +46,7 @@ import dataclasses
 import itertools
 import json
 import logging
+import statistics
 import sys
 import time
 from collections.abc import Iterable
@@ -483,6 +484,7 @@ def fit_cost_model(measured: dict[str, Any]) -> CostModel:
 
     Format (times in seconds):
         {"decode": [{"samples": [[20, 812], [20, 40], ...], "elapsed_s": 3.1}, ...],  # one engine
+         "queue_overhead": [{"samples": 128, "queue_s": 1.1, "direct_s": 0.3}, ...],  # optional
          "prefill_tokens_per_s": 20000.0,
          "learner": [{"tokens": 65536, "step_s": 4.2}, ...],  # tokens of the whole batch (all ranks)
          "weight_sync_pause_s": 1.5,
@@ -494,7 +496,9 @@ def fit_cost_model(measured: dict[str, Any]) -> CostModel:
     to sum(lengths) and their contexts to sum(prompt * length + length * (length - 1) / 2), so elapsed_s
     less the prompts' prefill is decode_base_s, decode_per_seq_s and decode_per_context_token_s times those
     three, fitted by least squares with every cost >= 0. Batches shaped like the workload (its tail
-    included) tell the costs apart; batches of short equal samples would not see the context's.
+    included) tell the costs apart; batches of short equal samples would not see the context's. Those
+    batches go to the engine directly; per_sample_s, what a sample's way through the prompt and result
+    queues adds, is the median over "queue_overhead" of (queue_s - direct_s) / samples (0 without it).
     Learner: step_s fitted as learner_base_s + learner_per_token_s * tokens / num_learners. With a
     single distinct x a line cannot be fitted and goes through the origin; a negative intercept is
     refitted through the origin, a negative slope becomes 0 (intercept = mean).
@@ -507,6 +511,7 @@ def fit_cost_model(measured: dict[str, Any]) -> CostModel:
         terms.append((max(lengths), sum(lengths), context))
         elapsed.append(batch["elapsed_s"] - sum(prompts) * prefill_per_token_s)
     base, per_seq, per_context = _fit_nonnegative(terms, elapsed)
+    overheads = [(o["queue_s"] - o["direct_s"]) / o["samples"] for o in measured.get("queue_overhead", [])]
     learners = measured.get("num_learners", 1)
     learner = measured["learner"]
     l_base, l_per_token = _fit_line([p["tokens"] / learners for p in learner], [p["step_s"] for p in learner])
@@ -514,6 +519,7 @@ def fit_cost_model(measured: dict[str, Any]) -> CostModel:
         decode_base_s=base,
         decode_per_seq_s=per_seq,
         decode_per_context_token_s=per_context,
+        per_sample_s=max(0.0, statistics.median(overheads)) if overheads else 0.0,
         prefill_per_token_s=prefill_per_token_s,
         max_running=int(measured["max_running"]),
         weight_sync_pause_s=float(measured["weight_sync_pause_s"]),

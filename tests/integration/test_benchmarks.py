@@ -128,6 +128,9 @@ def test_end_to_end_benchmark_reports_every_mode_over_interleaved_rounds(quick_b
     # heavy-tail workload makes it.
     assert [(d["round"], len(d["samples"])) for d in measured["decode"]] == [("0", 1), ("0", 4), ("1", 1), ("1", 4)]
     assert measured["prefill_tokens_per_s"] > 0
+    overheads = measured["queue_overhead"]  # the queue path against a direct batch, once per round
+    assert [o["round"] for o in overheads] == ["0", "1"] and all(o["samples"] == 4 * 4 * 2 for o in overheads)
+    assert all(o["queue_s"] > 0 and o["direct_s"] > 0 for o in overheads)
     assert all(0 < n <= 48 for d in measured["decode"] for _, n in d["samples"])
     replay = measured["replay"]  # what the simulator replays: the runs' prompts, their order and lengths
     assert replay["workload"]["name"] == "heavy_tail" and len(replay["prompts"]) >= 2 * 4 * 2

@@ -274,6 +274,10 @@ def synthetic_batch(truth: CostModel, lengths: list[int], prompt_tokens: int = 2
 def synthetic_measurements(truth: CostModel, num_learners: int) -> dict:
     return {
         "decode": [synthetic_batch(truth, lengths) for lengths in ([64] * 8, [16, 40, 900], [300] * 64, [5] * 256)],
+        "queue_overhead": [
+            {"samples": n, "queue_s": direct + n * truth.per_sample_s, "direct_s": direct}
+            for n, direct in ((32, 0.5), (128, 1.5), (64, 0.9))
+        ],
         "prefill_tokens_per_s": 1 / truth.prefill_per_token_s,
         "learner": [{"tokens": t, "step_s": truth.learner_step_s(t, num_learners)} for t in (10_000, 50_000, 200_000)],
         "weight_sync_pause_s": truth.weight_sync_pause_s,
@@ -283,7 +287,7 @@ def synthetic_measurements(truth: CostModel, num_learners: int) -> dict:
 
 
 def test_fit_cost_model_recovers_linear_parameters():
-    truth = dataclasses.replace(GPU_H100_COST, decode_per_context_token_s=2e-8)
+    truth = dataclasses.replace(GPU_H100_COST, decode_per_context_token_s=2e-8, per_sample_s=0.004)
     fitted = fit_cost_model(synthetic_measurements(truth, num_learners=4))
     for field in dataclasses.fields(CostModel):
         assert getattr(fitted, field.name) == pytest.approx(getattr(truth, field.name), rel=1e-6)
@@ -314,6 +318,15 @@ def test_decode_step_time_grows_with_the_context_the_running_samples_attend_to()
     decode_s = sum(2 * (20 + k) for k in range(100)) * 1e-5
     learner_and_sync = cost.learner_step_s(2 * 120, 1) + cost.weight_sync_pause_s
     assert result.wall_s == pytest.approx(decode_s + learner_and_sync, rel=1e-6)
+
+
+def test_each_new_sample_pays_its_way_through_the_queues_once_in_its_first_step():
+    cost = dataclasses.replace(GPU_H100_COST, decode_base_s=0.01, decode_per_seq_s=0.0, prefill_per_token_s=0.0)
+    cost = dataclasses.replace(cost, per_sample_s=0.05, max_running=8)
+    workload = Workload(1, 2, 1, prompt_tokens=20, median_tokens=100, sigma=0.0, max_tokens=100)
+    result = simulate("synchronous", workload, cost, Cluster(1, 1))
+    learner_and_sync = cost.learner_step_s(2 * 120, 1) + cost.weight_sync_pause_s
+    assert result.wall_s == pytest.approx(100 * 0.01 + 2 * 0.05 + learner_and_sync, rel=1e-6)
 
 
 def test_a_replay_admits_the_measured_runs_prompts_in_its_order_with_each_samples_length():
