@@ -64,6 +64,9 @@ from pathlib import Path
 from open_instruct.benchmarks import rounds as rounds_lib
 from open_instruct.benchmarks.stamp import describe, stamp
 from open_instruct.benchmarks.workloads import LatencyToolServer, ShapedGenerationActor, ShapedWorkload, run_config
+from open_instruct.generation.ledger import DeliveryLedger
+from open_instruct.messages import SamplingSettings
+from open_instruct.prompt_feeder import make_request
 
 logger = logging.getLogger(__name__)
 
@@ -159,7 +162,6 @@ def mode_config(base, mode: str, output_dir: Path):
 
 
 def run_mode(stack, cfg, mode: str, tokenizer, rows) -> tuple[dict, list]:
-    from open_instruct.generation.ledger import DeliveryLedger
     from open_instruct.orchestrator import SystemClock, TrainingLoop
     from open_instruct.tracking import RunLog
 
@@ -245,8 +247,6 @@ def _agent_columns(history: list[dict]) -> dict:
 
 def warm_up_engine(stack, rows, workload: ShapedWorkload) -> None:
     """The first requests of a fresh engine are several times slower (one-off set-up): not in any timing."""
-    from open_instruct.messages import SamplingSettings
-    from open_instruct.prompt_feeder import make_request
 
     stack.pool.call_all("set_workload", workload)
     sampling = SamplingSettings(max_tokens=workload.max_tokens, ignore_eos=True)
@@ -258,8 +258,6 @@ def calibrate_decode(stack, rows, workload: ShapedWorkload, batch_sizes: list[in
     long contexts included), each sample generated and scored as in the training runs (`GenerationActor.generate`:
     the same per-sample path, without the prompt and result queues). The batches' prompt ids are their own
     (`tag` tells rounds apart): the training runs never see these lengths."""
-    from open_instruct.messages import SamplingSettings
-    from open_instruct.prompt_feeder import make_request
 
     stack.pool.call_all("set_workload", workload)
     sampling = SamplingSettings(max_tokens=workload.max_tokens, ignore_eos=True)
@@ -279,10 +277,6 @@ def calibrate_decode(stack, rows, workload: ShapedWorkload, batch_sizes: list[in
 def measure_queue_overhead(stack, rows, prompts: int, samples_per_prompt: int, tag: str) -> dict:
     """The same short samples (8 tokens) once through the prompt and result queues the training runs use and
     once as a direct batch (`generate`): the difference, per sample, is what the queue path costs on top."""
-    from open_instruct.generation.ledger import DeliveryLedger
-    from open_instruct.messages import SamplingSettings
-    from open_instruct.prompt_feeder import make_request
-
     pool = stack.pool
     pool.call_all("set_workload", None)  # these requests carry their own exact length
     short = SamplingSettings(max_tokens=8, ignore_eos=True)
@@ -305,8 +299,6 @@ def measure_queue_overhead(stack, rows, prompts: int, samples_per_prompt: int, t
 
 def measure_prefill(stack, rows) -> float:
     """Prompt tokens/s of engine 0 on 32 prompts of 8x a dataset prompt, one token each."""
-    from open_instruct.messages import SamplingSettings
-    from open_instruct.prompt_feeder import make_request
 
     stack.pool.call_all("set_workload", None)  # these requests carry their own exact length
     long_prompt = dataclasses.replace(rows[0], prompt_token_ids=tuple(rows[0].prompt_token_ids) * 8)
@@ -551,11 +543,9 @@ def main(argv: list[str] | None = None) -> dict:
     results["peak_memory_gib"] = memory.peak / 2**30
     (out / "e2e.json").write_text(json.dumps(results, indent=1))
     if calibration is not None:
-        replay = {
-            "seed": base.run.seed,
-            "prompts": [[row.prompt_id, len(row.prompt_token_ids)] for row in rows],
-            "workload": dataclasses.asdict(workloads["heavy_tail"]),
-        }
+        from open_instruct.benchmarks.simulator import Replay
+
+        replay = Replay.of_rows(base.run.seed, rows, workloads["heavy_tail"]).as_json()
         heavy_runs = results["workloads"]["heavy_tail"]
         measured = measured_for_simulator(args, calibration, heavy_runs, max_running, replay)
         (out / "measured.json").write_text(json.dumps({**measured, "stamp": results["stamp"]}, indent=1))

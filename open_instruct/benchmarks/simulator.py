@@ -220,6 +220,14 @@ class Replay:
     lengths: ShapedWorkload  # its `length(sample id)` is the exact response length of each real sample
 
     @classmethod
+    def of_rows(cls, seed: int, rows, lengths: ShapedWorkload) -> Replay:
+        """The replay of a run of `rows` (data.PromptRow) under `seed`, whose samples `lengths` shaped."""
+        return cls(seed, tuple((row.prompt_id, len(row.prompt_token_ids)) for row in rows), lengths)
+
+    def as_json(self) -> dict[str, Any]:
+        return {"seed": self.seed, "prompts": [list(p) for p in self.prompts], "workload": asdict(self.lengths)}
+
+    @classmethod
     def from_json(cls, d: dict[str, Any]) -> Replay:
         prompts = tuple((str(prompt_id), int(tokens)) for prompt_id, tokens in d["prompts"])
         return cls(int(d["seed"]), prompts, ShapedWorkload(**d["workload"]))

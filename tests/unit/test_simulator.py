@@ -336,6 +336,7 @@ def test_a_replay_admits_the_measured_runs_prompts_in_its_order_with_each_sample
 
     shape = ShapedWorkload("heavy_tail", median_tokens=30, sigma=1.0, max_tokens=200)
     replay = Replay(seed=7, prompts=tuple((f"row{i}", 10 + i) for i in range(20)), lengths=shape)
+    assert Replay.from_json(json.loads(json.dumps(replay.as_json()))) == replay  # as measured.json carries it
     workload = Workload(2, 2, 3, prompt_tokens=1, median_tokens=5, sigma=0.0, max_tokens=200)
     cost = dataclasses.replace(GPU_H100_COST, max_running=8)
     result = simulate("synchronous", workload, cost, Cluster(1, 1), replay=replay)
