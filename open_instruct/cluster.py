@@ -222,7 +222,7 @@ class Stack:
     """
 
     def __init__(self, cfg, model_path: str, pad_token_id: int, engine_class=None, engine_args: tuple = ()):
-        self.pool = self.learners = self.sync = None
+        self.pool = self.learners = self.sync = self.placement = None
         try:
             self._build(cfg, model_path, pad_token_id, engine_class, engine_args)
         except BaseException:
@@ -249,6 +249,7 @@ class Stack:
             sync_backend=learner.vllm_sync_backend,
         )
         logger.info("placement: %s", placement)
+        self.placement = placement
         learner_groups = reserve_learner_groups(placement)
         settings = dataclasses.replace(
             EngineSettings.from_config(cfg, model_path),

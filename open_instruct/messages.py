@@ -256,6 +256,24 @@ class EngineStats:
 
 
 @dataclass(frozen=True, slots=True)
+class EngineStep:
+    """One vLLM engine step, as its outputs reached the engine actor (`GenerationActor.take_step_trace`): what
+    the step computed and when. The benchmarks fit the engine's cost per step on these."""
+
+    arrived_s: float  # wall clock when the step's outputs reached the actor
+    # the engine's own time from the step before to this one (vLLM's inter-token latency of a request that
+    # decoded in both, on the engine's clock); 0 when no request did
+    engine_step_s: float
+    generated_tokens: int  # requests that produced a token: the decode batch
+    prefill_tokens: int  # prompt tokens computed (prefix-cache hits left out)
+    started_requests: int  # requests whose prefill ran in this step
+    queued_requests: int  # running + waiting after the step; 0: the engine had nothing to do until new work came
+    kv_tokens: int  # KV-cache tokens in use after the step (whole blocks): the context the batch attends to
+    # the actor's weight-sync pauses and resumes so far: a change between two steps means a pause came between
+    pause_transitions: int
+
+
+@dataclass(frozen=True, slots=True)
 class EnginePaused:
     """An engine froze for a weight sync; `kept_requests` stay in it with their KV cache."""
 
@@ -318,6 +336,8 @@ class EngineStarted:
     pid: int
     target_concurrency: int  # samples it keeps running (KV capacity at full length, scheduler cap)
     kv_cache_tokens: int
+    kv_block_tokens: int = 0  # the KV cache's block: a request holds its context in whole blocks
+    engine_process_cores: tuple[int, ...] = ()  # where the OS lets vLLM's engine process run (--single_gpu_mode)
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,11 +23,12 @@ One set of actors (vLLM engine, DeepSpeed learner, weight sync) runs the real tr
                    lengths (mask trains late groups whole, their too-old tokens as context only).
 
 Measured so that a reader can trust a ratio (`rounds.py`): engine and learner each get their own
-cores (`--pin`, through the CPU split of `--single_gpu_mode`: the engine's OpenMP threads on one
-half, the learner on the other, as separate GPUs would be), the modes run interleaved (A B C A B C)
-for `--rounds` rounds, and every number is reported as the median over rounds with its min-max
-spread; a ratio of two modes is taken per round. Each workload also gets its learner-bound ceiling:
-the rate of a learner that never waits, at the step and sync times streaming measured.
+cores (`--pin`, through the CPU split of `--single_gpu_mode`: vLLM's engine process on one half, the
+learner on the other, the engine actor's event loop and this driver beside the learner, as separate
+GPUs would be), the modes run interleaved (A B C A B C) for `--rounds` rounds, and every number is
+reported as the median over rounds with its min-max spread; a ratio of two modes is taken per round.
+Each workload also gets its learner-bound ceiling: the rate of a learner that never waits, at the step
+and sync times streaming measured.
 
 Three workloads, each with the same prompts in every mode (a sample's shape is a function of
 its id): `heavy_tail`, response lengths drawn from a lognormal (exact, ignore_eos); `tool_latency`,
@@ -62,6 +63,7 @@ import time
 from pathlib import Path
 
 from open_instruct.benchmarks import rounds as rounds_lib
+from open_instruct.benchmarks.calibration import step_rows
 from open_instruct.benchmarks.stamp import describe, stamp
 from open_instruct.benchmarks.workloads import LatencyToolServer, ShapedGenerationActor, ShapedWorkload, run_config
 from open_instruct.generation.ledger import DeliveryLedger
@@ -90,6 +92,7 @@ class TimedLearners:
     def __init__(self, learners, timeline: list):
         self.learners, self.timeline = learners, timeline
         self.steps: list[dict] = []
+        self.start_latencies: list[float] = []  # per trained sample: from its prompt's admission to its start
 
     def train_step(self, groups, step: int):
         from open_instruct.replay_buffer import sample_tokens
@@ -97,6 +100,7 @@ class TimedLearners:
         report = self.learners.train_step(groups, step)
         self.timeline.append(("learner", report.started_at, report.finished_at))
         self.timeline += [(f"engine {c.engine_id}", c.started_at, c.finished_at) for g in groups for c in g.completions]
+        self.start_latencies += [c.started_at - c.queued_at for g in groups for c in g.completions if c.queued_at]
         tokens = sum(sample_tokens(c) for g in groups for c in g.completions)
         self.steps.append({"tokens": tokens, "step_s": report.finished_at - report.started_at})
         return report
@@ -183,6 +187,7 @@ def run_mode(stack, cfg, mode: str, tokenizer, rows) -> tuple[dict, list]:
     )
     loop.run()
     result = {"mode": mode, **measured_run(cfg, list(loop.log.history)), "learner_steps": learners.steps}
+    result["start_latency_s_median"] = statistics.median(learners.start_latencies)
     result["learner_bound_samples_per_s"] = rounds_lib.learner_bound_samples_per_s(result)
     result["generation_bound_samples_per_s"] = rounds_lib.generation_bound_samples_per_s(result)
     return result, timeline
@@ -439,7 +444,8 @@ def run_rounds(
     """Every (round, workload, mode) on the same actors and prompts, rounds outermost; the last round's
     synchronous and streaming timelines are drawn. With `calibration`, each round starts with the decode
     calibration batches and the queue path's overhead (added to its "decode" and "queue_overhead"), so
-    that a machine whose speed drifts moves them and the modes alike."""
+    that a machine whose speed drifts moves them and the modes alike, and the heavy-tail runs' engine steps
+    go to its "engine_steps"."""
     from tqdm import tqdm
 
     runs = {name: {mode: [] for mode in args.modes} for name in args.workloads}
@@ -458,7 +464,13 @@ def run_rounds(
             current = name
         logger.info("round %d, workload %s, mode %s", round_index, name, mode)
         cfg = mode_config(base, mode, out / name / f"round{round_index}" / mode)
+        traced = calibration is not None and name == "heavy_tail"
+        if traced:
+            stack.pool.call_all("start_step_trace")
         result, timelines[name][mode] = run_mode(stack, cfg, mode, tokenizer, rows)
+        if traced:
+            steps = [row for trace in stack.pool.call_all("take_step_trace") for row in step_rows(trace)]
+            calibration["engine_steps"].append({"mode": mode, "round": round_index, "steps": steps})
         runs[name][mode].append({**result, "round": round_index})
     for name in args.workloads:
         plot_timeline(
@@ -478,6 +490,8 @@ def measured_for_simulator(args, calibration: dict, heavy: dict, max_running: in
         "replay": replay,
         "learner": [s for mode_runs in runs.values() for run in mode_runs for s in run["learner_steps"]],
         "weight_sync_pause_s": heavy["modes"]["streaming"]["weight_sync_pause_s_avg"]["median"],
+        # streaming's: its engine has room when prompts come, so the latency is the queue's and the pull's alone
+        "start_latency_s": statistics.median(run["start_latency_s_median"] for run in runs["streaming"]),
         "max_running": max_running,
         "num_learners": 1,
         "workload": {
@@ -530,11 +544,20 @@ def main(argv: list[str] | None = None) -> dict:
     results: dict = {"stamp": stamp(), "rounds": args.rounds, "pinned": args.pin, "workloads": {}}
     with PeakMemory() as memory:
         stack = Stack(base, resolve_model_path(None), tokenizer.pad_token_id, ShapedGenerationActor, (None,))
+        if args.pin and stack.placement.learner_cores:
+            # The driver (the training loop and its Ray calls) beside the learner, off the engine's core.
+            os.sched_setaffinity(0, stack.placement.learner_cores)
         try:
             warm_up_engine(stack, rows, workloads["heavy_tail"])
             calibration = None
             if args.calibrate and "heavy_tail" in args.workloads:
-                calibration = {"decode": [], "queue_overhead": [], "prefill_tokens_per_s": measure_prefill(stack, rows)}
+                calibration = {
+                    "decode": [],
+                    "queue_overhead": [],
+                    "engine_steps": [],
+                    "prefill_tokens_per_s": measure_prefill(stack, rows),
+                    "kv_block_tokens": stack.pool.start_info[0].kv_block_tokens,
+                }
             max_running = stack.pool.start_info[0].target_concurrency
             results["workloads"] = run_rounds(stack, base, workloads, tokenizer, rows, out, args, calibration)
         finally:

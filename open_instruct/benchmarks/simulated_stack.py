@@ -13,8 +13,10 @@ each, as getters blocked on one queue do. The scheduler runs at most `max_runnin
 of a prompt's samples wait in the engine). Decoding advances in steps: each running sample gains one
 token per step, a step takes `decode_base_s + decode_per_seq_s * running +
 decode_per_context_token_s * context` (context: the prompt and generated tokens of the running
-samples), and the step in which samples start also pays `prefill_per_token_s` per prompt token of
-each and `per_sample_s` per new sample. New work and pauses take effect at the next step boundary.
+samples, each sample's in whole `kv_block_tokens` KV blocks, as the engine holds and reports them),
+and the step in which samples start also pays `prefill_per_token_s` per prompt token of
+each and `per_sample_s` per new sample. An admitted prompt reaches the shared queue `start_latency_s`
+later; new work and pauses take effect at the next step boundary.
 Between two events an engine's running set is fixed, so it jumps k steps to the next finish (or to
 the next boundary after an interruption) instead of simulating every token; the k steps are equal,
 each at the phase's mean context. With a tool latency, a sample stops halfway, leaves its engine
@@ -81,6 +83,12 @@ class CostModel:
     # engine time per sample for its way through the prompt and result queues (pull, scoring, push), paid
     # in its first step; measured as the queue path's extra time over a direct batch of the same samples
     per_sample_s: float = 0.0
+    # from a prompt's admission until an engine can take it: the prompt queue's transit and the engine's pull
+    # (`Completion.started_at - queued_at` where the engine had room); the engine steps on meanwhile
+    start_latency_s: float = 0.0
+    # the KV cache's block: a sample's context counts in whole blocks, as the engine's KV usage does (vLLM's CPU
+    # backend: 128 tokens); 1 counts tokens
+    kv_block_tokens: int = 1
 
     def step_s(self, running: int, context_tokens: float = 0.0) -> float:
         return self.decode_base_s + self.decode_per_seq_s * running + self.decode_per_context_token_s * context_tokens
@@ -250,6 +258,13 @@ class SimEngines:
                     for _ in range(request.num_samples)
                 ]
             self.lengths[request.prompt_id] = lengths
+        if self.cost.start_latency_s > 0:
+            self.world.at(self.world.now + self.cost.start_latency_s, self._arrive, requests)
+        else:
+            self._arrive(requests)
+
+    def _arrive(self, requests: list[PromptRequest]) -> None:
+        for request in requests:
             self.prompts.put(request)
         if requests:
             self._distribute(self.world.now)
@@ -434,12 +449,14 @@ class SimEngines:
 
     def _phase_context(self, e: _Engine, steps: int) -> float:
         """The tokens the running samples attend to, summed, on average over the phase's `steps` steps (each
-        step adds one per sample): equal steps at that cost take as long as the growing ones."""
-        now = sum(
-            len(sample.request.prompt_token_ids) + sample.generated + e.steps_done - sample.joined_step
-            for sample in e.running.values()
-        )
-        return now + len(e.running) * (steps - 1) / 2
+        step adds one per sample; each sample's counted in whole `kv_block_tokens` blocks): equal steps at that
+        cost take as long as the growing ones."""
+        block = self.cost.kv_block_tokens
+        total = 0
+        for sample in e.running.values():
+            now = len(sample.request.prompt_token_ids) + sample.generated + e.steps_done - sample.joined_step
+            total += block * (blocks_up_to(now + steps - 1, block) - blocks_up_to(now - 1, block))
+        return total / max(1, steps)
 
     def _cut_running(self, e: _Engine) -> None:
         """A reprefill sync at a step boundary: the running samples leave with their tokens and wait, first in
@@ -633,6 +650,14 @@ class SimWeightSync:
 
 # ---------------------------------------------------------------------------------------------------
 # Helpers
+
+
+def blocks_up_to(tokens: int, block: int) -> int:
+    """Blocks held by contexts of 1, 2, ..., `tokens` tokens, summed: ceil(x / block) over x."""
+    if tokens <= 0:
+        return 0
+    full, rest = divmod(tokens, block)
+    return block * full * (full + 1) // 2 + rest * (full + 1)
 
 
 def trained_lags(groups, learner_version: int) -> list[tuple[int, int]]:

@@ -2,8 +2,9 @@
 
 What it answers: how much faster is streaming (in-flight weight sync, `async_steps` ahead) than
 synchronous GRPO, or one-step-async with a draining sync, on a cluster we do not have, given
-per-engine and per-learner costs measured on one we do (`fit_cost_model`). Time is virtual (no
-sleeping); a 32-engine x 256-running, 4096-samples-per-step run of 40 steps takes seconds.
+per-engine and per-learner costs measured on one we do (`calibration.fit_cost_model`). Time is
+virtual (no sleeping); a 32-engine x 256-running, 4096-samples-per-step run of 40 steps takes
+seconds.
 
 It runs the real training loop, `orchestrator.TrainingLoop`, with the real `PromptFeeder`,
 `ReplayBuffer` and metrics; only the loop's collaborators are simulated (`simulated_stack`):
@@ -34,8 +35,9 @@ Metric definitions (`SimResult`)
   rates (the CPU benchmark measured whole runs).
 
 Run: `python -m open_instruct.benchmarks.simulator --measured measured.json --output DIR` (see
-`main`): the measured setup's three modes (validation), then the seed's shape with streaming at
-each `--async_sweep` lookahead, against the learner-bound ceiling.
+`main`): the measured setup's modes (validation: the engine's costs fitted on calibration batches,
+then on the runs' own engine steps, of every mode and of the other modes only), then the seed's
+shape with streaming at each `--async_sweep` lookahead, against the learner-bound ceiling.
 """
 
 from __future__ import annotations
@@ -43,10 +45,8 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
-import itertools
 import json
 import logging
-import statistics
 import sys
 import time
 from collections.abc import Iterable
@@ -54,6 +54,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from open_instruct.benchmarks.calibration import fit_cost_model
 from open_instruct.benchmarks.simulated_stack import (
     Cluster,
     CostModel,
@@ -93,7 +94,6 @@ __all__ = [
     "SimResult",
     "Workload",
     "compare",
-    "fit_cost_model",
     "simulate",
     "sweep_async_steps",
 ]
@@ -487,96 +487,6 @@ def compare(workload: Workload, cost: CostModel, cluster: Cluster, async_steps: 
     return summarize(run_modes(workload, cost, cluster, async_steps))
 
 
-def fit_cost_model(measured: dict[str, Any]) -> CostModel:
-    """Least-squares cost model from measurements on a real (small) setup.
-
-    Format (times in seconds):
-        {"decode": [{"samples": [[20, 812], [20, 40], ...], "elapsed_s": 3.1}, ...],  # one engine
-         "queue_overhead": [{"samples": 128, "queue_s": 1.1, "direct_s": 0.3}, ...],  # optional
-         "prefill_tokens_per_s": 20000.0,
-         "learner": [{"tokens": 65536, "step_s": 4.2}, ...],  # tokens of the whole batch (all ranks)
-         "weight_sync_pause_s": 1.5,
-         "max_running": 256,
-         "num_learners": 2}  # the data-parallel ranks the learner points were measured on
-
-    Decode: each entry is one batch generated to its samples' exact lengths ([prompt tokens, response
-    tokens] per sample). The engine runs it in max(lengths) steps, over which the running samples add up
-    to sum(lengths) and their contexts to sum(prompt * length + length * (length - 1) / 2), so elapsed_s
-    less the prompts' prefill is decode_base_s, decode_per_seq_s and decode_per_context_token_s times those
-    three, fitted by least squares with every cost >= 0. Batches shaped like the workload (its tail
-    included) tell the costs apart; batches of short equal samples would not see the context's. Those
-    batches go to the engine directly; per_sample_s, what a sample's way through the prompt and result
-    queues adds, is the median over "queue_overhead" of (queue_s - direct_s) / samples (0 without it).
-    Learner: step_s fitted as learner_base_s + learner_per_token_s * tokens / num_learners. With a
-    single distinct x a line cannot be fitted and goes through the origin; a negative intercept is
-    refitted through the origin, a negative slope becomes 0 (intercept = mean).
-    """
-    prefill_per_token_s = 1.0 / measured["prefill_tokens_per_s"] if measured.get("prefill_tokens_per_s") else 0.0
-    terms, elapsed = [], []
-    for batch in measured["decode"]:
-        prompts, lengths = zip(*batch["samples"])
-        context = sum(p * n + n * (n - 1) / 2 for p, n in zip(prompts, lengths))
-        terms.append((max(lengths), sum(lengths), context))
-        elapsed.append(batch["elapsed_s"] - sum(prompts) * prefill_per_token_s)
-    base, per_seq, per_context = _fit_nonnegative(terms, elapsed)
-    overheads = [(o["queue_s"] - o["direct_s"]) / o["samples"] for o in measured.get("queue_overhead", [])]
-    learners = measured.get("num_learners", 1)
-    learner = measured["learner"]
-    l_base, l_per_token = _fit_line([p["tokens"] / learners for p in learner], [p["step_s"] for p in learner])
-    return CostModel(
-        decode_base_s=base,
-        decode_per_seq_s=per_seq,
-        decode_per_context_token_s=per_context,
-        per_sample_s=max(0.0, statistics.median(overheads)) if overheads else 0.0,
-        prefill_per_token_s=prefill_per_token_s,
-        max_running=int(measured["max_running"]),
-        weight_sync_pause_s=float(measured["weight_sync_pause_s"]),
-        learner_base_s=l_base,
-        learner_per_token_s=l_per_token,
-    )
-
-
-def _fit_nonnegative(xs: list[tuple[float, ...]], ys: list[float]) -> tuple[float, ...]:
-    """Coefficients >= 0 minimizing the squared error of y = sum(c_i * x_i) (no intercept): the best
-    least-squares fit over every subset of the terms whose coefficients all come out >= 0 (the others 0)."""
-    import numpy as np
-
-    x, y = np.asarray(xs, dtype=float), np.asarray(ys, dtype=float)
-    if x.ndim != 2 or len(x) != len(y) or not len(y):
-        raise ValueError("need at least one point, each with the same terms, to fit")
-    best, best_error = np.zeros(x.shape[1]), float(y @ y)
-    for subset in itertools.chain.from_iterable(
-        itertools.combinations(range(x.shape[1]), size) for size in range(1, x.shape[1] + 1)
-    ):
-        columns = list(subset)
-        solution = np.linalg.lstsq(x[:, columns], y, rcond=None)[0]
-        if (solution < 0).any():
-            continue
-        error = float(np.sum((y - x[:, columns] @ solution) ** 2))
-        if error < best_error - 1e-15 * max(1.0, best_error):
-            best, best_error = np.zeros(x.shape[1]), error
-            best[columns] = solution
-    return tuple(float(c) for c in best)
-
-
-def _fit_line(xs: list[float], ys: list[float]) -> tuple[float, float]:
-    """(intercept, slope) by least squares."""
-    if not xs or len(xs) != len(ys):
-        raise ValueError("need at least one (x, y) point to fit")
-    n = len(xs)
-    mx, my = sum(xs) / n, sum(ys) / n
-    sxx = sum((x - mx) ** 2 for x in xs)
-    if sxx == 0:
-        return 0.0, my / mx if mx else 0.0
-    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx
-    if slope < 0:
-        return my, 0.0
-    intercept = my - slope * mx
-    if intercept < 0:
-        return 0.0, sum(x * y for x, y in zip(xs, ys)) / sum(x * x for x in xs)
-    return intercept, slope
-
-
 def workload_from_json(d: dict[str, Any], num_steps: int | None = None) -> Workload:
     return Workload(
         prompts_per_step=int(d["prompts_per_step"]),
@@ -784,8 +694,9 @@ def validate_on_measurements(path: Path, async_steps: int) -> tuple[dict[str, An
     bound = data.get("max_off_policy_steps")
     runs = run_modes(workload, cost, cluster, async_steps, bound, replay)
     measured_rates = data.get("measured_trained_samples_per_s", {})
-    if "streaming_auto" in measured_rates:  # the e2e mode of that name: streaming with --async_steps auto
-        runs["streaming_auto"] = simulate("streaming", workload, cost, cluster, "auto", bound, replay=replay)
+    if "streaming_auto" in measured_rates:
+        auto = simulate_e2e_mode("streaming_auto", workload, cost, cluster, async_steps, bound, replay)
+        runs["streaming_auto"] = auto
     summary = summarize(runs)
     entry: dict[str, Any] = {
         "cost_model": asdict(cost),
@@ -810,7 +721,84 @@ def validate_on_measurements(path: Path, async_steps: int) -> tuple[dict[str, An
     if measured_rates:
         entry["per_mode"] = per_mode_validation(summary, measured_rates)
         print(format_per_mode_validation(entry["per_mode"]))
+    if measured_rates and data.get("engine_steps"):
+        entry["step_calibrated"] = step_calibrated_validation(data, workload, cluster, async_steps, replay)
+        print(format_step_calibrated(entry["step_calibrated"]))
     return entry, runs
+
+
+E2E_SIMULATED = (*MODES, "streaming_auto")  # the e2e benchmark's modes the simulator runs
+
+
+def simulate_e2e_mode(
+    mode: str,
+    workload: Workload,
+    cost: CostModel,
+    cluster: Cluster,
+    async_steps: int,
+    bound: int | None,
+    replay: Replay | None,
+) -> SimResult:
+    """One of the e2e benchmark's modes; its `streaming_auto` is streaming with --async_steps auto."""
+    if mode == "streaming_auto":
+        return simulate("streaming", workload, cost, cluster, "auto", bound, replay=replay)
+    return simulate(mode, workload, cost, cluster, async_steps, bound, replay=replay)
+
+
+def step_calibrated_validation(
+    data: dict[str, Any], workload: Workload, cluster: Cluster, async_steps: int, replay: Replay | None
+) -> dict[str, Any]:
+    """Each measured mode predicted with the engine's costs fitted on the training runs' own engine steps
+    (`calibration.fit_cost_model(steps_of_modes=...)`): the steps of every mode, and those of the other modes
+    only, which leaves the predicted mode's own steps out of its calibration. `step_time_error`: how far the
+    all-modes fit is off on the mode's own steps, summed (its steps cost what the others' predict, or not)."""
+    measured_rates = data["measured_trained_samples_per_s"]
+    bound = data.get("max_off_policy_steps")
+    traced = {run["mode"] for run in data["engine_steps"]}
+    pooled = fit_cost_model(data, steps_of_modes=traced)
+    per_mode = {}
+    for mode in [m for m in measured_rates if m in traced and m in E2E_SIMULATED]:
+        others = fit_cost_model(data, steps_of_modes=traced - {mode})
+        median = measured_rates[mode]["median"]
+        predicted_all = simulate_e2e_mode(mode, workload, pooled, cluster, async_steps, bound, replay)
+        predicted_others = simulate_e2e_mode(mode, workload, others, cluster, async_steps, bound, replay)
+        rows = [row for run in data["engine_steps"] if run["mode"] == mode for row in run["steps"]]
+        per_mode[mode] = {
+            "measured_median": median,
+            "predicted_all_modes": predicted_all.trained_samples_per_s,
+            "error_all_modes": predicted_all.trained_samples_per_s / median - 1,
+            "predicted_other_modes": predicted_others.trained_samples_per_s,
+            "error_other_modes": predicted_others.trained_samples_per_s / median - 1,
+            "steps": len(rows),
+            "step_time_error": _step_time_error(pooled, rows),
+        }
+    return {"cost_model_all_modes": asdict(pooled), "per_mode": per_mode}
+
+
+def _step_time_error(cost: CostModel, rows: list[list[float]]) -> float:
+    """Predicted over measured time of these `calibration.STEP_COLUMNS` rows, less 1."""
+    measured = sum(row[0] for row in rows)
+    predicted = sum(
+        cost.step_s(generated, kv) + prefill * cost.prefill_per_token_s + started * cost.per_sample_s
+        for _, generated, kv, prefill, started in rows
+    )
+    return predicted / measured - 1 if measured else 0.0
+
+
+def format_step_calibrated(validation: dict[str, Any]) -> str:
+    lines = [
+        "trained samples/s per mode, the engine's costs fitted on the runs' own engine steps "
+        f"({CostModel(**validation['cost_model_all_modes'])}):",
+        f"  {'mode':<19} {'measured':>8}  {'all modes':>9} {'error':>7}  {'other modes':>11} {'error':>7}"
+        f"  {'steps':>6} {'step time':>9}",
+    ]
+    for mode, v in validation["per_mode"].items():
+        lines.append(
+            f"  {mode:<19} {v['measured_median']:8.2f}  {v['predicted_all_modes']:9.2f} {v['error_all_modes']:+7.1%}"
+            f"  {v['predicted_other_modes']:11.2f} {v['error_other_modes']:+7.1%}  {v['steps']:6d} "
+            f"{v['step_time_error']:+9.1%}"
+        )
+    return "\n".join(lines)
 
 
 def per_mode_validation(summary: dict[str, Any], measured_rates: dict[str, dict[str, float]]) -> dict[str, Any]:

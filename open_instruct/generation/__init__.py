@@ -5,7 +5,7 @@ agent_turns.py     a multi-turn sample (tools, environments): one engine request
 scoring.py         a finished sample's reward, computed in the actor off its event loop
 sample_requests.py one sample as vLLM requests, continued from tokens it has (a dead engine's, a reprefill cut)
 weight_receive.py  the engine's side of a weight sync: pause (KV kept, or cut for reprefill), receive, resume
-engine_setup.py    vLLM engine arguments from the configuration
+engine_setup.py    vLLM engine arguments from the configuration, the step probe, the cores its process runs on
 outputs.py         vLLM outputs -> Completions and progress reports (partial samples)
 queues.py          the shared prompt and result channels
 pool.py            `EnginePool` (driver handle): start, poll, pause/resume, respawn a dead engine, resubmit

@@ -22,7 +22,13 @@ import time
 from collections.abc import AsyncIterator
 
 from open_instruct.generation.agent_turns import agent_sample
-from open_instruct.generation.engine_setup import EngineSettings, engine_args, scheduler_probe
+from open_instruct.generation.engine_setup import (
+    EngineSettings,
+    engine_args,
+    engine_process_cores,
+    engine_process_on,
+    scheduler_probe,
+)
 from open_instruct.generation.outputs import sampling_params
 from open_instruct.generation.queues import ChannelTimeout
 from open_instruct.generation.sample_requests import SampleRequests
@@ -33,6 +39,7 @@ from open_instruct.messages import (
     EngineLoopEnded,
     EngineStarted,
     EngineStats,
+    EngineStep,
     EngineStopped,
     PromptRequest,
     PromptStarted,
@@ -117,10 +124,11 @@ class GenerationActor(WeightReceiver, SampleRequests):
 
         os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
         os.environ.update(transport(self.settings.weight_transfer_backend).ENGINE_ENV)
-        if self.settings.cpu_cores:  # a shared CPU node (--single_gpu_mode): the learner has the other cores
-            os.environ["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(map(str, self.settings.cpu_cores))
         started = time.monotonic()
-        self.engine = AsyncLLM.from_engine_args(engine_args(self.settings), stat_loggers=[scheduler_probe(self._probe)])
+        with engine_process_on(self.settings.cpu_cores):
+            self.engine = AsyncLLM.from_engine_args(
+                engine_args(self.settings), stat_loggers=[scheduler_probe(self._probe)]
+            )
         self.target_concurrency = self._derive_target()
         await self.engine.update_weight_version(str(self.weight_version))
         from transformers import AutoTokenizer
@@ -135,7 +143,13 @@ class GenerationActor(WeightReceiver, SampleRequests):
             self.scorer = RewardScorer(self.reward_settings, max_workers=self.reward_workers)
         self._occupancy = _Occupancy()
         return EngineStarted(
-            self.engine_id, time.monotonic() - started, os.getpid(), self.target_concurrency, self._kv_tokens()
+            self.engine_id,
+            time.monotonic() - started,
+            os.getpid(),
+            self.target_concurrency,
+            self._kv_tokens(),
+            kv_block_tokens=self._probe.get("block_size") or self.engine.vllm_config.cache_config.block_size,
+            engine_process_cores=engine_process_cores(),
         )
 
     def _kv_tokens(self) -> int:
@@ -335,7 +349,17 @@ class GenerationActor(WeightReceiver, SampleRequests):
     def _set_paused(self, paused: bool) -> None:
         self._occupancy.account(self._running, self.target_concurrency, self._paused, self._parked)
         self._pauses += paused and not self._paused
+        if paused != self._paused:  # both edges: a step computed before a pause may arrive after it began
+            self._probe["pause_transitions"] = self._probe.get("pause_transitions", 0) + 1
         self._paused = paused
+
+    def start_step_trace(self) -> None:
+        """Record every engine step from now on, until `take_step_trace` (the benchmarks' cost data)."""
+        self._probe["step_trace"] = []
+
+    def take_step_trace(self) -> list[EngineStep]:
+        """The engine steps recorded since `start_step_trace`; recording stops."""
+        return self._probe.pop("step_trace", None) or []
 
     def stats(self) -> EngineStats:
         self._occupancy.account(self._running, self.target_concurrency, self._paused, self._parked)

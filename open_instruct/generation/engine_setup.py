@@ -1,4 +1,5 @@
-"""How a generation actor builds its vLLM engine: settings, engine arguments, the scheduler probe.
+"""How a generation actor builds its vLLM engine: settings, engine arguments, the scheduler probe, the cores
+its process runs on.
 
 Kept apart from the actor so that the engine's construction (dtype, KV size, transfer backend) reads
 in one place, and so that benchmarks and tools can build the same engine without the actor.
@@ -6,6 +7,8 @@ in one place, and so that benchmarks and tools can build the same engine without
 
 from __future__ import annotations
 
+import contextlib
+import os
 from dataclasses import dataclass, field
 
 from open_instruct.agents.settings import AgentSettings
@@ -159,8 +162,12 @@ def attention_backend_problem(name: str | None) -> str | None:
 
 
 def scheduler_probe(holder: dict):
-    """A vLLM stat logger that keeps the latest scheduler stats (running/waiting, KV usage)."""
+    """A vLLM stat logger that keeps the latest scheduler stats (running/waiting, KV usage), and appends an
+    `EngineStep` per engine step to holder["step_trace"] while that is a list (holder["pause_transitions"]: the
+    actor's count of pauses and resumes)."""
     from vllm.v1.metrics.loggers import StatLoggerBase
+
+    from open_instruct.messages import EngineStep
 
     class SchedulerProbe(StatLoggerBase):
         def __init__(self, vllm_config, engine_index: int = 0):
@@ -176,9 +183,54 @@ def scheduler_probe(holder: dict):
                 holder["preempted"] = holder.get("preempted", 0) + iteration_stats.num_preempted_reqs
                 holder["prefill_tokens"] = holder.get("prefill_tokens", 0) + prompt.total
                 holder["cache_hit_tokens"] = holder.get("cache_hit_tokens", 0) + prompt.local_cache_hit
+            trace = holder.get("step_trace")
+            if trace is not None and scheduler_stats is not None and iteration_stats is not None:
+                kv_capacity = (holder.get("num_blocks") or 0) * (holder.get("block_size") or 0)
+                trace.append(
+                    EngineStep(
+                        arrived_s=iteration_stats.iteration_timestamp,
+                        engine_step_s=min(iteration_stats.inter_token_latencies_iter, default=0.0),
+                        generated_tokens=iteration_stats.num_generation_tokens,
+                        prefill_tokens=iteration_stats.prompt_token_stats.computed,
+                        started_requests=len(iteration_stats.time_to_first_tokens_iter),
+                        queued_requests=scheduler_stats.num_running_reqs + scheduler_stats.num_waiting_reqs,
+                        kv_tokens=round(scheduler_stats.kv_cache_usage * kv_capacity),
+                        pause_transitions=holder.get("pause_transitions", 0),
+                    )
+                )
 
         def log_engine_initialized(self):
             holder["num_blocks"] = self.vllm_config.cache_config.num_gpu_blocks
             holder["block_size"] = self.vllm_config.cache_config.block_size
 
     return SchedulerProbe
+
+
+@contextlib.contextmanager
+def engine_process_on(cores: tuple[int, ...]):
+    """A shared CPU node (--single_gpu_mode): the vLLM engine process started inside runs on `cores` (the learner
+    has the others), and this thread (the actor's event loop: vLLM's front end and our per-sample work) moves off
+    them afterwards, as a GPU's host CPU does not slow its forward pass. vLLM binds nothing itself for a single
+    worker (its VLLM_CPU_OMP_THREADS_BIND is read by the multi-process executor only): the engine process
+    inherits the mask of the thread that starts it, and OpenMP sizes its thread pool to that mask."""
+    if not cores:
+        yield
+        return
+    node = set(os.sched_getaffinity(0))
+    os.sched_setaffinity(0, cores)
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, node - set(cores) or node)
+
+
+def engine_process_cores() -> tuple[int, ...]:
+    """The cores the OS lets vLLM's engine process (a child of this actor) run on."""
+    import psutil
+
+    cores: set[int] = set()
+    for child in psutil.Process().children():
+        with contextlib.suppress(psutil.Error):
+            if "EngineCor" in child.name():  # VLLM::EngineCore, cut to the kernel's 15 characters
+                cores.update(child.cpu_affinity())
+    return tuple(sorted(cores))

@@ -97,6 +97,7 @@ def test_end_to_end_benchmark_reports_every_mode_over_interleaved_rounds(quick_b
             for r in runs:
                 assert set(r) >= MODE_KEYS and r["mode"] == mode and r["steps"] == 2
                 assert r["trained_samples_per_s"] > 0 and r["buffer_peak_samples"] <= r["buffer_cap_samples"]
+                assert r["start_latency_s_median"] > 0
                 action = r["off_policy_action"]
                 assert r["max_off_policy_steps"] == 2 and action in ("requeue", "drop", "downweight", "mask")
                 if action in ("requeue", "drop"):
@@ -135,6 +136,14 @@ def test_end_to_end_benchmark_reports_every_mode_over_interleaved_rounds(quick_b
     replay = measured["replay"]  # what the simulator replays: the runs' prompts, their order and lengths
     assert replay["workload"]["name"] == "heavy_tail" and len(replay["prompts"]) >= 2 * 4 * 2
     assert set(measured["measured_trained_samples_per_s"]) == modes and measured["pinned"]
+    assert measured["start_latency_s"] > 0  # admission to start, where the engine had room (streaming's runs)
+    # Every heavy-tail run's engine steps (those that ran straight after the one before) as the engine actor
+    # saw them: what the simulator's validation fits the engine's costs on.
+    traced = sorted((run["round"], run["mode"]) for run in measured["engine_steps"])
+    assert traced == sorted((round_index, mode) for round_index in (0, 1) for mode in modes)
+    for run in measured["engine_steps"]:
+        assert run["steps"] and all(row[0] >= 0 and min(row[1:]) >= 0 for row in run["steps"])
+        assert sum(row[1] for row in run["steps"]) > 0 and max(row[2] for row in run["steps"]) > 0
     for name in ("heavy_tail", "tool_latency", "env_turns"):
         assert (out / "e2e" / f"timeline_{name}.png").stat().st_size > 0
     report = (out / "e2e" / "e2e.md").read_text()
@@ -156,6 +165,9 @@ def test_simulator_fits_the_measurements_and_projects_the_seed_cluster(quick_ben
     simulated = {"synchronous", "one_step_async", "streaming", "streaming_auto", "streaming_reprefill"}
     assert set(measured["per_mode"]) == simulated
     assert all(v["predicted"] > 0 and v["measured_median"] > 0 for v in measured["per_mode"].values())
+    step_calibrated = measured["step_calibrated"]["per_mode"]  # costs fitted on the runs' own engine steps
+    assert set(step_calibrated) == simulated
+    assert all(v["predicted_all_modes"] > 0 and v["predicted_other_modes"] > 0 for v in step_calibrated.values())
     for mode in ("synchronous", "one_step_async", "streaming"):
         assert set(measured[mode]) >= MODE_KEYS and set(result["seed_projection"][mode]) >= MODE_KEYS
     assert result["seed_projection"]["speedup_streaming_vs_sync"] > 1

@@ -11,6 +11,7 @@ import time
 import pytest
 
 from open_instruct.benchmarks import simulator as sim
+from open_instruct.benchmarks.calibration import fit_cost_model
 from open_instruct.benchmarks.simulated_stack import SimEngines, SimLearners, SimWeightSync, SimWorld, VirtualClock
 from open_instruct.benchmarks.simulator import (
     GPU_H100_COST,
@@ -22,7 +23,6 @@ from open_instruct.benchmarks.simulator import (
     Replay,
     Workload,
     compare,
-    fit_cost_model,
     simulate,
 )
 from open_instruct.orchestrator import TrainingLoop
@@ -79,6 +79,15 @@ def test_synchronous_step_is_generation_then_training_then_sync():
     assert r.warmup_steps == 1 and r.steady_trained_samples_per_s == pytest.approx(BATCH / step, **EXACT)
     kinds = [s.kind for s in r.timeline if s.actor == "engine 0"][:3]
     assert kinds == ["generate", "idle", "sync"]
+
+
+def test_an_admitted_prompt_reaches_the_engines_its_start_latency_later():
+    cost = fixed_cost(learner_base_s=0.5)
+    late = dataclasses.replace(cost, start_latency_s=0.3)
+    on_time, delayed = simulate("synchronous", FIXED, cost, ONE), simulate("synchronous", FIXED, late, ONE)
+    # Each step's prompts wait 0.3 s before the (idle) engine can start them.
+    assert delayed.wall_s == pytest.approx(on_time.wall_s + FIXED.num_steps * 0.3, **EXACT)
+    assert delayed.trained_samples == on_time.trained_samples
 
 
 @pytest.mark.parametrize("learner_base_s", [1.38, 0.105], ids=["train-bound", "generation-bound"])
