@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 
 import pytest
 
@@ -105,3 +106,19 @@ def test_validation_predicts_each_mode_with_costs_fitted_on_every_modes_steps_an
         assert v["error_all_modes"] == pytest.approx(v["predicted_all_modes"] / v["measured_median"] - 1)
         assert v["steps"] == 4 and v["step_time_error"] == pytest.approx(0.0, abs=1e-9)
     assert "other modes" in capsys.readouterr().out
+
+
+def test_batches_count_their_contexts_in_the_engines_kv_blocks():
+    # Only a context cost, on contexts held in whole blocks of 16; three one-sample batches of (prompt, length).
+    truth = dataclasses.replace(TRUTH, decode_base_s=0.0, decode_per_seq_s=0.0, per_sample_s=0.0)
+    batches = []
+    for prompt, length in ((20, 50), (5, 200), (30, 7)):
+        held = sum(16 * math.ceil((prompt + k) / 16) for k in range(length))
+        elapsed = held * truth.decode_per_context_token_s + prompt * truth.prefill_per_token_s
+        batches.append({"samples": [[prompt, length]], "elapsed_s": elapsed})
+    measured = {**measurements(), "decode": batches, "kv_block_tokens": 16}
+    fitted = fit_cost_model(measured)
+    assert fitted.kv_block_tokens == 16
+    assert fitted.decode_per_context_token_s == pytest.approx(truth.decode_per_context_token_s, rel=1e-6)
+    assert fitted.decode_base_s == pytest.approx(0.0, abs=1e-12)
+    assert fitted.decode_per_seq_s == pytest.approx(0.0, abs=1e-12)

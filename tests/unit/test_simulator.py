@@ -327,6 +327,10 @@ def test_decode_step_time_grows_with_the_context_the_running_samples_attend_to()
     decode_s = sum(2 * (20 + k) for k in range(100)) * 1e-5
     learner_and_sync = cost.learner_step_s(2 * 120, 1) + cost.weight_sync_pause_s
     assert result.wall_s == pytest.approx(decode_s + learner_and_sync, rel=1e-6)
+    # Held in whole KV blocks of 16 tokens, as the engine holds them: 20 + k tokens take ceil((20 + k) / 16).
+    blocks = simulate("synchronous", workload, dataclasses.replace(cost, kv_block_tokens=16), Cluster(1, 1))
+    decode_s = sum(2 * 16 * math.ceil((20 + k) / 16) for k in range(100)) * 1e-5
+    assert blocks.wall_s == pytest.approx(decode_s + learner_and_sync, rel=1e-6)
 
 
 def test_each_new_sample_pays_its_way_through_the_queues_once_in_its_first_step():
