@@ -43,6 +43,21 @@ def step_rows(trace: Sequence[EngineStep]) -> list[list[float]]:
     return rows
 
 
+def steps_of(measured: dict[str, Any], modes: Collection[str]) -> list[list[float]]:
+    """The `STEP_COLUMNS` rows of `modes`' runs in `measured` ("engine_steps"), every round's."""
+    return [row for run in measured.get("engine_steps", []) if run["mode"] in modes for row in run["steps"]]
+
+
+def step_time_error(cost: CostModel, rows: list[list[float]]) -> float:
+    """How far `cost` is off on these `STEP_COLUMNS` rows: their predicted time over their measured time, less 1."""
+    measured = sum(row[0] for row in rows)
+    predicted = sum(
+        cost.step_s(generated, kv) + prefill * cost.prefill_per_token_s + started * cost.per_sample_s
+        for _, generated, kv, prefill, started in rows
+    )
+    return predicted / measured - 1 if measured else 0.0
+
+
 def fit_cost_model(measured: dict[str, Any], steps_of_modes: Collection[str] | None = None) -> CostModel:
     """Least-squares cost model from measurements on a real (small) setup.
 
@@ -118,7 +133,7 @@ def _decode_from_batches(measured: dict[str, Any], prefill_per_token_s: float, b
 def _decode_from_steps(
     measured: dict[str, Any], modes: Collection[str], prefill_per_token_s: float
 ) -> tuple[float, ...]:
-    rows = [row for run in measured.get("engine_steps", []) if run["mode"] in modes for row in run["steps"]]
+    rows = steps_of(measured, modes)
     if not rows:
         raise ValueError(f"no engine steps of {sorted(modes)} in the measurements to fit on")
     terms = [(1.0, generated, kv, started) for _, generated, kv, _, started in rows]

@@ -54,7 +54,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from open_instruct.benchmarks.calibration import fit_cost_model
+from open_instruct.benchmarks.calibration import fit_cost_model, step_time_error, steps_of
 from open_instruct.benchmarks.simulated_stack import (
     Cluster,
     CostModel,
@@ -762,7 +762,7 @@ def step_calibrated_validation(
         median = measured_rates[mode]["median"]
         predicted_all = simulate_e2e_mode(mode, workload, pooled, cluster, async_steps, bound, replay)
         predicted_others = simulate_e2e_mode(mode, workload, others, cluster, async_steps, bound, replay)
-        rows = [row for run in data["engine_steps"] if run["mode"] == mode for row in run["steps"]]
+        rows = steps_of(data, {mode})
         per_mode[mode] = {
             "measured_median": median,
             "predicted_all_modes": predicted_all.trained_samples_per_s,
@@ -770,19 +770,9 @@ def step_calibrated_validation(
             "predicted_other_modes": predicted_others.trained_samples_per_s,
             "error_other_modes": predicted_others.trained_samples_per_s / median - 1,
             "steps": len(rows),
-            "step_time_error": _step_time_error(pooled, rows),
+            "step_time_error": step_time_error(pooled, rows),
         }
     return {"cost_model_all_modes": asdict(pooled), "per_mode": per_mode}
-
-
-def _step_time_error(cost: CostModel, rows: list[list[float]]) -> float:
-    """Predicted over measured time of these `calibration.STEP_COLUMNS` rows, less 1."""
-    measured = sum(row[0] for row in rows)
-    predicted = sum(
-        cost.step_s(generated, kv) + prefill * cost.prefill_per_token_s + started * cost.per_sample_s
-        for _, generated, kv, prefill, started in rows
-    )
-    return predicted / measured - 1 if measured else 0.0
 
 
 def format_step_calibrated(validation: dict[str, Any]) -> str:
