@@ -16,7 +16,7 @@ from open_instruct.config.algorithm import AlgorithmConfig
 from open_instruct.config.compat import CompatConfig
 from open_instruct.config.data import EMBEDDED_DATASET_NAME, EMBEDDED_STOP_STRING, DataConfig
 from open_instruct.config.derived import state_dir
-from open_instruct.config.fields import ConfigError, help_for_argparse, unknown_flags_message
+from open_instruct.config.fields import ConfigError, help_for_argparse, out_of_bounds, unknown_flags_message
 from open_instruct.config.generation import GenerationConfig
 from open_instruct.config.learner import (
     SHARED_GPU_DEFAULT_SHARE,
@@ -47,7 +47,8 @@ class Config:
     explicit_flags: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
-        problems = [problem for name in self.group_names for problem in getattr(self, name).problems()]
+        groups = [getattr(self, name) for name in self.group_names]
+        problems = [problem for group in groups for problem in out_of_bounds(group) + group.problems()]
         problems += [message for ok, message in _cross_group_checks(self) if not ok] + _placement_problems(self)
         if problems:
             raise ConfigError("invalid configuration:\n  - " + "\n  - ".join(problems))

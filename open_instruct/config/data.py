@@ -36,7 +36,9 @@ class DataConfig:
     max_token_length: int = arg(
         512, "Kept for open-instruct scripts; see --max_prompt_token_length, --response_length."
     )
-    max_prompt_token_length: int = arg(256, "Prompts longer than this are filtered (counted and reported).")
+    max_prompt_token_length: int = arg(
+        256, "Prompts longer than this are filtered (counted and reported).", bounds="> 0"
+    )
     dataset_skip_bad_rows: bool = arg(False, "Skip malformed rows (counted and reported) instead of failing.")
     dataset_local_cache_dir: str = arg("local_dataset_cache", "Where tokenized datasets are cached.")
     data_loader_seed: int | None = arg(None, "Seed of the prompt order (shuffling per epoch); default: --seed.")
@@ -64,7 +66,6 @@ class DataConfig:
         transforms = tuple(self.dataset_transform_fn)
         forced = [flag for flag in ("dataset_config_hash", "dataset_config_eval_hash") if getattr(self, flag)]
         checks = [
-            (self.max_prompt_token_length > 0, "--max_prompt_token_length must be > 0"),
             (
                 len(transforms) == 2 and transforms[0] == RLVR_TRANSFORMS[0] and transforms[1] in RLVR_FILTERS,
                 f"--dataset_transform_fn {' '.join(transforms)}: grpo_fast runs exactly {' '.join(RLVR_TRANSFORMS)} "

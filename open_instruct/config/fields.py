@@ -1,13 +1,14 @@
 """Building blocks of the flag groups, shared by `config` and the groups that live next to their feature.
 
-A flag is a dataclass field: its `help` metadata is its only documentation and its `kind` metadata (none: it
-works) says when it does not work here; `--help` prints both.
+A flag is a dataclass field: its `help` metadata is its only documentation, its `kind` metadata (none: it
+works) says when it does not work here, and its `bounds` the values it takes; `--help` prints all three.
 """
 
 from __future__ import annotations
 
 import copy
 import difflib
+import operator
 from dataclasses import Field, field, fields
 from types import MappingProxyType
 from typing import Any
@@ -29,19 +30,38 @@ _HELP_PREFIXES = {
     NO_EFFECT: "[no effect, as in open-instruct's grpo_fast: {reason}] ",
     PENDING: "[not supported yet: {reason}] ",
 }
-_OUR_KEYS = ("kind", "reason")
+_OUR_KEYS = ("kind", "reason", "bounds", "off")
+_COMPARISONS = {">=": operator.ge, ">": operator.gt, "<=": operator.le, "<": operator.lt}
 
 
 class ConfigError(UserError, ValueError):
     """A flag value or combination that cannot run; the message names the flag and the fix."""
 
 
-def arg(default: Any = None, help: str = "", kind: str | None = None, reason: str = "", **kwargs) -> Any:
+def arg(
+    default: Any = None,
+    help: str = "",
+    kind: str | None = None,
+    reason: str = "",
+    bounds: str | None = None,
+    off: Any = None,
+    **kwargs,
+) -> Any:
     """A dataclass field whose `help` is the single documentation source of its flag; `kind` (BEAKER_ONLY,
-    NO_EFFECT, PENDING) says when it does not work here, and `reason` why."""
+    NO_EFFECT, PENDING) says when it does not work here, and `reason` why. `bounds` (">= 1", "> 0", "[0, 1)",
+    "(0, 1]") are the values it takes, checked when a `Config` is built (`out_of_bounds`); `off` is one more
+    value outside them that turns the feature off (0 for the --rho_* bounds). None, an unset flag, always passes."""
     if kind is not None and kind not in KIND_LABELS:
         raise ValueError(f"unknown flag kind {kind!r}")
-    metadata = {"help": help, **kwargs, **({"kind": kind, "reason": reason} if kind else {})}
+    if bounds is not None:
+        _within(0, bounds)  # a malformed bound fails where the flag is declared, not when a user meets it
+    metadata = {"help": help, **kwargs}
+    if kind:
+        metadata.update(kind=kind, reason=reason)
+    if bounds:
+        metadata["bounds"] = bounds
+    if off is not None:
+        metadata["off"] = off
     if isinstance(default, list):
         return field(default_factory=lambda: list(default), metadata=metadata)
     return field(default=default, metadata=metadata)
@@ -54,15 +74,44 @@ def flag_kind(flag: Field) -> str:
 
 
 def rendered_help(flag: Field) -> str:
-    """The help --help prints: the kind and its reason first, then what the flag does."""
+    """The help --help prints: the kind and its reason first, then what the flag does and the values it takes."""
     kind = flag.metadata.get("kind")
     prefix = _HELP_PREFIXES[kind].format(reason=flag.metadata.get("reason", "")) if kind else ""
-    return f"{prefix}{flag.metadata.get('help', '')}".strip()
+    values = f" Must be {allowed_values(flag)}." if "bounds" in flag.metadata else ""
+    return f"{prefix}{flag.metadata.get('help', '')}{values}".strip()
+
+
+def allowed_values(flag: Field) -> str:
+    """A flag's bounds in words: '>= 1', 'in (0, 1]', '0 (off) or > 1'."""
+    bounds = flag.metadata["bounds"]
+    allowed = bounds if bounds[0] in "<>" else f"in {bounds}"
+    return f"{flag.metadata['off']} (off) or {allowed}" if "off" in flag.metadata else allowed
+
+
+def out_of_bounds(group) -> list[str]:
+    """One line for each flag of `group` whose value lies outside its declared bounds."""
+    problems = []
+    for flag in fields(group):
+        value, bounds = getattr(group, flag.name), flag.metadata.get("bounds")
+        if bounds is None or value is None or ("off" in flag.metadata and value == flag.metadata["off"]):
+            continue
+        if not _within(value, bounds):
+            problems.append(f"--{flag.name} {value} must be {allowed_values(flag)}")
+    return problems
+
+
+def _within(value: float, bounds: str) -> bool:
+    if bounds[0] in "[(" and bounds[-1] in "])":
+        low, high = (float(end) for end in bounds[1:-1].split(","))
+        above = value >= low if bounds[0] == "[" else value > low
+        return above and (value <= high if bounds[-1] == "]" else value < high)
+    comparison, limit = bounds.split()
+    return _COMPARISONS[comparison](value, float(limit))
 
 
 def help_for_argparse(flag: Field) -> Field:
     """`flag` as HfArgumentParser should see it: it hands every metadata key to `add_argument`, which knows
-    neither `kind` nor `reason`, so those become part of the help text."""
+    knows none of `kind`, `reason`, `bounds` and `off`, so those become part of the help text."""
     shown = copy.copy(flag)
     metadata = {key: value for key, value in flag.metadata.items() if key not in _OUR_KEYS}
     shown.metadata = MappingProxyType({**metadata, "help": rendered_help(flag)})

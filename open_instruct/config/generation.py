@@ -17,11 +17,11 @@ DEFAULT_AUTO_BOUND = 8
 class GenerationConfig:
     _argument_group_name = "generation (vLLM engines)"
 
-    num_unique_prompts_rollout: int = arg(16, "Prompts per training step (groups per batch).")
+    num_unique_prompts_rollout: int = arg(16, "Prompts per training step (groups per batch).", bounds=">= 1")
     num_samples_per_prompt_rollout: int = arg(4, "Samples per prompt (GRPO group size).")
-    response_length: int = arg(256, "Maximum generated tokens per sample.")
-    temperature: float = arg(1.0, "Sampling temperature.")
-    vllm_top_p: float = arg(1.0, "Nucleus sampling p.")
+    response_length: int = arg(256, "Maximum generated tokens per sample.", bounds="> 0")
+    temperature: float = arg(1.0, "Sampling temperature (vLLM refuses others).", bounds="[0, 2]")
+    vllm_top_p: float = arg(1.0, "Nucleus sampling p.", bounds="(0, 1]")
     stop_strings: list[str] = arg([], "Strings that end a sample (e.g. '</answer>').")
     include_stop_str_in_output: bool = arg(True, "Keep the stop string in the response (and train on it).")
     async_steps: str = arg(
@@ -37,19 +37,23 @@ class GenerationConfig:
         "learner waits for batches and narrowing when the off-policy health limits are crossed "
         "(--off_policy_min_ess_frac, --off_policy_max_truncated_frac).",
     )
-    off_policy_window_min: int = arg(1, "With --max_off_policy_steps auto: the smallest K (where it starts).")
+    off_policy_window_min: int = arg(
+        1, "With --max_off_policy_steps auto: the smallest K (where it starts).", bounds=">= 1"
+    )
     off_policy_window_max: int = arg(
         DEFAULT_AUTO_BOUND, "With --max_off_policy_steps auto: the largest K (capacities are sized for it)."
     )
     off_policy_min_ess_frac: float = arg(
         0.9,
         "With --max_off_policy_steps auto: the narrowest effective sample size of a step's importance weights "
-        "pi_old/mu, as a fraction of its tokens (offpolicy/ess_frac), before K narrows.",
+        "pi_old/mu, as a fraction of its tokens (offpolicy/ess_frac), before K narrows; 0: no limit.",
+        bounds="[0, 1)",
     )
     off_policy_max_truncated_frac: float = arg(
         0.02,
         "With --max_off_policy_steps auto: the largest share of a step's tokens whose importance weight hits the "
-        "cap (offpolicy/truncated_frac, --truncated_importance_sampling_ratio_cap) before K narrows.",
+        "cap (offpolicy/truncated_frac, --truncated_importance_sampling_ratio_cap) before K narrows; 1: no limit.",
+        bounds="(0, 1]",
     )
     off_policy_action: Literal["mask", "requeue", "drop", "downweight"] = arg(
         "mask",
@@ -71,38 +75,51 @@ class GenerationConfig:
         "prefill of prompt + tokens under the new weights (reprefill: the approach of verl, AReaL and slime, "
         "measured side by side in the e2e benchmark).",
     )
-    weight_sync_every_steps: int = arg(1, "Push the learner's weights to the engines every N optimizer steps.")
-    vllm_num_engines: int = arg(1, "Number of vLLM engine actors.")
-    vllm_tensor_parallel_size: int = arg(1, "GPUs per engine (tensor parallel, vLLM's mp workers in the actor).")
-    vllm_gpu_memory_utilization: float = arg(0.9, "Fraction of GPU memory vLLM may use (see --single_gpu_mode).")
+    weight_sync_every_steps: int = arg(
+        1, "Push the learner's weights to the engines every N optimizer steps.", bounds=">= 1"
+    )
+    vllm_num_engines: int = arg(1, "Number of vLLM engine actors.", bounds=">= 1")
+    vllm_tensor_parallel_size: int = arg(
+        1, "GPUs per engine (tensor parallel, vLLM's mp workers in the actor).", bounds=">= 1"
+    )
+    vllm_gpu_memory_utilization: float = arg(
+        0.9, "Fraction of GPU memory vLLM may use (see --single_gpu_mode).", bounds="(0, 1]"
+    )
     vllm_enable_prefix_caching: bool = arg(False, "Reuse KV blocks of shared prefixes (salted per weight version).")
     vllm_enforce_eager: bool = arg(False, "Disable CUDA graphs (always eager on CPU).")
-    vllm_kv_cache_gib: float = arg(1.0, "KV-cache size per engine in GiB on CPU machines.")
+    vllm_kv_cache_gib: float = arg(1.0, "KV-cache size per engine in GiB on CPU machines.", bounds="> 0")
     max_engine_restarts: int = arg(
         3,
         "Generation engines that die (process killed, engine error) are replaced this many times in a run: "
         "their unfinished samples go back to the queue and the new engine gets the current weights. 0: a dead "
         "engine ends the run.",
+        bounds=">= 0",
     )
     partial_report_tokens: int = arg(
         256,
         "Every this many new tokens a running sample's tokens and logprobs go to the driver, so that a sample "
         "whose engine dies continues on another engine from there (one re-prefill) instead of starting over; "
         "samples running when the run stops are saved whole in the resume state. 0: dead engines' samples restart.",
+        bounds=">= 0",
     )
     engine_hang_timeout_s: float = arg(
         300.0,
         "An engine that neither answers nor produces a token for this long while it has samples running is "
         "taken for hung: killed and replaced like a dead one (within --max_engine_restarts). 0: never.",
+        bounds=">= 0",
     )
     vllm_attention_backend: str | None = arg(None, "vLLM attention backend of the engines; None lets vLLM choose.")
     eval_pass_at_k: int = arg(
-        1, "Samples per eval prompt; > 1 samples at the training temperature and logs unbiased eval/pass_at_{k}."
+        1,
+        "Samples per eval prompt; > 1 samples at the training temperature and logs unbiased eval/pass_at_{k}.",
+        bounds=">= 1",
     )
     eval_top_p: float | None = arg(
-        None, "Eval top_p; given, eval samples at the training temperature instead of greedily."
+        None, "Eval top_p; given, eval samples at the training temperature instead of greedily.", bounds="(0, 1]"
     )
-    eval_response_length: int | None = arg(None, "Max new tokens of eval samples (default: --response_length).")
+    eval_response_length: int | None = arg(
+        None, "Max new tokens of eval samples (default: --response_length).", bounds=">= 1"
+    )
 
     @property
     def async_steps_auto(self) -> bool:
@@ -129,38 +146,14 @@ class GenerationConfig:
 
     def problems(self) -> list[str]:
         checks = [
-            (self.response_length > 0, "--response_length must be > 0"),
-            (self.num_unique_prompts_rollout >= 1, "--num_unique_prompts_rollout must be >= 1"),
             (
                 self.num_samples_per_prompt_rollout >= 2,
                 "--num_samples_per_prompt_rollout must be >= 2: group-relative advantages need at least two samples",
             ),
-            (0 <= self.temperature <= 2, f"--temperature {self.temperature} must be in [0, 2] (vLLM refuses others)"),
-            (0 < self.vllm_top_p <= 1, "--vllm_top_p must be in (0, 1]"),
             (
                 self.inflight_updates or self.inflight_update_kv == "keep",
                 "--inflight_update_kv reprefill says what an in-flight update does with running samples; "
                 "--inflight_updates False makes every update wait for them instead: drop one of the two",
-            ),
-            (self.vllm_num_engines >= 1, "--vllm_num_engines must be >= 1"),
-            (self.weight_sync_every_steps >= 1, "--weight_sync_every_steps must be >= 1"),
-            (self.vllm_tensor_parallel_size >= 1, "--vllm_tensor_parallel_size must be >= 1"),
-            (0 < self.vllm_gpu_memory_utilization <= 1, "--vllm_gpu_memory_utilization must be in (0, 1]"),
-            (self.vllm_kv_cache_gib > 0, "--vllm_kv_cache_gib must be > 0"),
-            (self.max_engine_restarts >= 0, f"--max_engine_restarts {self.max_engine_restarts} must be >= 0"),
-            (self.partial_report_tokens >= 0, f"--partial_report_tokens {self.partial_report_tokens} must be >= 0"),
-            (
-                self.engine_hang_timeout_s >= 0,
-                f"--engine_hang_timeout_s {self.engine_hang_timeout_s} must be >= 0 (0: off)",
-            ),
-            (self.eval_pass_at_k >= 1, f"--eval_pass_at_k {self.eval_pass_at_k} must be >= 1"),
-            (
-                self.eval_top_p is None or 0 < self.eval_top_p <= 1,
-                f"--eval_top_p {self.eval_top_p} must be in (0, 1]",
-            ),
-            (
-                self.eval_response_length is None or self.eval_response_length >= 1,
-                f"--eval_response_length {self.eval_response_length} must be >= 1",
             ),
         ]
         return [message for ok, message in checks if not ok] + self.window_problems()
@@ -183,17 +176,9 @@ class GenerationConfig:
                 "--async_steps auto adapts the lookahead within [1, --max_off_policy_steps]; give a bound >= 1",
             ),
             (
-                1 <= self.off_policy_window_min <= self.off_policy_window_max,
-                f"--off_policy_window_min {self.off_policy_window_min} and --off_policy_window_max "
-                f"{self.off_policy_window_max} must satisfy 1 <= min <= max",
-            ),
-            (
-                0 <= self.off_policy_min_ess_frac < 1,
-                f"--off_policy_min_ess_frac {self.off_policy_min_ess_frac} must be in [0, 1) (0: no limit)",
-            ),
-            (
-                0 < self.off_policy_max_truncated_frac <= 1,
-                f"--off_policy_max_truncated_frac {self.off_policy_max_truncated_frac} must be in (0, 1] (1: no limit)",
+                self.off_policy_window_min <= self.off_policy_window_max,
+                f"--off_policy_window_min {self.off_policy_window_min} must be <= --off_policy_window_max "
+                f"{self.off_policy_window_max}",
             ),
         ]
         problems = [message for ok, message in checks if not ok]

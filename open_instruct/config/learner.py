@@ -41,8 +41,8 @@ class LearnerConfig:
     gradient_checkpointing: bool = arg(False, "Recompute activations in the backward pass to save memory.")
     num_learners_per_node: list[int] = arg([1], "Learner processes per node, one entry per node (e.g. 8 8).")
     deepspeed_stage: int = arg(0, "ZeRO stage: 0, 1, 2 or 3.")
-    per_device_train_batch_size: int = arg(1, "Packed rows per forward pass on each learner.")
-    learning_rate: float = arg(2e-5, "Peak learning rate.")
+    per_device_train_batch_size: int = arg(1, "Packed rows per forward pass on each learner.", bounds=">= 1")
+    learning_rate: float = arg(2e-5, "Peak learning rate.", bounds=">= 0")
     lr_scheduler_type: str = arg(
         "linear",
         "Learning-rate schedule, by its transformers name (get_scheduler): " + ", ".join(LR_SCHEDULERS) + ".",
@@ -51,7 +51,9 @@ class LearnerConfig:
     weight_decay: float = arg(0.0, "AdamW weight decay.")
     max_grad_norm: float = arg(1.0, "Gradient clipping norm.")
     pack_length: int = arg(512, "Tokens per packed training row; must fit prompt + response.")
-    warmup_ratio: float = arg(0.0, "Warm-up as a fraction of all optimizer steps (used when --warm_up_steps is 0).")
+    warmup_ratio: float = arg(
+        0.0, "Warm-up as a fraction of all optimizer steps (used when --warm_up_steps is 0).", bounds="[0, 1)"
+    )
     single_gpu_mode: bool = arg(
         False,
         "Each engine shares one learner's device. On a GPU the engine starts first and takes "
@@ -65,8 +67,11 @@ class LearnerConfig:
         1,
         "Ulysses sequence parallelism (DeepSpeed, ZeRO-3): groups of this many consecutive learner ranks train "
         "the same rows, each on a slice of every row, so a row may be longer than one rank's memory allows.",
+        bounds=">= 1",
     )
-    deepspeed_zpg: int = arg(8, "ZeRO++ secondary partition size (ZeRO-3, when it splits the ranks into groups).")
+    deepspeed_zpg: int = arg(
+        8, "ZeRO++ secondary partition size (ZeRO-3, when it splits the ranks into groups).", bounds=">= 1"
+    )
     deepspeed_offload_param: bool = arg(False, "ZeRO-3: keep parameters in CPU memory between uses.")
     deepspeed_offload_optimizer: bool = arg(False, "ZeRO-1/2/3: keep optimizer state in CPU memory.")
     deepspeed_checkpoint_load_universal: bool = arg(
@@ -77,7 +82,9 @@ class LearnerConfig:
     gather_whole_model: bool = arg(
         True, "ZeRO-3 weight sync gathers every shard at once (fast); False: one parameter at a time (less memory)."
     )
-    backend_timeout: int = arg(120, "Minutes a learner collective may wait for another rank before failing.")
+    backend_timeout: int = arg(
+        120, "Minutes a learner collective may wait for another rank before failing.", bounds=">= 1"
+    )
     fused_optimizer: bool = arg(True, "torch's fused AdamW (one kernel per step) instead of the per-tensor one.")
     vllm_sync_backend: str = arg(
         "nccl",
@@ -119,15 +126,10 @@ class LearnerConfig:
                 bool(self.num_learners_per_node) and all(n >= 1 for n in self.num_learners_per_node),
                 "--num_learners_per_node needs one positive count per node, e.g. '8 8'",
             ),
-            (self.per_device_train_batch_size >= 1, "--per_device_train_batch_size must be >= 1"),
-            (self.learning_rate >= 0, "--learning_rate must be >= 0"),
-            (0 <= self.warmup_ratio < 1, f"--warmup_ratio {self.warmup_ratio} must be in [0, 1)"),
             (
                 self.vllm_sync_backend in ("nccl", "gloo"),
                 f"--vllm_sync_backend {self.vllm_sync_backend} must be nccl or gloo",
             ),
-            (self.backend_timeout >= 1, f"--backend_timeout {self.backend_timeout} must be >= 1 (minutes)"),
-            (self.deepspeed_zpg >= 1, f"--deepspeed_zpg {self.deepspeed_zpg} must be >= 1"),
             (
                 not self.deepspeed_offload_param or stage == 3,
                 "--deepspeed_offload_param needs --deepspeed_stage 3 (only ZeRO-3 partitions parameters)",
@@ -151,10 +153,8 @@ class LearnerConfig:
 
     def _sequence_parallel_problems(self) -> list[str]:
         size = self.sequence_parallel_size
-        if size == 1:
+        if size <= 1:  # below 1 is out of its bounds
             return []
-        if size < 1:
-            return [f"--sequence_parallel_size {size} must be >= 1"]
         flag = f"--sequence_parallel_size {size}"
         checks = [
             (self.deepspeed_stage == 3, f"{flag} needs --deepspeed_stage 3 (DeepSpeed's Ulysses runs with ZeRO-3)"),

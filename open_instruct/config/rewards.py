@@ -60,13 +60,14 @@ class RewardConfig:
         32768,
         "Given explicitly: the max_length verifiers divide the length deviation by this instead of by the "
         "target (see rewards/length.py).",
+        bounds=">= 1",
     )
     apply_evolving_rubric_reward: bool = arg(
         False,
         "After each step an LLM writes new rubrics from the responses of rows graded by the `rubric` verifier; "
         "their later requests are graded with them (see evolving_rubrics.py).",
     )
-    max_active_rubrics: int = arg(5, "Active evolving rubrics per query; the oldest retire first.")
+    max_active_rubrics: int = arg(5, "Active evolving rubrics per query; the oldest retire first.", bounds=">= 1")
     cache_evolving_rubric_data_dir: str | None = arg(None, "Write each step's rubric generation (JSON) here.")
 
     @property
@@ -104,16 +105,11 @@ class RewardConfig:
                 self.remap_verifier is None or self.remap_verifier.count("=") == 1,
                 f"--remap_verifier {self.remap_verifier!r} must look like OLD=NEW",
             ),
-            (self.max_active_rubrics >= 1, f"--max_active_rubrics {self.max_active_rubrics} must be >= 1"),
             (
                 not self.apply_evolving_rubric_reward
                 or bool(os.environ.get("LLM_JUDGE_BASE_URL") or os.environ.get("OPENAI_BASE_URL")),
                 "--apply_evolving_rubric_reward needs an OpenAI-compatible endpoint for the rubric writer: set "
                 "LLM_JUDGE_BASE_URL (or OPENAI_BASE_URL)",
-            ),
-            (
-                self.max_length_verifier_max_length >= 1,
-                f"--max_length_verifier_max_length {self.max_length_verifier_max_length} must be >= 1",
             ),
         ]
         return [message for ok, message in checks if not ok]

@@ -40,18 +40,24 @@ class RunConfig:
     )
     verbose: bool = arg(False, "DEBUG logging, and a traceback with every error (by default only with our bugs).")
     logging_steps: int = arg(
-        1, "Send metrics to W&B every N steps (averaged over those steps); metrics.jsonl keeps every step."
+        1,
+        "Send metrics to W&B every N steps (averaged over those steps); metrics.jsonl keeps every step.",
+        bounds=">= 1",
     )
     save_traces: bool = arg(False, "Write every trained rollout to JSONL in --rollouts_save_path (see traces.py).")
     rollouts_save_path: str = arg(
         "/weka/oe-adapt-default/allennlp/deletable_rollouts/", "Directory of --save_traces (an Ai2 path by default)."
     )
-    max_train_steps: int | None = arg(None, "Stop after this many training steps (fewer than --total_episodes gives).")
+    max_train_steps: int | None = arg(
+        None, "Stop after this many training steps (fewer than --total_episodes gives).", bounds=">= 1"
+    )
     checkpointing_steps: int = arg(
         500, "Given explicitly: save the resumable state (to --checkpoint_state_dir) every N steps."
     )
     ephemeral_save_interval: int | None = arg(
-        None, "Also save the resumable state every N steps (pruned by --keep_last_n_checkpoints like the others)."
+        None,
+        "Also save the resumable state every N steps (pruned by --keep_last_n_checkpoints like the others).",
+        bounds=">= 1",
     )
     resume_from_checkpoint: str | None = arg(
         None, "Resume from this state (a --checkpoint_state_dir, or one of its step_<k> folders)."
@@ -59,16 +65,7 @@ class RunConfig:
 
     def problems(self) -> list[str]:
         checks = [
-            (self.logging_steps >= 1, f"--logging_steps {self.logging_steps} must be >= 1"),
-            (
-                self.ephemeral_save_interval is None or self.ephemeral_save_interval >= 1,
-                f"--ephemeral_save_interval {self.ephemeral_save_interval} must be >= 1",
-            ),
             (not self.save_traces or bool(self.rollouts_save_path), "--save_traces needs a --rollouts_save_path"),
-            (
-                self.max_train_steps is None or self.max_train_steps >= 1,
-                f"--max_train_steps {self.max_train_steps} must be >= 1",
-            ),
         ]
         path = self.resume_from_checkpoint
         if path is not None:

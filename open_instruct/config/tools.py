@@ -34,10 +34,14 @@ class ToolsConfig:
         "How calls are written and observations appended: legacy (<name>payload</name>), vllm_hermes, "
         "vllm_llama3_json, vllm_olmo3, vllm_qwen3_xml.",
     )
-    max_steps: int = arg(5, "Tool/environment calls per sample (a row's env_config max_steps wins).")
-    per_turn_max_tokens: int | None = arg(None, "Token cap per generation turn (None: what is left of the budget).")
+    max_steps: int = arg(5, "Tool/environment calls per sample (a row's env_config max_steps wins).", bounds=">= 1")
+    per_turn_max_tokens: int | None = arg(
+        None, "Token cap per generation turn (None: what is left of the budget).", bounds=">= 1"
+    )
     pool_size: int | None = arg(
-        None, "Concurrent calls per tool and engine (default: prompts x samples, i.e. never the bottleneck)."
+        None,
+        "Concurrent calls per tool and engine (default: prompts x samples, i.e. never the bottleneck).",
+        bounds=">= 1",
     )
     pass_tools_to_chat_template: bool = arg(True, "Render the tool schemas into the prompt via the chat template.")
     only_reward_good_outputs: bool = arg(
@@ -49,14 +53,7 @@ class ToolsConfig:
     )
 
     def problems(self) -> list[str]:
-        checks = [
-            (self.max_steps >= 1, f"--max_steps {self.max_steps} must be >= 1"),
-            (
-                self.per_turn_max_tokens is None or self.per_turn_max_tokens >= 1,
-                f"--per_turn_max_tokens {self.per_turn_max_tokens} must be >= 1 (or unset)",
-            ),
-            (self.pool_size is None or self.pool_size >= 1, f"--pool_size {self.pool_size} must be >= 1 (or unset)"),
-        ]
+        checks = []
         for flag, values in (("--tool_call_names", self.tool_call_names), ("--tool_configs", self.tool_configs)):
             checks.append(
                 (

@@ -150,6 +150,32 @@ def test_a_flags_kind_is_metadata_and_argparse_never_sees_it():
         arg(0, "x", kind="sometimes")
 
 
+def test_a_flags_bounds_are_metadata_checked_at_parse_time_and_printed_in_its_help():
+    from dataclasses import dataclass
+
+    from open_instruct.config.fields import arg, help_for_argparse, out_of_bounds, rendered_help
+
+    @dataclass(frozen=True)
+    class Group:
+        steps: int = arg(1, "Steps.", bounds=">= 1")
+        share: float | None = arg(None, "A share.", bounds="(0, 1]")
+        floor: float = arg(0.0, "A floor.", bounds="(0, 1)", off=0)
+
+    flags = {flag.name: flag for flag in fields(Group)}
+    assert rendered_help(flags["steps"]) == "Steps. Must be >= 1."
+    assert rendered_help(flags["floor"]) == "A floor. Must be 0 (off) or in (0, 1)."
+    assert dict(help_for_argparse(flags["share"]).metadata) == {"help": "A share. Must be in (0, 1]."}
+    assert out_of_bounds(Group()) == []  # an unset flag and the `off` value pass
+    assert out_of_bounds(Group(steps=1, share=1.0, floor=0.5)) == []  # the closed ends are inside
+    assert out_of_bounds(Group(steps=0, share=0.0, floor=1.0)) == [
+        "--steps 0 must be >= 1",
+        "--share 0.0 must be in (0, 1]",
+        "--floor 1.0 must be 0 (off) or in (0, 1)",
+    ]
+    with pytest.raises(ValueError):  # a malformed bound fails where it is declared
+        arg(1, "x", bounds="at least 1")
+
+
 def test_the_seed_command_and_common_script_flags_still_run():
     cfg = parse_config(
         ["--vllm_sync_backend", "nccl", "--load_ref_policy", "False", "--beta", "0", "--gradient_checkpointing",
