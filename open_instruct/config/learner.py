@@ -47,8 +47,10 @@ class LearnerConfig:
         "linear",
         "Learning-rate schedule, by its transformers name (get_scheduler): " + ", ".join(LR_SCHEDULERS) + ".",
     )
-    warm_up_steps: int = arg(0, "Warm-up in optimizer steps (num_epochs x num_mini_batches per training step).")
-    weight_decay: float = arg(0.0, "AdamW weight decay.")
+    warm_up_steps: int = arg(
+        0, "Warm-up in optimizer steps (num_epochs x num_mini_batches per training step).", bounds=">= 0"
+    )
+    weight_decay: float = arg(0.0, "AdamW weight decay.", bounds=">= 0")
     max_grad_norm: float = arg(1.0, "Gradient clipping norm.")
     pack_length: int = arg(512, "Tokens per packed training row; must fit prompt + response.")
     warmup_ratio: float = arg(

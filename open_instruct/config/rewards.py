@@ -35,8 +35,8 @@ class RewardConfig:
         default_factory=lambda: _default_code_api_url(),
         metadata={"help": "Code-execution API for the code verifier (default: $CODE_API_URL/test_program)."},
     )
-    code_max_execution_time: float = arg(1.0, "Seconds per test in the code verifier.")
-    code_pass_rate_reward_threshold: float = arg(0.0, "Code pass rates below this score 0.")
+    code_max_execution_time: float = arg(1.0, "Seconds per test in the code verifier.", bounds="> 0")
+    code_pass_rate_reward_threshold: float = arg(0.0, "Code pass rates below this score 0.", bounds="[0, 1]")
     apply_r1_style_format_reward: bool = arg(
         False, "Reward responses that close </think> and then answer in <answer>...</answer>."
     )
@@ -49,10 +49,10 @@ class RewardConfig:
         "Model of the general-* judge verifiers, on the OpenAI-compatible endpoint $LLM_JUDGE_BASE_URL (or "
         "$OPENAI_BASE_URL); a 'provider/' prefix is dropped.",
     )
-    llm_judge_max_tokens: int = arg(2048, "Judge completion tokens (general-* verifiers).")
-    llm_judge_max_context_length: int = arg(8192, "Judge context length (general-* verifiers).")
-    llm_judge_temperature: float = arg(1.0, "Judge temperature (general-* verifiers).")
-    llm_judge_timeout: int = arg(60, "Judge request timeout in seconds (general-* verifiers).")
+    llm_judge_max_tokens: int = arg(2048, "Judge completion tokens (general-* verifiers).", bounds=">= 1")
+    llm_judge_max_context_length: int = arg(8192, "Judge context length (general-* verifiers).", bounds=">= 1")
+    llm_judge_temperature: float = arg(1.0, "Judge temperature (general-* verifiers).", bounds="[0, 2]")
+    llm_judge_timeout: int = arg(60, "Judge request timeout in seconds (general-* verifiers).", bounds="> 0")
     code_apply_perf_penalty: bool = arg(
         False, "code verifiers: weight each passed test by the unused share of its time limit."
     )
