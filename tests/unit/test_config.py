@@ -105,6 +105,7 @@ def test_defaults_select_the_embedded_model():
         ),
         (["--num_samples_per_prompt_rollout", "1"], r"--num_samples_per_prompt_rollout must be >= 2"),
         (["--temperature", "2.5"], r"--temperature 2\.5 must be in \[0, 2\]"),
+        (["--llm_judge_timeout", "0"], r"--llm_judge_timeout 0 must be > 0"),
         (["--rho_clamp_lower_bound", "1.5"], r"--rho_clamp_lower_bound 1\.5 must be 0 \(off\) or in \(0, 1\)"),
         (["--kl_estimator", "kl9"], r"--kl_estimator 'kl9' is not one of"),
         (["--dataset_mixer_list", "a", "1.0", "b"], r"--dataset_mixer_list takes NAME WEIGHT pairs"),
