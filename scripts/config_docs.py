@@ -45,9 +45,11 @@ def render() -> str:
         "open-instruct)` (open-instruct's grpo_fast ignores it too); `not supported yet` (its default parses, any",
         "other value is refused with the reason). *open-instruct* says whether open-instruct's grpo_fast has the",
         "flag (`ours`: a flag of this project only). In the code a flag keeps its name: `--beta` is",
-        "`cfg.algorithm.beta`, each group's attribute given in its heading.",
+        "`cfg.algorithm.beta`, each group's attribute given in its heading. A help that ends *Must be ...* gives",
+        "the values the flag takes; any other value is refused when the flags are parsed, before anything starts.",
         "",
     ]
+    count_at = len(out)  # the flag count closes the introduction
     total = 0
     attribute = {f.default_factory: f.name for f in dataclasses.fields(Config) if f.name != "explicit_flags"}
     for group in GROUPS:
@@ -61,7 +63,7 @@ def render() -> str:
             out.append("| " + " | ".join(_cell(c) if i == 1 else c for i, c in enumerate(row)) + " |")
             total += 1
         out.append("")
-    out.insert(10, f"{total} flags in {len(GROUPS)} groups.\n")
+    out.insert(count_at, f"{total} flags in {len(GROUPS)} groups.\n")
     return "\n".join(out).rstrip() + "\n"
 
 
