@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from open_instruct import grpo_fast
-from open_instruct.config.core import Config, ConfigError, build_parser, flag_names, parse_config
+from open_instruct.config.core import GROUPS, Config, ConfigError, build_parser, flag_names, parse_config
+from open_instruct.config.fields import allowed_values
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 
@@ -136,6 +137,32 @@ def test_defaults_select_the_embedded_model():
 def test_bad_values_name_the_flag_and_the_fix(argv, message):
     with pytest.raises(ConfigError, match=message):
         parse_config(argv)
+
+
+def _just_outside(bounds: str, integer: bool) -> float:
+    """A value the bounds refuse, next to where they end (an interval: past its upper end, which is never
+    the `off` value)."""
+    step = 1 if integer else 0.5
+    if bounds[0] in "[(":
+        high = float(bounds[1:-1].split(",")[1])
+        return high + step if bounds[-1] == "]" else high
+    comparison, limit = bounds.split()
+    return {">=": float(limit) - step, ">": float(limit)}[comparison]
+
+
+BOUNDED_FLAGS = [
+    (flag.name, flag) for group in GROUPS for flag in dataclasses.fields(group) if "bounds" in flag.metadata
+]
+
+
+@pytest.mark.parametrize("name, flag", BOUNDED_FLAGS, ids=[name for name, _ in BOUNDED_FLAGS])
+def test_every_bounded_flag_refuses_a_value_just_outside_its_bounds_in_one_line(name, flag):
+    integer = "int" in str(flag.type)
+    value = _just_outside(flag.metadata["bounds"], integer)
+    shown = int(value) if integer else value
+    with pytest.raises(ConfigError) as refused:
+        parse_config([f"--{name}", str(shown)])
+    assert f"--{name} {shown} must be {allowed_values(flag)}" in str(refused.value)
 
 
 def test_several_problems_are_reported_together():
