@@ -20,7 +20,7 @@ class GenerationConfig:
     num_unique_prompts_rollout: int = arg(16, "Prompts per training step (groups per batch).", bounds=">= 1")
     num_samples_per_prompt_rollout: int = arg(4, "Samples per prompt (GRPO group size).")
     response_length: int = arg(256, "Maximum generated tokens per sample.", bounds="> 0")
-    temperature: float = arg(1.0, "Sampling temperature (vLLM refuses others).", bounds="[0, 2]")
+    temperature: float = arg(1.0, "Sampling temperature, in the range vLLM accepts.", bounds="[0, 2]")
     vllm_top_p: float = arg(1.0, "Nucleus sampling p.", bounds="(0, 1]")
     stop_strings: list[str] = arg([], "Strings that end a sample (e.g. '</answer>').")
     include_stop_str_in_output: bool = arg(True, "Keep the stop string in the response (and train on it).")
