@@ -15,7 +15,7 @@ import statistics
 from collections.abc import Collection, Sequence
 from typing import Any
 
-from open_instruct.benchmarks.simulated_stack import CostModel, blocks_up_to
+from open_instruct.benchmarks.simulated_stack import CostModel, held_context_tokens
 from open_instruct.messages import EngineStep
 
 # One row per usable engine step: the seconds since the step before, and what the step computed.
@@ -52,8 +52,7 @@ def step_time_error(cost: CostModel, rows: list[list[float]]) -> float:
     """How far `cost` is off on these `STEP_COLUMNS` rows: their predicted time over their measured time, less 1."""
     measured = sum(row[0] for row in rows)
     predicted = sum(
-        cost.step_s(generated, kv) + prefill * cost.prefill_per_token_s + started * cost.per_sample_s
-        for _, generated, kv, prefill, started in rows
+        cost.step_s(generated, kv) + cost.start_s(prefill, started) for _, generated, kv, prefill, started in rows
     )
     return predicted / measured - 1 if measured else 0.0
 
@@ -120,9 +119,7 @@ def _decode_from_batches(measured: dict[str, Any], prefill_per_token_s: float, b
     for batch in measured["decode"]:
         prompts, lengths = zip(*batch["samples"])
         # at its k-th step a sample attends to prompt + k tokens, held in whole blocks
-        context = sum(
-            block * (blocks_up_to(p + n - 1, block) - blocks_up_to(p - 1, block)) for p, n in batch["samples"]
-        )
+        context = sum(held_context_tokens(p, n, block) for p, n in batch["samples"])
         terms.append((max(lengths), sum(lengths), context))
         elapsed.append(batch["elapsed_s"] - sum(prompts) * prefill_per_token_s)
     base, per_seq, per_context = fit_nonnegative(terms, elapsed)

@@ -93,6 +93,10 @@ class CostModel:
     def step_s(self, running: int, context_tokens: float = 0.0) -> float:
         return self.decode_base_s + self.decode_per_seq_s * running + self.decode_per_context_token_s * context_tokens
 
+    def start_s(self, prefill_tokens: float, samples: float) -> float:
+        """What the step in which samples start pays on top of decoding: their prefill and their queue path."""
+        return prefill_tokens * self.prefill_per_token_s + samples * self.per_sample_s
+
     def learner_step_s(self, trained_tokens: int, num_learners: int) -> float:
         return self.learner_base_s + self.learner_per_token_s * trained_tokens / num_learners
 
@@ -440,9 +444,7 @@ class SimEngines:
         if e.running:
             k = e.finish_heap[0][0] - e.steps_done
             e.phase_start, e.phase_steps = t, k
-            e.phase_prefill = (
-                e.unprefilled_tokens * self.cost.prefill_per_token_s + e.unstarted_samples * self.cost.per_sample_s
-            )
+            e.phase_prefill = self.cost.start_s(e.unprefilled_tokens, e.unstarted_samples)
             context = self._phase_context(e, k) if self.cost.decode_per_context_token_s else 0.0
             e.phase_dt = self.cost.step_s(len(e.running), context)
             self._set_wake(e, t + e.phase_prefill + k * e.phase_dt, k)
@@ -455,7 +457,7 @@ class SimEngines:
         total = 0
         for sample in e.running.values():
             now = len(sample.request.prompt_token_ids) + sample.generated + e.steps_done - sample.joined_step
-            total += block * (blocks_up_to(now + steps - 1, block) - blocks_up_to(now - 1, block))
+            total += held_context_tokens(now, steps, block)
         return total / max(1, steps)
 
     def _cut_running(self, e: _Engine) -> None:
@@ -652,7 +654,13 @@ class SimWeightSync:
 # Helpers
 
 
-def blocks_up_to(tokens: int, block: int) -> int:
+def held_context_tokens(first: int, steps: int, block: int) -> int:
+    """The KV tokens a sample holds over `steps` steps whose context grows from `first` tokens by one a step,
+    summed: each step's context in whole blocks of `block` tokens, as the engine holds it."""
+    return block * (_blocks_up_to(first + steps - 1, block) - _blocks_up_to(first - 1, block))
+
+
+def _blocks_up_to(tokens: int, block: int) -> int:
     """Blocks held by contexts of 1, 2, ..., `tokens` tokens, summed: ceil(x / block) over x."""
     if tokens <= 0:
         return 0

@@ -148,14 +148,16 @@ class GenerationActor(WeightReceiver, SampleRequests):
             os.getpid(),
             self.target_concurrency,
             self._kv_tokens(),
-            kv_block_tokens=self._probe.get("block_size") or self.engine.vllm_config.cache_config.block_size,
+            kv_block_tokens=self._kv_block_tokens(),
             engine_process_cores=engine_process_cores(),
         )
 
     def _kv_tokens(self) -> int:
-        config = self.engine.vllm_config.cache_config
-        blocks = self._probe.get("num_blocks") or config.num_gpu_blocks or 0
-        return blocks * (self._probe.get("block_size") or config.block_size)
+        blocks = self._probe.get("num_blocks") or self.engine.vllm_config.cache_config.num_gpu_blocks or 0
+        return blocks * self._kv_block_tokens()
+
+    def _kv_block_tokens(self) -> int:
+        return self._probe.get("block_size") or self.engine.vllm_config.cache_config.block_size
 
     def _derive_target(self) -> int:
         """Samples that fit in the KV cache at their full length, capped by the scheduler's limit."""
