@@ -191,7 +191,7 @@ class RunLog(MemoryLog):
             if dataclasses.is_dataclass(getattr(self.cfg, group.name))
         }
         return wandb.init(
-            project=self.cfg.run.wandb_project or self.cfg.run.wandb_project_name,
+            project=self.cfg.run.wandb_project_name or self.cfg.run.wandb_project,
             entity=self.cfg.run.wandb_entity,
             group=self.cfg.run.wandb_group_name,
             name=self.cfg.run_name,

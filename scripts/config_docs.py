@@ -1,5 +1,6 @@
 """Writes docs/configuration.md from the flag definitions: every flag with its group, default, kind and
-whether open-instruct's grpo_fast has it. `tests/unit/test_docs.py` fails when the page and the code differ.
+whether open-instruct's grpo_fast has it, then the defaults that differ from open-instruct's with their reasons.
+`tests/unit/test_docs.py` fails when the page and the code differ.
 
     .venv/bin/python scripts/config_docs.py            # rewrite the page
     .venv/bin/python scripts/config_docs.py --check    # exit 1 when it is stale
@@ -31,11 +32,18 @@ def _cell(text: str) -> str:
     return " ".join(text.split()).replace("|", "\\|")
 
 
+def open_instruct_defaults() -> dict[str, str]:
+    """open-instruct's grpo_fast flags and their defaults, as the recorded table writes them."""
+    rows = [line.split("\t") for line in OPEN_INSTRUCT_FLAGS.read_text().splitlines() if line[:1] not in ("#", "")]
+    return {name: default for name, _, default in rows}
+
+
 def render() -> str:
+    from open_instruct.config.compat import DEFAULTS_UNLIKE_OPEN_INSTRUCT
     from open_instruct.config.core import GROUPS, Config
     from open_instruct.config.fields import flag_kind, rendered_help
 
-    theirs = {line.split("\t")[0] for line in OPEN_INSTRUCT_FLAGS.read_text().splitlines() if line[:1] not in ("#", "")}
+    theirs = open_instruct_defaults()
     out = [
         "# Configuration",
         "",
@@ -47,6 +55,8 @@ def render() -> str:
         "flag (`ours`: a flag of this project only). In the code a flag keeps its name: `--beta` is",
         "`cfg.algorithm.beta`, each group's attribute given in its heading. A help that ends *Must be ...* gives",
         "the values the flag takes; any other value is refused when the flags are parsed, before anything starts.",
+        "A flag that open-instruct has defaults to open-instruct's value, except the few listed at the end of the",
+        "page, each with its reason.",
         "",
     ]
     count_at = len(out)  # the flag count closes the introduction
@@ -63,6 +73,15 @@ def render() -> str:
             out.append("| " + " | ".join(_cell(c) if i == 1 else c for i, c in enumerate(row)) + " |")
             total += 1
         out.append("")
+    flags = {field.name: field for group in GROUPS for field in dataclasses.fields(group)}
+    out += [
+        "## Deliberate differences from open-instruct's defaults",
+        "",
+        "| flag | default here | open-instruct's | why |",
+        "|---|---|---|---|",
+    ]
+    for name, reason in DEFAULTS_UNLIKE_OPEN_INSTRUCT.items():
+        out.append(f"| `--{name}` | {_cell(_default(flags[name]))} | {_cell(theirs[name])} | {_cell(reason)} |")
     out.insert(count_at, f"{total} flags in {len(GROUPS)} groups.\n")
     return "\n".join(out).rstrip() + "\n"
 

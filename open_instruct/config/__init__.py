@@ -10,7 +10,8 @@ algorithm.py   the objective: advantages, loss, off-policy correction, reference
 rewards.py     verifiers, shaping, judges, rubrics
 tools.py       tools and environments of multi-turn rollouts
 learner.py     optimizer, micro-batches, DeepSpeed, placement, weight transport
-compat.py      open-instruct's flags that do nothing here (Beaker only, no effect, not supported yet)
+compat.py      open-instruct's flags that do nothing here (Beaker only, no effect, not supported yet), and the
+               few defaults unlike its own, with their reasons
 fields.py      how a flag is declared (kind, help) and read back
 derived.py     values the runtime derives from several flags (dtype, resumable-state schedule)
 """

@@ -18,7 +18,7 @@ class AlgorithmConfig:
     beta: float = arg(0.05, "KL penalty coefficient; > 0 loads a reference policy.", bounds=">= 0")
     kl_estimator: str = arg("kl3", "KL estimator: kl1, kl2, kl3, kl4 (or the numeric forms 0-3).")
     clip_lower: float = arg(0.2, "Lower PPO clip: ratio >= 1 - clip_lower.", bounds=">= 0")
-    clip_higher: float = arg(0.2, "Upper PPO clip (DAPO clip-higher): ratio <= 1 + clip_higher.", bounds=">= 0")
+    clip_higher: float = arg(0.272, "Upper PPO clip (DAPO clip-higher): ratio <= 1 + clip_higher.", bounds=">= 0")
     loss_denominator: str = arg("token", "'token' (mean over tokens) or a positive constant (Dr. GRPO).")
     num_epochs: int = arg(1, "Passes over each batch.", bounds=">= 1")
     num_mini_batches: int = arg(1, "Optimizer steps per batch and epoch.", bounds=">= 1")

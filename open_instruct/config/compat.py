@@ -12,6 +12,9 @@ Each flag is one of three kinds, said first in its help (`fields.rendered_help`)
 Flags without a kind are open-instruct internals (`--world_size`), informational (`--num_nodes`), its queue
 dashboard's, or companions of a refused flag (`--lora_r` with `--use_peft`).
 A flag leaves this group for the group of its concern when its feature lands.
+
+A script relies on every flag it leaves out, so every default equals open-instruct's, except the few in
+`DEFAULTS_UNLIKE_OPEN_INSTRUCT` (tests/unit/test_defaults.py holds the rest to the recorded values).
 """
 
 from __future__ import annotations
@@ -20,6 +23,18 @@ from dataclasses import dataclass, fields
 from typing import Any, Literal
 
 from open_instruct.config.fields import BEAKER_ONLY, NO_EFFECT, PENDING, arg
+
+# Flag -> why its default differs from open-instruct's grpo_fast; the configuration page prints each reason.
+DEFAULTS_UNLIKE_OPEN_INSTRUCT = {
+    "model_name_or_path": "open-instruct requires it. Unset here, the run trains the embedded tiny model, which "
+    "the package builds locally (data/embedded_default.py), so that a bare command runs without the network, as "
+    "the demo, CI and the tests do.",
+    "dataset_mixer_list": "open-instruct's default mix is a Hub dataset, which needs the network. Unset here, the run "
+    "trains on the embedded arithmetic dataset (embedded/arith), generated locally like the embedded model.",
+    "push_to_hub": "Nothing is uploaded unless asked. Uploading is not built here (it needs the Hub's network and "
+    "write access), so with open-instruct's default every script that leaves the flag out would be refused; most "
+    "of its launch scripts pass --push_to_hub false.",
+}
 
 # LoRA and quantization flags are no-ops in open-instruct's grpo_fast; training the full model when a
 # user asked for adapters would be a silent surprise, so they are refused instead.

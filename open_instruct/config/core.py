@@ -79,11 +79,14 @@ class Config:
 
     @property
     def eval_every_steps(self) -> int:
-        if self.run.local_eval_every > 0:
-            return self.run.local_eval_every
-        if self.run.num_evals <= 0:
+        """Steps between evaluations, 0 for none: --local_eval_every, or --num_evals spread over the run when it
+        is given without --local_eval_every (open-instruct has only the first, so its scripts get its cadence)."""
+        run = self.run
+        if run.num_evals is None or "local_eval_every" in self.explicit_flags:
+            return max(0, run.local_eval_every)
+        if run.num_evals <= 0:
             return 0
-        return max(1, math.ceil(self.num_training_steps / self.run.num_evals))
+        return max(1, math.ceil(self.num_training_steps / run.num_evals))
 
     @property
     def eval_response_length(self) -> int:

@@ -31,14 +31,16 @@ def state_save_every(cfg) -> tuple[int, ...]:
 
 # Where the resumable state goes when a save interval is given without --checkpoint_state_dir.
 DEFAULT_STATE_SUBDIR = "checkpoint_state"
+INTERVAL_FLAGS = frozenset({"checkpoint_state_freq", "ephemeral_save_interval", "checkpointing_steps"})
 
 
 def state_dir(cfg) -> str | None:
-    """The directory of the resumable state: --checkpoint_state_dir, else <output_dir>/checkpoint_state when
-    any save interval is set (open-instruct then saves nothing, and on Beaker mason fills the directory in:
-    a script that asks for state should get it), else None."""
+    """The directory of the resumable state: --checkpoint_state_dir; else <output_dir>/checkpoint_state when a
+    save interval is given on the command line (open-instruct then saves nothing, and on Beaker mason fills
+    the directory in: a script that asks for state should get it); else None: the default interval, as in
+    open-instruct, saves only into a directory given."""
     if cfg.run.checkpoint_state_dir:
         return cfg.run.checkpoint_state_dir
-    if state_save_every(cfg):
+    if cfg.explicit_flags & INTERVAL_FLAGS and state_save_every(cfg):
         return os.path.join(cfg.run.output_dir, DEFAULT_STATE_SUBDIR)
     return None

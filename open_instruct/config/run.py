@@ -13,19 +13,29 @@ class RunConfig:
     _argument_group_name = "run: naming, tracking, length, evaluation schedule, checkpoints"
 
     exp_name: str = arg("grpo", "Experiment name; run names and output folders derive from it.")
-    seed: int = arg(1, "Seed for data order, sampling seeds of every request, and initialisation.")
-    output_dir: str = arg("output", "Where metrics.jsonl, checkpoints and plots are written.")
+    seed: int = arg(42, "Seed for data order, sampling seeds of every request, and initialisation.")
+    output_dir: str = arg("output/", "Where metrics.jsonl, checkpoints and plots are written.")
     with_tracking: bool = arg(False, "Log to Weights & Biases (set WANDB_MODE=offline without network).")
-    wandb_project_name: str = arg("open_instruct_internal", "W&B project.")
+    wandb_project_name: str | None = arg(
+        None, "W&B project, by the name open-instruct's finetune.py gives it; given, it wins over --wandb_project."
+    )
     wandb_entity: str | None = arg(None, "W&B entity (team); None uses your default.")
-    num_evals: int = arg(10, "How many evaluations over the run (spread evenly over training steps).")
-    local_eval_every: int = arg(-1, "Evaluate every N steps; overrides --num_evals when > 0.")
+    num_evals: int | None = arg(
+        None,
+        "How many evaluations over the run, spread evenly over its steps (<= 0: none); given, it replaces "
+        "--local_eval_every unless that is given too.",
+    )
+    local_eval_every: int = arg(100, "Evaluate every N steps and after the last one (<= 0: never).")
     eval_on_step_0: bool = arg(False, "Also evaluate before the first training step.")
     save_freq: int = arg(200, "Save an HF-format model + tokenizer every N training steps (0 disables).")
     keep_last_n_checkpoints: int = arg(
         3, "Keep the newest N HF checkpoints and N resumable states (-1 keeps all; 0 keeps the newest state only)."
     )
-    checkpoint_state_freq: int = arg(-1, "Save full resumable state every N steps (-1 disables).")
+    checkpoint_state_freq: int = arg(
+        200,
+        "Save the full resumable state every N steps (<= 0: never) to --checkpoint_state_dir; given without it, to "
+        "<output_dir>/checkpoint_state.",
+    )
     checkpoint_state_dir: str | None = arg(None, "Directory for resumable state; resuming reads it.")
     save_admitted_prompts: str | None = arg(None, "Append every admitted prompt to this JSONL (for benchmarks.replay).")
     preflight: bool = arg(
@@ -33,7 +43,7 @@ class RunConfig:
     )
     total_episodes: int = arg(100_000, "Samples to train on; steps = episodes / (prompts x samples).")
     run_name: str | None = arg(None, "Name of the run (W&B run, summary); default: <exp_name>__<seed>.")
-    wandb_project: str | None = arg(None, "W&B project; open-instruct's name for --wandb_project_name (wins if both).")
+    wandb_project: str = arg("open_instruct_internal", "W&B project.")
     wandb_group_name: str | None = arg(None, "W&B run group.")
     report_to: list[str] | None = arg(
         None, "Trackers: 'wandb' or 'all' turns on W&B (like --with_tracking); 'none' none."

@@ -46,8 +46,8 @@ COMMON = [
     "100",
     "--vllm_kv_cache_gib",
     "0.25",
-    # No evaluation rounds unless a test asks (later flags win): the default 10 rounds of 64 eval prompts
-    # would generate twice the training samples of these runs.
+    # No evaluation rounds unless a test asks (later flags win): the default round after the last step, of
+    # 64 eval prompts, would add samples these runs do not need.
     "--num_evals",
     "0",
     "--seed",

@@ -16,7 +16,7 @@ def test_run_name_tracking_and_wandb_names():
     )
     assert cfg.run_name == "mine" and cfg.tracking_enabled
     assert not parse_config(["--report_to", "none"]).tracking_enabled
-    assert parse_config([]).run_name == "grpo__1"
+    assert parse_config([]).run_name == "grpo__42"
 
 
 def test_schedule_flags_shape_the_run_and_the_learning_rate():

@@ -40,8 +40,9 @@ def test_logging_steps_averages_numbers_over_each_window_and_keeps_the_rest():
 
 def test_state_is_saved_at_every_interval_given_and_checkpointing_steps_only_when_written(tmp_path):
     state = ["--checkpoint_state_dir", str(tmp_path)]
-    assert state_save_every(parse_config(state)) == ()  # open-instruct's default 500 does not switch saving on
-    assert state_save_every(parse_config([*state, "--checkpointing_steps", "500"])) == (500,)
+    # --checkpointing_steps's default 500 does not switch saving on (open-instruct's grpo_fast ignores the flag)
+    assert state_save_every(parse_config(state)) == (200,)
+    assert state_save_every(parse_config([*state, "--checkpointing_steps", "500"])) == (200, 500)
     cfg = parse_config([*state, "--checkpoint_state_freq", "6", "--ephemeral_save_interval", "4"])
     assert state_save_every(cfg) == (4, 6)
 
