@@ -1,0 +1,233 @@
+"""scripts/train/build_image_and_launch.sh, the entry of open-instruct's Beaker launch scripts: its checks,
+its one-line refusals, its dry run, and a real run against stand-in docker and beaker CLIs.
+
+What: the script is copied into a fresh git repository under tmp_path (one commit, on a branch whose name
+needs sanitizing) next to a tiny launch script that prints its arguments and calls `uv run python mason.py`
+as open-instruct's do. The docker and beaker CLIs are stand-ins that record their argv, or absent (the
+caller's PATH minus any folder holding a real one). Nothing is built, pushed or submitted.
+Run: `.venv/bin/pytest tests/unit/test_build_image_and_launch.py` (a few seconds, no network).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+SCRIPT = REPO / "scripts" / "train" / "build_image_and_launch.sh"
+BRANCH = "Feature/Long_Gens"
+IMAGE = "open-instruct-integration-test-feature-long_gens-cuda12"
+ME = "build_image_and_launch.sh: "
+
+LAUNCH = """#!/usr/bin/env bash
+echo "image=$1"
+shift
+echo "args=$*"
+uv run python mason.py "$@"
+"""
+# Stands in for .venv/bin/python: `uv run python ...` in a launch script must reach it.
+VENV_PYTHON = """#!/usr/bin/env bash
+echo "venv-python $*"
+"""
+# A stand-in CLI: appends its name and argv to $CLI_LOG as one JSON line and answers what the script reads.
+FAKE_CLI = f"""#!{sys.executable}
+import json, os, sys
+name, argv = os.path.basename(sys.argv[0]), sys.argv[1:]
+with open(os.environ["CLI_LOG"], "a") as log:
+    log.write(json.dumps([name, *argv]) + "\\n")
+if name == "beaker" and argv[:2] == ["account", "whoami"]:
+    print(json.dumps([{{"name": "alice"}}]))
+elif name == "beaker" and argv[:2] == ["image", "get"]:
+    description = os.environ.get("FAKE_IMAGE_DESCRIPTION")
+    if description is None:
+        sys.exit("image not found")
+    print(json.dumps([{{"description": description}}]))
+elif name == "beaker" and argv[:2] == ["image", "rename"]:
+    sys.exit("image not found")
+"""
+
+
+def _git(repo: Path, *args: str) -> str:
+    return subprocess.run(["git", *args], cwd=repo, capture_output=True, text=True, check=True, timeout=30).stdout
+
+
+def _env(tmp_path: Path, clis: tuple[str, ...]) -> dict[str, str]:
+    """The caller's environment with only the stand-in CLIs named in `clis` on PATH."""
+    real = ("docker", "beaker")
+    folders = [d for d in os.environ["PATH"].split(os.pathsep) if not any((Path(d) / c).exists() for c in real)]
+    fake_bin = tmp_path / "bin"
+    fake_bin.mkdir(exist_ok=True)
+    for cli in clis:
+        (fake_bin / cli).write_text(FAKE_CLI)
+        (fake_bin / cli).chmod(0o755)
+    drop = ("BEAKER_USER", "BEAKER_WORKSPACE", "DOCKER_CACHE_REPO", "FAKE_IMAGE_DESCRIPTION")
+    env = {k: v for k, v in os.environ.items() if k not in drop}
+    env.update(
+        PATH=os.pathsep.join([str(fake_bin), *folders]),
+        CLI_LOG=str(tmp_path / "cli_log.jsonl"),
+        GIT_AUTHOR_NAME="t",
+        GIT_AUTHOR_EMAIL="t@example.com",
+        GIT_COMMITTER_NAME="t",
+        GIT_COMMITTER_EMAIL="t@example.com",
+    )
+    return env
+
+
+@pytest.fixture
+def repo(tmp_path) -> Path:
+    """A git repository with the script, a launch script, a Dockerfile and a stand-in .venv, all committed."""
+    root = tmp_path / "repo"
+    (root / "scripts" / "train").mkdir(parents=True)
+    shutil.copy2(SCRIPT, root / "scripts" / "train" / SCRIPT.name)
+    (root / "launch.sh").write_text(LAUNCH)
+    (root / "Dockerfile").write_text("FROM scratch\n")
+    (root / ".gitignore").write_text(".venv\n")
+    (root / ".venv" / "bin").mkdir(parents=True)
+    (root / ".venv" / "bin" / "python").write_text(VENV_PYTHON)
+    (root / ".venv" / "bin" / "python").chmod(0o755)
+    _git(root, "init", "-q", "-b", BRANCH)
+    _git(root, "add", "-A")
+    _git(root, "-c", "user.name=t", "-c", "user.email=t@example.com", "commit", "-qm", "init")
+    return root
+
+
+def launch(cwd: Path, env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
+    script = cwd / "scripts" / "train" / SCRIPT.name
+    return subprocess.run(
+        ["bash", str(script), *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=60, check=False
+    )
+
+
+def cli_calls(tmp_path: Path) -> list[list[str]]:
+    log = tmp_path / "cli_log.jsonl"
+    return [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+
+
+def last_line(text: str) -> str:
+    return text.strip().splitlines()[-1]
+
+
+def test_uncommitted_or_untracked_changes_stop_it_with_exit_1_naming_them(repo, tmp_path):
+    (repo / "launch.sh").write_text(LAUNCH + "# edited\n")
+    (repo / "notes.txt").write_text("not committed\n")
+    result = launch(repo, _env(tmp_path, ("docker", "beaker")), "launch.sh")
+    assert result.returncode == 1
+    assert " M launch.sh" in result.stderr and "?? notes.txt" in result.stderr
+    assert last_line(result.stderr).startswith("build_image_and_launch.sh: check the working tree: uncommitted")
+    assert cli_calls(tmp_path) == [] and "image=" not in result.stdout
+
+
+def test_outside_a_git_repository_it_stops_with_exit_1(tmp_path):
+    plain = tmp_path / "plain"
+    (plain / "scripts" / "train").mkdir(parents=True)
+    shutil.copy2(SCRIPT, plain / "scripts" / "train" / SCRIPT.name)
+    (plain / "launch.sh").write_text(LAUNCH)
+    env = _env(tmp_path, ("docker", "beaker"))
+    env["GIT_CEILING_DIRECTORIES"] = str(tmp_path)  # tmp_path may itself sit inside a repository
+    result = launch(plain, env, "launch.sh")
+    assert result.returncode == 1
+    assert result.stderr.strip() == (
+        f"build_image_and_launch.sh: check the git repository: {plain} is not inside a git repository "
+        "(the image is built from a commit)"
+    )
+    assert cli_calls(tmp_path) == []
+
+
+def test_without_docker_it_names_the_build_step_in_one_line(repo, tmp_path):
+    result = launch(repo, _env(tmp_path, ("beaker",)), "launch.sh")
+    assert result.returncode == 1
+    assert result.stderr.strip() == (
+        "build_image_and_launch.sh: build the image (docker buildx build): docker is not on PATH"
+    )
+    assert [call[:3] for call in cli_calls(tmp_path)] == [
+        ["beaker", "account", "whoami"],
+        ["beaker", "image", "get"],
+    ]
+    assert "image=" not in result.stdout
+
+
+def test_bad_cuda_version_and_missing_script_are_one_line_refusals(repo, tmp_path):
+    env = _env(tmp_path, ("docker", "beaker"))
+    bad = launch(repo, env, "--cuda-version", "11", "launch.sh")
+    assert bad.returncode == 1
+    assert bad.stderr.strip() == "build_image_and_launch.sh: --cuda-version must be 12 or 13, not '11'"
+    missing = launch(repo, env, "--dry_run", "nope.sh")
+    assert missing.returncode == 1
+    assert missing.stderr.strip() == "build_image_and_launch.sh: no such launch script: nope.sh"
+
+
+def test_dry_run_prints_every_step_and_the_final_command_and_runs_nothing(repo, tmp_path):
+    commit = _git(repo, "rev-parse", "--short", "HEAD").strip()
+    image = IMAGE.replace("cuda12", "cuda13")
+    # No docker, no beaker: each missing CLI is reported at its step and the dry run still completes.
+    result = launch(repo, _env(tmp_path, ()), "--cuda-version", "13", "--dry_run", "launch.sh", "--seed", "7", "a b")
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert all(line.startswith(ME) for line in lines), lines
+    assert [line.removeprefix(ME) for line in lines] == [
+        "dry run: nothing is built, pushed or run",
+        f"git repository: {repo}; working tree: clean",
+        f"commit {commit} on branch {BRANCH}; image name: {image}",
+        "look up the Beaker user (beaker account whoami): the beaker CLI is not on PATH (a real run stops here)",
+        "beaker user: <beaker user>",
+        f"building the CUDA 13 image for commit {commit}",
+        "build the image (docker buildx build): docker is not on PATH (a real run stops here)",
+        f"would run: docker buildx build --platform=linux/amd64 --build-arg GIT_COMMIT={commit} "
+        f"--build-arg GIT_BRANCH={BRANCH} --build-arg CUDA_VERSION=13 --load . -t {image}",
+        "upload the image (beaker image create): the beaker CLI is not on PATH (a real run stops here)",
+        f"would run: beaker image rename '<beaker user>/{image}' ''",
+        f"would run: beaker image create {image} -n {image} -w 'ai2/<beaker user>' "
+        f"--description 'Git commit: {commit}; CUDA: 13'",
+        f"launch scripts run with {repo}/.venv/bin/python ('uv run' included)",
+        f"would run: bash launch.sh '<beaker user>/{image}' --seed 7 'a b'",
+        "dry run done; a real run could not: look up the Beaker user (beaker account whoami); "
+        "build the image (docker buildx build); upload the image (beaker image create)",
+    ]
+    assert "image=" not in result.stdout and cli_calls(tmp_path) == []
+
+
+def test_dry_run_with_the_clis_asks_beaker_who_but_builds_and_pushes_nothing(repo, tmp_path):
+    env = {**_env(tmp_path, ("docker", "beaker")), "BEAKER_USER": "ignored-when-beaker-answers"}
+    result = launch(repo, env, "--dry_run", "launch.sh", "--seed", "7")
+    assert result.returncode == 0, result.stderr
+    assert f"build_image_and_launch.sh: would run: bash launch.sh alice/{IMAGE} --seed 7" in result.stdout
+    assert last_line(result.stdout) == "build_image_and_launch.sh: dry run done"
+    assert [call[:3] for call in cli_calls(tmp_path)] == [["beaker", "account", "whoami"], ["beaker", "image", "get"]]
+
+
+def test_a_real_run_builds_uploads_then_runs_the_script_with_the_image_as_its_first_argument(repo, tmp_path):
+    commit = _git(repo, "rev-parse", "--short", "HEAD").strip()
+    result = launch(repo, _env(tmp_path, ("docker", "beaker")), "launch.sh", "--seed", "7", "two words")
+    assert result.returncode == 0, result.stderr
+    calls = cli_calls(tmp_path)
+    assert [call[:3] for call in calls] == [
+        ["beaker", "account", "whoami"],
+        ["beaker", "image", "get"],
+        ["docker", "buildx", "build"],
+        ["beaker", "image", "rename"],
+        ["beaker", "image", "create"],
+    ]
+    build = calls[2]
+    assert f"GIT_COMMIT={commit}" in build and "CUDA_VERSION=12" in build and build[-3:] == [".", "-t", IMAGE]
+    assert calls[3] == ["beaker", "image", "rename", f"alice/{IMAGE}", ""]
+    create = ["beaker", "image", "create", IMAGE, "-n", IMAGE, "-w", "ai2/alice"]
+    assert calls[4] == [*create, "--description", f"Git commit: {commit}; CUDA: 12"]
+    # The launch script ran last, the image as $1, the remaining arguments as given, `uv run` on .venv.
+    out = result.stdout.splitlines()
+    assert out[-3:] == [f"image=alice/{IMAGE}", "args=--seed 7 two words", "venv-python mason.py --seed 7 two words"]
+
+
+def test_an_image_that_already_holds_the_commit_is_not_built_again(repo, tmp_path):
+    commit = _git(repo, "rev-parse", "--short", "HEAD").strip()
+    env = {**_env(tmp_path, ("docker", "beaker")), "FAKE_IMAGE_DESCRIPTION": f"Git commit: {commit}; CUDA: 12"}
+    result = launch(repo, env, "launch.sh")
+    assert result.returncode == 0, result.stderr
+    assert f"already holds commit {commit}: no build, no upload" in result.stdout
+    assert [call[:3] for call in cli_calls(tmp_path)] == [["beaker", "account", "whoami"], ["beaker", "image", "get"]]
+    assert f"image=alice/{IMAGE}" in result.stdout
