@@ -183,7 +183,10 @@ def check_loss(reference: str = "cpu", device: str = "cuda") -> tuple[bool, str]
 
     expected, got = run(reference), run(device)
     worst = max((expected[k] - got[k]).abs().max().item() for k in expected)
-    return worst < 1e-5, f"{len(expected)} outputs, largest |{reference} - {device}| {worst:.2e}"
+    # float32 sums differ in their last bits with the order of a parallel reduction (seen: 2.7e-5 between two
+    # CPU runs of one process under load), so the bound is relative, as torch.allclose's.
+    ok = all(torch.allclose(got[k], expected[k], rtol=1e-4, atol=1e-5) for k in expected)
+    return ok, f"{len(expected)} outputs, largest |{reference} - {device}| {worst:.2e}"
 
 
 def main() -> int:
