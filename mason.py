@@ -1,30 +1,29 @@
-"""mason.py: turn a training command into a Beaker experiment and submit it (or print it).
+"""mason.py: turn training commands into a Beaker experiment and submit it (or print it).
 
-What: Ai2 launches open-instruct jobs on its Beaker cluster with
+What: Ai2 launches open-instruct jobs on its Beaker clusters with
 
-    python mason.py --cluster ai2/jupiter-cirrascale-2 --image USER/IMAGE --pure_docker_mode \\
-        --workspace ai2/tulu-thinker --priority high --preemptible --num_nodes 6 --max_retries 0 \\
-        --env VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 --budget ai2/oe-adapt --gpus 8 \\
+    python mason.py --cluster ai2/jupiter --image USER/IMAGE --pure_docker_mode \\
+        --workspace ai2/tulu-thinker --priority high --preemptible --num_nodes 6 \\
+        --env VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 --gpus 8 \\
         -- source configs/beaker_configs/ray_node_setup.sh \\&\\& python open_instruct/grpo_fast.py ...
 
-Everything after `--` is the command every replica runs. This script validates the flags, rebuilds the
-command as one `bash -c` string, builds a Beaker v2 experiment spec and either submits it with the
-`beaker` CLI or prints it as YAML.
+Every option of open-instruct's own mason.py (at the commit the tests record) is accepted with its
+default and its meaning in the experiment spec, so its launch scripts run unchanged. Each command after
+a `--` becomes one Beaker task. For a grpo_fast command mason also, as open-instruct's does:
+tokenizes the datasets locally first (`--cache_dataset_only`) and hands the cache key to the job,
+gives the run resumable state under `--auto_checkpoint_state_dir` (and a W&B run id that resumes), and
+on Weka clusters writes outputs under `--auto_output_dir_path`. Where open-instruct's behaviour is a
+bug, this one differs on purpose; docs/multi_node.md lists each difference and why.
 
-Why a rebuilt string: the local shell hands us argv tokens, already unquoted. We quote each token again
-with `shlex.quote` so values with spaces or shell characters (`"</answer>"`, the long comma-separated
-`--oe_eval_tasks`) reach the container byte for byte. The one exception is the shell operators users
-escape locally (`\\&\\&`, `\\|\\|`, `\\;`): a token that is exactly `&&`, `||` or `;` stays unquoted so it
-chains commands inside the container.
-
-How to run: `python mason.py --help`; `--dry_run` prints the spec without submitting. Hardware: any
-machine with Python 3.11 and PyYAML; the experiment itself runs on Beaker's GPU nodes. Only the standard
-library and PyYAML are used so the launcher works outside the training environment.
+How to run: `python mason.py --help`; `--dry_run` prints the spec and every step it would take without
+running any. Only the standard library and PyYAML are needed for the spec itself; the dataset caching
+runs grpo_fast.py with the repository's `.venv` when there is one.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import shlex
@@ -32,69 +31,51 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
+from open_instruct.launch.beaker_spec import DEFAULT_ENV, build_spec, spec_to_yaml
+from open_instruct.launch.commands import (
+    SHELL_OPERATORS,
+    Prepared,
+    build_command,
+    cache_readable_by_job,
+    caching_command,
+    detach_operators,
+    entry_segment,
+    parse_cache_keys,
+    rewrite_training,
+)
+from open_instruct.launch.settings import INTERCONNECT_CLUSTERS, TRAINING_ENTRY, Account, LaunchIds, MasonArgs, Mount
 
-# Shell operators that may appear as their own token after `--` and are kept unquoted.
-SHELL_OPERATORS = ("&&", "||", ";")
+REPO = Path(__file__).resolve().parent
 PRIORITIES = ("low", "normal", "high", "urgent")
 MAX_GPUS_PER_NODE = 8
-RESULT_PATH = "/output"  # Beaker keeps this directory as the experiment's result dataset
-# How long Beaker waits for all replicas of a multi-node task to be scheduled before failing the
-# experiment: large jobs often wait for the last few nodes, a task that never fully starts is useless.
-SYNCHRONIZED_START_TIMEOUT = "90m"
-# Ray keeps its object store and vLLM/NCCL keep buffers in /dev/shm; Docker's 64 MiB default is too small.
-SHARED_MEMORY = "10 GiB"
-# Environment every task gets; `--env` overrides any of them.
-DEFAULT_ENV: dict[str, str] = {
-    # Python block-buffers stdout without a TTY; unbuffered output makes Beaker's live logs show
-    # progress (and the last line before a hang) as it happens.
-    "PYTHONUNBUFFERED": "1",
-    # NCCL's cuMem allocator makes the learner -> vLLM weight broadcast slow and can hang it
-    # (vllm-project/vllm#5723); open-instruct disables it on every node for the same reason.
-    "NCCL_CUMEM_ENABLE": "0",
+# Options open-instruct's mason.py accepted once and now ignores.
+DEPRECATED_NO_OPS = {
+    "no_hf_cache_env": "open-instruct marks it deprecated; it does nothing",
+    "no_mount_nfs": "open-instruct marks it deprecated; it does nothing",
+    "gs_model_name": "it named a model uploaded to Google Cloud Storage for the retired Augusta cluster",
 }
+# W&B settings of the launching shell that the job inherits.
+PASSED_THROUGH_ENV = ("WANDB_ENTITY", "WANDB_PROJECT", "WANDB_TAGS")
 
 _ORG_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _SECRET_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 _TASK_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
-
-
-@dataclass(frozen=True)
-class MasonArgs:
-    clusters: tuple[str, ...]
-    image: str
-    workspace: str
-    budget: str
-    command: tuple[str, ...]  # argv tokens after `--`, exactly as the local shell passed them
-    pure_docker_mode: bool = False
-    priority: str = "normal"
-    preemptible: bool = False
-    num_nodes: int = 1
-    max_retries: int = 0
-    gpus: int = 0
-    env: tuple[tuple[str, str], ...] = ()
-    secrets: tuple[tuple[str, str], ...] = ()  # (env var name, Beaker secret name); never values
-    description: str | None = None
-    task_name: str = "open_instruct"
-    dry_run: bool = False
-    # Local working directory, captured at parse time so build_spec stays pure; used without
-    # --pure_docker_mode only.
-    local_workdir: str = ""
+_DURATION = re.compile(r"^(\d+(\.\d+)?(ns|us|µs|ms|s|m|h))+$")
+_MEMORY = re.compile(r"^\d+(\.\d+)?\s*([KMGT]i?B?|B)?$", re.IGNORECASE)
 
 
 # ---------------------------------------------------------------------------------------------------------
-# Argument parsing. Value checks live in argparse `type=` callables so every error names its flag and
-# exits with status 2, like any other argparse usage error.
+# Argument parsing. Value checks live in argparse `type=` callables, so every error names its option and
+# exits with status 2.
 
 
 def _org_name(value: str) -> str:
     if not _ORG_NAME.match(value):
-        raise argparse.ArgumentTypeError(f"{value!r} is not of the form org/name (e.g. ai2/jupiter-cirrascale-2)")
+        raise argparse.ArgumentTypeError(f"{value!r} is not of the form org/name (e.g. ai2/jupiter)")
     return value
 
 
@@ -108,6 +89,15 @@ def _int_in_range(low: int, high: int | None):
             bound = f"between {low} and {high}" if high is not None else f">= {low}"
             raise argparse.ArgumentTypeError(f"{number} is out of range: must be {bound}")
         return number
+
+    return check
+
+
+def _matching(pattern: re.Pattern, example: str):
+    def check(value: str) -> str:
+        if not pattern.match(value.strip()):
+            raise argparse.ArgumentTypeError(f"{value!r} is not like {example}")
+        return value.strip()
 
     return check
 
@@ -130,6 +120,13 @@ def _secret_pair(value: str) -> tuple[str, str]:
     return name, secret
 
 
+def _beaker_dataset(value: str) -> Mount:
+    mount_path, sep, dataset = value.partition(":")
+    if not sep or not mount_path.startswith("/") or not dataset or ":" in dataset:
+        raise argparse.ArgumentTypeError(f"{value!r} is not MOUNT_PATH:DATASET_ID (e.g. /models:01HQXGAYGCS6D4)")
+    return Mount(mount_path, ("beaker", dataset))
+
+
 def _task_name(value: str) -> str:
     if not _TASK_NAME.match(value):
         raise argparse.ArgumentTypeError(f"{value!r} may only contain letters, digits, '.', '_' and '-'")
@@ -143,40 +140,55 @@ def _non_empty(value: str) -> str:
 
 
 HELP_EPILOG = f"""\
-the command after `--`:
-  Every replica runs it with `/bin/bash -c`. Each token is re-quoted with shlex.quote, so arguments
-  with spaces or shell characters arrive unchanged. Tokens that are exactly {", ".join(SHELL_OPERATORS)}
-  stay shell operators: write them escaped locally (`\\&\\&`) so your shell passes them through.
-  Nothing else is interpreted in the container: `$VAR`, pipes and redirections are literal arguments.
-  Wrap such logic in a script, or in a single `bash -c '...'` token, if you need it.
+the commands after `--`:
+  Each `--` starts a command; each command is one Beaker task (TASK_NAME__0, TASK_NAME__1, ...).
+  Every replica runs its task's command with `/bin/bash -c`. Tokens are re-quoted so arguments with
+  spaces or shell characters arrive unchanged; tokens that are exactly {", ".join(SHELL_OPERATORS)} stay shell
+  operators (write them escaped locally: `\\&\\&`), and `$NAME` / `${{NAME}}` expand in the container (set
+  by an earlier `source ...setup.sh`, e.g. `$CODE_API_URL/test_program`). Nothing else is interpreted.
+
+a grpo_fast.py command (as open-instruct's mason.py):
+  - its datasets are tokenized here first (`--cache_dataset_only`, with this repository's .venv) and
+    the job gets the cache key when it can read the cache (--no_auto_dataset_cache skips this);
+  - resumable (unless --non_resumable): --checkpoint_state_dir becomes a new directory under
+    --auto_checkpoint_state_dir/USER (kept when already on /weka/), and W&B resumes the same run id;
+  - on a Weka cluster, --output_dir goes under --auto_output_dir_path/USER (kept when on /weka/);
+  - --hf_entity allenai and --wandb_entity ai2-llm are added when absent.
+  Without Beaker credentials (an external user) the command is left as written.
 
 multi-node (--num_nodes > 1):
-  One Beaker task with `replicas: N`, leader selection, host networking, failure/preemption propagation
-  and a {SYNCHRONIZED_START_TIMEOUT} synchronized start. All replicas run the same command, so it should begin
-  with `source configs/beaker_configs/ray_node_setup.sh`: replica 0 starts the Ray head and continues,
-  the others join the Ray cluster and block there (they never run the trainer).
+  One task with `replicas: N`, leader selection and failure/preemption propagation. All replicas run
+  the same command, so it should begin with `source configs/beaker_configs/ray_node_setup.sh`.
 
 default environment (each overridable with --env):
   {chr(10).join(f"  {k}={v}" for k, v in DEFAULT_ENV.items()).strip()}
-  (PYTHONUNBUFFERED: live logs; NCCL_CUMEM_ENABLE=0: fast, hang-free weight broadcast to vLLM.)
-  Resources also request {SHARED_MEMORY} of /dev/shm (Ray object store, NCCL).
+  Weka clusters add the Hugging Face cache paths on Weka; resumable runs add WANDB_RUN_ID and
+  WANDB_RESUME=allow; WANDB_ENTITY, WANDB_PROJECT and WANDB_TAGS pass through from this shell.
 
 submission:
-  The spec is printed as YAML on stdout (exit 0) instead of submitted when --dry_run is given, when no
-  `beaker` CLI is on PATH, or when there are no Beaker credentials (BEAKER_TOKEN or ~/.beaker/config.yml).
-  Otherwise it runs `beaker experiment create SPEC --workspace WORKSPACE` and exits with its status.
+  The spec is printed as YAML on stdout (exit 0) instead of submitted with --dry_run, without a
+  `beaker` CLI on PATH, or without Beaker credentials (BEAKER_TOKEN or ~/.beaker/config.yml).
+  Otherwise it runs `beaker experiment create SPEC [--workspace WORKSPACE]` and exits with its status.
 """
 
 
 def _build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="mason.py",
-        description="Build a Beaker experiment for a command and submit it (or print it with --dry_run).",
-        usage="python mason.py [options] -- COMMAND [ARGS...]",
+        description="Build a Beaker experiment for commands and submit it (or print it with --dry_run).",
+        usage="python mason.py [options] -- COMMAND [ARGS...] [-- COMMAND [ARGS...] ...]",
         epilog=HELP_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        allow_abbrev=False,  # an abbreviation silently matching another flag is worse than an error
+        allow_abbrev=False,  # an abbreviation silently matching another option is worse than an error
     )
+    _add_placement_options(parser)
+    _add_environment_options(parser)
+    _add_training_options(parser)
+    return parser
+
+
+def _add_placement_options(parser: argparse.ArgumentParser) -> None:
+    """Where and how the tasks run."""
     parser.add_argument(
         "--cluster",
         dest="clusters",
@@ -185,40 +197,114 @@ def _build_parser() -> argparse.ArgumentParser:
         action="extend",
         required=True,
         metavar="ORG/NAME",
-        help="Beaker cluster(s) the task may run on; repeat the flag or list several after it.",
+        help="Beaker cluster(s) the task may run on; repeat the option or list several after it.",
+    )
+    parser.add_argument(
+        "--hostname",
+        dest="hostnames",
+        type=_non_empty,
+        nargs="+",
+        action="extend",
+        default=[],
+        help="Beaker host(s) the task may run on; when given they constrain the task instead of --cluster.",
     )
     parser.add_argument(
         "--image",
-        required=True,
         type=_non_empty,
-        help="Image to run. A Beaker image (`user/name`) unless it looks like a Docker reference (has a "
-        "':' tag or a registry host with a '.'); force either with a `beaker://` or `docker://` prefix.",
+        default=MasonArgs.image,
+        help="Image to run (default: %(default)s). A Beaker image (`user/name`) unless it looks like a Docker "
+        "reference (a ':' tag or a registry host); force either with a `beaker://` or `docker://` prefix.",
     )
     parser.add_argument(
         "--pure_docker_mode",
         action="store_true",
-        help="Run the command from the image's working directory, using the code baked into the image. "
-        "Without it the command first does `cd` into your current local directory, which only works "
-        "when that path is on a filesystem the cluster mounts at the same path (e.g. Weka).",
+        help="Run from the image's working directory with the code baked into it. Without it the command first "
+        "does `cd` into this directory and gets this shell's PATH (both must be on a filesystem the cluster "
+        "mounts at the same path, e.g. Weka).",
     )
-    parser.add_argument("--workspace", required=True, type=_org_name, metavar="ORG/NAME", help="Beaker workspace.")
     parser.add_argument(
-        "--priority", choices=PRIORITIES, default="normal", help="Beaker job priority (default: normal)."
+        "--workspace", type=_org_name, default=None, metavar="ORG/NAME", help="Beaker workspace (default: yours)."
     )
+    parser.add_argument(
+        "--budget",
+        type=_org_name,
+        default=None,
+        metavar="ORG/NAME",
+        help="Beaker budget (default: the workspace's default budget).",
+    )
+    parser.add_argument("--priority", choices=PRIORITIES, default="normal", help="Job priority (default: normal).")
     parser.add_argument("--preemptible", action="store_true", help="Allow Beaker to preempt the job.")
     parser.add_argument(
         "--num_nodes",
         type=_int_in_range(1, None),
         default=1,
         metavar="N",
-        help="Number of nodes (Beaker replicas of the one task); >= 1, default 1.",
+        help="Number of nodes (Beaker replicas of each task); >= 1, default 1.",
     )
     parser.add_argument(
         "--max_retries",
         type=_int_in_range(0, None),
         default=0,
         metavar="N",
-        help="How often Beaker may retry a failed task (spec `retry.allowedTaskRetries`); >= 0, default 0.",
+        help="How often Beaker may retry a failed task (retry.allowedTaskRetries); >= 0, default 0.",
+    )
+    parser.add_argument(
+        "--gpus",
+        type=_int_in_range(0, MAX_GPUS_PER_NODE),
+        default=0,
+        metavar="N",
+        help=f"GPUs per node, 0..{MAX_GPUS_PER_NODE} (default 0).",
+    )
+    parser.add_argument(
+        "--shared_memory",
+        type=_matching(_MEMORY, "10.24gb or 64GiB"),
+        default=MasonArgs.shared_memory,
+        help="Size of /dev/shm (Ray's object store, NCCL buffers); default %(default)s.",
+    )
+    parser.add_argument(
+        "--timeout",
+        type=_matching(_DURATION, "15m, 2h or 2h30m"),
+        default=None,
+        help="Beaker stops the task after this long (e.g. 15m, 2h30m); default: no limit.",
+    )
+    parser.add_argument(
+        "--no-host-networking",
+        dest="host_networking",
+        action="store_false",
+        help="Give the task its own network namespace (multi-node jobs need host networking).",
+    )
+    parser.add_argument(
+        "--description",
+        default=os.environ.get("RUN_NAME", MasonArgs.description),
+        help="Experiment description (default: $RUN_NAME, else %(default)r).",
+    )
+    parser.add_argument(
+        "--task_name",
+        type=_task_name,
+        default=MasonArgs.task_name,
+        help="Base name of the Beaker tasks (NAME__0, NAME__1, ...); default %(default)s.",
+    )
+    parser.add_argument(
+        "--dry_run",
+        action="store_true",
+        help="Print the spec and every step mason would take (dataset caching, submission), taking none.",
+    )
+
+
+def _add_environment_options(parser: argparse.ArgumentParser) -> None:
+    """What the tasks see: mounts, variables, secrets."""
+    parser.add_argument(
+        "--mount_docker_socket",
+        action="store_true",
+        help="Mount the host's /var/run/docker.sock (Docker in Docker, e.g. a code-execution sandbox).",
+    )
+    parser.add_argument(
+        "--beaker_datasets",
+        type=_beaker_dataset,
+        nargs="*",
+        default=[],
+        metavar="MOUNT:ID",
+        help="Beaker datasets to mount, each MOUNT_PATH:DATASET_ID (e.g. /models:01HQXGAYGCS6D4ZK51K83CM49Y).",
     )
     parser.add_argument(
         "--env",
@@ -235,197 +321,234 @@ def _build_parser() -> argparse.ArgumentParser:
         action="append",
         default=[],
         metavar="ENV=SECRET_NAME",
-        help="Expose the Beaker workspace secret SECRET_NAME as environment variable ENV; repeatable. Only "
-        "the secret's name goes into the spec, never its value.",
+        help="Expose the workspace secret SECRET_NAME as ENV; repeatable. Only its name enters the spec.",
     )
-    parser.add_argument("--budget", required=True, type=_org_name, metavar="ORG/NAME", help="Beaker budget.")
+    for name in DEPRECATED_NO_OPS:
+        takes_value = name == "gs_model_name"
+        parser.add_argument(
+            f"--{name}",
+            action="store" if takes_value else "store_true",
+            default=None if takes_value else False,
+            help=f"Accepted and ignored: {DEPRECATED_NO_OPS[name]}.",
+        )
+
+
+def _add_training_options(parser: argparse.ArgumentParser) -> None:
+    """What mason does to a grpo_fast.py command (open-instruct's resumable mode and dataset caching)."""
     parser.add_argument(
-        "--gpus",
-        type=_int_in_range(0, MAX_GPUS_PER_NODE),
-        default=0,
-        metavar="N",
-        help=f"GPUs per node, 0..{MAX_GPUS_PER_NODE} (default 0).",
+        "--non_resumable",
+        action="store_true",
+        help="No automatic resumable state directory and no W&B resume for grpo_fast.py commands.",
     )
     parser.add_argument(
-        "--description",
+        "--no_auto_dataset_cache", action="store_true", help="Do not tokenize the datasets here before submitting."
+    )
+    parser.add_argument(
+        "--auto_output_dir_path",
+        default=MasonArgs.auto_output_dir_path,
+        help="On Weka clusters --output_dir becomes PATH/USER/ ('' keeps yours); default %(default)s.",
+    )
+    parser.add_argument(
+        "--auto_checkpoint_state_dir",
+        default=MasonArgs.auto_checkpoint_state_dir,
+        help="Resumable state goes to PATH/USER/<time>_<n> ('' keeps --checkpoint_state_dir); default %(default)s.",
+    )
+    parser.add_argument(
+        "--artifact_ttl",
+        type=_non_empty,
         default=None,
-        help="Experiment description (default: the command's --exp_name value, else the task name).",
+        metavar="TTL",
+        help="Append tmp-TTL (e.g. 1d) to the automatic output and state directories (a retention class).",
     )
-    parser.add_argument(
-        "--task_name",
-        type=_task_name,
-        default="open_instruct",
-        help="Name of the Beaker task (default: open_instruct).",
-    )
-    parser.add_argument(
-        "--dry_run", action="store_true", help="Print the experiment spec as YAML instead of submitting it."
-    )
-    return parser
 
 
-def parse_args(argv: list[str]) -> MasonArgs:
-    """Parse mason's own flags and the command after `--`. Usage errors exit with status 2."""
+def split_commands(tokens: list[str]) -> list[list[str]]:
+    """['a', 'b', '--', 'c'] -> [['a', 'b'], ['c']]: every `--` starts a new command."""
+    commands: list[list[str]] = [[]]
+    for token in tokens:
+        if token == "--":
+            commands.append([])
+        else:
+            commands[-1].append(token)
+    return [command for command in commands if command]
+
+
+def parse_args(argv: list[str], environ: dict[str, str] | None = None) -> MasonArgs:
+    """Parse mason's own options and the commands after `--`. Usage errors exit with status 2."""
+    environ = dict(os.environ if environ is None else environ)
     parser = _build_parser()
-    if "--" in argv:
-        split = argv.index("--")
-        own, command = argv[:split], argv[split + 1 :]
-    else:
-        own, command = argv, None
-    ns = parser.parse_args(own)  # handles --help and every per-flag error first
-    if command is None:
+    own, rest = (argv[: argv.index("--")], argv[argv.index("--") + 1 :]) if "--" in argv else (argv, None)
+    ns = parser.parse_args(own)  # --help and every per-option error first
+    if rest is None:
         parser.error("missing `-- COMMAND`: put the command to run after `--`")
-    if not command or all(not token.strip() for token in command):
+    commands = split_commands(rest)
+    if not commands or any(all(not token.strip() for token in command) for command in commands):
         parser.error("empty command after `--`")
-    try:
-        build_command(command)
-    except ValueError as e:
-        parser.error(f"command after `--`: {e}")
-
-    env_names = [name for name, _ in ns.env]
-    secret_names = [name for name, _ in ns.secrets]
-    for flag, names in (("--env", env_names), ("--secret", secret_names)):
-        duplicates = sorted({name for name in names if names.count(name) > 1})
-        if duplicates:
-            parser.error(f"argument {flag}: {', '.join(duplicates)} given more than once")
-    both = sorted(set(env_names) & set(secret_names))
-    if both:
-        parser.error(f"argument --secret: {', '.join(both)} is also set with --env")
-
+    for command in commands:
+        try:
+            build_command(detach_operators(command))
+        except ValueError as e:
+            parser.error(f"command after `--`: {e}")
+    _check_unique_names(parser, ns.env, ns.secrets)
     return MasonArgs(
         clusters=tuple(dict.fromkeys(ns.clusters)),  # de-duplicated, order kept
+        commands=tuple(detach_operators(command) for command in commands),
         image=ns.image,
         workspace=ns.workspace,
         budget=ns.budget,
-        command=tuple(command),
+        hostnames=tuple(dict.fromkeys(ns.hostnames)),
         pure_docker_mode=ns.pure_docker_mode,
         priority=ns.priority,
         preemptible=ns.preemptible,
         num_nodes=ns.num_nodes,
         max_retries=ns.max_retries,
         gpus=ns.gpus,
+        shared_memory=ns.shared_memory,
+        timeout=ns.timeout,
+        host_networking=ns.host_networking,
+        mount_docker_socket=ns.mount_docker_socket,
+        beaker_datasets=tuple(ns.beaker_datasets),
         env=tuple(ns.env),
         secrets=tuple(ns.secrets),
         description=ns.description,
         task_name=ns.task_name,
+        resumable=not ns.non_resumable,
+        auto_dataset_cache=not ns.no_auto_dataset_cache,
+        auto_output_dir_path=ns.auto_output_dir_path,
+        auto_checkpoint_state_dir=ns.auto_checkpoint_state_dir,
+        artifact_ttl=ns.artifact_ttl,
         dry_run=ns.dry_run,
+        ignored=tuple(name for name in DEPRECATED_NO_OPS if getattr(ns, name)),
         local_workdir=os.getcwd(),
+        local_path=environ.get("PATH", ""),
+        wandb_env=tuple((name, environ[name]) for name in PASSED_THROUGH_ENV if name in environ),
     )
 
 
+def _check_unique_names(parser, env: list[tuple[str, str]], secret_pairs: list[tuple[str, str]]) -> None:
+    env_names = [name for name, _ in env]
+    secret_names = [name for name, _ in secret_pairs]
+    for option, names in (("--env", env_names), ("--secret", secret_names)):
+        duplicates = sorted({name for name in names if names.count(name) > 1})
+        if duplicates:
+            parser.error(f"argument {option}: {', '.join(duplicates)} given more than once")
+    both = sorted(set(env_names) & set(secret_names))
+    if both:
+        parser.error(f"argument --secret: {', '.join(both)} is also set with --env")
+
+
 # ---------------------------------------------------------------------------------------------------------
-# Spec building (pure).
+# The Beaker account, the local dataset caching, submission.
 
 
-def build_command(tokens: list[str] | tuple[str, ...]) -> str:
-    """Rebuild argv tokens into one shell string: operators bare, every other token shlex-quoted.
-
-    Raises ValueError when an operator has no command on one of its sides (`&& python x`, `a && && b`).
-    """
-    parts: list[str] = []
-    expect_command = True  # at the start and right after an operator a command must follow
-    for token in tokens:
-        if token in SHELL_OPERATORS:
-            if expect_command:  # bash: "syntax error near unexpected token"
-                raise ValueError(f"{token!r} has no command before it")
-            parts.append(token)
-            expect_command = True
-        else:
-            parts.append(shlex.quote(token))
-            expect_command = False
-    if not parts:
-        raise ValueError("empty command")
-    if parts[-1] in ("&&", "||"):  # a trailing ';' is valid shell, a trailing '&&' is not
-        raise ValueError(f"{parts[-1]!r} has no command after it")
-    return " ".join(parts)
+def has_credentials() -> bool:
+    return bool(os.environ.get("BEAKER_TOKEN")) or Path("~/.beaker/config.yml").expanduser().is_file()
 
 
-def _image_spec(image: str) -> dict[str, str]:
-    if image.startswith("beaker://"):
-        return {"beaker": image.removeprefix("beaker://")}
-    if image.startswith("docker://"):
-        return {"docker": image.removeprefix("docker://")}
-    first = image.split("/", 1)[0]
-    looks_like_docker = ":" in image or "@" in image or ("/" in image and ("." in first or first == "localhost"))
-    return {"docker": image} if looks_like_docker else {"beaker": image}
+class LaunchError(Exception):
+    """A step before submission failed; nothing was submitted."""
 
 
-def _flag_value(tokens: tuple[str, ...], flag: str) -> str | None:
-    for i, token in enumerate(tokens):
-        if token == flag and i + 1 < len(tokens):
-            return tokens[i + 1]
-        if token.startswith(flag + "="):
-            return token.split("=", 1)[1]
-    return None
-
-
-def build_spec(args: MasonArgs) -> dict[str, Any]:
-    """The Beaker v2 experiment spec (a plain dict, ready for YAML) for parsed arguments."""
-    command = build_command(args.command)
-    if not args.pure_docker_mode:
-        command = f"cd {shlex.quote(args.local_workdir)} && {command}"
-
-    env = {**DEFAULT_ENV, **dict(args.env)}
-    env_vars: list[dict[str, str]] = [{"name": name, "value": value} for name, value in env.items()]
-    env_vars += [{"name": name, "secret": secret} for name, secret in args.secrets]
-
-    task: dict[str, Any] = {"name": args.task_name}
-    if args.num_nodes > 1:
-        # Beaker's multi-node convention: N replicas of one task, replica 0 elected leader (its hostname
-        # is BEAKER_LEADER_REPLICA_HOSTNAME on every replica), host networking so Ray/NCCL reach each
-        # other directly, and one replica failing or being preempted takes the whole group down (a Ray
-        # cluster missing a node cannot continue).
-        task.update(
-            {
-                "replicas": args.num_nodes,
-                "leaderSelection": True,
-                "hostNetworking": True,
-                "propagateFailure": True,
-                "propagatePreemption": True,
-                "synchronizedStartTimeout": SYNCHRONIZED_START_TIMEOUT,
-            }
+def _beaker_json(*arguments: str) -> Any:
+    try:
+        result = subprocess.run(
+            ["beaker", *arguments, "--format", "json"], capture_output=True, text=True, timeout=120, check=False
         )
-    task.update(
-        {
-            "image": _image_spec(args.image),
-            "command": ["/bin/bash", "-c"],
-            "arguments": [command],
-            "envVars": env_vars,
-            "result": {"path": RESULT_PATH},
-            "resources": {"gpuCount": args.gpus, "sharedMemory": SHARED_MEMORY},
-            "context": {"priority": args.priority, "preemptible": args.preemptible},
-            "constraints": {"cluster": list(args.clusters)},
-        }
-    )
-    description = args.description or _flag_value(args.command, "--exp_name") or args.task_name
-    return {
-        "version": "v2",
-        "budget": args.budget,
-        "description": description,
-        "tasks": [task],
-        "retry": {"allowedTaskRetries": args.max_retries},
-    }
+        if result.returncode != 0:
+            raise LaunchError(result.stderr.strip() or f"exit {result.returncode}")
+        return json.loads(result.stdout)
+    except (OSError, ValueError, subprocess.TimeoutExpired, LaunchError) as error:
+        raise LaunchError(f"`beaker {' '.join(arguments)}` failed: {error}") from None
 
 
-def spec_to_yaml(spec: dict[str, Any]) -> str:
-    # Wide lines: the long command stays on one line, easy to grep and copy.
-    return yaml.safe_dump(spec, sort_keys=False, default_flow_style=False, allow_unicode=True, width=1 << 16)
+def look_up_account(workspace: str | None) -> Account:
+    """The user and the workspace's secret names, from the beaker CLI; external without credentials."""
+    if not has_credentials() or shutil.which("beaker") is None:
+        return Account()
+    try:
+        user = _beaker_json("account", "whoami")[0]["name"]
+        listed = _beaker_json("secret", "list", *(("--workspace", workspace) if workspace else ()))
+        return Account(user, frozenset(item["name"] for item in listed))
+    except (KeyError, IndexError, TypeError) as error:
+        raise LaunchError(f"the beaker CLI's answer about the account is not understood: {error!r}") from None
 
 
-# ---------------------------------------------------------------------------------------------------------
-# Submission.
+def local_python() -> str:
+    """The interpreter of the caching run: this repository's .venv when there is one (it has the stack)."""
+    venv_python = REPO / ".venv" / "bin" / "python"
+    return str(venv_python) if venv_python.exists() else sys.executable
 
 
-def _warnings(args: MasonArgs) -> list[str]:
-    notes = []
-    text = " ".join(args.command)
-    if args.num_nodes > 1 and "ray_node_setup.sh" not in text:
+def local_entry(script: str) -> str:
+    """The grpo_fast.py to run here: the command's own path, else this repository's."""
+    return script if Path(script).is_file() else str(REPO / TRAINING_ENTRY)
+
+
+def run_caching(command: list[str]) -> tuple[str, ...]:
+    """Run the caching command here, its output shown as it comes; the cache keys it printed."""
+    print(f"mason.py: caching the datasets first: {shlex.join(command)}", file=sys.stderr)
+    lines: list[str] = []
+    try:
+        with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as process:
+            assert process.stdout is not None
+            for line in process.stdout:
+                sys.stderr.write(line)
+                lines.append(line.rstrip("\n"))
+    except OSError as error:
+        raise LaunchError(f"could not run the dataset caching: {error}") from None
+    if process.returncode != 0:
+        last = next((line.strip() for line in reversed(lines) if line.strip()), "no output")
+        raise LaunchError(
+            f"caching the datasets failed (exit {process.returncode}): {last}; nothing was submitted "
+            "(--no_auto_dataset_cache skips this step)"
+        )
+    return parse_cache_keys("\n".join(lines))
+
+
+def prepare(args: MasonArgs, account: Account, ids: LaunchIds) -> list[Prepared]:
+    """Each command with mason's rewrites and its dataset cache key (the caching runs here, unless a dry run)."""
+    prepared = []
+    for tokens in args.commands:
+        keys: tuple[str, ...] = ()
+        segment = entry_segment(tokens)
+        script = local_entry(tokens[segment[0] - 1]) if segment else ""
+        caching = caching_command(tokens, local_python(), script) if args.auto_dataset_cache else None
+        if caching and args.dry_run:
+            print(f"mason.py: would cache the datasets first: {shlex.join(caching)}", file=sys.stderr)
+        elif caching:
+            keys = run_caching(caching)
+            if keys and not cache_readable_by_job(args, tokens):
+                print(
+                    "mason.py: the dataset cache is on this machine only (--pure_docker_mode and a cache "
+                    "directory off Weka): the job tokenizes its datasets itself",
+                    file=sys.stderr,
+                )
+                keys = ()
+        prepared.append(rewrite_training(args, tokens, account, ids, keys))
+    return prepared
+
+
+def launch_warnings(args: MasonArgs) -> list[str]:
+    notes = [f"--{name} is ignored: {DEPRECATED_NO_OPS[name]}" for name in args.ignored]
+    words = [token for command in args.commands for token in command]
+    if args.num_nodes > 1 and not any("ray_node_setup.sh" in word for word in words):
         notes.append(
-            f"--num_nodes {args.num_nodes} but the command does not source ray_node_setup.sh: every replica "
-            "will run the full command independently"
+            f"--num_nodes {args.num_nodes} but no command sources ray_node_setup.sh: every replica runs the "
+            "whole command on its own"
+        )
+    if args.num_nodes > 1 and not args.host_networking:
+        notes.append("--no-host-networking with --num_nodes > 1: the nodes cannot reach each other's Ray and NCCL")
+    if args.num_nodes > 1 and not all(cluster in INTERCONNECT_CLUSTERS for cluster in args.clusters):
+        notes.append(
+            "a multi-node job on a cluster without a fast interconnect (those with one: "
+            f"{', '.join(INTERCONNECT_CLUSTERS)})"
         )
     names = {name for name, _ in args.env} | {name for name, _ in args.secrets}
-    if "--with_tracking" in args.command and "WANDB_API_KEY" not in names:
-        notes.append("--with_tracking without WANDB_API_KEY: add --secret WANDB_API_KEY=<your wandb secret name>")
+    if "--with_tracking" in words and "WANDB_API_KEY" not in names:
+        notes.append(
+            "--with_tracking: the job needs WANDB_API_KEY (--secret WANDB_API_KEY=<secret name>, or a workspace "
+            "secret named <user>_WANDB_API_KEY or WANDB_API_KEY)"
+        )
     return notes
 
 
@@ -434,42 +557,52 @@ def _no_submit_reason(args: MasonArgs) -> str | None:
         return "--dry_run"
     if shutil.which("beaker") is None:
         return "no `beaker` CLI on PATH"
-    if not os.environ.get("BEAKER_TOKEN") and not Path("~/.beaker/config.yml").expanduser().is_file():
+    if not has_credentials():
         return "no Beaker credentials (BEAKER_TOKEN or ~/.beaker/config.yml)"
     return None
 
 
-def beaker_command(spec_path: str, workspace: str) -> list[str]:
-    return ["beaker", "experiment", "create", spec_path, "--workspace", workspace]
+def beaker_command(spec_path: str, workspace: str | None) -> list[str]:
+    return ["beaker", "experiment", "create", spec_path, *(("--workspace", workspace) if workspace else ())]
+
+
+def submit(text: str, workspace: str | None) -> int:
+    with tempfile.TemporaryDirectory(prefix="mason_") as tmp:
+        spec_path = Path(tmp) / "experiment.yaml"
+        spec_path.write_text(text)
+        command = beaker_command(str(spec_path), workspace)
+        print(f"mason.py: {shlex.join(command)}", file=sys.stderr)
+        try:
+            return subprocess.run(command, check=False).returncode
+        except OSError as error:
+            print(f"mason.py: could not run the beaker CLI: {error}", file=sys.stderr)
+            return 1
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    spec = build_spec(args)
-    text = spec_to_yaml(spec)
-    for note in _warnings(args):
+    for note in launch_warnings(args):
         print(f"mason.py: warning: {note}", file=sys.stderr)
-
+    try:
+        account = look_up_account(args.workspace)
+        ids = LaunchIds.new()
+        commands = prepare(args, account, ids)
+    except LaunchError as error:
+        print(f"mason.py: {error}", file=sys.stderr)
+        return 1
+    for note in (note for prepared in commands for note in prepared.notes):
+        print(f"mason.py: {note}", file=sys.stderr)
+    text = spec_to_yaml(build_spec(args, commands, account, ids))
     reason = _no_submit_reason(args)
-    if reason is not None:
-        # The command that would submit it, beside the spec (a YAML comment, so stdout stays valid YAML):
-        # the workspace goes only to the beaker command line, not into the spec.
-        command = shlex.join(beaker_command("experiment.yaml", args.workspace))
-        print(f"mason.py: not submitting ({reason}); printing the experiment spec", file=sys.stderr)
-        print(f"mason.py: would run: {command}  (experiment.yaml = the spec on stdout)", file=sys.stderr)
-        sys.stdout.write(f"# {command}\n{text}")
-        return 0
-
-    with tempfile.TemporaryDirectory(prefix="mason_") as tmp:
-        spec_path = Path(tmp) / "experiment.yaml"
-        spec_path.write_text(text)
-        cmd = beaker_command(str(spec_path), args.workspace)
-        print(f"mason.py: {shlex.join(cmd)}", file=sys.stderr)
-        try:
-            return subprocess.run(cmd, check=False).returncode
-        except OSError as e:
-            print(f"mason.py: could not run the beaker CLI: {e}", file=sys.stderr)
-            return 1
+    if reason is None:
+        return submit(text, args.workspace)
+    # The command that would submit it, beside the spec (a YAML comment, so stdout stays valid YAML): the
+    # workspace goes only to the beaker command line, not into the spec.
+    command = shlex.join(beaker_command("experiment.yaml", args.workspace))
+    print(f"mason.py: not submitting ({reason}); printing the experiment spec", file=sys.stderr)
+    print(f"mason.py: would run: {command}  (experiment.yaml = the spec on stdout)", file=sys.stderr)
+    sys.stdout.write(f"# {command}\n{text}")
+    return 0
 
 
 if __name__ == "__main__":

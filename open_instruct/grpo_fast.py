@@ -154,7 +154,8 @@ def load_data(cfg: Config, tokenizer):
     train = load_split(cfg, tokenizer, "train")
     logger.info("training data:\n%s", train.report.summary())
     note_small_dataset(cfg, len(train.prompts))
-    check_services(cfg, train.prompts)
+    if not cfg.data.cache_dataset_only:  # tokenizing needs no service (mason caches where none is reachable)
+        check_services(cfg, train.prompts)
     evaluation = load_split(cfg, tokenizer, "eval")
     logger.info("evaluation data:\n%s", evaluation.report.summary())
     return train, evaluation
@@ -165,6 +166,7 @@ def run(cfg: Config, engine_class=None, engine_args: tuple = ()) -> dict:
     `engine_class`/`engine_args`: a GenerationActor subclass (benchmarks and tests shape or force samples)."""
     from open_instruct.cluster import Stack
     from open_instruct.data.models import check_model_sources, load_tokenizer, packing_pad_id, resolve_model_path
+    from open_instruct.launch.commands import CACHE_KEY_FLAGS, CACHE_KEYS_LINE
     from open_instruct.orchestrator import StopRequest, SystemClock, TrainingLoop
     from open_instruct.tracking import RunLog
 
@@ -173,6 +175,8 @@ def run(cfg: Config, engine_class=None, engine_args: tuple = ()) -> dict:
     tokenizer = load_tokenizer(cfg.model)
     train, evaluation = load_data(cfg, tokenizer)
     if cfg.data.cache_dataset_only:
+        keys = [(flag, data.report.mix_key) for flag, data in zip(CACHE_KEY_FLAGS, (train, evaluation))]
+        print(CACHE_KEYS_LINE, *(token for flag, key in keys if key for token in (flag, key)))
         return {"status": "completed", "cached_only": True, "train_prompts": len(train.prompts)}
     stop = StopRequest()
     stack = None

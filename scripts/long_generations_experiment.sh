@@ -61,7 +61,7 @@ for model in $models; do
     # ${split_value} is unquoted on purpose: NAME WEIGHT pairs become separate arguments.
     # shellcheck disable=SC2086
     "$python_bin" mason.py \
-      --cluster "$cluster" --image "$image" \
+      --cluster "$cluster" --image "$image" --description "$exp_name" \
       --pure_docker_mode \
       --workspace "$workspace" \
       --priority "$priority" \

@@ -47,7 +47,7 @@ fi
 # ${train_mix} is unquoted on purpose: NAME WEIGHT pairs become separate arguments.
 # shellcheck disable=SC2086
 exec "$python_bin" mason.py \
-  --cluster "$cluster" --image "$image" \
+  --cluster "$cluster" --image "$image" --description "$exp_name" \
   --pure_docker_mode \
   --workspace "$workspace" \
   --priority "$priority" \

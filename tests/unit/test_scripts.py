@@ -92,7 +92,9 @@ def trainer_argv(spec: dict) -> list[str]:
     trainer = tokens[last_and + 1 :]
     assert trainer[:2] == ["python", "open_instruct/grpo_fast.py"], command
     assert tokens[: tokens.index("&&")] == ["source", "configs/beaker_configs/ray_node_setup.sh"]
-    return trainer[2:]
+    # What mason adds in front for a user without Beaker credentials (open-instruct's mason adds the same).
+    assert trainer[2:6] == ["--hf_entity", "allenai", "--wandb_entity", "ai2-llm"], command
+    return trainer[6:]
 
 
 def value(argv: list[str], flag: str) -> str:

@@ -1,0 +1,8 @@
+"""Launching on Beaker: what `mason.py` builds, as pure functions (standard library and PyYAML only, so the
+launcher runs outside the training environment).
+
+- `commands`: a command's argv as one `bash -c` string; the flags mason adds to a grpo_fast.py command
+  (resumable state, outputs on Weka, entities, the dataset cache key) and its local caching run.
+- `beaker_spec`: the launch's settings (`MasonArgs`), the account, and the Beaker v2 experiment spec:
+  tasks, environment, secrets, mounts.
+"""
