@@ -200,6 +200,7 @@ uv() {
     return 2
   fi
   shift
+  while [[ "${1:-}" == -* ]]; do shift; done # uv's own flags (--no-sync, --frozen): nothing to sync here
   if [[ "${1:-}" == *.py ]]; then set -- python "$@"; fi
   "$@"
 }
