@@ -24,11 +24,14 @@ import math
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from open_instruct.agents.base import ENV_STEP_TIMEOUT_S, Role, StepResult, ToolCall
 from open_instruct.agents.tools import Toolbox, call_guarded
 from open_instruct.messages import AgentRequest, AgentTrace, Completion, ToolCallRecord, VersionSpan
+
+if TYPE_CHECKING:
+    from open_instruct.agents.parsers import ToolParser
 
 # (context token ids, max new tokens, extra stop strings, turn index) -> one engine request's result.
 GenerateTurn = Callable[[tuple[int, ...], int, tuple[str, ...], int], Awaitable[Completion]]
@@ -100,14 +103,9 @@ async def run_rollout(
 ) -> tuple[Rollout, AgentTrace]:
     """One sample's whole trajectory within `response_length` tokens (model and observation tokens together:
     the request's max_tokens). `parked` wraps every tool wait (the actor counts parked samples)."""
-    from open_instruct.agents.parsers import make_parser
-
     settings = toolbox.settings
     budget = _Budget(response_length, settings.max_model_len - len(prompt_ids), settings.tools.per_turn_max_tokens)
-    dispatch = _Dispatch(toolbox, request)
-    for spec in request.envs:
-        await dispatch.envs[spec.name].reset(**dict(spec.reset_kwargs))
-    parser = make_parser(settings.parser_type, dispatch.definitions(toolbox))
+    dispatch, parser = await _start(toolbox, request)
     max_steps = request.max_steps or settings.tools.max_steps
     out, steps = Rollout(), 0
     while True:
@@ -144,6 +142,24 @@ async def run_rollout(
         f"{name}/{key}": float(value) for name, env in dispatch.envs.items() for key, value in env.metrics().items()
     }
     return out, out.trace(env_metrics)
+
+
+class EnvConfigError(ValueError):
+    """A row's env_config that its environments refuse (a missing reset key, two text environments, ...):
+    the only error of a rollout that is the row's fault, not the model's."""
+
+
+async def _start(toolbox: Toolbox, request: AgentRequest) -> tuple[_Dispatch, ToolParser]:
+    """This row's tools and fresh environments, reset, and the parser over their definitions."""
+    from open_instruct.agents.parsers import make_parser
+
+    try:
+        dispatch = _Dispatch(toolbox, request)
+        for spec in request.envs:
+            await dispatch.envs[spec.name].reset(**dict(spec.reset_kwargs))
+        return dispatch, make_parser(toolbox.settings.parser_type, dispatch.definitions(toolbox))
+    except ValueError as error:
+        raise EnvConfigError(str(error)) from error
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from open_instruct.messages import AgentRequest, Completion, PromptRequest
 
 async def agent_sample(actor, request: PromptRequest, sample_index: int) -> Completion:
     """A multi-turn sample (tools, environments): one engine request per turn, one Completion."""
-    from open_instruct.agents.rollout import run_rollout
+    from open_instruct.agents.rollout import EnvConfigError, run_rollout
 
     def turn(context: tuple[int, ...], max_tokens: int, stops: tuple[str, ...], index: int):
         # The parser reads the closing tag of a call, so stop strings stay in every turn's output.
@@ -39,7 +39,7 @@ async def agent_sample(actor, request: PromptRequest, sample_index: int) -> Comp
             request.sampling.max_tokens,
             actor._parking,
         )
-    except ValueError as error:  # a row's env_config its environment refuses (a missing reset key, ...)
+    except EnvConfigError as error:  # any other error is the sample's own, reported as it is
         return actor._empty(request, sample_index, "error", f"env_config of {request.prompt_id}: {error}")
     first = out.first_turn
     return Completion(

@@ -1,5 +1,9 @@
 """Tests for the tool-call parsers, their observation templates, the factory and `coerce_args`."""
 
+import json
+import random
+import re
+
 import pytest
 
 from open_instruct.agents.base import ToolCall, ToolDefinition, string_tool
@@ -7,6 +11,11 @@ from open_instruct.agents.parsers import (
     PARSER_ALIASES,
     PARSER_TYPES,
     UNSUPPORTED_PARSERS,
+    Olmo3Parser,
+    _blocks,
+    _functions,
+    _parameters,
+    _strip_trailing_specials,
     coerce_args,
     make_parser,
 )
@@ -414,3 +423,131 @@ def test_coerce_args_rejects_bad_values(args, message):
     with pytest.raises(ValueError) as error:
         coerce_args(GUESS, args)
     assert str(error.value) == message
+
+
+def test_coerce_args_shows_values_it_cannot_print_or_that_are_long():
+    huge = int("9" * 4000) ** 2  # past the 4,300 digits str() and repr() accept
+    deep: list = []
+    for _ in range(5000):
+        deep = [deep]
+    for value, shown in ((huge, "<int too large to show>"), (deep, "<list too large to show>")):
+        with pytest.raises(ValueError) as error:
+            coerce_args(GUESS, {"notes": value})
+        assert str(error.value) == f"argument 'notes' of tool 'guess': expected string, got {shown}"
+    with pytest.raises(ValueError) as error:
+        coerce_args(GUESS, {"number": "9" * 10_000})
+    assert str(error.value) == "argument 'number' of tool 'guess': expected integer, got '" + "9" * 199 + "..."
+
+
+# --- hostile text: kept as "no call" where malformed JSON is, never raised --------------------------
+
+
+HUGE_OR_DEEP = {
+    "huge int": "9" * 5000,
+    "deep list": "[" * 5000 + "]" * 5000,
+    "deep object": '{"a":' * 3000 + "}" * 3000,
+}
+
+
+@pytest.mark.parametrize("value", HUGE_OR_DEEP.values(), ids=HUGE_OR_DEEP.keys())
+def test_json_a_parser_cannot_read_is_malformed_json(value):
+    args = f'{{"number": {value}}}'
+    hermes = make_parser("vllm_hermes", [GUESS])
+    # a block that is not JSON is skipped, and so are arguments (double-encoded) that are not
+    assert hermes.parse(f'<tool_call>{{"name": "guess", "arguments": {args}}}</tool_call>') == []
+    assert hermes.parse(f'<tool_call>{{"name": "guess", "arguments": {json.dumps(args)}}}</tool_call>') == []
+    # broken JSON ends a llama3 list; the calls before it stand
+    ok = '{"name": "guess", "parameters": {"number": 1}}'
+    llama = make_parser("vllm_llama3_json", [GUESS])
+    assert llama.parse(f'{ok}; {{"name": "guess", "parameters": {args}}}; {ok}') == [ToolCall("guess", {"number": 1})]
+    # qwen3 keeps a typed value it cannot decode as text, for coerce_args to report
+    qwen = make_parser("vllm_qwen3_xml", [GUESS])
+    text = f"<tool_call>\n<function=guess>\n<parameter=number>\n{value}\n</parameter>\n</function>\n</tool_call>"
+    assert qwen.parse(text) == [ToolCall("guess", {"number": value})]
+    with pytest.raises(ValueError, match="argument 'number' of tool 'guess': expected integer, got "):
+        coerce_args(GUESS, {"number": value})
+
+
+def test_olmo3_python_it_cannot_read_is_no_call():
+    parser = make_parser("vllm_olmo3", [GUESS])
+    for value in ("-" * 100_000 + "1", "not " * 50_000 + "1", "9" * 5000, "[" * 300 + "]" * 300, "1+" * 30_000 + "1"):
+        assert parser.parse(f"guess(number={value})\nguess(number=1)") == [ToolCall("guess", {"number": 1})]
+    [call] = parser.parse("guess(number=0x" + "f" * 5000 + ")")  # a valid literal past 4,300 decimal digits
+    assert coerce_args(GUESS, call.args) == call.args
+    with pytest.raises(ValueError, match="expected string, got <int too large to show>"):
+        coerce_args(GUESS, {"notes": call.args["number"]})
+
+
+@pytest.mark.parametrize("parser_type", PARSER_TYPES)
+def test_lone_surrogates_and_nul_become_text_a_tokeniser_reads(parser_type):
+    parser = make_parser(parser_type, [CODE])
+    observation = parser.format_observation("a\x00b\ud800c", "tool", True)
+    assert "ab\ufffdc" in observation and "\x00" not in observation
+    observation.encode("utf-8")
+
+
+def test_lone_surrogates_in_calls_become_replacement_characters():
+    assert legacy().parse("<code>a\ud800\x00</code>") == [ToolCall("code", {"code": "a\ufffd"})]
+    text = '<tool_call>{"name": "code", "arguments": {"code": "a\\ud800", "\\udfff": ["\\ud800"]}}</tool_call>'
+    assert make_parser("vllm_hermes", [CODE]).parse(text) == [
+        ToolCall("code", {"code": "a\ufffd", "\ufffd": ["\ufffd"]})
+    ]
+    assert make_parser("vllm_olmo3", [CODE]).parse("code(code=('\\ud800',))") == [
+        ToolCall("code", {"code": ("\ufffd",)})
+    ]
+
+
+# --- scanning: the str.find scans read what the regexes they replaced read ---------------------------
+# The parsers' old lazy regexes, kept here only as the oracle: exact, but quadratic over many unclosed
+# openers, so they are compared on many short texts made of the formats' own pieces.
+
+OLD_HERMES_BLOCK = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
+OLD_QWEN3_BLOCK = re.compile(r"<tool_call>(.*?)(?:</tool_call>|\Z)", re.DOTALL)
+OLD_OLMO3_BLOCK = re.compile(r"<function_calls>(.*?)(?:</function_calls>|\Z)", re.DOTALL)
+OLD_FUNCTION = re.compile(r"<function=([^>\n]+)>(.*?)</function>", re.DOTALL)
+OLD_PARAMETER = re.compile(r"<parameter=([^>\n]+)>(.*?)(?:</parameter>|(?=<parameter=)|\Z)", re.DOTALL)
+OLD_TRAILING_SPECIAL = re.compile(r"(?:\s*<\|[A-Za-z0-9_]+\|>)+\s*\Z")
+PIECES = (
+    "<tool_call>", "</tool_call>", "<tool_call", "/tool_call>", "<function_calls>", "</function_calls>",
+    "<function=", "</function>", "<parameter=", "</parameter>", "<|eot_id|>", "<|im_end|>", "<|", "|>", "<|a b|>",
+    "<", ">", "/", "=", "|", "\n", " ", "\t", "\u3000", "a", "b_1", "x y",
+)  # fmt: skip
+
+
+def texts(pieces: tuple[str, ...], count: int = 4000, seed: int = 0):
+    rng = random.Random(seed)
+    for _ in range(count):
+        yield "".join(rng.choice(pieces) for _ in range(rng.randint(0, 20)))
+
+
+def test_block_scans_match_the_lazy_regexes():
+    for text in texts(PIECES):
+        assert list(_blocks(text, "<tool_call>", "</tool_call>", False)) == OLD_HERMES_BLOCK.findall(text), text
+        assert list(_blocks(text, "<tool_call>", "</tool_call>", True)) == OLD_QWEN3_BLOCK.findall(text), text
+        olmo3 = list(_blocks(text, "<function_calls>", "</function_calls>", True))
+        assert olmo3 == OLD_OLMO3_BLOCK.findall(text), text
+        assert list(_functions(text)) == OLD_FUNCTION.findall(text), text
+        assert list(_parameters(text)) == OLD_PARAMETER.findall(text), text
+        assert _strip_trailing_specials(text) == OLD_TRAILING_SPECIAL.sub("", text), text
+
+
+def test_legacy_scan_matches_the_lazy_regex():
+    # `a>b` opens where `a` does: the alternation's order decides, and a tag without a closer yields.
+    names = ("a", "a>b", "ab", "b+", "")
+    parser = legacy(*(string_tool(name, "t", "x", "x") for name in names))
+    old = re.compile(rf"<(?P<name>{'|'.join(re.escape(n) for n in names)})>(?P<payload>.*?)</(?P=name)>", re.DOTALL)
+    pieces = ("<a>", "</a>", "<a>b>", "</a>b>", "<ab>", "</ab>", "<b+>", "</b+>", "<>", "</>", "<", ">", "/", "a", "b")
+    for text in texts(pieces):
+        expected = [ToolCall(m["name"], {"x": m["payload"]}) for m in old.finditer(text)]
+        assert parser.parse(text) == expected, text
+
+
+@pytest.mark.filterwarnings("ignore:invalid escape sequence:DeprecationWarning")  # ast.parse on '\\.'
+def test_olmo3_skips_only_lines_that_cannot_be_calls():
+    parser = make_parser("vllm_olmo3", [CODE])
+    for line in ("(f)(x=1)", "f(x=1)  # note", "_f()", "\uff46(x=1)", "f (x=1)"):
+        assert Olmo3Parser._may_call(line) and parser.parse(line), line
+    pieces = ("f", "(", ")", "x=1", "#", " ", "_", "\u00e9", "\uff3f", "1", "'", '"', ",", "=", "[", "]", "\\", ".")
+    for line in texts(pieces, seed=1):
+        line = line.strip()
+        assert Olmo3Parser._may_call(line) or parser._call(line) is None, line
