@@ -16,34 +16,27 @@ import sys
 from pathlib import Path
 
 import yaml
+from helpers import fake_clis
 
 from open_instruct.data.cache import load_mix
 
 REPO = Path(__file__).resolve().parents[2]
 
 
-def fake_beaker(tmp: Path) -> tuple[Path, Path]:
-    bin_dir = tmp / "bin"
-    bin_dir.mkdir()
-    record = tmp / "created.json"
-    beaker = bin_dir / "beaker"
-    beaker.write_text(
-        f"#!{sys.executable}\nimport json, sys\n"
-        "if sys.argv[1:3] == ['account', 'whoami']: print(json.dumps([{'name': 'me'}]))\n"
-        "elif sys.argv[1:3] == ['secret', 'list']: print('[]')\n"
-        f"else: json.dump({{'argv': sys.argv[1:], 'spec': open(sys.argv[3]).read()}}, open({str(record)!r}, 'w'))\n"
-    )
-    beaker.chmod(0o755)
-    return bin_dir, record
-
-
 def launch(tmp: Path, *options: str, trainer: tuple[str, ...] = (), env: dict[str, str] | None = None):
-    bin_dir, record = fake_beaker(tmp)
+    bin_dir, record = fake_clis.install(tmp / "bin"), tmp / "created.json"
     command = ["python", "open_instruct/grpo_fast.py", "--output_dir", "/output", *trainer]
     run = subprocess.run(
         [sys.executable, str(REPO / "mason.py"), "--cluster", "ai2/jupiter", *options, "--", *command],
         cwd=tmp,  # no open_instruct/ here: mason runs the repository's grpo_fast.py
-        env={**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "BEAKER_TOKEN": "t", **(env or {})},
+        env={
+            **os.environ,
+            "PATH": f"{bin_dir}:{os.environ['PATH']}",
+            "BEAKER_TOKEN": "t",
+            "FAKE_BEAKER_USER": "me",
+            "FAKE_BEAKER_EXPERIMENT": str(record),
+            **(env or {}),
+        },
         capture_output=True,
         text=True,
         timeout=600,

@@ -10,14 +10,13 @@ Run: `.venv/bin/pytest tests/unit/test_build_image_and_launch.py` (a few seconds
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from helpers import fake_clis
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "scripts" / "train" / "build_image_and_launch.sh"
@@ -35,22 +34,6 @@ uv run python mason.py "$@"
 VENV_PYTHON = """#!/usr/bin/env bash
 echo "venv-python $*"
 """
-# A stand-in CLI: appends its name and argv to $CLI_LOG as one JSON line and answers what the script reads.
-FAKE_CLI = f"""#!{sys.executable}
-import json, os, sys
-name, argv = os.path.basename(sys.argv[0]), sys.argv[1:]
-with open(os.environ["CLI_LOG"], "a") as log:
-    log.write(json.dumps([name, *argv]) + "\\n")
-if name == "beaker" and argv[:2] == ["account", "whoami"]:
-    print(json.dumps([{{"name": "alice"}}]))
-elif name == "beaker" and argv[:2] == ["image", "get"]:
-    description = os.environ.get("FAKE_IMAGE_DESCRIPTION")
-    if description is None:
-        sys.exit("image not found")
-    print(json.dumps([{{"description": description}}]))
-elif name == "beaker" and argv[:2] == ["image", "rename"]:
-    sys.exit("image not found")
-"""
 
 
 def _git(repo: Path, *args: str) -> str:
@@ -61,11 +44,7 @@ def _env(tmp_path: Path, clis: tuple[str, ...]) -> dict[str, str]:
     """The caller's environment with only the stand-in CLIs named in `clis` on PATH."""
     real = ("docker", "beaker")
     folders = [d for d in os.environ["PATH"].split(os.pathsep) if not any((Path(d) / c).exists() for c in real)]
-    fake_bin = tmp_path / "bin"
-    fake_bin.mkdir(exist_ok=True)
-    for cli in clis:
-        (fake_bin / cli).write_text(FAKE_CLI)
-        (fake_bin / cli).chmod(0o755)
+    fake_bin = fake_clis.install(tmp_path / "bin", clis)
     drop = ("BEAKER_USER", "BEAKER_WORKSPACE", "DOCKER_CACHE_REPO", "FAKE_IMAGE_DESCRIPTION")
     env = {k: v for k, v in os.environ.items() if k not in drop}
     env.update(
@@ -105,8 +84,7 @@ def launch(cwd: Path, env: dict[str, str], *args: str) -> subprocess.CompletedPr
 
 
 def cli_calls(tmp_path: Path) -> list[list[str]]:
-    log = tmp_path / "cli_log.jsonl"
-    return [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+    return fake_clis.calls(tmp_path / "cli_log.jsonl")
 
 
 def last_line(text: str) -> str:

@@ -16,11 +16,11 @@ import os
 import shlex
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
+from helpers import fake_clis
 
 REPO = Path(__file__).resolve().parents[2]
 DATA = json.loads((REPO / "tests" / "data" / "open_instruct_mason_launches.json").read_text())
@@ -33,16 +33,6 @@ THROUGH_LAUNCHER = sorted(
 )
 BRANCH = "main"
 IMAGE = f"alice/open-instruct-integration-test-{BRANCH}-cuda12"
-FAKE_CLI = f"""#!{sys.executable}
-import json, os, sys
-name, argv = os.path.basename(sys.argv[0]), sys.argv[1:]
-with open(os.environ["CLI_LOG"], "a") as log:
-    log.write(json.dumps([name, *argv]) + "\\n")
-if name == "beaker" and argv[:2] == ["account", "whoami"]:
-    print(json.dumps([{{"name": "alice"}}]))
-elif name == "beaker" and argv[:2] in (["image", "get"], ["image", "rename"]):
-    sys.exit("image not found")
-"""
 
 
 def stand_in(script: str) -> str:
@@ -74,11 +64,7 @@ def checkout(tmp_path_factory) -> Path:
 
 
 def launch(checkout: Path, tmp_path: Path, *args: str) -> tuple[subprocess.CompletedProcess, list[list[str]]]:
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    for name in ("docker", "beaker"):
-        (bin_dir / name).write_text(FAKE_CLI)
-        (bin_dir / name).chmod(0o755)
+    bin_dir = fake_clis.install(tmp_path / "bin", ("docker", "beaker"))
     log = tmp_path / "cli.jsonl"
     base = {k: v for k, v in os.environ.items() if not k.startswith(("BEAKER", "WANDB_", "VIRTUAL_ENV"))}
     env = {**base, "PATH": f"{bin_dir}:/usr/bin:/bin", "CLI_LOG": str(log), "HOME": str(tmp_path)}
@@ -91,8 +77,7 @@ def launch(checkout: Path, tmp_path: Path, *args: str) -> tuple[subprocess.Compl
         timeout=120,
         check=False,
     )
-    calls = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
-    return run, calls
+    return run, fake_clis.calls(log)
 
 
 @pytest.mark.parametrize("script", THROUGH_LAUNCHER)

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from helpers import fake_clis
 
 REPO = Path(__file__).resolve().parents[2]
 MASON = REPO / "mason.py"
@@ -339,27 +340,6 @@ def test_without_beaker_cli_prints_yaml_and_exits_0(tmp_path):
     assert spec["tasks"][0]["arguments"] == [f"cd {shlex.quote(str(tmp_path))} && python train.py"]
 
 
-def fake_beaker(tmp_path: Path, exit_code: int, secrets: tuple[str, ...] = ()) -> tuple[Path, Path]:
-    """A `beaker` CLI that knows user `me` and the workspace secrets `secrets`, and records the experiment it
-    is asked to create (then exits with `exit_code`)."""
-    bin_dir = tmp_path / "beaker_bin"
-    bin_dir.mkdir(exist_ok=True)
-    record = tmp_path / "beaker_call.json"
-    script = bin_dir / "beaker"
-    script.write_text(
-        f"#!{sys.executable}\nimport json, sys\n"
-        "if sys.argv[1:3] == ['account', 'whoami']:\n"
-        "    print(json.dumps([{'name': 'me'}])); sys.exit(0)\n"
-        "if sys.argv[1:3] == ['secret', 'list']:\n"
-        f"    print(json.dumps([{{'name': n}} for n in {list(secrets)!r}])); sys.exit(0)\n"
-        f"spec = open(sys.argv[3]).read() if len(sys.argv) > 3 else None\n"
-        f"json.dump({{'argv': sys.argv[1:], 'spec': spec}}, open({str(record)!r}, 'w'))\n"
-        f"sys.exit({exit_code})\n"
-    )
-    script.chmod(0o755)
-    return bin_dir, record
-
-
 def without_ids(spec: dict) -> dict:
     """The spec less what differs between two launches (the W&B run id)."""
     for task in spec["tasks"]:
@@ -368,7 +348,7 @@ def without_ids(spec: dict) -> dict:
 
 
 def test_submits_with_the_beaker_cli_when_it_and_credentials_exist(tmp_path):
-    bin_dir, record = fake_beaker(tmp_path, exit_code=3, secrets=("me_HF_TOKEN", "HF_TOKEN", "OPENAI_API_KEY"))
+    bin_dir, record = fake_clis.install(tmp_path / "beaker_bin"), tmp_path / "beaker_call.json"
     args = [
         *VALID,
         "--num_nodes",
@@ -380,13 +360,15 @@ def test_submits_with_the_beaker_cli_when_it_and_credentials_exist(tmp_path):
         "train.py",
     ]
     path = f"{bin_dir}:{os.environ['PATH']}"
-    result = run_mason(args, tmp_path, {"PATH": path, "BEAKER_TOKEN": "token"})
+    beaker = {"FAKE_BEAKER_USER": "me", "FAKE_BEAKER_SECRETS": "me_HF_TOKEN HF_TOKEN OPENAI_API_KEY"}
+    beaker.update(FAKE_BEAKER_EXPERIMENT=str(record), FAKE_BEAKER_EXIT="3")
+    result = run_mason(args, tmp_path, {"PATH": path, "BEAKER_TOKEN": "token", **beaker})
     assert result.returncode == 3  # the CLI's own status
     call = json.loads(record.read_text())
     assert call["argv"][:2] == ["experiment", "create"]
     assert call["argv"][3:] == ["--workspace", "ai2/ws"]
     spec = yaml.safe_load(call["spec"])
-    dry = run_mason(["--dry_run", *args], tmp_path, {"PATH": path, "BEAKER_TOKEN": "token"})
+    dry = run_mason(["--dry_run", *args], tmp_path, {"PATH": path, "BEAKER_TOKEN": "token", **beaker})
     assert without_ids(spec) == without_ids(yaml.safe_load(dry.stdout))
     env = spec["tasks"][0]["envVars"]
     assert {"name": "WANDB_API_KEY", "secret": "me_WANDB_API_KEY"} in env
@@ -398,7 +380,7 @@ def test_submits_with_the_beaker_cli_when_it_and_credentials_exist(tmp_path):
 
     # Same CLI but no credentials: print, don't call it.
     record.unlink()
-    result = run_mason(args, tmp_path, {"PATH": path})
+    result = run_mason(args, tmp_path, {"PATH": path, **beaker})
     assert result.returncode == 0 and "no Beaker credentials" in result.stderr
     assert yaml.safe_load(result.stdout)["tasks"][0]["replicas"] == 2
     assert not record.exists()

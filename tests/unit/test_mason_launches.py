@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from helpers import fake_clis
 
 REPO = Path(__file__).resolve().parents[2]
 DATA = json.loads((REPO / "tests" / "data" / "open_instruct_mason_launches.json").read_text())
@@ -92,26 +93,14 @@ def trainer_of(command: list[str]) -> list[str]:
     return command[start + 1 :]
 
 
-def fake_beaker(directory: Path) -> Path:
-    directory.mkdir()
-    beaker = directory / "beaker"
-    beaker.write_text(
-        f"#!{sys.executable}\nimport json, sys\n"
-        f"if sys.argv[1:3] == ['account', 'whoami']: print(json.dumps([{{'name': {USER!r}}}]))\n"
-        "elif sys.argv[1:3] == ['secret', 'list']: print(json.dumps([{'name': 'HF_TOKEN'}]))\n"
-        "else: sys.exit(9)\n"
-    )
-    beaker.chmod(0o755)
-    return directory
-
-
 @pytest.fixture(scope="module")
 def launched(tmp_path_factory) -> dict[str, dict]:
     """Every recorded line dry-run once, as a Beaker user whose workspace holds HF_TOKEN."""
     tmp = write_setup_scripts(tmp_path_factory.mktemp("mason_launches"))
-    bin_dir = fake_beaker(tmp / "bin")
+    bin_dir = fake_clis.install(tmp / "bin")
     base = {k: v for k, v in os.environ.items() if not k.startswith(("WANDB_", "BEAKER_")) and k != "RUN_NAME"}
     env = {**base, "PATH": f"{bin_dir}:{os.environ['PATH']}", "BEAKER_TOKEN": "token", "HOME": str(tmp)}
+    env.update(FAKE_BEAKER_USER=USER, FAKE_BEAKER_SECRETS="HF_TOKEN")
     results = {}
     for script, launch in LAUNCHES.items():
         run = subprocess.run(
