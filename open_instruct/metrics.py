@@ -4,11 +4,14 @@
   stale they were (version lag per sample and per token, group latency).
 * `async_steps_needed`: the least lookahead that keeps the learner fed (Little's law).
 * `engine_window`: the engines' occupancy and throughput between two `EngineStats` snapshots.
+* `ErrorWindow`: the share of recent training samples that failed, against --max_error_fraction.
 """
 
 from __future__ import annotations
 
 import math
+import re
+from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
@@ -167,3 +170,77 @@ class PromptOutcomes:
             "offpolicy/aborted_samples_total": float(self.aborted_samples),
             "offpolicy/aborted_tokens_total": float(self.aborted_tokens),
         }
+
+
+# ----------------------------------------------------------------------------- failed samples
+
+# A verifier error names its sample ("sample <prompt>/<j>: verifier ..."): the same failure on two samples
+# differs only there, so it is left out when failures are grouped and shown.
+_SAMPLE_PREFIX = re.compile(r"^sample \S+: ")
+
+
+def sample_error(completion: Completion) -> str | None:
+    """Why a training sample failed, or None: the engine could not generate it (finish_reason "error"), or a
+    verifier could not score it (`reward_errors`: its reward is a stand-in 0, not a judgement). An aborted
+    sample was generating until it was cut on purpose, and a failed tool call is part of what the model did:
+    neither is a failure."""
+    if completion.finish_reason == "error":
+        return completion.error or "no message"
+    if completion.reward_errors:
+        return _SAMPLE_PREFIX.sub("", completion.reward_errors[0])
+    return None
+
+
+def too_many_errors(errors: int, samples: int, max_fraction: float, min_samples: int) -> bool:
+    """More than `max_fraction` of `samples` failed, judged only on `min_samples` or more (fewer are bad luck
+    as often as a bug)."""
+    return samples >= max(1, min_samples) and errors > max_fraction * samples
+
+
+def common_errors(messages: Iterable[str], top: int = 3) -> str:
+    """The most common failure messages with their counts. Messages that differ only in numbers (lengths,
+    ids, ports) are one failure, shown by its first message."""
+    groups: dict[str, list] = {}
+    for message in messages:
+        groups.setdefault(re.sub(r"\d+", "#", message), [0, message])[0] += 1
+    ranked = sorted(groups.values(), key=lambda group: -group[0])
+    shown = "; ".join(f"{message[:200]!r} ({count} sample{'s' * (count != 1)})" for count, message in ranked[:top])
+    return shown + (f"; {len(ranked) - top} other messages" if len(ranked) > top else "")
+
+
+class ErrorWindow:
+    """The last `size` finished training samples, each failed (its message) or not, for --max_error_fraction.
+
+    Counted as samples arrive, not as they are trained: a failed group can be filtered for zero reward spread
+    or dropped for its age, and its failures must count all the same. So do the aborted samples of such a
+    group (as not failed): leaving them out would leave its fast failures alone in the window. Eval samples
+    are judged elsewhere (eval/errors)."""
+
+    def __init__(self, size: int, max_fraction: float):
+        self.size, self.max_fraction = size, max_fraction
+        self.window: deque[str | None] = deque(maxlen=size)
+        self.errors = 0
+
+    def add(self, completions: Iterable[Completion]) -> None:
+        for completion in completions:
+            if completion.is_eval:
+                continue
+            if len(self.window) == self.size:
+                self.errors -= int(self.window[0] is not None)  # leaves the window as this one enters
+            message = sample_error(completion)
+            self.window.append(message)
+            self.errors += int(message is not None)
+
+    @property
+    def share(self) -> float:
+        return self.errors / len(self.window) if self.window else 0.0
+
+    def cause(self, step: int) -> str | None:
+        """Why the run must stop, or None: within the limit, or fewer than `size` samples finished yet."""
+        if not too_many_errors(self.errors, len(self.window), self.max_fraction, self.size):
+            return None
+        return (
+            f"step {step}: {self.errors} of the last {len(self.window)} finished training samples failed "
+            f"({self.share:.1%}, more than --max_error_fraction {self.max_fraction}); most common: "
+            f"{common_errors(message for message in self.window if message is not None)}"
+        )

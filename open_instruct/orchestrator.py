@@ -26,17 +26,20 @@ from typing import Protocol
 
 from open_instruct import checkpoints
 from open_instruct.config.core import Config
-from open_instruct.config.derived import state_dir, state_save_every
+from open_instruct.config.derived import error_window, state_dir, state_save_every
 from open_instruct.errors import UserError
 from open_instruct.evaluation import EvalRound
 from open_instruct.messages import Completion, EngineStats, PartialSample, PromptRequest, SamplingSettings, StepReport
 from open_instruct.metrics import (
+    ErrorWindow,
     PromptOutcomes,
     agent_metrics,
     async_steps_needed,
+    common_errors,
     engine_window,
     mean,
     rollout_metrics,
+    sample_error,
 )
 from open_instruct.prompt_feeder import FeederState, PromptFeeder, record_prompts
 from open_instruct.replay_buffer import AddResult, Group, MaxAge, ReplayBuffer
@@ -50,17 +53,25 @@ class NoRewardSpread(UserError):
 
 
 class NothingGenerated(UserError):
-    """Every sample of a step failed in the engines: the step has nothing to train, and neither will the next."""
+    """Every sample of a step failed (`metrics.sample_error`): the step has nothing to learn from, and neither
+    will the next."""
+
+
+class TooManyErrors(UserError):
+    """More than --max_error_fraction of the latest finished training samples failed (`metrics.ErrorWindow`): a
+    broken tool, environment, verifier or service, which training on the rest would hide until the run ends."""
 
 
 def check_generated(groups: list[Group], step: int) -> None:
-    """A step whose every sample is an error (the engines could not serve a single prompt) ends the run with
-    the first error, instead of training on nothing and reporting the run as completed."""
+    """A step whose every sample failed (the engines could not serve a single prompt, or no verifier could
+    score one) ends the run with the cause at once, before --max_error_fraction's window fills, instead of
+    training on nothing and reporting the run as completed."""
     completions = [c for g in groups for c in g.completions]
-    if completions and all(c.finish_reason == "error" for c in completions):
+    failed = [message for c in completions if (message := sample_error(c)) is not None]
+    if completions and len(failed) == len(completions):
         raise NothingGenerated(
-            f"step {step}: all {len(completions)} samples failed in the engines, so nothing can be trained "
-            f"(first error: {completions[0].error or 'no message'})"
+            f"step {step}: all {len(completions)} samples failed (in the engines or their verifiers), so the step "
+            f"has nothing to learn from; most common: {common_errors(failed)}"
         )
 
 
@@ -230,6 +241,7 @@ class TrainingLoop:
         self.rubrics = self._evolving_rubrics()
         self._last_engine_stats: list[EngineStats] | None = None
         self.spread_watch = ZeroSpreadWatch(len(train_rows), self.per_step)
+        self.errors = ErrorWindow(error_window(cfg, self.num_steps - self.step), generation.max_error_fraction)
 
     def _evolving_rubrics(self):
         """--apply_evolving_rubric_reward: the rubric book (restored on resume), feeding the feeder's labels."""
@@ -321,6 +333,9 @@ class TrainingLoop:
             self.admit()  # replacements for dropped groups may be due
 
     def receive(self, completions: list[Completion]) -> None:
+        self.errors.add(completions)  # held-back ones were counted when they arrived
+        if (cause := self.errors.cause(self.step)) is not None:
+            raise TooManyErrors(cause)
         offered, self.held_back = self.held_back + completions, []
         for completion in offered:
             if completion.is_eval:
@@ -379,6 +394,7 @@ class TrainingLoop:
             **self.buffer.metrics(),
             **self.outcomes.metrics(),
             **rubric_metrics,
+            "val/error_frac": self.errors.share,  # of the latest finished samples: what --max_error_fraction limits
             "data/solved_prompts": float(len(self.feeder.state.solved)),
             "episode": self.episodes,
             "perf/trained_tokens": float(report.trained_tokens),

@@ -1,5 +1,5 @@
-"""Values the runtime derives from several flags: the dtype each actor uses and where and when the resumable
-state is saved."""
+"""Values the runtime derives from several flags: the dtype each actor uses, where and when the resumable
+state is saved, and how many samples --max_error_fraction judges at once."""
 
 from __future__ import annotations
 
@@ -44,3 +44,17 @@ def state_dir(cfg) -> str | None:
     if cfg.explicit_flags & INTERVAL_FLAGS and state_save_every(cfg):
         return os.path.join(cfg.run.output_dir, DEFAULT_STATE_SUBDIR)
     return None
+
+
+# The fewest finished samples --max_error_fraction judges in a run longer than that: with 20% of samples failing,
+# more than half of 64 fail with a chance of 2e-8 per window (30%: 3e-4), so only a broken run reaches 0.5.
+MIN_ERROR_WINDOW = 64
+
+
+def error_window(cfg, steps_left: int) -> int:
+    """How many of the latest finished training samples --max_error_fraction judges: every sample the lookahead
+    admits at once, so that failures which arrive fast (an engine refusing a prompt) cannot fill the window
+    before the healthy samples admitted with them finish; at least MIN_ERROR_WINDOW; at most the samples left
+    to train, so that a short run is judged before it ends."""
+    admitted_at_once = (cfg.lookahead_max + 1) * cfg.rollout_batch_size
+    return max(1, min(max(MIN_ERROR_WINDOW, admitted_at_once), steps_left * cfg.rollout_batch_size))

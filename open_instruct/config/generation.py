@@ -108,6 +108,20 @@ class GenerationConfig:
         "taken for hung: killed and replaced like a dead one (within --max_engine_restarts). 0: never.",
         bounds=">= 0",
     )
+    max_error_fraction: float = arg(
+        0.5,
+        "The run stops with the cause (the most common error messages and their counts) when more than this share "
+        "of its latest finished training samples failed: the engine could not generate the sample (finish_reason "
+        "'error'), or a verifier could not score it (it raised or timed out: reward_errors, and the reward is a "
+        "stand-in 0). An aborted sample (cut while generating) and a failed tool call (part of what the model did) "
+        "are not failures. The window "
+        "is every sample the lookahead admits at once ((--async_steps + 1) x prompts x samples per prompt; at least "
+        "64, at most the samples left to train), judged once that many finished: failures that arrive fast cannot "
+        "fill it before the healthy samples admitted with them, one unlucky small step cannot end a run, and a short "
+        "run is judged before it ends. Its share is logged as val/error_frac. 1: no limit (a step whose every "
+        "sample failed still ends the run).",
+        bounds="[0, 1]",
+    )
     vllm_attention_backend: str | None = arg(None, "vLLM attention backend of the engines; None lets vLLM choose.")
     eval_pass_at_k: int = arg(
         1,

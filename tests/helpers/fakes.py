@@ -36,12 +36,14 @@ class FakeClock:
 
 @dataclass(frozen=True)
 class Script:
-    """What one sample will be: its response length, seconds from submission to finish, and reward."""
+    """What one sample will be: its response length, seconds from submission to finish, reward, and how it
+    failed, if it did (in the engine: finish_reason "error"; in its verifier: `reward_error`)."""
 
     length: int = 4
     latency_s: float = 1.0
     reward: float = 1.0
     finish_reason: str = "stop"
+    reward_error: str | None = None  # a verifier that could not score it (RewardScorer's message format)
 
 
 def alternating_rewards(request: PromptRequest, sample_index: int) -> Script:
@@ -169,6 +171,9 @@ class ScriptedEngines:
             admitted_version=request.admitted_version,
             engine_id=0,
             reward=script.reward,
+            reward_errors=(f"sample {request.prompt_id}/{j}: verifier 'gsm8k': {script.reward_error}",)
+            if script.reward_error
+            else (),
             is_eval=request.is_eval,
             queued_at=request.queued_at,
             started_at=started,

@@ -173,17 +173,96 @@ def test_a_step_whose_every_sample_failed_ends_the_run_with_the_cause_and_a_part
     def failing(request, j):
         return fakes.Script(length=0, finish_reason="error")
 
-    run = fakes.build(fakes.config(steps=3, prompts=2), script=failing)
-    cause = r"^step 0: all 4 samples failed .*\(first error: scripted engine failure\)$"
+    # --max_error_fraction 1: no share limit, so the step's own check is what ends the run.
+    run = fakes.build(fakes.config("--max_error_fraction", "1", steps=3, prompts=2), script=failing)
+    cause = r"^step 0: all 4 samples failed .*; most common: 'scripted engine failure' \(4 samples\)$"
     with pytest.raises(NothingGenerated, match=cause):
         run.loop.run()
     assert issubclass(NothingGenerated, UserError) and run.learners.trained == []
+
+    def unscored(request, j):  # finish_reason "stop", but no verifier could score it
+        return fakes.Script(reward=0.0, reward_error="ZeroDivisionError: division by zero")
+
+    run = fakes.build(fakes.config("--max_error_fraction", "1", steps=3, prompts=2), script=unscored)
+    with pytest.raises(NothingGenerated, match=r"\"verifier 'gsm8k': ZeroDivisionError: division by zero\" \(4 "):
+        run.loop.run()
 
     def first_sample_fails(request, j):
         return fakes.Script(length=0, finish_reason="error") if j == 0 else fakes.Script(reward=float(j % 2))
 
     run = fakes.build(fakes.config(steps=3, prompts=2), script=first_sample_fails)
     assert run.loop.run()["status"] == "completed" and len(run.learners.trained) == 3
+
+
+def prompt_index(request) -> int:
+    return int(request.prompt_id.split(":")[2].split("@")[0])
+
+
+def four_in_five_fail(request, j):
+    """Sample 0 of each prompt is fine; 1 and 2 fail in the engine, 3 and 4 in the verifier (which names the
+    prompt: those messages differ only in a number)."""
+    if j in (1, 2):
+        return fakes.Script(length=0, finish_reason="error")
+    if j in (3, 4):
+        return fakes.Script(reward=0.0, reward_error=f"ValueError: no answer in row {prompt_index(request)}")
+    return fakes.Script(reward=1.0)
+
+
+def test_a_run_where_most_samples_fail_stops_with_the_share_and_the_common_errors_instead_of_completing():
+    from open_instruct.errors import UserError
+    from open_instruct.orchestrator import TooManyErrors
+
+    run = fakes.build(fakes.config(steps=20, prompts=4, samples=5), script=four_in_five_fail)
+    # The window: the 9 batches of 4 x 5 samples that --async_steps 8 admits at once.
+    cause = (
+        r"^step 0: 144 of the last 180 finished training samples failed \(80\.0%, more than --max_error_fraction "
+        r"0\.5\); most common: 'scripted engine failure' \(72 samples\); \"verifier 'gsm8k': ValueError: no "
+        r"answer in row \d+\" \(72 samples\)$"
+    )
+    with pytest.raises(TooManyErrors, match=cause):
+        run.loop.run()
+    assert issubclass(TooManyErrors, UserError)  # one line from grpo_fast.py, exit 2
+    assert run.learners.trained == [] and run.log.history == []
+
+
+def test_a_run_broken_mid_way_stops_after_logging_the_rising_error_share():
+    from open_instruct.orchestrator import TooManyErrors
+
+    def broken_from_version_3(request, j):
+        return four_in_five_fail(request, j) if request.admitted_version >= 3 else fakes.Script(reward=float(j % 2))
+
+    cfg = fakes.config("--async_steps", "1", steps=40, prompts=4, samples=5)
+    run = fakes.build(cfg, script=broken_from_version_3)
+    with pytest.raises(TooManyErrors, match=r"^step \d+: \d+ of the last 64 finished training samples failed"):
+        run.loop.run()
+    shares = [h["val/error_frac"] for h in run.log.history]
+    assert shares[:3] == [0.0] * 3 and 0.0 < shares[-1] <= 0.5 and shares == sorted(shares)
+    assert 3 < len(run.learners.trained) < 40
+
+
+@pytest.mark.parametrize("flags", [(), ("--active_sampling",)])
+def test_a_run_whose_every_verifier_call_failed_stops_instead_of_completing(flags):
+    """A verifier failure leaves the sample a stand-in reward of 0 and finish_reason "stop": before, a short run
+    trained on them and ended "completed"; with --active_sampling the groups (all 0) were filtered unseen."""
+    from open_instruct.orchestrator import TooManyErrors
+
+    def unscored(request, j):
+        return fakes.Script(reward=0.0, reward_error="ZeroDivisionError: division by zero")
+
+    run = fakes.build(fakes.config(*flags, steps=5, prompts=2), script=unscored)
+    cause = r"^step 0: 20 of the last 20 finished .* \"verifier 'gsm8k': ZeroDivisionError: division by zero\""
+    with pytest.raises(TooManyErrors, match=cause):
+        run.loop.run()
+    assert run.learners.trained == []
+
+
+def test_occasional_failures_below_the_limit_train_the_rest_and_log_their_share():
+    def one_in_five_fails(request, j):
+        return fakes.Script(length=0, finish_reason="error") if j == 0 else fakes.Script(reward=float(j % 2))
+
+    run = fakes.build(fakes.config(steps=20, prompts=4, samples=5), script=one_in_five_fails)
+    assert run.loop.run()["status"] == "completed" and len(run.learners.trained) == 20
+    assert [h["val/error_frac"] for h in run.log.history] == pytest.approx([0.2] * 20)
 
 
 def test_eval_samples_are_never_aborted_by_the_training_staleness_bound():

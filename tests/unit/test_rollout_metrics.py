@@ -1,11 +1,21 @@
-"""Per-step rollout metrics (pure): token-weighted staleness, group latency, the async_steps advice."""
+"""Per-step rollout metrics (pure): token-weighted staleness, group latency, the async_steps advice, and the
+share of failed samples that --max_error_fraction limits."""
 
 from __future__ import annotations
 
 import pytest
 
+from open_instruct.config.core import parse_config
+from open_instruct.config.derived import MIN_ERROR_WINDOW, error_window
 from open_instruct.messages import Completion, VersionSpan
-from open_instruct.metrics import async_steps_needed, rollout_metrics
+from open_instruct.metrics import (
+    ErrorWindow,
+    async_steps_needed,
+    common_errors,
+    rollout_metrics,
+    sample_error,
+    too_many_errors,
+)
 
 
 def completion(
@@ -105,3 +115,75 @@ def test_no_advice_when_it_would_not_help(caplog, async_steps, step, needed, wai
     with caplog.at_level("WARNING", logger="open_instruct.scheduling"):
         advisor(async_steps).advise(step, needed=needed, wait_frac=wait_frac)
     assert not caplog.records
+
+
+# ----------------------------------------------------------------------------- failed samples
+
+
+def outcome(reason: str = "stop", error: str | None = None, reward_errors: tuple[str, ...] = (), is_eval=False):
+    return Completion(
+        "p", 0, (1,), (2,), (0.0,), reason, (), 0, 0, error=error, reward_errors=reward_errors, is_eval=is_eval
+    )
+
+
+def test_a_sample_failed_when_the_engine_or_a_verifier_could_not_do_its_part():
+    assert sample_error(outcome("error", "ValueError: prompt too long")) == "ValueError: prompt too long"
+    assert sample_error(outcome("error")) == "no message"
+    # The verifier's message without the sample it names, so that one failure on many samples is one message.
+    assert sample_error(outcome(reward_errors=("sample p:3/1: verifier 'math': timed out after 10 s",))) == (
+        "verifier 'math': timed out after 10 s"
+    )
+    assert sample_error(outcome()) is None
+    assert sample_error(outcome("length")) is None
+    assert sample_error(outcome("abort", "aborted")) is None  # cut on purpose while it was generating
+
+
+@pytest.mark.parametrize(
+    ("errors", "samples", "limit", "minimum", "stops"),
+    [
+        (33, 64, 0.5, 64, True),  # more than half
+        (32, 64, 0.5, 64, False),  # exactly half is not more
+        (63, 63, 0.5, 64, False),  # too few samples to judge yet
+        (1, 64, 0.0, 64, True),  # 0: any failure
+        (64, 64, 1.0, 64, False),  # 1: no limit
+        (1, 1, 0.5, 0, True),  # a minimum of 0 still needs a sample
+        (0, 0, 0.5, 0, False),
+    ],
+)
+def test_too_many_errors_is_more_than_the_share_of_at_least_the_minimum(errors, samples, limit, minimum, stops):
+    assert too_many_errors(errors, samples, limit, minimum) is stops
+
+
+def test_common_errors_groups_messages_that_differ_only_in_numbers_most_common_first():
+    messages = ["prompt of 5000 tokens > 4096"] * 2 + ["ZeroDivisionError"] * 3 + ["prompt of 7000 tokens > 4096"]
+    assert common_errors(messages) == ("'prompt of 5000 tokens > 4096' (3 samples); 'ZeroDivisionError' (3 samples)")
+    five = [f"error {c}" for c in "abcde"]
+    assert common_errors(five, top=2) == "'error a' (1 sample); 'error b' (1 sample); 3 other messages"
+
+
+def test_the_error_window_judges_its_latest_samples_once_full():
+    window = ErrorWindow(size=4, max_fraction=0.5)
+    window.add([outcome("error", "boom")] * 3)
+    assert window.cause(step=0) is None and window.share == 1.0  # 3 samples: too few to judge
+    window.add([outcome(is_eval=True, reason="error", error="eval boom")])  # eval samples are not judged here
+    assert window.cause(step=0) is None
+    window.add([outcome()])
+    assert window.share == 0.75
+    assert window.cause(step=2) == (
+        "step 2: 3 of the last 4 finished training samples failed (75.0%, more than --max_error_fraction 0.5); "
+        "most common: 'boom' (3 samples)"
+    )
+    window.add([outcome(), outcome("abort", "aborted")])  # the oldest two failures leave the window
+    assert (window.errors, window.share, window.cause(step=3)) == (1, 0.25, None)
+
+
+def test_the_error_window_holds_what_the_lookahead_admits_at_once_within_the_run():
+    def window(*flags: str, steps_left: int = 1000) -> int:
+        batch = ["--num_unique_prompts_rollout", "8", "--num_samples_per_prompt_rollout", "4"]
+        return error_window(parse_config([*flags, *batch]), steps_left)
+
+    assert window("--async_steps", "8") == 9 * 32  # every sample of the 9 batches admitted at once
+    assert window("--async_steps", "0") == MIN_ERROR_WINDOW  # one step of 32: too few to judge
+    assert window("--async_steps", "auto", "--max_off_policy_steps", "3") == 4 * 32  # its widest lookahead
+    assert window("--async_steps", "8", steps_left=5) == 5 * 32  # a short run is judged before it ends
+    assert window("--async_steps", "8", steps_left=0) == 1
