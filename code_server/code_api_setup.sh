@@ -17,10 +17,14 @@
 #                 open_instruct/rewards/code_tests.py accepts the base or either endpoint URL.
 #   CODE_API_PID  the server's process id (`kill "$CODE_API_PID"` stops it)
 #   CODE_API_LOG  its log file (stdout and stderr)
+#   CODE_API_KEY  the shared secret every request must carry (`Authorization: Bearer ...`), when one is in use:
+#                 the caller's, or a fresh random one when the service binds an address other than loopback
+#                 (the server refuses to start there without a key). The verifiers, the python tool and
+#                 generic_sandbox send it; the trainer passes it to its Ray actors on every node.
 # and returns 0; on failure it stops the server, prints the log's tail and returns 1, so a following `&&`
 # does not start training without its verifier. Any CODE_API_URL set before is replaced.
-# Executed instead of sourced (`bash code_api_setup.sh`) it does the same and prints the three
-# assignments on stdout, leaving the server running.
+# Executed instead of sourced (`bash code_api_setup.sh`) it does the same and prints the assignments
+# (CODE_API_KEY only when a key is in use) on stdout, leaving the server running.
 #
 # Environment (all optional):
 #   CODE_API_HOST             address to bind. Default 127.0.0.1; in a multi-node job (BEAKER_REPLICA_COUNT
@@ -37,7 +41,7 @@
 _cas_log() { printf '[code_api_setup] %s\n' "$*" >&2; }
 
 _cas_setup() {
-    local script_dir repo py host timeout log pid url count rc
+    local script_dir repo py host timeout log pid url count rc key
     local -a extra=()
     script_dir="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)" || return 1
     repo="$(cd "$script_dir/.." && pwd)" || return 1
@@ -61,6 +65,11 @@ _cas_setup() {
     else
         host="127.0.0.1"
     fi
+    key="${CODE_API_KEY:-}"
+    case "$host" in
+        127.* | localhost | ::1) ;;
+        *) [[ -n "$key" ]] || key="$("$py" -c 'import secrets; print(secrets.token_urlsafe(32))')" || return 1 ;;
+    esac
     read -r -a extra <<< "${CODE_API_SERVER_ARGS:-}"
     log="${CODE_API_LOG:-}"
     if [[ -z "$log" ]]; then
@@ -71,16 +80,19 @@ _cas_setup() {
     fi
 
     _cas_log "starting the code-execution service on $host (log: $log)"
-    PYTHONPATH="$repo${PYTHONPATH:+:$PYTHONPATH}" "$py" -m code_server \
+    # The key travels in the environment, not the command line, so the process list does not show it.
+    CODE_API_KEY="$key" PYTHONPATH="$repo${PYTHONPATH:+:$PYTHONPATH}" "$py" -m code_server \
         --host "$host" --port 0 ${extra[@]+"${extra[@]}"} </dev/null >"$log" 2>&1 &
     pid=$!
 
     # One Python process waits for the URL line, then for a healthy /health, and gives up early if the
     # server dies. No proxies: an http_proxy in the environment must not intercept a local address.
-    url="$("$py" - "$log" "$pid" "$timeout" <<'PY'
-import json, re, sys, time, urllib.request
+    url="$(CODE_API_KEY="$key" "$py" - "$log" "$pid" "$timeout" <<'PY'
+import json, os, re, sys, time, urllib.request
 log, pid, timeout = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
 opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+key = os.environ.get("CODE_API_KEY")
+opener.addheaders += [("Authorization", f"Bearer {key}")] if key else []
 deadline = time.monotonic() + timeout
 url = None
 
@@ -121,6 +133,9 @@ PY
         return 1
     fi
     export CODE_API_URL="$url" CODE_API_PID="$pid" CODE_API_LOG="$log"
+    if [[ -n "$key" ]]; then
+        export CODE_API_KEY="$key"
+    fi
     _cas_log "healthy: CODE_API_URL=$CODE_API_URL (pid $CODE_API_PID)"
     return 0
 }
@@ -134,5 +149,8 @@ else
     _cas_setup || exit $?
     printf 'CODE_API_URL=%s\nCODE_API_PID=%s\nCODE_API_LOG=%s\n' \
         "$CODE_API_URL" "$CODE_API_PID" "$CODE_API_LOG"
+    if [[ -n "${CODE_API_KEY:-}" ]]; then
+        printf 'CODE_API_KEY=%s\n' "$CODE_API_KEY"
+    fi
     exit 0
 fi

@@ -21,8 +21,17 @@ class SandboxConfig:
     kernel_isolation: bool = True  # namespaces + uid drop, when running as root
     python_guard: bool = True
     sandbox_uid_base: int = 990_000
-    max_request_bytes: int = 64 << 20
+    max_request_bytes: int = 64 << 20  # a larger Content-Length is answered 413 without reading the body
     max_tests: int = 4096
+    # Limits on what a body may decode to, so a malformed or hostile one is a 400, never a dropped connection
+    # or an exhausted server: JSON (and pickled tests) nested deeper than `max_json_depth`, and 'tests' whose
+    # decompressed pickle, or the text its shared references expand to, exceeds `max_tests_bytes`.
+    max_json_depth: int = 64
+    max_tests_bytes: int = 64 << 20
+    # Socket timeout on each connection: a client that stops sending (mid-headers or mid-body) or leaves a
+    # kept-alive connection idle is cut after this long, freeing its thread; the whole body must also arrive
+    # within it.
+    request_timeout_s: float = 30.0
     work_root: str | None = None  # default: a fresh directory under the system temp dir
     # `/execute` with language "bash" (the generic_sandbox environment): the sample's workspace travels with
     # each request and reply as a tar.gz archive of at most this many bytes, and packing it may take this long

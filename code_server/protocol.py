@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import binascii
 import io
+import itertools
 import json
 import math
 import pickle
@@ -39,17 +40,82 @@ class _PlainUnpickler(pickle.Unpickler):
         )
 
 
-def _unpickle_plain(blob: bytes, max_bytes: int) -> Any:
-    # Capped decompression: a tiny zlib bomb must not exhaust the server's memory.
+def _inflate(blob: bytes, max_bytes: int) -> bytes:
+    # One bounded call: zlib stops after max_bytes + 1 bytes of output, so a small bomb never allocates more.
     inflater = zlib.decompressobj()
-    data = inflater.decompress(blob, max_bytes)
-    if inflater.unconsumed_tail:
+    try:
+        data = inflater.decompress(blob, max_bytes + 1)
+    except zlib.error as e:
+        raise BadRequestError(f"'tests' base64 payload is not zlib-compressed: {e}") from None
+    if len(data) > max_bytes:
         raise BadRequestError(f"'tests' decompresses to more than {max_bytes} bytes")
-    return _PlainUnpickler(io.BytesIO(data)).load()
+    if not inflater.eof:
+        raise BadRequestError("'tests' zlib stream is truncated")
+    return data
 
 
-def decode_tests(raw: Any, max_bytes: int) -> Any:
-    """A list as is; a string as JSON, else as base64 -> zlib -> pickle (globals refused)."""
+def _unpickle_plain(blob: bytes, max_bytes: int) -> Any:
+    data = _inflate(blob, max_bytes)
+    try:
+        return _PlainUnpickler(io.BytesIO(data)).load()
+    except Exception as e:  # any malformed pickle: the C unpickler raises many kinds
+        raise BadRequestError(f"'tests' base64 payload is not zlib-compressed plain pickle: {e}") from None
+
+
+def loads_json(text: str | bytes, where: str) -> Any:
+    """json.loads whose every failure is a BadRequestError: it also raises RecursionError (deep nesting)
+    and a plain ValueError (an integer past Python's int-string limit), which would drop the connection."""
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise BadRequestError(f"{where} is nested too deeply to decode") from None
+    except ValueError as e:  # JSONDecodeError, UnicodeDecodeError, the int-string limit
+        raise BadRequestError(f"{where} is not valid JSON: {e}") from None
+
+
+_END = object()
+
+
+def check_shape(value: Any, max_depth: int, max_bytes: int | None, where: str) -> None:
+    """Refuse a value nested deeper than max_depth or (with max_bytes) larger than it once expanded.
+
+    Iterative, and charged per visit rather than per object: a pickle's memo lets a few bytes stand for
+    a list holding one long string a million times, or a tree exponentially larger than its encoding, and
+    whatever reads the value next (joining stdio lines, writing the job file) would expand it for real.
+    A string costs its length, anything else 8 (an int its size), a rough count of bytes.
+    """
+    budget = max_bytes
+    stack = [iter((value,))]
+    while stack:
+        item = next(stack[-1], _END)
+        if item is _END:
+            stack.pop()
+            continue
+        if isinstance(item, (str, bytes, bytearray)):
+            cost = len(item)
+        elif isinstance(item, int):
+            cost = 8 + item.bit_length() // 8
+        else:
+            cost = 8
+        if isinstance(item, (list, tuple, dict, set, frozenset)):
+            if len(stack) > max_depth:
+                raise BadRequestError(f"{where} is nested more than {max_depth} levels deep")
+            stack.append(iter(itertools.chain.from_iterable(item.items())) if isinstance(item, dict) else iter(item))
+        if budget is not None:
+            budget -= cost
+            if budget < 0:
+                raise BadRequestError(f"{where} expands to more than {max_bytes} bytes")
+
+
+def decode_tests(raw: Any, config: SandboxConfig) -> Any:
+    """A list as is; a string as JSON, else as base64 -> zlib -> pickle (globals refused). The result is
+    checked against max_json_depth and max_tests_bytes."""
+    value = _decode_tests(raw, config.max_tests_bytes)
+    check_shape(value, config.max_json_depth, config.max_tests_bytes, "'tests'")
+    return value
+
+
+def _decode_tests(raw: Any, max_bytes: int) -> Any:
     if not isinstance(raw, str):
         return raw
     try:
@@ -61,17 +127,13 @@ def decode_tests(raw: Any, max_bytes: int) -> Any:
             raise BadRequestError(
                 f"'tests' is a string that is neither JSON ({json_error}) nor base64(zlib(pickle))"
             ) from None
-    try:
-        value = _unpickle_plain(blob, max_bytes)
-    except BadRequestError:
-        raise
-    except Exception as e:
-        raise BadRequestError(f"'tests' base64 payload is not zlib-compressed plain pickle: {e}") from None
-    if isinstance(value, (str, bytes)):  # LiveCodeBench-style: the pickle holds a JSON string
-        try:
-            value = json.loads(value)
-        except json.JSONDecodeError as e:
-            raise BadRequestError(f"'tests' pickle holds a string that is not JSON: {e}") from None
+    except RecursionError:
+        raise BadRequestError("'tests' is nested too deeply to decode") from None
+    except ValueError as e:  # JSON, but with an integer past the int-string limit
+        raise BadRequestError(f"'tests' is not valid JSON: {e}") from None
+    value = _unpickle_plain(blob, max_bytes)
+    if isinstance(value, (str, bytes, bytearray)):  # LiveCodeBench-style: the pickle holds a JSON string
+        value = loads_json(value, "'tests' pickle's string")
     return value
 
 
@@ -117,7 +179,7 @@ def parse_test_request(body: Any, stdio: bool, config: SandboxConfig) -> TestReq
         raise BadRequestError("'program' must be a string")
     if "tests" not in body:
         raise BadRequestError("'tests' is missing")
-    tests = _normalise_tests(decode_tests(body["tests"], config.max_request_bytes), stdio)
+    tests = _normalise_tests(decode_tests(body["tests"], config), stdio)
     if len(tests) > config.max_tests:
         raise BadRequestError(f"'tests' has {len(tests)} entries; at most {config.max_tests} are accepted")
     limit = body.get("max_execution_time", 1.0)

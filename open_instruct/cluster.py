@@ -37,6 +37,10 @@ def init_ray(min_logical_cpus: int = 1) -> None:
             "VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "WARNING"),
         }
     }
+    if os.environ.get("CODE_API_KEY"):
+        # The code service's key (code_api_setup.sh exports it on this node only) for the verifiers and tools
+        # that Ray places on other nodes.
+        env["env_vars"]["CODE_API_KEY"] = os.environ["CODE_API_KEY"]
     address = os.environ.get("RAY_ADDRESS")
     if address:
         logger.info("connecting to the Ray cluster at %s", address)

@@ -60,6 +60,7 @@ from open_instruct.agents.base import (
 )
 from open_instruct.agents.http_client import HttpClient
 from open_instruct.agents.parsers import coerce_args
+from open_instruct.rewards.code_tests import code_api_headers
 
 ENV_NAME = "generic_sandbox"
 _KEEP_LINES = 40  # long output keeps its first and last 40 lines
@@ -264,7 +265,7 @@ class SandboxEnv:
             return _ROOTS[base]
         http = HttpClient()
         try:
-            status, _, text = await http.request("GET", base + "/health", None, _HTTP_MARGIN_S, {}, 0)
+            status, _, text = await http.request("GET", base + "/health", None, _HTTP_MARGIN_S, code_api_headers(), 0)
         except Exception:
             return None
         finally:
@@ -317,7 +318,8 @@ class SandboxEnv:
         http = HttpClient()
         try:
             wait_s = self.timeout + _PACK_S + _HTTP_MARGIN_S
-            status, reason, text = await http.request("POST", self.api_endpoint, payload, wait_s, {}, _RETRIES)
+            headers = code_api_headers()
+            status, reason, text = await http.request("POST", self.api_endpoint, payload, wait_s, headers, _RETRIES)
         except TimeoutError:
             raise RuntimeError(f"the sandbox service did not answer within {wait_s:g} s") from None
         except Exception as error:

@@ -30,6 +30,7 @@ from open_instruct.agents.settings import (
 )
 from open_instruct.agents.web_tools import WEB_TOOLS
 from open_instruct.config.tools import ToolsConfig
+from open_instruct.rewards.code_tests import code_api_headers
 
 _GUARD_MARGIN_S = 2.0  # the outer timeout leaves the tool's own timeout room to report itself (at most 2x)
 
@@ -72,7 +73,7 @@ class PythonTool:
         s = self.settings
         payload = {"code": code, "timeout": s.timeout}
         status, reason, text = await self._http.request(
-            "POST", s.api_endpoint, payload, s.timeout + 5, {}, s.max_retries
+            "POST", s.api_endpoint, payload, s.timeout + 5, code_api_headers(), s.max_retries
         )
         if status != 200:
             return StepResult(f"HTTP error: {status} {reason}", error=f"HTTP {status}: {text[:200]}")

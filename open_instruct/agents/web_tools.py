@@ -7,6 +7,11 @@ the key from the same environment variable, and gives the model the same observa
 trained on one trainer sees the same tool answers on the other. The services are third-party; tests and
 self-hosted deployments point a tool elsewhere with its `base_url` (crawl4ai: `api_url`) config key.
 
+The browse tools fetch a page the model chose, so the URL is checked first (`url_refusal`): only http(s) to
+a host whose every address is public; `file://`, loopback, private, link-local (cloud metadata), multicast
+and reserved addresses become a one-line error observation and nothing is sent. The configured service
+endpoint (`base_url` / `api_url`) is ours, not the model's, and is not checked.
+
 A missing variable fails at parse time (`config_problems` builds every tool once; constructors do no
 network I/O). `with_credentials` lets the driver copy the variables into the tool configs, so generation
 actors on other nodes need neither the variables nor the blocklist file; keys never show in a repr.
@@ -14,10 +19,15 @@ actors on other nodes need neither the variables nor the blocklist file; keys ne
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
+import ipaddress
 import json
 import os
+import re
+import socket
 import urllib.parse
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -27,6 +37,93 @@ from open_instruct.agents.http_client import HttpClient, parse_tool_config
 NO_RESULTS = "Query returned no results."
 _EMPTY_QUERY = "Empty query. Please provide a search query."
 _EMPTY_URL = "Empty URL. Please provide a URL to fetch."
+
+
+Resolver = Callable[[str], list[str]]
+IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+_HOST_CHARS = re.compile(r"[a-z0-9._:-]+")
+
+
+def resolve_host(host: str) -> list[str]:
+    """Every address the system resolver gives `host`."""
+    return [info[4][0] for info in socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)]
+
+
+def _embedded(address: IPAddress) -> list[IPAddress]:
+    # IPv6 forms that carry an IPv4 address reach that address (mapped, 6to4, Teredo's client); it comes
+    # first because it names the refusal better than the IPv6 range around it.
+    if isinstance(address, ipaddress.IPv4Address):
+        return [address]
+    teredo = address.teredo
+    inner = [address.ipv4_mapped, address.sixtofour, teredo[1] if teredo else None]
+    return [*(a for a in inner if a is not None), address]
+
+
+def address_refusal(address: IPAddress) -> str | None:
+    """The kind of address that makes `address` not public ("loopback", "private", ...), or None."""
+    for a in _embedded(address):
+        for kind, hit in (
+            ("loopback", a.is_loopback),
+            ("link-local", a.is_link_local),
+            ("multicast", a.is_multicast),
+            ("unspecified", a.is_unspecified),
+            ("reserved", a.is_reserved),
+            ("private", a.is_private),
+            ("non-public", not a.is_global),
+        ):
+            if hit:
+                return kind
+    return None
+
+
+def _literal_address(host: str) -> tuple[IPAddress, str] | None:
+    """The address a host written as one stands for, and how to name it in a refusal."""
+    try:
+        return ipaddress.ip_address(host), host
+    except ValueError:
+        pass
+    try:  # the shorthand IPv4 forms browsers accept too: 127.1, 0x7f000001, 2130706433
+        address = ipaddress.IPv4Address(socket.inet_aton(host))
+    except OSError:
+        return None
+    return address, f"{host} ({address})"
+
+
+def url_refusal(url: str, resolve: Resolver = resolve_host) -> str | None:
+    """Why a page the model chose must not be fetched (one line), or None. Only http(s) to a host whose
+    every address is public: the service fetches what it is sent, so a `file://` URL, the cloud metadata
+    address or a service on the trainer's network would come back to the policy as page text. Host forms
+    that URL parsers read differently (user info, backslashes, whitespace, percent escapes) are refused."""
+    try:
+        parts = urllib.parse.urlsplit(url.strip())
+        parts.port  # noqa: B018 - raises ValueError on a port that is not a number in range
+    except ValueError as error:
+        return f"Refused URL: it does not parse ({error})"
+    if parts.scheme not in ("http", "https"):
+        return f"Refused URL: scheme {parts.scheme or '(none)'!r} is not http or https"
+    if "@" in parts.netloc or "\\" in parts.netloc:
+        return "Refused URL: user info or a backslash in the host part"
+    try:
+        host = (parts.hostname or "").encode("idna").decode("ascii")  # browsers fold Unicode hosts the same way
+    except UnicodeError:
+        return f"Refused URL: host {parts.hostname!r} is not a valid name"
+    if not _HOST_CHARS.fullmatch(host):
+        return f"Refused URL: host {host!r} is empty or has characters a host name cannot have"
+    literal = _literal_address(host)
+    if literal is not None:
+        kind = address_refusal(literal[0])
+        return f"Refused URL: {literal[1]} is a {kind} address" if kind else None
+    try:
+        addresses = [ipaddress.ip_address(a) for a in resolve(host)]
+    except (OSError, ValueError, UnicodeError):
+        addresses = []
+    if not addresses:
+        return f"Refused URL: host {host} does not resolve"
+    for address in addresses:
+        kind = address_refusal(address)
+        if kind:
+            return f"Refused URL: {host} resolves to {address}, a {kind} address"
+    return None
 
 
 class _Secret(str):
@@ -207,7 +304,25 @@ class S2SearchTool(_WebTool):
         return "\n".join(texts).strip(), None
 
 
-class JinaBrowseTool(_WebTool):
+class _BrowseTool(_WebTool):
+    """A tool whose argument is a page for the service to fetch: refused URLs never leave this process."""
+
+    def __init__(self, call_name: str, config: dict[str, Any], resolve: Resolver | None = None):
+        super().__init__(call_name, config)
+        self._resolve = resolve or resolve_host  # tests pass a resolver so that no name needs DNS
+
+    async def call(self, args: dict[str, Any]) -> StepResult:
+        value = args.get(self.argument)
+        url = "" if value is None else str(value)
+        if url.strip():
+            # getaddrinfo blocks; every other sample on this event loop keeps decoding meanwhile
+            refusal = await asyncio.to_thread(url_refusal, url, self._resolve)
+            if refusal:
+                return StepResult(refusal, error=refusal)
+        return await super().call(args)
+
+
+class JinaBrowseTool(_BrowseTool):
     kind = "jina_browse"
     config_class = JinaConfig
     from_env: ClassVar[dict[str, str]] = {"api_key": "JINA_API_KEY"}
@@ -231,7 +346,7 @@ class JinaBrowseTool(_WebTool):
         return (f"# {title}\n\n{content}" if title and content else content), None
 
 
-class Crawl4AIBrowseTool(_WebTool):
+class Crawl4AIBrowseTool(_BrowseTool):
     kind = "crawl4ai_browse"
     config_class = Crawl4AIConfig
     from_env: ClassVar[dict[str, str]] = {"api_url": "CRAWL4AI_API_URL", "api_key": "CRAWL4AI_API_KEY"}
@@ -239,8 +354,8 @@ class Crawl4AIBrowseTool(_WebTool):
     argument, argument_help = "url", "The URL of the webpage to fetch"
     empty_message = _EMPTY_URL
 
-    def __init__(self, call_name: str, config: dict[str, Any]):
-        super().__init__(call_name, config)
+    def __init__(self, call_name: str, config: dict[str, Any], resolve: Resolver | None = None):
+        super().__init__(call_name, config, resolve)
         self._blocklist_path = None
         if self.settings.blocklist is None:
             path = os.environ.get("CRAWL4AI_BLOCKLIST_PATH")

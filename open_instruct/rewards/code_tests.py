@@ -18,6 +18,9 @@ Deliberate difference: open-instruct scores any HTTP failure as 0. Here an unrea
 error status (after retries on 500/502/503/504 and on connection errors) or a malformed reply raises
 `CodeServiceError`, so the reward pool counts it as an error instead of a silent zero reward. A bad
 request (HTTP 400, e.g. undecodable tests) raises too, naming the server's reason.
+
+When CODE_API_KEY is set (code_api_setup.sh exports one when the service binds beyond loopback), every
+request carries `Authorization: Bearer $CODE_API_KEY`; the python tool and generic_sandbox send it too.
 """
 
 from __future__ import annotations
@@ -48,6 +51,14 @@ class CodeServiceUnreachable(UserError):
 
 
 CODE_VERIFIERS = ("code", "code_stdio")
+API_KEY_VAR = "CODE_API_KEY"
+
+
+def code_api_headers() -> dict[str, str]:
+    """The code service's auth header, or none. Read per request: in Ray actors the variable arrives with
+    the job's runtime environment, after this module is imported."""
+    key = os.environ.get(API_KEY_VAR)
+    return {"Authorization": f"Bearer {key}"} if key else {}
 
 
 def check_code_service(code_api_url: str, timeout_s: float = 5.0) -> None:
@@ -55,12 +66,17 @@ def check_code_service(code_api_url: str, timeout_s: float = 5.0) -> None:
     otherwise score every code sample 0, retried, for the whole run."""
     url = endpoint_url(code_api_url, stdio=False)
     try:
-        requests.get(url, timeout=timeout_s)
+        response = requests.get(url, headers=code_api_headers(), timeout=timeout_s)
     except requests.RequestException as error:
         raise CodeServiceUnreachable(
             f"--code_api_url {code_api_url}: the code-execution service does not answer ({type(error).__name__}); "
             "start it (source configs/beaker_configs/code_api_setup.sh) or point --code_api_url at it"
         ) from None
+    if response.status_code == 401:
+        raise CodeServiceUnreachable(
+            f"--code_api_url {code_api_url}: the code-execution service wants an API key; set {API_KEY_VAR} to the "
+            "key it was started with"
+        )
 
 
 def extract_program(text: str) -> str:
@@ -113,7 +129,9 @@ def run_tests(url: str, program: str, tests: Any, max_execution_time: float) -> 
     """POST one program and its tests; returns the service's JSON or raises CodeServiceError."""
     payload = {"program": program, "tests": tests, "max_execution_time": max_execution_time}
     try:
-        response = _get_session().post(url, json=payload, timeout=http_timeout_s(max_execution_time))
+        response = _get_session().post(
+            url, json=payload, headers=code_api_headers(), timeout=http_timeout_s(max_execution_time)
+        )
     except requests.RequestException as e:
         raise CodeServiceError(f"code execution service at {url} failed: {type(e).__name__}: {e}") from e
     if response.status_code != 200:

@@ -233,6 +233,7 @@ def test_forced_sandbox_calls_on_a_real_engine_keep_the_workspace_between_turns(
 SEARCH_REPLY = {"organic": [{"title": "Paris", "link": "https://ex.com/paris", "snippet": "Capital of France."}]}
 SEARCH_TEXT = "**Paris**\nCapital of France.\nSource: https://ex.com/paris"
 BROWSE_TEXT = "# Paris\n\nParis is a city."
+PAGE = "https://93.184.215.14"
 
 
 def test_each_hosted_tools_observation_lands_in_the_completion(pool, services, tokenizer):
@@ -244,8 +245,9 @@ def test_each_hosted_tools_observation_lands_in_the_completion(pool, services, t
     stub.script(
         "/crawl4ai/crawl", (200, crawl_reply(markdown={"fit_markdown": "pruned text"}, metadata={"title": "Ex"}))
     )
-    turns = ("<search>paris</search>", "<browse>https://ex.com/paris</browse>", "<snippets>attention</snippets>")
-    pool.call_all("set_forced_turns", (*map(re.escape, turns), re.escape("<crawl>https://example.com/</crawl>")))
+    # Pages at a public address literal: the browse tools resolve a host name first, and no test uses DNS.
+    turns = ("<search>paris</search>", f"<browse>{PAGE}/paris</browse>", "<snippets>attention</snippets>")
+    pool.call_all("set_forced_turns", (*map(re.escape, turns), re.escape(f"<crawl>{PAGE}/</crawl>")))
     pool.submit([request(tokenizer, text="Search, then browse.", max_tokens=640, ground_truth="Paris")])
     c = the_one_sample(pool, timeout_s=120)
     assert c.error is None, c
@@ -261,4 +263,4 @@ def test_each_hosted_tools_observation_lands_in_the_completion(pool, services, t
     assert observations[:4] == [f"<output>\n{text}\n</output>\n" for text in texts]
     search, browse = stub.requests[:2]
     assert search["headers"]["X-API-KEY"] == "serper-key" and json.loads(search["body"]) == {"q": "paris", "num": 5}
-    assert browse["path"] == "/https://ex.com/paris" and browse["headers"]["Authorization"] == "Bearer jina-key"
+    assert browse["path"] == f"/{PAGE}/paris" and browse["headers"]["Authorization"] == "Bearer jina-key"

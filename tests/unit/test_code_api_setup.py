@@ -19,13 +19,14 @@ import os
 import signal
 import subprocess
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
 import pytest
 from helpers.processes import session_pids
 
-from open_instruct.rewards.code_tests import endpoint_url, run_tests
+from open_instruct.rewards.code_tests import code_api_headers, endpoint_url, run_tests
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "code_server" / "code_api_setup.sh"
@@ -53,7 +54,7 @@ def source_script(
 
 def run_bash(tmp_path: Path, command: str, extra_env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     env = {**os.environ, "TMPDIR": str(tmp_path), **(extra_env or {})}
-    for name in ("CODE_API_HOST", "CODE_API_URL", "NUM_NODES", "BEAKER_REPLICA_COUNT", "CODE_API_LOG"):
+    for name in ("CODE_API_HOST", "CODE_API_URL", "NUM_NODES", "BEAKER_REPLICA_COUNT", "CODE_API_LOG", "CODE_API_KEY"):
         if name not in (extra_env or {}):
             env.pop(name, None)
     proc = subprocess.Popen(
@@ -95,6 +96,30 @@ def test_executed_script_prints_the_assignments_and_leaves_the_server_running(tm
     check_running_service(result, tmp_path)
 
 
+def test_a_key_in_code_api_key_is_required_by_the_service_and_sent_by_its_clients(tmp_path, monkeypatch):
+    for name in ("NO_PROXY", "no_proxy"):
+        monkeypatch.setenv(name, "127.0.0.1,localhost")
+    monkeypatch.setenv("CODE_API_KEY", "setup-test-key")  # the verifier in this process sends it
+    result = source_script(
+        tmp_path,
+        'echo "CODE_API_URL=$CODE_API_URL"; echo "CODE_API_PID=$CODE_API_PID"; echo "CODE_API_LOG=$CODE_API_LOG"; '
+        'echo "CODE_API_KEY=$CODE_API_KEY"; ps -o args= -p "$CODE_API_PID"',
+        {"CODE_API_KEY": "setup-test-key"},
+    )
+    try:
+        assert result.returncode == 0, result.stderr
+        assert "CODE_API_KEY=setup-test-key" in result.stdout.splitlines()
+        assert result.stdout.count("setup-test-key") == 1, "the key shows in the server's command line"
+        url = dict(line.split("=", 1) for line in result.stdout.splitlines() if "=" in line)["CODE_API_URL"]
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            NO_PROXY.open(url + "/health", timeout=10)
+        assert refused.value.code == 401
+    except BaseException:
+        stop_session(result.sid)
+        raise
+    check_running_service(result, tmp_path)  # /health and a verification with the key, then stops the server
+
+
 def check_running_service(result: subprocess.CompletedProcess, tmp_path: Path) -> None:
     """`result` printed CODE_API_URL/PID/LOG of a server that still answers; stops that server."""
     try:
@@ -109,7 +134,7 @@ def check_running_service(result: subprocess.CompletedProcess, tmp_path: Path) -
 
         # The sourcing shell has exited; the server must still be running and answering.
         assert pid in session_pids(result.sid)
-        with NO_PROXY.open(url + "/health", timeout=10) as reply:
+        with NO_PROXY.open(urllib.request.Request(url + "/health", headers=code_api_headers()), timeout=10) as reply:
             assert reply.status == 200
             assert json.load(reply)["status"] == "healthy"
 

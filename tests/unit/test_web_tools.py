@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import pickle
+import socket
 import time
 import urllib.parse
 
@@ -19,7 +20,7 @@ from helpers.web_services import CRAWL4AI_KEY, KEYS, S2_REPLY, crawl_reply, jina
 
 from open_instruct.agents.settings import AgentSettings, ToolSpec
 from open_instruct.agents.tools import TOOLS, Toolbox
-from open_instruct.agents.web_tools import NO_RESULTS, with_credentials
+from open_instruct.agents.web_tools import NO_RESULTS, url_refusal, with_credentials
 from open_instruct.config.core import ConfigError, parse_config
 from open_instruct.grpo_fast import checked_config
 
@@ -46,9 +47,15 @@ def stub(server, tmp_path, monkeypatch):
     return service
 
 
-def call(kind: str, args: dict, **config):
+def public_dns(host: str) -> list[str]:
+    """Every name resolves to a public address (example.com's), so no test needs DNS."""
+    return ["93.184.215.14"]
+
+
+def call(kind: str, args: dict, resolve=public_dns, **config):
     async def go():
-        tool = TOOLS[kind](kind, config)
+        browse = kind in ("jina_browse", "crawl4ai_browse")
+        tool = TOOLS[kind](kind, config, resolve=resolve) if browse else TOOLS[kind](kind, config)
         try:
             return await tool.call(args)
         finally:
@@ -182,6 +189,92 @@ def test_crawl4ai_options_truncation_html_fallback_and_failures(stub):
     assert (failed.result, failed.error) == ("Crawl4AI error: net::ERR_NAME_NOT_RESOLVED",) * 2
     nothing = call("crawl4ai_browse", {"url": "https://d.example"})
     assert nothing.result == "Crawl4AI error: No results returned" and not nothing.ok
+
+
+# --- the page the model chooses ------------------------------------------------------------------------
+
+DNS = {
+    "example.com": ["93.184.215.14", "2606:2800:21f:cb07:6820:80da:af6b:8b2c"],
+    "internal.test": ["127.0.0.1"],
+    "metadata.test": ["169.254.169.254"],
+    "split.test": ["93.184.215.14", "10.1.2.3"],
+}
+
+
+def fake_dns(host: str) -> list[str]:
+    if host not in DNS:
+        raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+    return DNS[host]
+
+
+@pytest.mark.parametrize(
+    ("url", "why"),
+    [
+        ("file:///etc/passwd", "scheme 'file' is not http or https"),
+        ("http://127.0.0.1/", "127.0.0.1 is a loopback address"),
+        ("http://169.254.169.254/latest/meta-data", "169.254.169.254 is a link-local address"),
+        ("http://[::1]/", "::1 is a loopback address"),
+        ("http://10.0.0.1/", "10.0.0.1 is a private address"),
+        ("http://internal.test/admin", "internal.test resolves to 127.0.0.1, a loopback address"),
+        ("http://metadata.test/latest", "resolves to 169.254.169.254, a link-local address"),
+        ("https://split.test/", "split.test resolves to 10.1.2.3, a private address"),  # any address counts
+        ("http://172.16.5.4:8080/", "private"),
+        ("http://192.168.1.1/", "private"),
+        ("http://[fc00::1]/", "fc00::1 is a private address"),
+        ("http://[fe80::1]/", "link-local"),
+        ("http://224.0.0.1/", "multicast"),
+        ("http://[ff02::1]/", "multicast"),
+        ("http://0.0.0.0:8000/", "unspecified"),
+        ("http://[::]/", "unspecified"),
+        ("http://240.0.0.1/", "reserved"),
+        ("http://100.64.0.1/", "non-public"),  # carrier-grade NAT
+        ("http://[::ffff:127.0.0.1]/", "::ffff:127.0.0.1 is a loopback address"),  # IPv4-mapped
+        ("http://[2002:7f00:1::]/", "loopback"),  # 6to4 of 127.0.0.1
+        ("http://2130706433/", "2130706433 (127.0.0.1) is a loopback address"),  # one number, as browsers read it
+        ("http://0x7f.1/", "0x7f.1 (127.0.0.1) is a loopback address"),
+        ("http://１２７.０.０.１/", "loopback"),  # full-width digits fold to ASCII
+        ("http://127.0.0.1\\@example.com/", "user info or a backslash"),  # a browser's host is 127.0.0.1
+        ("http://user:pw@example.com/", "user info"),
+        ("http://%31%32%37.0.0.1/", "characters a host name cannot have"),
+        ("http:///etc/passwd", "characters a host name cannot have"),
+        ("gopher://example.com/", "scheme 'gopher'"),
+        ("javascript:alert(1)", "scheme 'javascript'"),
+        ("raw:<h1>hi</h1>", "scheme 'raw'"),  # Crawl4AI's inline-HTML form
+        ("example.com/page", "scheme '(none)'"),
+        ("http://nowhere.test/", "host nowhere.test does not resolve"),
+        ("http://example.com:99999/", "does not parse"),
+    ],
+)
+def test_the_url_guard_refuses_what_is_not_public_http(url, why):
+    refusal = url_refusal(url, fake_dns)
+    assert refusal is not None and refusal.startswith("Refused URL: ") and "\n" not in refusal
+    assert why in refusal, refusal
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "https://example.com/a b?x=1",
+        "HTTP://Example.COM:8080/path#frag",
+        "http://93.184.215.14/",
+        "https://[2606:4700::1111]/dns-query",
+        "  https://example.com  ",
+    ],
+)
+def test_the_url_guard_accepts_public_http(url):
+    assert url_refusal(url, fake_dns) is None
+
+
+@pytest.mark.parametrize("kind", ["jina_browse", "crawl4ai_browse"])
+@pytest.mark.parametrize(
+    "url", ["file:///etc/passwd", "http://169.254.169.254/latest/meta-data", "http://internal.test/", "http://[::1]/"]
+)
+def test_a_refused_url_is_the_observation_and_nothing_is_sent(stub, kind, url):
+    # The tools' own service endpoint is the stand-in on 127.0.0.1: only the model's URL is checked.
+    config = {"base_url": stub.url} if kind == "jina_browse" else {}
+    result = call(kind, {"url": url}, resolve=fake_dns, **config)
+    assert result.result.startswith("Refused URL: ") and result.error == result.result
+    assert not stub.requests
 
 
 # --- transport: errors, retries, timeouts --------------------------------------------------------------
