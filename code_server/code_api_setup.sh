@@ -31,6 +31,9 @@
 #                             or NUM_NODES > 1) the host of RAY_ADDRESS instead, because the verifiers run
 #                             in generation actors that Ray may place on any node.
 #   CODE_API_SERVER_ARGS      more server arguments, split on whitespace (e.g. --max_concurrency 64)
+#   CODE_SANDBOX_ALLOW_WEAK   1 lets the server start without its kernel sandbox layers (not root, or a container
+#                             without the capability), confined by its Python guard and rlimits only; unset, such
+#                             a server refuses to start and the log's tail (printed here) names the missing layer
 #   CODE_API_STARTUP_TIMEOUT  seconds to wait for the service to become healthy (60)
 #   CODE_API_LOG              log file (default: a new file under ${TMPDIR:-/tmp})
 # Python is the repository's .venv/bin/python when it exists, else python3 on PATH; the repository is put

@@ -13,13 +13,19 @@ class SandboxConfig:
     max_output_bytes: int = 1 << 20  # stdout+stderr captured per test; beyond it the test fails
     max_file_size_mb: int = 16  # RLIMIT_FSIZE
     workdir_size_mb: int = 64  # tmpfs size of the work dir (kernel layers only)
-    max_processes: int = 16  # RLIMIT_NPROC per sandbox uid (kernel layers only)
+    # RLIMIT_NPROC per sandbox uid. Without a uid of its own a slot shares the service's uid, so the limit
+    # becomes that uid's current task count plus this many per slot (see `CodeExecutor.process_limit`).
+    max_processes: int = 16
     max_open_files: int = 256
     max_execution_time_cap: float = 60.0
     startup_timeout_s: float = 10.0  # interpreter + sandbox set-up; beyond it the service is failing
     kill_margin_s: float = 0.5
     kernel_isolation: bool = True  # namespaces + uid drop, when running as root
     python_guard: bool = True
+    # Without every kernel layer (not root, or kernel_isolation off) only the Python guard stands between a
+    # program and the host, so the service refuses to start unless this says the weak mode is wanted
+    # (`--allow_weak_sandbox`, or CODE_SANDBOX_ALLOW_WEAK=1 for the CLI).
+    allow_weak_sandbox: bool = False
     sandbox_uid_base: int = 990_000
     max_request_bytes: int = 64 << 20  # a larger Content-Length is answered 413 without reading the body
     max_tests: int = 4096

@@ -2,8 +2,12 @@
 
 At start-up the executor probes which sandbox layers work here (see `code_server.sandbox`) and from then
 on requires them for every job: a job whose layers fail to come up raises `SandboxError` (HTTP 500),
-never a silently weaker sandbox. At most `max_concurrency` test processes run at once (default 2 x CPUs);
-further work queues on a slot pool instead of fork-bombing the machine. A request's tests run in parallel.
+never a silently weaker sandbox. Where a kernel layer is missing (not root, or a container without the
+capability) the executor refuses to start, naming the layer, unless `allow_weak_sandbox` asks for the
+weak mode (the Python guard and rlimits only), which it then announces with a warning on every start.
+
+At most `max_concurrency` test processes run at once (default 2 x CPUs); further work queues on a slot
+pool instead of fork-bombing the machine. A request's tests run in parallel.
 
 The program's clock starts when the runner reports "start" (so interpreter start-up is not charged to
 it); the child's whole process group is killed `kill_margin_s` after the program's time limit, and its
@@ -27,6 +31,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -45,9 +50,11 @@ _EXIT_DRAIN_S = 0.5
 _READ_CHUNK = 1 << 16
 
 
-# A shell is not Python, so the audit-hook guard cannot watch it: `language` bash runs only where all of these
-# kernel layers are up (the service runs as root).
-BASH_LAYERS = ("netns", "mountns", "readonly_fs", "pidns", "uid_drop", "no_new_privs")
+# What only the kernel gives (the service runs as root). Without all of them the service starts only in the
+# explicit weak mode; and a shell, which the audit-hook guard cannot watch, runs only where all are up.
+KERNEL_LAYERS = ("netns", "mountns", "readonly_fs", "pidns", "uid_drop", "no_new_privs")
+WEAK_ENV_VAR = "CODE_SANDBOX_ALLOW_WEAK"
+_TASK_COUNT_TTL_S = 1.0
 
 _SANDBOX_FRAME = re.compile(r'  File "[^"]*code_server/sandbox\.py", line \d+, in \w+\n(    .*\n)?')
 
@@ -88,7 +95,8 @@ class CodeExecutor:
         self._uid_for_slot: Any = lambda slot: None
         self._kernel = False
         self._expected: dict[str, bool] = {}
-        self._max_processes = self.config.max_processes
+        self._task_count_lock = threading.Lock()
+        self._task_count: tuple[float, int] = (-math.inf, 0)  # (when counted, tasks of the service's uid)
         self.layers: dict[str, Any] = {}
         try:
             self._probe()
@@ -116,25 +124,86 @@ class CodeExecutor:
             except SandboxError as e:
                 failures.append(f"uid {name}: {e}")
                 continue
+            notes = layers.pop("notes", [])
             if outcome.status == "ok" and (uid_for_slot(0) is None or layers.get("uid_drop")):
                 self.layers = {**layers, "uid": name if uid_for_slot(0) is not None else None}
                 self._expected = {k: bool(layers.get(k)) for k in sandbox.LAYERS}
-                if name == "nobody":  # RLIMIT_NPROC is per uid, and now all slots share one
-                    self._max_processes = cfg.max_processes * cfg.max_concurrency
                 break
             failures.append(f"uid {name}: probe status {outcome.status}: {outcome.stderr[-500:]!r}")
         else:
             raise SandboxError("no working sandbox configuration: " + "; ".join(failures))
-        if failures:
-            logger.warning("code sandbox fell back: %s", "; ".join(failures))
-        logger.info("code sandbox layers: %s", self.layers)
+        self._settle_mode(failures, notes)
+
+    def _settle_mode(self, failures: list[str], notes: list[str]) -> None:
+        """Full mode has every kernel layer; anything less is the weak mode, which must be asked for."""
+        cfg = self.config
+        missing = [k for k in KERNEL_LAYERS if not self.layers.get(k)]
+        self.layers.update(mode="weak" if missing else "full", missing=missing)
+        self.layers["process_limit"] = self._describe_process_limit()
+        if not missing:
+            if failures:
+                logger.warning("code sandbox fell back: %s", "; ".join(failures))
+            logger.info("code sandbox: full mode, layers %s", self.layers)
+            return
+        why = _why_weak(cfg, failures + notes)
+        if not cfg.python_guard:
+            raise SandboxError(
+                f"code sandbox: kernel layers missing ({', '.join(missing)}: {why}) and the Python guard is off, "
+                "so nothing would confine a program; turn the guard on or run the service as root"
+            )
+        if not cfg.allow_weak_sandbox:
+            raise SandboxError(
+                f"code sandbox: kernel layers missing ({', '.join(missing)}): {why}; run the service as root, "
+                f"or accept the weak mode (Python guard and rlimits only) with --allow_weak_sandbox or {WEAK_ENV_VAR}=1"
+            )
+        logger.warning(
+            "code sandbox: WEAK mode (allowed by allow_weak_sandbox): kernel layers missing (%s): %s; only the "
+            "Python guard and rlimits confine programs, see docs/rewards.md; layers %s",
+            ", ".join(missing),
+            why,
+            self.layers,
+        )
+
+    def _describe_process_limit(self) -> dict[str, Any]:
+        """What RLIMIT_NPROC does here, for /health."""
+        cfg = self.config
+        uid = self.layers.get("uid")
+        if uid == "per-slot":
+            return {"binds": True, "limit": cfg.max_processes, "scope": "each slot's own uid"}
+        if uid == "nobody":
+            return {"binds": True, "limit": self._process_limit(), "scope": "uid nobody, shared by all slots"}
+        share = cfg.max_processes * cfg.max_concurrency
+        described = {"binds": True, "limit": f"tasks of uid {os.getuid()} + {share}", "scope": "the service's uid"}
+        if _exempt_from_nproc():
+            rest = "the pid namespace ends a job's processes" if self.layers.get("pidns") else "only the guard"
+            described.update(binds=False, scope=f"jobs keep root's CAP_SYS_RESOURCE/ADMIN, which ignore it; {rest}")
+        return described
+
+    def _process_limit(self) -> int:
+        """RLIMIT_NPROC for the next job. The kernel counts every task (thread or process) of the job's real
+        uid, so where slots share a uid each slot's share comes on top of what that uid already runs: the
+        service's own threads and other processes must not make a correct program's thread fail (this also
+        holds for root in a container without CAP_SYS_RESOURCE, where the limit binds root too)."""
+        cfg = self.config
+        uid = self.layers.get("uid")
+        if uid == "per-slot":
+            return cfg.max_processes
+        share = cfg.max_processes * cfg.max_concurrency
+        if uid == "nobody":
+            return share
+        with self._task_count_lock:
+            counted_at, count = self._task_count
+            if time.monotonic() - counted_at > _TASK_COUNT_TTL_S:
+                count = _tasks_of_uid(os.getuid())
+                self._task_count = (time.monotonic(), count)
+        return count + share
 
     def close(self) -> None:
         shutil.rmtree(self._work_root, ignore_errors=True)
 
     @property
     def bash_ready(self) -> bool:
-        return self._bash is not None and self._kernel and all(self._expected.get(k) for k in BASH_LAYERS)
+        return self._bash is not None and self._kernel and all(self._expected.get(k) for k in KERNEL_LAYERS)
 
     def run_request(self, request: TestRequest) -> dict[str, Any]:
         if not request.tests:
@@ -180,7 +249,7 @@ class CodeExecutor:
         run the supervisor had to cut (output flood, a stuck pack) loses the workspace, and says so."""
         if not self.bash_ready:
             raise BadRequestError(
-                "language bash needs /bin/bash and the kernel sandbox layers (" + ", ".join(BASH_LAYERS) + "): "
+                "language bash needs /bin/bash and the kernel sandbox layers (" + ", ".join(KERNEL_LAYERS) + "): "
                 "run the service as root"
             )
         cfg = self.config
@@ -357,7 +426,7 @@ class CodeExecutor:
             "memory_bytes": cfg.memory_limit_mb << 20,
             "file_size_bytes": cfg.max_file_size_mb << 20,
             "workdir_bytes": cfg.workdir_size_mb << 20,
-            "max_processes": self._max_processes,
+            "max_processes": self._process_limit(),
             "max_open_files": cfg.max_open_files,
         }
 
@@ -467,7 +536,7 @@ def _conclude(proc: subprocess.Popen[bytes], watch: _Watch) -> tuple[RunOutcome,
     if watch.started_at is None:
         what = "did not start in time" if watch.verdict == "timeout" else f"exited with code {proc.returncode}"
         raise SandboxError(f"sandbox {what}; stderr: {stderr[-1000:].decode(errors='replace')}")
-    layers = kinds["start"].get("layers", {})
+    layers = {**kinds["start"].get("layers", {}), "notes": kinds["start"].get("notes", [])}
     verdict, runtime = watch.verdict, ended - watch.started_at
     if verdict is None:
         if "done" in kinds:
@@ -477,6 +546,41 @@ def _conclude(proc: subprocess.Popen[bytes], watch: _Watch) -> tuple[RunOutcome,
         else:
             verdict = _describe_exit(proc.returncode)
     return RunOutcome(verdict, runtime, stdout, stderr, kinds.get("done", {})), layers
+
+
+def _why_weak(cfg: SandboxConfig, failures: list[str]) -> str:
+    if not cfg.kernel_isolation:
+        return "kernel_isolation is off (--no_kernel_isolation)"
+    if os.geteuid() != 0:
+        return f"the service runs as uid {os.geteuid()}, not root"
+    detail = " ".join("; ".join(failures).split())  # one line: probe errors may quote a multi-line stderr
+    return "the kernel refused them" + (f" ({detail[:400]})" if detail else "")
+
+
+def _exempt_from_nproc() -> bool:
+    """Whether this process (and so a job that keeps its uid) has CAP_SYS_RESOURCE or CAP_SYS_ADMIN, which
+    the kernel lets fork past RLIMIT_NPROC."""
+    with open("/proc/self/status", "rb") as f:
+        fields = dict(line.split(b":", 1) for line in f.read().splitlines() if b":" in line)
+    return bool(int(fields[b"CapEff"], 16) & (1 << 24 | 1 << 21))
+
+
+def _tasks_of_uid(uid: int) -> int:
+    """Threads of every process whose real uid is `uid`: what RLIMIT_NPROC compares with its limit."""
+    total = 0
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/status", "rb") as f:
+                status = f.read()
+        except OSError:  # gone meanwhile
+            continue
+        fields = dict(line.split(b":", 1) for line in status.splitlines() if b":" in line)
+        with contextlib.suppress(KeyError, ValueError, IndexError):
+            if int(fields[b"Uid"].split()[0]) == uid:
+                total += int(fields[b"Threads"])
+    return total
 
 
 def _write_job(workdir: str, job: dict[str, Any]) -> str:

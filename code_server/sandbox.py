@@ -10,13 +10,16 @@ server starts the program's clock on it), then "done" or "error" ("setup_error" 
 
 Sandbox layers, per test process (`python -I -X utf8` with a minimal environment, own session):
 
-* Always: RLIMIT_CPU/AS/FSIZE/NOFILE/CORE, a wall-clock kill of the whole process group, capped
-  stdout+stderr capture (the test fails with `output_limit` once exceeded), a fresh work directory
-  deleted afterwards, and a Python audit-hook guard installed before the program runs. The guard
-  blocks socket creation, process creation (fork/exec/subprocess/os.system), signals, ctypes foreign
-  calls, opening directories outside the work dir, and writes/renames/removals outside the work dir.
-  Audit hooks cannot be removed from Python, but they are not a security boundary on their own
-  (frame introspection, C extensions already loaded).
+* Always: RLIMIT_CPU/AS/FSIZE/NOFILE/CORE/NPROC (NPROC counts the tasks of the job's uid, so the executor
+  sizes it for that uid), a wall-clock kill of the whole process group, capped stdout+stderr capture (the
+  test fails with `output_limit` once exceeded), a fresh work directory deleted afterwards, and a Python
+  audit-hook guard installed before the program runs. The guard blocks socket creation, process creation
+  (fork/exec/posix_spawn/subprocess/os.system, and `_posixsubprocess.fork_exec`, which raises no audit
+  event: the runner swaps it for a refusal and the guard refuses a fresh copy of the module), subinterpreters
+  (which would not see the hook), signals, ctypes foreign calls, reading any /proc/*/environ or another
+  process's /proc entry (resolved through symlinks and `..`), opening directories outside the work dir, and
+  writes/renames/removals outside the work dir. Audit hooks cannot be removed from Python, but they are
+  not a security boundary on their own (frame introspection, C extensions).
 * When the service runs as root (the normal case in containers), kernel layers on top, each verified
   at start-up by a probe job and then required for every job (a job whose layers fail to come up is a
   500, never a silently weaker sandbox):
@@ -29,8 +32,9 @@ Sandbox layers, per test process (`python -I -X utf8` with a minimal environment
     process it started dies too, even ones that escaped the process group; a fresh /proc is mounted;
   - an unprivileged uid/gid (one per concurrency slot, `sandbox_uid_base + slot`, falling back to
     `nobody` when those uids are not usable) with no supplementary groups, `no_new_privs`, and
-    RLIMIT_NPROC (which root ignores, hence only here).
-  Without root only the "always" layers apply: no network or filesystem isolation beyond the guard.
+    RLIMIT_NPROC binding per slot uid.
+  Without them only the "always" layers apply, with no network or filesystem isolation beyond the guard:
+  the executor then refuses to start unless the weak mode is explicitly allowed (`allow_weak_sandbox`).
 
 Bash jobs (`/execute` with language bash, for the generic_sandbox environment) get the same layers except the
 Python guard, which cannot see into a shell; the executor runs them only where every kernel layer is up. The
@@ -85,6 +89,18 @@ GUARD_BLOCKED_EVENTS = (
     "ctypes.dlsym",
     "ctypes.call_function",
     "ctypes.cdata",
+    # A subinterpreter has its own (empty) set of audit hooks: code run in it would pass the guard unseen.
+    "cpython.PyInterpreterState_New",
+)
+# Modules a program may not load (checked on the last dotted component, which names the C init function):
+# a fresh `_posixsubprocess` would bring back the fork_exec the runner disarmed (see `disarm_fork_exec`),
+# and the others reach past the audit hooks (subinterpreters, CPython's test-only C APIs).
+GUARD_BLOCKED_MODULES = (
+    "_posixsubprocess",
+    "_xxsubinterpreters",
+    "_xxinterpchannels",
+    "_testcapi",
+    "_testinternalcapi",
 )
 GUARD_PATH_ARGS = {
     "os.remove": (0,),
@@ -148,8 +164,11 @@ def first_blocked_ancestor(path):
     parts = path.strip("/").split("/")[:-1]
     for i in range(len(parts) + 1):
         ancestor = "/" + "/".join(parts[:i])
-        if not os.stat(ancestor).st_mode & 0o001:
-            return ancestor
+        try:
+            if not os.stat(ancestor).st_mode & 0o001:
+                return ancestor
+        except FileNotFoundError:  # below a tmpfs an earlier path put over its blocked parent: ours, 0755
+            return None
     return None
 
 
@@ -161,8 +180,9 @@ def same_file(path, fd):
     return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
 
 
-def expose_interpreter(libc, notes):
-    needed = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix, *filter(None, sys.path)}
+def expose_interpreter(libc, workdir, notes):
+    # The work dir too: the service's temp dir may sit below one (e.g. TMPDIR in a 0700 directory).
+    needed = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix, workdir, *filter(None, sys.path)}
     paths = sorted({os.path.realpath(p) for p in needed if os.path.isdir(p)})
     # Take handles first: once a tmpfs hides a parent, the original paths no longer resolve.
     fds = {p: os.open(p, os.O_PATH | os.O_DIRECTORY) for p in paths}
@@ -224,7 +244,7 @@ def kernel_setup(job, layers, notes):
         size = job["workdir_bytes"]
         libc.mount("tmpfs", workdir, "tmpfs", MS_NOSUID | MS_NODEV, f"size={size},mode=0700,uid={uid},gid={uid}")
         if job["uid"] is not None:
-            expose_interpreter(libc, notes)
+            expose_interpreter(libc, workdir, notes)
         layers["readonly_fs"] = remount_readonly(libc, workdir, notes)
     try:
         libc.unshare(CLONE_NEWPID | CLONE_NEWIPC)
@@ -243,7 +263,7 @@ def kernel_setup(job, layers, notes):
     return libc
 
 
-def set_limits(job, uid_dropped):
+def set_limits(job):
     def cap(which, soft, hard=None):
         hard = soft if hard is None else hard
         current = resource.getrlimit(which)[1]
@@ -256,17 +276,53 @@ def set_limits(job, uid_dropped):
     cap(resource.RLIMIT_FSIZE, job["file_size_bytes"])
     cap(resource.RLIMIT_NOFILE, job["max_open_files"])
     cap(resource.RLIMIT_CORE, 0)
-    if uid_dropped:
-        cap(resource.RLIMIT_NPROC, job["max_processes"])
+    # Always, also without a uid of our own: the executor sized it for the uid the job runs as.
+    cap(resource.RLIMIT_NPROC, job["max_processes"])
+
+
+def disarm_fork_exec():
+    """`_posixsubprocess.fork_exec` (behind subprocess and multiprocessing) forks and execs without raising an
+    audit event, so the guard cannot see it. Loaded before the guard and its function swapped for a refusal,
+    the module stays importable (asyncio, sympy and pandas import subprocess), while a fresh copy of it is an
+    import the guard refuses."""
+    import _posixsubprocess
+
+    def fork_exec(*args, **kwargs):
+        raise PermissionError("sandbox: process creation is not allowed")
+
+    _posixsubprocess.fork_exec = fork_exec
+    if "subprocess" in sys.modules:  # 3.11 binds its own name for it at import
+        sys.modules["subprocess"]._fork_exec = fork_exec
+
+
+def proc_refusal(path, own):
+    """Why opening `path` (absolute, normalised) is refused, or None: another process's /proc entry (its
+    environment, memory, command line: the service's API key lives there) or any environ file."""
+    if not path.startswith("/proc/"):
+        return None
+    parts = path.split("/")
+    if parts[-1] == "environ":
+        return "environment of a process"
+    if parts[2].isdigit() and parts[2] != own:
+        return "another process's /proc entry"
+    return None
 
 
 def install_guard(workdir):
-    realpath, fsdecode, isdir = os.path.realpath, os.fsdecode, os.path.isdir
+    realpath, normpath, abspath, fsdecode, isdir = (
+        os.path.realpath,
+        os.path.normpath,
+        os.path.abspath,
+        os.fsdecode,
+        os.path.isdir,
+    )
     root = realpath(workdir)
+    own = str(os.getpid())  # the program cannot fork, so this stays its pid
     write_flags = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
     # Local copies: the program shares this interpreter, and in assert mode `import __main__` is this
     # module, so a hook reading module globals could be switched off by rebinding them.
     blocked, path_args, devices = GUARD_BLOCKED_EVENTS, dict(GUARD_PATH_ARGS), frozenset(GUARD_DEVICES)
+    blocked_modules, refusal = frozenset(GUARD_BLOCKED_MODULES), proc_refusal
 
     def inside(path):
         if isinstance(path, int):
@@ -277,18 +333,27 @@ def install_guard(workdir):
         path = realpath(path)
         return path == root or path.startswith(root + "/")
 
+    def check_open(path, mode, flags):
+        path = fsdecode(path)
+        # Both spellings: the resolved one sees through symlinks (/proc/self/.., a link in the work dir),
+        # the lexical one through a /proc/<pid>/root link that resolves elsewhere.
+        why = refusal(realpath(path), own) or refusal(normpath(abspath(path)), own)
+        if why:
+            raise PermissionError(f"sandbox: no reads of the {why}: {path!r}")
+        writing = (isinstance(mode, str) and any(c in mode for c in "wax+")) or (
+            isinstance(flags, int) and flags & write_flags
+        )
+        # A directory fd outside the work dir would let os.open(..., dir_fd=fd) write (or read /proc) through it.
+        if (writing or (mode is None and isdir(path))) and not inside(path):
+            raise PermissionError(f"sandbox: no writes outside the work directory: {path!r}")
+
     def hook(event, args):
         if event == "open":
-            path, mode, flags = args
-            if path is None or isinstance(path, int):
-                return
-            writing = (isinstance(mode, str) and any(c in mode for c in "wax+")) or (
-                isinstance(flags, int) and flags & write_flags
-            )
-            # A directory fd outside the work dir would let os.open(..., dir_fd=fd) write through it.
-            # Plain reads (every import) skip the realpath cost.
-            if (writing or (mode is None and isdir(fsdecode(path)))) and not inside(path):
-                raise PermissionError(f"sandbox: no writes outside the work directory: {path!r}")
+            if args[0] is not None and not isinstance(args[0], int):
+                check_open(*args)
+        elif event == "import":
+            if isinstance(args[0], str) and args[0].rpartition(".")[2] in blocked_modules:
+                raise PermissionError(f"sandbox: importing {args[0]} is not allowed")
         elif event in path_args:
             for i in path_args[event]:
                 if not inside(args[i]):
@@ -337,7 +402,7 @@ def build_sandbox(job, layers, notes):
             import signal
 
             libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)  # after the uid change, which clears it
-    set_limits(job, layers["uid_drop"])
+    set_limits(job)
     os.chdir(job["workdir"])
     os.umask(0o077)
 
@@ -534,6 +599,7 @@ def main():
     module = program_module(mode)
     program, test = job.pop("program"), job.pop("test", None)
     if job["guard"]:
+        disarm_fork_exec()
         install_guard(job["workdir"])
         layers["python_guard"] = True
     missing = [k for k, wanted in job["expected_layers"].items() if wanted and not layers.get(k)]

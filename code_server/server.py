@@ -12,7 +12,10 @@ is a drop-in local replacement that tests and CPU runs start themselves, in-proc
 
 HTTP API (compatible with open-instruct's `code_utils/api.py`):
 
-* `GET /health` -> `{"status": "healthy", "sandbox": {...active layers...}, "bash": bool, "workspace_path": str}`.
+* `GET /health` -> `{"status": "healthy", "sandbox": {...}, "bash": bool, "workspace_path": str}`; `sandbox` has
+  each layer (true when up), `mode` ("full": every kernel layer; "weak": the Python guard and rlimits only,
+  which the service runs only with `--allow_weak_sandbox` / CODE_SANDBOX_ALLOW_WEAK=1), `missing` (the kernel
+  layers that are not up) and `process_limit` (whether RLIMIT_NPROC binds, and for which uid).
 * `POST /test_program` `{"program", "tests": [assert, ...], "max_execution_time"}` -> `{"results": [0|1],
   "runtimes": [s, or -1.0 when not passed], "statuses": [...]}`. Each assert runs in its own process
   after the program (executed as module `solution`, so an `if __name__ == "__main__":` block does not run).
@@ -73,7 +76,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from code_server.config import SandboxConfig
-from code_server.executor import CodeExecutor, SandboxError
+from code_server.executor import WEAK_ENV_VAR, CodeExecutor, SandboxError
 from code_server.protocol import (
     BadRequestError,
     ExecuteRequest,
@@ -367,6 +370,13 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--work_root", default=None)
     parser.add_argument("--no_kernel_isolation", action="store_true", help="skip namespaces and uid drop")
     parser.add_argument("--no_python_guard", action="store_true")
+    parser.add_argument(
+        "--allow_weak_sandbox",
+        action="store_true",
+        default=os.environ.get(WEAK_ENV_VAR, "").strip().lower() in ("1", "true", "yes"),
+        help="start even without the kernel sandbox layers (not root): programs are confined by the Python "
+        f"guard and rlimits only, which a hostile program may get past (default: ${WEAK_ENV_VAR}=1)",
+    )
     parser.add_argument("--log_level", default="INFO")
     parser.add_argument(
         "--api_key",
@@ -391,12 +401,16 @@ def main(argv: list[str] | None = None) -> None:
         work_root=args.work_root,
         kernel_isolation=not args.no_kernel_isolation,
         python_guard=not args.no_python_guard,
+        allow_weak_sandbox=args.allow_weak_sandbox,
         request_timeout_s=args.request_timeout_s,
     )
     problem = bind_refusal(args.host, args.api_key)
     if problem:
         raise SystemExit(f"code_server: {problem}")
-    executor = CodeExecutor(config)
+    try:
+        executor = CodeExecutor(config)
+    except SandboxError as e:  # e.g. no kernel layers and no --allow_weak_sandbox: the one line says which
+        raise SystemExit(f"code_server: {e}") from None
     server = CodeExecutionServer((args.host, args.port), executor, args.api_key)
     # Flushed at once: code_api_setup.sh waits for this line in the log before polling /health.
     print(f"CODE_API_URL={server.url}", flush=True)

@@ -54,7 +54,8 @@ def source_script(
 
 def run_bash(tmp_path: Path, command: str, extra_env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     env = {**os.environ, "TMPDIR": str(tmp_path), **(extra_env or {})}
-    for name in ("CODE_API_HOST", "CODE_API_URL", "NUM_NODES", "BEAKER_REPLICA_COUNT", "CODE_API_LOG", "CODE_API_KEY"):
+    names = ("CODE_API_HOST", "CODE_API_URL", "NUM_NODES", "BEAKER_REPLICA_COUNT", "CODE_API_LOG", "CODE_API_KEY")
+    for name in (*names, "CODE_SANDBOX_ALLOW_WEAK"):
         if name not in (extra_env or {}):
             env.pop(name, None)
     proc = subprocess.Popen(
@@ -161,3 +162,26 @@ def test_a_server_that_cannot_start_fails_the_chain_and_is_cleaned_up(tmp_path, 
     assert "did not come up" in result.stderr
     assert "--no_such_flag" in result.stderr  # the server's own error, from the log's tail
     assert not survivors
+
+
+def test_a_server_without_kernel_layers_starts_only_when_the_weak_mode_is_allowed(tmp_path, monkeypatch):
+    for name in ("NO_PROXY", "no_proxy"):
+        monkeypatch.setenv(name, "127.0.0.1,localhost")
+    # --no_kernel_isolation stands in for a machine where the service is not root.
+    weak = {"CODE_API_SERVER_ARGS": "--no_kernel_isolation"}
+    refused = source_script(tmp_path, "echo TRAINING_STARTED", weak)
+    assert not stop_session(refused.sid)
+    assert refused.returncode == 1 and "TRAINING_STARTED" not in refused.stdout
+    assert "kernel layers missing (netns, mountns" in refused.stderr  # the server's one line, from the log's tail
+    assert "CODE_SANDBOX_ALLOW_WEAK=1" in refused.stderr
+
+    show = 'echo "CODE_API_URL=$CODE_API_URL"; echo "CODE_API_LOG=$CODE_API_LOG"'
+    allowed = source_script(tmp_path, show, {**weak, "CODE_SANDBOX_ALLOW_WEAK": "1"})
+    try:
+        assert allowed.returncode == 0, allowed.stderr
+        exported = dict(line.split("=", 1) for line in allowed.stdout.splitlines() if "=" in line)
+        with NO_PROXY.open(exported["CODE_API_URL"] + "/health", timeout=10) as reply:
+            assert json.load(reply)["sandbox"]["mode"] == "weak"
+        assert "WARNING code sandbox: WEAK mode" in Path(exported["CODE_API_LOG"]).read_text()
+    finally:
+        assert not stop_session(allowed.sid)

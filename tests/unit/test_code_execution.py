@@ -61,9 +61,11 @@ def kernel_only_url() -> Iterator[str]:
 
 @pytest.fixture(scope="module")
 def guard_only_url() -> Iterator[str]:
-    """Kernel layers off: the Python audit-hook guard alone (what a non-root deployment gets)."""
-    with code_server(config=SandboxConfig(kernel_isolation=False, max_concurrency=2)) as (srv, base):
+    """Kernel layers off: the Python audit-hook guard alone (the weak mode a non-root deployment must ask for)."""
+    config = SandboxConfig(kernel_isolation=False, allow_weak_sandbox=True, max_concurrency=2)
+    with code_server(config=config) as (srv, base):
         assert srv.executor.layers["python_guard"] and not srv.executor.layers["netns"]
+        assert srv.executor.layers["mode"] == "weak"
         yield base
 
 
@@ -92,6 +94,8 @@ def test_health_reports_active_layers(url: str) -> None:
     if os.geteuid() == 0:  # root: the kernel layers must actually be on, not silently skipped
         for layer in ("netns", "mountns", "readonly_fs", "pidns", "uid_drop", "no_new_privs"):
             assert reply["sandbox"][layer] is True, reply["sandbox"]
+        assert reply["sandbox"]["mode"] == "full" and reply["sandbox"]["missing"] == []
+        assert reply["sandbox"]["process_limit"]["binds"] is True
 
 
 def test_correct_program_passes_all_asserts(url: str) -> None:
@@ -540,5 +544,12 @@ def test_cli_help_lists_the_flags(where: str, tmp_path: Path) -> None:
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith("usage: python -m code_server")
-    for flag in ("--host", "--port", "--max_concurrency", "--no_kernel_isolation", "--log_level"):
+    for flag in (
+        "--host",
+        "--port",
+        "--max_concurrency",
+        "--no_kernel_isolation",
+        "--allow_weak_sandbox",
+        "--log_level",
+    ):
         assert flag in result.stdout

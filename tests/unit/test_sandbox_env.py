@@ -213,7 +213,7 @@ def test_bad_bash_requests_are_400_naming_the_problem(service, extra, message):
 def test_a_service_without_kernel_layers_refuses_bash_and_reset_says_so():
     from code_server import SandboxConfig, code_server
 
-    with code_server(config=SandboxConfig(kernel_isolation=False)) as (_, url):
+    with code_server(config=SandboxConfig(kernel_isolation=False, allow_weak_sandbox=True)) as (_, url):
         status, reply = post_execute(url, {"code": "ls", "language": "bash", "timeout": 5})
         assert status == 400 and reply["error"].startswith("language bash needs /bin/bash and the kernel sandbox")
         with pytest.raises(ValueError, match="cannot run bash"):
