@@ -381,18 +381,18 @@ def parse_args(argv: list[str], environ: dict[str, str] | None = None) -> MasonA
     ns = parser.parse_args(own)  # --help and every per-option error first
     if rest is None:
         parser.error("missing `-- COMMAND`: put the command to run after `--`")
-    commands = split_commands(rest)
+    commands = [detach_operators(command) for command in split_commands(rest)]
     if not commands or any(all(not token.strip() for token in command) for command in commands):
         parser.error("empty command after `--`")
     for command in commands:
         try:
-            build_command(detach_operators(command))
+            build_command(command)
         except ValueError as e:
             parser.error(f"command after `--`: {e}")
     _check_unique_names(parser, ns.env, ns.secrets)
     return MasonArgs(
         clusters=tuple(dict.fromkeys(ns.clusters)),  # de-duplicated, order kept
-        commands=tuple(detach_operators(command) for command in commands),
+        commands=tuple(commands),
         image=ns.image,
         workspace=ns.workspace,
         budget=ns.budget,
@@ -450,15 +450,19 @@ class LaunchError(Exception):
 
 
 def _beaker_json(*arguments: str) -> Any:
+    failed = f"`beaker {' '.join(arguments)}` failed"
     try:
         result = subprocess.run(
             ["beaker", *arguments, "--format", "json"], capture_output=True, text=True, timeout=120, check=False
         )
-        if result.returncode != 0:
-            raise LaunchError(result.stderr.strip() or f"exit {result.returncode}")
+    except (OSError, subprocess.TimeoutExpired) as error:
+        raise LaunchError(f"{failed}: {error}") from None
+    if result.returncode != 0:
+        raise LaunchError(f"{failed}: {result.stderr.strip() or f'exit {result.returncode}'}")
+    try:
         return json.loads(result.stdout)
-    except (OSError, ValueError, subprocess.TimeoutExpired, LaunchError) as error:
-        raise LaunchError(f"`beaker {' '.join(arguments)}` failed: {error}") from None
+    except ValueError as error:
+        raise LaunchError(f"{failed}: its output is not JSON ({error})") from None
 
 
 def look_up_account(workspace: str | None) -> Account:
@@ -510,9 +514,8 @@ def prepare(args: MasonArgs, account: Account, ids: LaunchIds) -> list[Prepared]
     prepared = []
     for tokens in args.commands:
         keys: tuple[str, ...] = ()
-        segment = entry_segment(tokens)
-        script = local_entry(tokens[segment[0] - 1]) if segment else ""
-        caching = caching_command(tokens, local_python(), script) if args.auto_dataset_cache else None
+        segment = entry_segment(tokens) if args.auto_dataset_cache else None
+        caching = caching_command(tokens, local_python(), local_entry(tokens[segment[0] - 1])) if segment else None
         if caching and args.dry_run:
             print(f"mason.py: would cache the datasets first: {shlex.join(caching)}", file=sys.stderr)
         elif caching:
