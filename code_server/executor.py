@@ -6,12 +6,15 @@ never a silently weaker sandbox. Where a kernel layer is missing (not root, or a
 capability) the executor refuses to start, naming the layer, unless `allow_weak_sandbox` asks for the
 weak mode (the Python guard and rlimits only), which it then announces with a warning on every start.
 
-At most `max_concurrency` test processes run at once (default 2 x CPUs); further work queues on a slot
-pool instead of fork-bombing the machine. A request's tests run in parallel.
+At most `max_concurrency` tests run at once (default 2 x CPUs); further work queues on a slot pool instead
+of fork-bombing the machine. A request's tests run in parallel.
 
-The program's clock starts when the runner reports "start" (so interpreter start-up is not charged to
-it); the child's whole process group is killed `kill_margin_s` after the program's time limit, and its
-output is captured up to a cap.
+An assert test takes two sandboxes of its slot: the program's, which answers requests, and a judge's, which
+runs the test against those answers and alone reports the verdict (`code_server/remote_calls.py`), so no
+program can forge its pass. A stdio test's output is compared here. Time is never taken from the program:
+an assert test is charged the time the judge waited for the program's answers, a stdio run the time from
+the runner's "start" to the child's exit (so interpreter start-up is not charged). Each child's whole
+process group is killed `kill_margin_s` after the time limit, and its output is captured up to a cap.
 """
 
 from __future__ import annotations
@@ -264,39 +267,7 @@ class CodeExecutor:
             "workspace_bytes": cfg.max_workspace_bytes,
         }
         outcome, _ = self._run("", None, None, request.timeout + cfg.workspace_pack_s, job_extra=extra)
-        stdout, stderr = outcome.stdout.decode(errors="replace"), outcome.stderr.decode(errors="replace")
-        report = outcome.report
-        if outcome.status == "ok" and report.get("exit_code") is None:
-            raise BadRequestError(str(report.get("error", "the workspace could not be unpacked")))
-        if outcome.status == "ok":
-            return {
-                "output": stdout,
-                "error": stderr,
-                "success": report["exit_code"] == 0,
-                "status": "timeout" if report["timed_out"] else "ok",
-                "runtime": report["runtime"],
-                "exit_code": report["exit_code"],
-                "workspace": report["workspace"],
-                "shell_state": report["shell_state"],
-                "workspace_path": self.workspace_path,
-                "notes": report["notes"],
-            }
-        problem = {
-            "output_limit": f"output exceeded {cfg.max_output_bytes} bytes, so the command was stopped",
-            "timeout": "the command and the packing of its workspace overran their time",
-        }.get(outcome.status, f"the command ended abnormally ({outcome.status})")
-        return {
-            "output": stdout,
-            "error": stderr,
-            "success": False,
-            "status": outcome.status,
-            "runtime": outcome.runtime,
-            "exit_code": None,
-            "workspace": None,  # the workspace is as before the command
-            "shell_state": request.shell_state,
-            "workspace_path": self.workspace_path,
-            "notes": [problem + "; its changes to the workspace are lost"],
-        }
+        return _bash_reply(outcome, request, cfg, self.workspace_path)
 
     def _judge(self, request: TestRequest, test: Any) -> tuple[str, float]:
         limit = request.max_execution_time
@@ -305,7 +276,7 @@ class CodeExecutor:
             output_cap = max(self.config.max_output_bytes, 2 * len(expected) + 4096)
             outcome, _ = self._run(request.program, None, test["input"].encode(), limit, output_cap=output_cap)
         else:
-            outcome, _ = self._run(request.program, test, None, limit)
+            outcome = self._run_judged(request.program, test, limit)
         status = outcome.status
         if request.stdio and status == "exited:0":  # os._exit(0) after printing is a normal stdio exit
             status = "ok"
@@ -315,11 +286,43 @@ class CodeExecutor:
             if request.stdio and not outputs_match(outcome.stdout.decode(errors="replace"), test["output"]):
                 return "failed", outcome.runtime
             return "passed", outcome.runtime
-        if status == "error:AssertionError":
+        if status in ("error:AssertionError", "failed"):
             return "failed", outcome.runtime
         if status == "error:MemoryError":
             return "memory_limit", outcome.runtime
         return status, outcome.runtime
+
+    def _run_judged(self, program: str, test: str, limit: float) -> RunOutcome:
+        """An assert test: the program runs in one sandbox and answers the requests of a judge, which runs the
+        test in another (see `code_server.remote_calls`). Both take the same slot."""
+        slot = self._slots.get()
+        to_program_r, to_program_w = os.pipe()
+        to_judge_r, to_judge_w = os.pipe()
+        served: list[RunOutcome] = []
+        serve = {"mode": "serve", "channel_in": to_program_r, "channel_out": to_judge_w}
+        judge = {"mode": "judge", "channel_in": to_judge_r, "channel_out": to_program_w}
+        cap = self.config.max_output_bytes
+
+        def run_program() -> None:
+            served.append(self._run_in_slot(program, None, None, limit, slot, self._expected, cap, serve)[0])
+
+        # Each run owns its child's two ends and closes them once the child has them, so that either side
+        # sees the end of the stream when the other ends.
+        thread = threading.Thread(target=run_program, name="code-test-program", daemon=True)
+        try:
+            try:
+                thread.start()
+            except BaseException:
+                for fd in (to_program_r, to_judge_w):
+                    os.close(fd)
+                raise
+            judged, _ = self._run_in_slot("", test, None, limit, slot, self._expected, cap, judge)
+            thread.join()
+        finally:
+            self._slots.put(slot)
+        if not served:  # the program's sandbox failed: that run raised SandboxError in its thread
+            raise SandboxError("the program's sandbox did not run")
+        return _combine(served[0], judged)
 
     def _run(
         self,
@@ -365,6 +368,7 @@ class CodeExecutor:
         output_cap: int,
         job_extra: dict[str, Any],
     ) -> tuple[RunOutcome, dict[str, Any]]:
+        channels = tuple(job_extra[k] for k in ("channel_in", "channel_out") if k in job_extra)
         uid = self._uid_for_slot(slot)
         workdir = tempfile.mkdtemp(prefix=f"slot{slot}-", dir=self._work_root)
         token = secrets.token_hex(16)
@@ -382,15 +386,18 @@ class CodeExecutor:
                 stdin_file = tempfile.TemporaryFile(dir=workdir)  # noqa: SIM115 - closed in finally
                 stdin_file.write(stdin_data)
                 stdin_file.seek(0)
-            proc = _spawn_runner(job_path, workdir, stdin_file, status_w)
-            # Our copy of the write end must go, or the status pipe never reaches EOF.
+            proc = _spawn_runner(job_path, workdir, stdin_file, (status_w, *channels))
+            # Our copies of the write ends must go, or the pipes never reach EOF when the child ends.
             os.close(status_w)
             status_w = -1
+            for fd in channels:
+                os.close(fd)
+            channels = ()
             return self._supervise(proc, status_r, token, limit, output_cap)
         finally:
             if proc is not None:
                 _kill_group(proc)
-            for fd in (status_r, status_w):
+            for fd in (status_r, status_w, *channels):
                 if fd >= 0:
                     os.close(fd)
             if stdin_file is not None:
@@ -537,15 +544,74 @@ def _conclude(proc: subprocess.Popen[bytes], watch: _Watch) -> tuple[RunOutcome,
         what = "did not start in time" if watch.verdict == "timeout" else f"exited with code {proc.returncode}"
         raise SandboxError(f"sandbox {what}; stderr: {stderr[-1000:].decode(errors='replace')}")
     layers = {**kinds["start"].get("layers", {}), "notes": kinds["start"].get("notes", [])}
+    # Measured here, from the runner's "start" to the child's end: a program cannot report its own time.
     verdict, runtime = watch.verdict, ended - watch.started_at
     if verdict is None:
         if "done" in kinds:
-            verdict, runtime = "ok", float(kinds["done"].get("runtime", runtime))
+            verdict = "ok"
         elif "error" in kinds:
-            verdict, runtime = f"error:{kinds['error'].get('error')}", float(kinds["error"]["runtime"])
+            verdict = f"error:{kinds['error'].get('error')}"
         else:
             verdict = _describe_exit(proc.returncode)
-    return RunOutcome(verdict, runtime, stdout, stderr, kinds.get("done", {})), layers
+    report = kinds.get("done") or kinds.get("error") or {}
+    return RunOutcome(verdict, runtime, stdout, stderr, report), layers
+
+
+def _bash_reply(
+    outcome: RunOutcome, request: ExecuteRequest, cfg: SandboxConfig, workspace_path: str
+) -> dict[str, Any]:
+    """A bash command's reply: its exit code, output, workspace and shell state, or what cut it short."""
+    stdout, stderr = outcome.stdout.decode(errors="replace"), outcome.stderr.decode(errors="replace")
+    report = outcome.report
+    if outcome.status == "ok" and report.get("exit_code") is None:
+        raise BadRequestError(str(report.get("error", "the workspace could not be unpacked")))
+    if outcome.status == "ok":
+        return {
+            "output": stdout,
+            "error": stderr,
+            "success": report["exit_code"] == 0,
+            "status": "timeout" if report["timed_out"] else "ok",
+            "runtime": report["runtime"],
+            "exit_code": report["exit_code"],
+            "workspace": report["workspace"],
+            "shell_state": report["shell_state"],
+            "workspace_path": workspace_path,
+            "notes": report["notes"],
+        }
+    problem = {
+        "output_limit": f"output exceeded {cfg.max_output_bytes} bytes, so the command was stopped",
+        "timeout": "the command and the packing of its workspace overran their time",
+    }.get(outcome.status, f"the command ended abnormally ({outcome.status})")
+    return {
+        "output": stdout,
+        "error": stderr,
+        "success": False,
+        "status": outcome.status,
+        "runtime": outcome.runtime,
+        "exit_code": None,
+        "workspace": None,  # the workspace is as before the command
+        "shell_state": request.shell_state,
+        "workspace_path": workspace_path,
+        "notes": [problem + "; its changes to the workspace are lost"],
+    }
+
+
+def _combine(program: RunOutcome, judge: RunOutcome) -> RunOutcome:
+    """One assert test's outcome from its two processes. The judge's verdict stands, except where the program
+    process was cut (its output, memory or time) or crashed before answering; the runtime is the judge's
+    count of the time it waited for the program."""
+    output = (program.stdout, program.stderr + judge.stderr)
+    runtime = float(judge.report.get("program_seconds", judge.runtime))
+    if program.status in ("output_limit", "timeout"):
+        return RunOutcome(program.status, runtime, *output)
+    if judge.status == "error:ProgramEnded" and program.status != "ok":
+        return RunOutcome(program.status, runtime, *output)
+    if judge.status.startswith("error:") and judge.status not in ("error:AssertionError", "error:ProgramEnded"):
+        # The test itself raised (a NameError for a name the program lacks, a TypeError for a value that is not
+        # plain data): an error, as in-process; the judge's own protocol faults are a failed test.
+        protocol = judge.status in ("error:ProtocolError", "error:RemoteError")
+        return RunOutcome("failed" if protocol else judge.status, runtime, *output)
+    return RunOutcome(judge.status, runtime, *output)
 
 
 def _why_weak(cfg: SandboxConfig, failures: list[str]) -> str:
@@ -591,7 +657,9 @@ def _write_job(workdir: str, job: dict[str, Any]) -> str:
     return job_path
 
 
-def _spawn_runner(job_path: str, workdir: str, stdin_file: IO[bytes] | None, status_w: int) -> subprocess.Popen[bytes]:
+def _spawn_runner(
+    job_path: str, workdir: str, stdin_file: IO[bytes] | None, pass_fds: tuple[int, ...]
+) -> subprocess.Popen[bytes]:
     # A minimal environment: nothing of the server's (credentials, proxies) reaches the program, and one
     # thread per numeric library keeps a test from taking over the machine.
     env = {
@@ -609,7 +677,7 @@ def _spawn_runner(job_path: str, workdir: str, stdin_file: IO[bytes] | None, sta
         stdin=stdin_file if stdin_file is not None else subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
-        pass_fds=(status_w,),
+        pass_fds=pass_fds,
         cwd=workdir,
         env=env,
         # Its own process group, so one killpg also reaches whatever the program started.

@@ -3,10 +3,21 @@
 The executor starts it by file path as `python -I -X utf8 .../code_server/sandbox.py JOB_PATH`, in a
 fresh single-threaded interpreter (never preexec_fn, which is unsafe in the threaded server). So this file
 is a script: stdlib only, importing nothing from `code_server` (`-I` keeps both the package and this
-file's directory off sys.path, so a program cannot import our modules either). It reads and deletes its
-job file, builds the sandbox, then reports on the status pipe (JSON lines carrying a per-job token, so a
-program cannot fake a pass by exiting early or printing): "start" right before the program runs (the
-server starts the program's clock on it), then "done" or "error" ("setup_error" if the sandbox failed).
+file's directory off sys.path, so a program cannot import our modules either; it loads `remote_calls.py`
+by path). It reads and deletes its job file, builds the sandbox, then reports on the status pipe (JSON
+lines carrying a per-job token): "start" right before the program runs (the supervisor measures time from
+it), then "done" or "error" ("setup_error" if the sandbox failed).
+
+What runs depends on the job's mode:
+
+* "serve": an assert test's program. It runs the program and answers a judge's requests over two pipes
+  with plain data (`remote_calls.serve`). Its own "done" decides nothing: a program shares this
+  interpreter and could forge anything it reports.
+* "judge": the assert test itself, in a process that runs no program code (`remote_calls.judge`); its
+  "done" or "error" is the verdict, with the time it waited for the program.
+* "stdio": the program as the main program on the test's stdin; the supervisor compares its output.
+* "assert": program and assert in one process; only the executor's start-up probe, with its own program.
+* "bash": a command in the sample's workspace (below).
 
 Sandbox layers, per test process (`python -I -X utf8` with a minimal environment, own session):
 
@@ -420,9 +431,9 @@ def program_module(mode):
 
 
 def run_program(module, program, test, mode):
-    """Run the program, then its assert; returns (name of the exception that failed it or None, seconds)."""
+    """Run the program, then (only in the start-up probe) its assert; returns the name of the exception that
+    failed it, or None. The supervisor measures the time."""
     error = None
-    t0 = time.perf_counter()
     try:
         exec(compile(program, "<solution>", "exec"), module.__dict__)
         if test is not None:
@@ -435,11 +446,44 @@ def run_program(module, program, test, mode):
         error = type(e).__name__
         with contextlib.suppress(BaseException):  # a broken stderr must not turn a verdict into a crash
             traceback.print_exc()
-    runtime = time.perf_counter() - t0
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(BaseException):  # output lost to a closed stream only fails the comparison
             stream.flush()
-    return error, runtime
+    return error
+
+
+def load_remote_calls():
+    """`remote_calls.py` from this file's directory, which `-I` keeps off sys.path (and out of sys.modules)."""
+    import importlib.util
+
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "remote_calls.py")
+    spec = importlib.util.spec_from_file_location("_oi_remote_calls", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def judge_test(remote, job, test, send):
+    """The judge: run the test against the program process's answers, report the verdict and the time the
+    program took to answer, and exit. No program code ever runs in this process."""
+    link = remote.Link(remote.Channel(job["channel_in"], job["channel_out"]))
+    error = None
+    try:
+        if link.channel.receive() is None:  # the program process's hello, sent before its program runs
+            raise remote.ProgramEnded("the program process ended before starting")
+        remote.judge(test, link)
+    except BaseException as e:
+        error = type(e).__name__
+        with contextlib.suppress(BaseException):
+            traceback.print_exc()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(BaseException):
+            stream.flush()
+    if error is None:
+        send("done", program_seconds=link.waited)
+    else:
+        send("error", error=error, program_seconds=link.waited)
+    os._exit(0 if error is None else 1)
 
 
 # Runs the command in the same shell process as the restored state, so `cd` and `export` persist; the EXIT
@@ -596,6 +640,8 @@ def main():
         send("start", layers=layers, notes=notes)
         send("done", **run_bash(job, layers))
         os._exit(0)
+    # Loaded before the guard and before any program code: the judge's copy is never within a program's reach.
+    remote = load_remote_calls() if mode in ("serve", "judge") else None
     module = program_module(mode)
     program, test = job.pop("program"), job.pop("test", None)
     if job["guard"]:
@@ -607,11 +653,19 @@ def main():
         send("setup_error", error="sandbox layers failed: " + ", ".join(missing), layers=layers, notes=notes)
         os._exit(SETUP_FAILED)
     send("start", layers=layers, notes=notes)
-    error, runtime = run_program(module, program, test, mode)
+    if mode == "judge":
+        judge_test(remote, job, test, send)
+    if mode == "serve":
+        channel = remote.Channel(job["channel_in"], job["channel_out"])
+        # Before the program runs: the judge starts its clock on a message that no program code sent.
+        channel.send({"hello": True})
+    error = run_program(module, program, test, mode)
+    if error is None and mode == "serve":
+        remote.serve(module.__dict__, channel)
     if error is None:
-        send("done", runtime=runtime)
+        send("done")
     else:
-        send("error", runtime=runtime, error=error)
+        send("error", error=error)
     os._exit(0 if error is None else 1)
 
 
