@@ -43,4 +43,7 @@ class SandboxConfig:
     # each request and reply as a tar.gz archive of at most this many bytes, and packing it may take this long
     # after the command's own time limit.
     max_workspace_bytes: int = 16 << 20
+    # Files, directories and links in a workspace: a command that makes more keeps none of its changes, so no
+    # archive of 100k tiny files reaches the trainer, whose unpacking would cost seconds per step.
+    max_workspace_entries: int = 10_000
     workspace_pack_s: float = 5.0

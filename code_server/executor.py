@@ -265,6 +265,7 @@ class CodeExecutor:
             "workspace": base64.b64encode(request.workspace).decode(),
             "shell_state": request.shell_state,
             "workspace_bytes": cfg.max_workspace_bytes,
+            "workspace_entries": cfg.max_workspace_entries,
         }
         outcome, _ = self._run("", None, None, request.timeout + cfg.workspace_pack_s, job_extra=extra)
         return _bash_reply(outcome, request, cfg, self.workspace_path)

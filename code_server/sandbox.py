@@ -498,7 +498,11 @@ eval "$1"
 STATE_FILE = ".oi-shell-state"
 
 
-def extract_workspace(archive, root, notes):
+class TooManyEntries(Exception):
+    pass
+
+
+def extract_workspace(archive, root, notes, max_entries):
     """Unpack the carried workspace; members a tar may not create (absolute or `..` paths) are skipped."""
     import io
     import tarfile
@@ -511,19 +515,27 @@ def extract_workspace(archive, root, notes):
             return None
 
     with tarfile.open(fileobj=io.BytesIO(archive), mode="r:gz") as tar:
-        tar.extractall(root, filter=keep)
+        members = []
+        for member in tar:
+            members.append(member)
+            if len(members) > max_entries:
+                raise TooManyEntries(f"the workspace has more than {max_entries} entries")
+        tar.extractall(root, members=members, filter=keep)
 
 
-def pack_workspace(root, notes):
+def pack_workspace(root, notes, max_entries):
     """The workspace as tar.gz bytes. Entries are added one by one, so one unreadable file is skipped (and
-    named) instead of losing the command's other changes."""
+    named) instead of losing the command's other changes. More than `max_entries` entries is TooManyEntries."""
     import io
     import tarfile
 
-    buffer = io.BytesIO()
+    buffer, count = io.BytesIO(), 0
     with tarfile.open(fileobj=buffer, mode="w:gz", compresslevel=6) as tar:
         for directory, dirs, files in os.walk(root):
             dirs.sort()
+            count += len(dirs) + len(files)
+            if count > max_entries:
+                raise TooManyEntries(f"the workspace has more than {max_entries} files, directories and links")
             for name in sorted(dirs) + sorted(files):
                 path = os.path.join(directory, name)
                 arcname = os.path.relpath(path, root)
@@ -587,7 +599,7 @@ def run_bash(job, layers):
     started = time.perf_counter()
     if job["workspace"]:
         try:
-            extract_workspace(base64.b64decode(job["workspace"]), root, notes)
+            extract_workspace(base64.b64decode(job["workspace"]), root, notes, job["workspace_entries"])
         except Exception as e:  # a corrupt archive, or one too large for the work dir: the command does not run
             return {"exit_code": None, "error": f"the workspace could not be unpacked: {type(e).__name__}: {e}"}
     state_path = os.path.join(root, STATE_FILE)
@@ -607,9 +619,15 @@ def run_bash(job, layers):
         os.unlink(state_path)
     except OSError:
         pass  # a killed or trap-less command saved nothing: keep the previous state
-    archive = pack_workspace(root, notes)
     report = {"exit_code": exit_code, "timed_out": timed_out, "runtime": runtime, "shell_state": shell_state}
-    if len(archive) > job["workspace_bytes"]:
+    try:
+        archive = pack_workspace(root, notes, job["workspace_entries"])
+    except TooManyEntries as e:
+        notes.append(f"{e}, so none of this command's changes to it are kept")
+        archive = None
+    if archive is None:
+        report["workspace"] = None
+    elif len(archive) > job["workspace_bytes"]:
         notes.append(f"the workspace archive is {len(archive)} bytes, over the {job['workspace_bytes']}-byte limit")
         report["workspace"] = None
     else:

@@ -31,7 +31,9 @@ Different, and why:
 * `timeout` defaults to 30 s and may be at most 45 (open-instruct: 300): the rollout gives an environment step
   60 s, and the service's --max_execution_time_cap (60 s) bounds a command too;
 * output beyond the service's cap (1 MB) stops the command and its workspace changes are lost (the reply says
-  so); a workspace is at most the service's 64 MB work dir and a 16 MB archive;
+  so); a workspace is at most the service's 64 MB work dir, a 16 MB archive and 10,000 entries (a command
+  that leaves more keeps none of its changes, and the reply says so), and it is packed and unpacked in a
+  thread, off the engine's event loop;
 * `backend` is "code_server" (our service, at `api_endpoint`, default $CODE_API_URL's /execute); the Docker
   settings `backend: docker`, another `image` or a `mem_limit` are refused in one line (the memory limit is the
   service's --memory_limit_mb);
@@ -41,6 +43,7 @@ Different, and why:
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import io
 import json
@@ -65,6 +68,7 @@ from open_instruct.rewards.code_tests import code_api_headers
 ENV_NAME = "generic_sandbox"
 _KEEP_LINES = 40  # long output keeps its first and last 40 lines
 _MAX_WORKSPACE_BYTES = 64 << 20  # what the service's work dir holds; a reply claiming more is refused
+_MAX_WORKSPACE_ENTRIES = 10_000  # the service's max_workspace_entries; a reply with more is refused
 _PACK_S = 5.0  # the service's workspace_pack_s: it may take this long after the command's own limit
 _HTTP_MARGIN_S = 5.0
 _RETRIES = 2  # a step is a pure function of what it sends, so resending it is safe
@@ -180,7 +184,9 @@ class Workspace:
         """Read an archive into memory (nothing touches this machine's disk); refuses one over 64 MB unpacked."""
         entries, total = {}, 0
         with tarfile.open(fileobj=io.BytesIO(archive), mode="r:gz") as tar:
-            for member in tar:
+            for count, member in enumerate(tar, 1):
+                if count > _MAX_WORKSPACE_ENTRIES:
+                    raise ValueError(f"the workspace has more than {_MAX_WORKSPACE_ENTRIES} entries")
                 path = posixpath.normpath(member.name)
                 if path in (".", "") or path.startswith(("/", "..")):
                     continue
@@ -312,7 +318,7 @@ class SandboxEnv:
             "code": command,
             "language": "bash",
             "timeout": self.timeout,
-            "workspace": base64.b64encode(self.workspace.pack()).decode(),
+            "workspace": await self.pack_workspace(self.workspace),
             "shell_state": self.shell_state,
         }
         http = HttpClient()
@@ -335,13 +341,22 @@ class SandboxEnv:
         reply = json.loads(text)
         if reply.get("workspace") is not None:
             try:
-                self.workspace = Workspace.unpack(base64.b64decode(reply["workspace"]))
+                self.workspace = await self.unpack_workspace(reply["workspace"])
             except (tarfile.TarError, ValueError, EOFError, OSError) as error:
                 raise RuntimeError(f"the workspace in the reply is unusable: {error}") from None
             self.shell_state = reply.get("shell_state", self.shell_state)
         if reply.get("workspace_path"):
             _ROOTS[_service_base(self.api_endpoint)] = reply["workspace_path"]
         return reply
+
+    @staticmethod
+    async def pack_workspace(workspace: Workspace) -> str:
+        # In a thread: packing (and unpacking) a large workspace must not stall the engine's event loop.
+        return await asyncio.to_thread(lambda: base64.b64encode(workspace.pack()).decode())
+
+    @staticmethod
+    async def unpack_workspace(text: str) -> Workspace:
+        return await asyncio.to_thread(lambda: Workspace.unpack(base64.b64decode(text)))
 
     async def _bash(self, command: str) -> StepResult:
         try:

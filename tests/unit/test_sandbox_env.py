@@ -248,3 +248,58 @@ def test_it_is_registered_with_open_instructs_function_names_and_parses_as_a_too
     assert parse_config(["--tools", "generic_sandbox", "--tool_configs", '{"timeout": 10}']).tools.tools == [
         "generic_sandbox"
     ]
+
+
+def test_a_command_that_makes_too_many_files_keeps_none_of_its_changes_and_says_so(service):
+    _, many, listing = play(
+        new_env(service),
+        bash("echo kept > a.txt"),
+        bash("echo lost > b.txt; mkdir many && cd many && seq 1 10001 | xargs touch && echo made"),
+        bash("ls"),
+    )
+    assert stdout(many) == "made\n"
+    assert "more than 10000 files, directories and links, so none of this command's changes" in many.result
+    assert stdout(listing).split() == ["a.txt", "input", "output"]
+
+
+def test_a_workspace_with_too_many_entries_is_refused_by_the_trainer_too():
+    import io
+    import tarfile
+
+    from open_instruct.agents.sandbox_env import Workspace
+
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
+        for i in range(10_001):
+            tar.addfile(tarfile.TarInfo(f"f{i}"), io.BytesIO(b""))
+    with pytest.raises(ValueError, match="more than 10000 entries"):
+        Workspace.unpack(buffer.getvalue())
+
+
+def test_packing_and_unpacking_leave_the_event_loop_free():
+    """The loop runs other work while a workspace is packed and unpacked: a ticker task gets a turn before
+    each returns (done inline, it could not)."""
+    from open_instruct.agents.sandbox_env import SandboxEnv, Workspace, _Entry
+
+    workspace = Workspace({f"f{i}": _Entry("file", b"x" * 100) for i in range(2000)})
+    ticks: list[str] = []
+
+    async def ticker():
+        while True:
+            ticks.append("tick")
+            await asyncio.sleep(0)
+
+    async def run():
+        task = asyncio.create_task(ticker())
+        await asyncio.sleep(0)
+        before = len(ticks)
+        text = await SandboxEnv.pack_workspace(workspace)
+        packed = len(ticks)
+        back = await SandboxEnv.unpack_workspace(text)
+        unpacked = len(ticks)
+        task.cancel()
+        return before, packed, unpacked, back
+
+    before, packed, unpacked, back = asyncio.run(run())
+    assert before < packed < unpacked
+    assert back.entries == workspace.entries
