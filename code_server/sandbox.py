@@ -35,10 +35,12 @@ Sandbox layers, per test process (`python -I -X utf8` with a minimal environment
   at start-up by a probe job and then required for every job (a job whose layers fail to come up is a
   500, never a silently weaker sandbox):
   - new network namespace: only a downed loopback exists, so nothing, not even 127.0.0.1, is reachable;
-  - new mount namespace: every mount is re-mounted read-only except the work dir, which is a private
-    size-capped tmpfs; directories the interpreter needs that sit below a non-world-searchable parent
-    (e.g. a pyenv under /root) are re-exposed by a read-only tmpfs over that parent plus bind mounts,
-    which also hides the rest of that parent (e.g. /root's other files);
+  - new mount namespace: an empty filesystem view apart from the system directories (/usr, /etc, /bin,
+    /lib*, /dev, /proc, /sys), the interpreter with its packages, and the work dir: every other top-level
+    directory (/tmp, /home, /root, /run, /var, /mnt, /opt, the project's) and /dev/shm get an empty tmpfs,
+    top-level files an empty one, and the needed paths below them are bound back; every mount is then
+    re-mounted read-only except the work dir, a private size-capped tmpfs. So the project, other jobs'
+    directories, Ray's session files and host UNIX sockets are out of sight;
   - new PID and IPC namespaces: the program is PID 1 of its own namespace, so when it is killed every
     process it started dies too, even ones that escaped the process group; a fresh /proc is mounted;
   - an unprivileged uid/gid (one per concurrency slot, `sandbox_uid_base + slot`, falling back to
@@ -128,6 +130,8 @@ GUARD_PATH_ARGS = {
     "os.lchflags": (0,),
 }
 GUARD_DEVICES = {"/dev/null", "/dev/stdout", "/dev/stderr"}
+# Top-level directories a sandbox sees (read-only): the system's. The rest is hidden (`hidden_paths`).
+VISIBLE_TOP_LEVEL = frozenset({"bin", "sbin", "lib", "lib32", "lib64", "libx32", "usr", "etc", "dev", "proc", "sys"})
 LAYERS = ("netns", "mountns", "readonly_fs", "pidns", "uid_drop", "no_new_privs", "python_guard")
 SETUP_FAILED = 70  # EX_SOFTWARE: the sandbox, not the program, failed
 
@@ -191,14 +195,38 @@ def same_file(path, fd):
     return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
 
 
-def expose_interpreter(libc, workdir, notes):
-    # The work dir too: the service's temp dir may sit below one (e.g. TMPDIR in a 0700 directory).
+def hidden_paths():
+    """Where the host keeps what a program has no business seeing: every top-level directory and file but the
+    system's own, and the shared-memory directories under /dev. (directories, files)"""
+    directories, files = [], []
+    for name in sorted(os.listdir("/")):
+        path = "/" + name
+        if name in VISIBLE_TOP_LEVEL or os.path.islink(path):
+            continue
+        if os.path.isdir(path):
+            directories.append(path)
+        elif os.path.isfile(path):
+            files.append(path)
+    directories += [p for p in ("/dev/shm", "/dev/mqueue") if os.path.isdir(p) and not os.path.islink(p)]
+    return directories, files
+
+
+def build_filesystem_view(libc, workdir, notes, uid):
+    """An empty filesystem apart from the system directories, the interpreter and its packages, and the work
+    dir: the project, /tmp, /home, /run (and the UNIX sockets there) and the like are empty tmpfs mounts. The
+    needed paths under them are bound back. With a dropped uid, directories the interpreter needs that sit
+    below a non-world-searchable parent (e.g. a pyenv under /root) are exposed the same way."""
     needed = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix, workdir, *filter(None, sys.path)}
     paths = sorted({os.path.realpath(p) for p in needed if os.path.isdir(p)})
     # Take handles first: once a tmpfs hides a parent, the original paths no longer resolve.
     fds = {p: os.open(p, os.O_PATH | os.O_DIRECTORY) for p in paths}
+    directories, files = hidden_paths()
+    for hidden in directories:  # an empty tmpfs over each
+        libc.mount("tmpfs", hidden, "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755,size=1m")
+    for hidden in files:  # an empty file over each
+        libc.mount("/dev/null", hidden, None, MS_BIND)
     for path in paths:
-        blocked = first_blocked_ancestor(path)
+        blocked = first_blocked_ancestor(path) if uid is not None else None
         if blocked == "/":
             notes.append(f"cannot expose {path}: / is not world-searchable")
             continue
@@ -254,8 +282,7 @@ def kernel_setup(job, layers, notes):
         uid = job["uid"] if job["uid"] is not None else 0
         size = job["workdir_bytes"]
         libc.mount("tmpfs", workdir, "tmpfs", MS_NOSUID | MS_NODEV, f"size={size},mode=0700,uid={uid},gid={uid}")
-        if job["uid"] is not None:
-            expose_interpreter(libc, workdir, notes)
+        build_filesystem_view(libc, workdir, notes, job["uid"])
         layers["readonly_fs"] = remount_readonly(libc, workdir, notes)
     try:
         libc.unshare(CLONE_NEWPID | CLONE_NEWIPC)
@@ -641,13 +668,15 @@ def main():
     send = status_sender(job["status_fd"], job.pop("token"))
     layers = dict.fromkeys(LAYERS, False)
     notes = []
+    mode = job["mode"]
+    # Loaded before the sandbox hides this file's directory, and before any program code runs.
+    remote = load_remote_calls() if mode in ("serve", "judge") else None
     try:
         build_sandbox(job, layers, notes)
     except Exception as e:
         send("setup_error", error=f"{type(e).__name__}: {e}", layers=layers, notes=notes)
         os._exit(SETUP_FAILED)
 
-    mode = job["mode"]
     if mode == "bash":
         # The guard is Python's and cannot see a shell: a bash job relies on the kernel layers, which the
         # executor requires for it (every expected one but the guard must be up).
@@ -658,8 +687,6 @@ def main():
         send("start", layers=layers, notes=notes)
         send("done", **run_bash(job, layers))
         os._exit(0)
-    # Loaded before the guard and before any program code: the judge's copy is never within a program's reach.
-    remote = load_remote_calls() if mode in ("serve", "judge") else None
     module = program_module(mode)
     program, test = job.pop("program"), job.pop("test", None)
     if job["guard"]:

@@ -250,6 +250,61 @@ def test_writes_outside_the_work_dir_fail(base_fixture: str, request: pytest.Fix
     assert not os.path.exists(outside + ".moved")
 
 
+VIEW_PROGRAM = """
+import os, socket
+seen = {{}}
+for path in ("/tmp", "/home", "/root", "/run", "/var", "/mnt", "/dev/shm", {repo!r}):
+    try:
+        seen[path] = sorted(os.listdir(path))
+    except OSError as e:
+        seen[path] = type(e).__name__
+try:
+    with open({readme!r}) as f:
+        readme = f.read()[:20]
+except OSError as e:
+    readme = type(e).__name__
+try:
+    client = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    client.connect({sock!r})
+    client.sendall(b"escaped")
+    unix = "connected"
+except Exception as e:
+    unix = type(e).__name__
+"""
+
+
+@pytest.mark.parametrize("base_fixture", ["url", "kernel_only_url"])
+def test_the_host_filesystem_and_its_unix_sockets_are_out_of_sight(
+    base_fixture: str, request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """Full mode and the kernel layers alone (guard off, so the program may make sockets): /tmp, /home, /run and
+    the like are empty (the work dir's own path aside), the project is not readable, and a world-writable UNIX
+    socket on the host cannot be reached."""
+    base = request.getfixturevalue(base_fixture)
+    if os.geteuid() != 0:
+        pytest.skip("the filesystem view needs the kernel layers (root)")
+    directory = tmp_path_factory.mktemp("host-socket")
+    directory.chmod(0o777)
+    sock_path = str(directory / "service.sock")
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as listener:
+        listener.bind(sock_path)
+        os.chmod(sock_path, 0o777)
+        listener.listen(8)
+        listener.settimeout(0.3)
+        program = VIEW_PROGRAM.format(repo=str(REPO_ROOT), readme=str(REPO_ROOT / "README.md"), sock=sock_path)
+        checks = [
+            "assert unix in ('FileNotFoundError', 'PermissionError'), unix",  # no such path, or no socket (guard)
+            "assert readme == 'FileNotFoundError', readme",
+            "assert all(seen[p] == [] for p in ('/home', '/run', '/var', '/mnt', '/dev/shm')), seen",
+            "assert len(seen['/tmp']) == 1 and seen['/tmp'][0].startswith('oi-code-exec-'), seen",
+            "assert seen['/root'] in ([], ['.pyenv']), seen",
+        ]
+        reply = run(base, program, checks)
+        assert reply["results"] == [1] * len(checks), reply
+        with pytest.raises(socket.timeout):
+            listener.accept()
+
+
 def test_process_creation_is_blocked_by_the_guard(url: str) -> None:
     program = "import subprocess\ntry:\n    subprocess.run(['true'])\n    ok = True\n"
     program += "except PermissionError:\n    ok = False\n"
