@@ -40,7 +40,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import IO, Any
 
-from code_server import sandbox
+from code_server import sandbox, syscall_filter
 from code_server.config import SandboxConfig
 from code_server.protocol import BadRequestError, ExecuteRequest, TestRequest, outputs_match
 
@@ -55,7 +55,7 @@ _READ_CHUNK = 1 << 16
 
 # What only the kernel gives (the service runs as root). Without all of them the service starts only in the
 # explicit weak mode; and a shell, which the audit-hook guard cannot watch, runs only where all are up.
-KERNEL_LAYERS = ("netns", "mountns", "readonly_fs", "pidns", "uid_drop", "no_new_privs")
+KERNEL_LAYERS = ("netns", "mountns", "readonly_fs", "pidns", "uid_drop", "no_new_privs", "seccomp")
 WEAK_ENV_VAR = "CODE_SANDBOX_ALLOW_WEAK"
 _TASK_COUNT_TTL_S = 1.0
 
@@ -101,6 +101,8 @@ class CodeExecutor:
         self._task_count_lock = threading.Lock()
         self._task_count: tuple[float, int] = (-math.inf, 0)  # (when counted, tasks of the service's uid)
         self.layers: dict[str, Any] = {}
+        bpf, self._seccomp_missing = syscall_filter.compile_filter()
+        self._seccomp_bpf = base64.b64encode(bpf).decode() if bpf else None
         try:
             self._probe()
         except BaseException:
@@ -127,7 +129,7 @@ class CodeExecutor:
             except SandboxError as e:
                 failures.append(f"uid {name}: {e}")
                 continue
-            notes = layers.pop("notes", [])
+            notes = layers.pop("notes", []) + ([self._seccomp_missing] if self._seccomp_missing else [])
             if outcome.status == "ok" and (uid_for_slot(0) is None or layers.get("uid_drop")):
                 self.layers = {**layers, "uid": name if uid_for_slot(0) is not None else None}
                 self._expected = {k: bool(layers.get(k)) for k in sandbox.LAYERS}
@@ -436,6 +438,7 @@ class CodeExecutor:
             "workdir_bytes": cfg.workdir_size_mb << 20,
             "max_processes": self._process_limit(),
             "max_open_files": cfg.max_open_files,
+            "seccomp_bpf": self._seccomp_bpf,
         }
 
     def _supervise(

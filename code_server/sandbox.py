@@ -74,7 +74,8 @@ CLONE_NEWNS, CLONE_NEWIPC, CLONE_NEWPID, CLONE_NEWNET = 0x00020000, 0x08000000, 
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT = 1, 2, 4, 8, 32
 MS_NOATIME, MS_NODIRATIME, MS_BIND, MS_REC = 1024, 2048, 4096, 16384
 MS_PRIVATE, MS_RELATIME = 1 << 18, 1 << 21
-PR_SET_PDEATHSIG, PR_SET_NO_NEW_PRIVS = 1, 38
+PR_SET_PDEATHSIG, PR_SET_SECCOMP, PR_SET_NO_NEW_PRIVS = 1, 22, 38
+SECCOMP_MODE_FILTER = 2
 KEEP_FLAGS = {
     "nosuid": MS_NOSUID,
     "nodev": MS_NODEV,
@@ -132,7 +133,7 @@ GUARD_PATH_ARGS = {
 GUARD_DEVICES = {"/dev/null", "/dev/stdout", "/dev/stderr"}
 # Top-level directories a sandbox sees (read-only): the system's. The rest is hidden (`hidden_paths`).
 VISIBLE_TOP_LEVEL = frozenset({"bin", "sbin", "lib", "lib32", "lib64", "libx32", "usr", "etc", "dev", "proc", "sys"})
-LAYERS = ("netns", "mountns", "readonly_fs", "pidns", "uid_drop", "no_new_privs", "python_guard")
+LAYERS = ("netns", "mountns", "readonly_fs", "pidns", "uid_drop", "no_new_privs", "seccomp", "python_guard")
 SETUP_FAILED = 70  # EX_SOFTWARE: the sandbox, not the program, failed
 
 
@@ -441,8 +442,35 @@ def build_sandbox(job, layers, notes):
 
             libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)  # after the uid change, which clears it
     set_limits(job)
+    if job.get("seccomp_bpf"):
+        load_syscall_filter(job["seccomp_bpf"], layers)
     os.chdir(job["workdir"])
     os.umask(0o077)
+
+
+def load_syscall_filter(program_b64, layers):
+    """The service's seccomp filter (`code_server/syscall_filter.py`, compiled by libseccomp), loaded as it is:
+    from here on every process of the job runs under it. No-new-privs first, which the kernel requires of a
+    process without CAP_SYS_ADMIN (and which keeps it from gaining privileges through exec)."""
+    import base64
+    import ctypes
+
+    class SockFprog(ctypes.Structure):
+        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+    program = base64.b64decode(program_b64)
+    buffer = ctypes.create_string_buffer(program, len(program))
+    fprog = SockFprog(len(program) // 8, ctypes.cast(buffer, ctypes.c_void_p))
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_void_p, ctypes.c_ulong, ctypes.c_ulong]
+    for option, arg, pointer in (
+        (PR_SET_NO_NEW_PRIVS, 1, None),
+        (PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(fprog)),
+    ):
+        if libc.prctl(option, arg, pointer, 0, 0) != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, f"prctl({option}): {os.strerror(err)}")
+    layers["seccomp"] = True
 
 
 def program_module(mode):

@@ -92,7 +92,7 @@ def test_health_reports_active_layers(url: str) -> None:
     assert reply["status"] == "healthy"
     assert reply["sandbox"]["python_guard"] is True
     if os.geteuid() == 0:  # root: the kernel layers must actually be on, not silently skipped
-        for layer in ("netns", "mountns", "readonly_fs", "pidns", "uid_drop", "no_new_privs"):
+        for layer in ("netns", "mountns", "readonly_fs", "pidns", "uid_drop", "no_new_privs", "seccomp"):
             assert reply["sandbox"][layer] is True, reply["sandbox"]
         assert reply["sandbox"]["mode"] == "full" and reply["sandbox"]["missing"] == []
         assert reply["sandbox"]["process_limit"]["binds"] is True
@@ -303,6 +303,51 @@ def test_the_host_filesystem_and_its_unix_sockets_are_out_of_sight(
         assert reply["results"] == [1] * len(checks), reply
         with pytest.raises(socket.timeout):
             listener.accept()
+
+
+SYSCALL_PROGRAM = """
+import ctypes, errno, socket
+libc = ctypes.CDLL(None, use_errno=True)
+def errno_of(rc):
+    return errno.errorcode.get(ctypes.get_errno(), "?") if rc != 0 else "allowed"
+denied = {
+    "user namespace": errno_of(libc.unshare(0x10000000)),
+    "net namespace": errno_of(libc.unshare(0x40000000)),
+    "ptrace": errno_of(libc.ptrace(0, 0, None, None)),  # PTRACE_TRACEME
+    "mount": errno_of(libc.mount(b"none", b"/tmp", b"tmpfs", 0, None)),
+}
+try:
+    socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    denied["unix socket"] = "allowed"
+except OSError as e:
+    denied["unix socket"] = errno.errorcode.get(e.errno, "?")
+a, b = socket.socketpair()  # asyncio's self-pipe: still allowed
+a.sendall(b"x")
+pair = b.recv(1)
+"""
+
+
+def test_the_syscall_filter_denies_namespaces_ptrace_mounts_and_unix_sockets(kernel_only_url: str) -> None:
+    """With the guard off nothing but the kernel stands in the way: a user namespace would otherwise be allowed
+    to an unprivileged uid."""
+    checks = ["assert set(denied.values()) == {'EPERM'}, denied", "assert pair == b'x'"]
+    assert run(kernel_only_url, SYSCALL_PROGRAM, checks)["results"] == [1, 1]
+
+
+def test_without_the_seccomp_binding_the_service_refuses_full_mode_and_says_why(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from code_server import SandboxError
+    from code_server.executor import CodeExecutor
+    from code_server.syscall_filter import compile_filter
+
+    monkeypatch.setitem(sys.modules, "pyseccomp", None)  # what a machine without the package sees
+    program, why = compile_filter()
+    assert program is None and "pip install pyseccomp" in why
+    if os.geteuid() != 0:
+        pytest.skip("full mode needs root")
+    with pytest.raises(SandboxError, match=r"kernel layers missing \(seccomp\).*pip install pyseccomp"):
+        CodeExecutor(SandboxConfig(max_concurrency=1))
 
 
 def test_process_creation_is_blocked_by_the_guard(url: str) -> None:

@@ -303,3 +303,9 @@ def test_packing_and_unpacking_leave_the_event_loop_free():
     before, packed, unpacked, back = asyncio.run(run())
     assert before < packed < unpacked
     assert back.entries == workspace.entries
+
+
+def test_a_command_cannot_make_namespaces_or_trace(service):
+    [result] = play(new_env(service), bash("unshare -U true; echo user=$?; unshare -n true; echo net=$?"))
+    assert stdout(result).splitlines() == ["user=1", "net=1"], result.result
+    assert "Operation not permitted" in result.result
