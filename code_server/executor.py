@@ -40,9 +40,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import IO, Any
 
-from code_server import sandbox, syscall_filter
+from code_server import sandbox, slot_cgroups, syscall_filter
 from code_server.config import SandboxConfig
 from code_server.protocol import BadRequestError, ExecuteRequest, TestRequest, outputs_match
+from code_server.slot_cgroups import SlotLimits
 
 logger = logging.getLogger(__name__)
 
@@ -101,6 +102,7 @@ class CodeExecutor:
         self._task_count_lock = threading.Lock()
         self._task_count: tuple[float, int] = (-math.inf, 0)  # (when counted, tasks of the service's uid)
         self.layers: dict[str, Any] = {}
+        self._cgroups, self.cgroups = _slot_cgroups(self.config, f"{os.getpid()}-{id(self)}")
         bpf, self._seccomp_missing = syscall_filter.compile_filter()
         self._seccomp_bpf = base64.b64encode(bpf).decode() if bpf else None
         try:
@@ -145,6 +147,7 @@ class CodeExecutor:
         missing = [k for k in KERNEL_LAYERS if not self.layers.get(k)]
         self.layers.update(mode="weak" if missing else "full", missing=missing)
         self.layers["process_limit"] = self._describe_process_limit()
+        self.layers["cgroups"] = self.cgroups
         if not missing:
             if failures:
                 logger.warning("code sandbox fell back: %s", "; ".join(failures))
@@ -205,6 +208,8 @@ class CodeExecutor:
 
     def close(self) -> None:
         shutil.rmtree(self._work_root, ignore_errors=True)
+        if getattr(self, "_cgroups", None) is not None:
+            self._cgroups.close()
 
     @property
     def bash_ready(self) -> bool:
@@ -269,6 +274,9 @@ class CodeExecutor:
             "workspace_bytes": cfg.max_workspace_bytes,
             "workspace_entries": cfg.max_workspace_entries,
         }
+        if not (self._cgroups and "memory" in self._cgroups.controllers):
+            # No cgroup to hold the job's processes to the limit together: each gets its share.
+            extra["memory_bytes"] = (cfg.memory_limit_mb << 20) // cfg.max_processes
         outcome, _ = self._run("", None, None, request.timeout + cfg.workspace_pack_s, job_extra=extra)
         return _bash_reply(outcome, request, cfg, self.workspace_path)
 
@@ -382,6 +390,7 @@ class CodeExecutor:
             if uid is not None:  # matters only without a mount namespace (its tmpfs has this owner)
                 os.chown(workdir, uid, uid)
             job = self._job(token, status_w, workdir, program, test, stdin_data is not None, uid, expected, limit)
+            job["cgroup_procs"] = self._cgroups.procs_files(slot) if self._cgroups else []
             job.update(job_extra)
             job_path = _write_job(workdir, job)
             if stdin_data is not None:
@@ -616,6 +625,19 @@ def _combine(program: RunOutcome, judge: RunOutcome) -> RunOutcome:
         protocol = judge.status in ("error:ProtocolError", "error:RemoteError")
         return RunOutcome("failed" if protocol else judge.status, runtime, *output)
     return RunOutcome(judge.status, runtime, *output)
+
+
+def _slot_cgroups(cfg: SandboxConfig, tag: str) -> tuple[slot_cgroups.SlotCgroups | None, dict[str, Any]]:
+    """The slots' cgroups where the kernel allows them, and what /health says of them (or of their absence)."""
+    limits = SlotLimits(cfg.memory_limit_mb << 20, cfg.max_processes)
+    made, why = (None, "kernel_isolation is off")
+    if cfg.kernel_isolation:
+        made, why = slot_cgroups.create(cfg.max_concurrency, limits, tag)
+    if made is not None:
+        return made, made.describe(limits)
+    share = cfg.memory_limit_mb // cfg.max_processes
+    instead = f"rlimits per process: a bash job's {cfg.max_processes} processes get {share} MiB each"
+    return None, {"per_slot": False, "why": why, "instead": instead}
 
 
 def _why_weak(cfg: SandboxConfig, failures: list[str]) -> str:

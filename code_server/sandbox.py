@@ -133,7 +133,7 @@ GUARD_PATH_ARGS = {
 GUARD_DEVICES = {"/dev/null", "/dev/stdout", "/dev/stderr"}
 # Top-level directories a sandbox sees (read-only): the system's. The rest is hidden (`hidden_paths`).
 VISIBLE_TOP_LEVEL = frozenset({"bin", "sbin", "lib", "lib32", "lib64", "libx32", "usr", "etc", "dev", "proc", "sys"})
-LAYERS = ("netns", "mountns", "readonly_fs", "pidns", "uid_drop", "no_new_privs", "seccomp", "python_guard")
+LAYERS = ("cgroup", "netns", "mountns", "readonly_fs", "pidns", "uid_drop", "no_new_privs", "seccomp", "python_guard")
 SETUP_FAILED = 70  # EX_SOFTWARE: the sandbox, not the program, failed
 
 
@@ -427,6 +427,11 @@ def read_job(job_path):
 def build_sandbox(job, layers, notes):
     """Every layer except the Python guard, which must come last: it would block this set-up."""
     os.umask(0o022)
+    # First, while /sys is the host's and we are root: everything this job starts is counted in its slot's cgroup.
+    for procs in job.get("cgroup_procs") or []:
+        with open(procs, "w") as f:
+            f.write(str(os.getpid()))
+    layers["cgroup"] = bool(job.get("cgroup_procs"))
     libc = kernel_setup(job, layers, notes) if job["kernel"] and os.geteuid() == 0 else None
     uid = job["uid"]
     if uid is not None and os.geteuid() == 0:

@@ -15,10 +15,12 @@ HTTP API (compatible with open-instruct's `code_utils/api.py`):
 * `GET /health` -> `{"status": "healthy", "sandbox": {...}, "bash": bool, "workspace_path": str}`; `sandbox` has
   each layer (true when up), `mode` ("full": every kernel layer; "weak": the Python guard and rlimits only,
   which the service runs only with `--allow_weak_sandbox` / CODE_SANDBOX_ALLOW_WEAK=1), `missing` (the kernel
-  layers that are not up) and `process_limit` (whether RLIMIT_NPROC binds, and for which uid).
+  layers that are not up), `process_limit` (whether RLIMIT_NPROC binds, and for which uid) and `cgroups`
+  (a cgroup per slot: its version, controllers and limits, or why there is none and what stands in).
 * `POST /test_program` `{"program", "tests": [assert, ...], "max_execution_time"}` -> `{"results": [0|1],
-  "runtimes": [s, or -1.0 when not passed], "statuses": [...]}`. Each assert runs in its own process
-  after the program (executed as module `solution`, so an `if __name__ == "__main__":` block does not run).
+  "runtimes": [s, or -1.0 when not passed], "statuses": [...]}`. Each assert runs in a judge process of its own
+  against a fresh process of the program (executed as module `solution`, so an `if __name__ == "__main__":`
+  block does not run), which answers with plain data only (`remote_calls.py`).
 * `POST /test_program_stdio`, tests `[{"input", "output"}, ...]` (or `{"inputs": [...], "outputs": [...]}`):
   the program runs as `__main__` with the input on its real stdin, once per test. A test passes when it
   exits cleanly and, after `strip()`, the stdout has as many lines as the expected output and every line
