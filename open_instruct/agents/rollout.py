@@ -119,7 +119,7 @@ async def run_rollout(
             out.finish_reason, out.error = turn.finish_reason, turn.error
             break
         out.finish_reason = turn.finish_reason
-        calls = [call for call in parser.parse(turn.response_text) if dispatch.accepts(call)]
+        calls = [call for call in await _parse(parser, turn.response_text) if dispatch.accepts(call)]
         calls += [ToolCall(name, {"text": turn.response_text}) for name in dispatch.text_envs]
         calls = calls[: max(0, max_steps - steps)]
         if not calls:
@@ -142,6 +142,17 @@ async def run_rollout(
         f"{name}/{key}": float(value) for name, env in dispatch.envs.items() for key, value in env.metrics().items()
     }
     return out, out.trace(env_metrics)
+
+
+# Every parser is linear, and a 16k-token turn parses in well under 50 ms; a longer turn (a long-context model)
+# is parsed in a thread, so that even it cannot hold up the engine's other samples and its weight syncs.
+_PARSE_INLINE_CHARS = 65_536
+
+
+async def _parse(parser: ToolParser, text: str) -> list[ToolCall]:
+    if len(text) <= _PARSE_INLINE_CHARS:
+        return parser.parse(text)
+    return await asyncio.to_thread(parser.parse, text)
 
 
 class EnvConfigError(ValueError):

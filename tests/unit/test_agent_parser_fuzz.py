@@ -13,6 +13,7 @@ from collections.abc import Callable
 
 import pytest
 
+from open_instruct.agents import rollout as rollout_module
 from open_instruct.agents.base import StepResult, ToolCall, ToolDefinition, string_tool
 from open_instruct.agents.parsers import PARSER_TYPES, coerce_args, make_parser
 from open_instruct.agents.rollout import run_rollout
@@ -221,3 +222,34 @@ class Scripted:
             behaviour_logprobs=(-0.5,) * len(ids), finish_reason="stop", admitted_version=0, engine_id=0,
             version_spans=(VersionSpan(index, 0, len(ids)),), response_text=text,
         )  # fmt: skip
+
+
+@pytest.mark.parametrize("parser_type", PARSER_TYPES)
+def test_a_turn_longer_than_16k_tokens_is_parsed_off_the_event_loop(parser_type):
+    """Linear is not free on a long-context model's 100k-character turn: the rollout parses it in a thread, so a
+    ticker task on the same loop gets turns meanwhile (parsed inline, it could get none); a short turn is
+    parsed inline, and both give the same calls."""
+    parser = make_parser(parser_type, DEFINITIONS)
+    long_text = "\n".join(CALL[parser_type](f'"{i}"') for i in range(4000))
+    short_text = CALL[parser_type]('"1"')
+    assert len(long_text) > rollout_module._PARSE_INLINE_CHARS >= len(short_text)
+    ticks = [0]
+
+    async def ticks_while_parsing(text):
+        async def ticker():
+            while True:
+                ticks[0] += 1
+                await asyncio.sleep(0)
+
+        task = asyncio.create_task(ticker())
+        await asyncio.sleep(0)
+        before = ticks[0]
+        calls = await rollout_module._parse(parser, text)
+        during = ticks[0] - before
+        task.cancel()
+        return calls, during
+
+    calls, during = asyncio.run(ticks_while_parsing(long_text))
+    assert calls == parser.parse(long_text) and calls and during > 0
+    calls, during = asyncio.run(ticks_while_parsing(short_text))
+    assert calls == parser.parse(short_text) and during == 0
