@@ -49,8 +49,8 @@ HTTP API (compatible with open-instruct's `code_utils/api.py`):
   JSON, nesting deeper than `max_json_depth`, an integer past Python's int-string limit, wrong types, a
   pickle that is invalid or expands past `max_tests_bytes`), 413 for a Content-Length over
   `max_request_bytes` (the body is not read), 408 and a closed connection for a body that does not arrive
-  within `request_timeout_s`, which is also each connection's socket timeout (a stalled client frees its
-  thread).
+  within `request_timeout_s`, which is also each connection's socket timeout and the deadline of a request's
+  line and headers together (a stalled or trickling client frees its thread).
 * With an API key (`--api_key`, default $CODE_API_KEY) every request, /health included, needs
   `Authorization: Bearer <key>` (401 otherwise); an address other than loopback refuses to start without one.
   The clients in open_instruct send the header when CODE_API_KEY is set.
@@ -63,6 +63,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import hmac
+import io
 import ipaddress
 import json
 import logging
@@ -174,15 +175,42 @@ class CodeExecutionServer(ThreadingHTTPServer):
         self.executor.close()
 
 
+class _DeadlineReader(socket.SocketIO):
+    """A socket's reads, each waiting at most until `deadline` (when set) instead of a fresh timeout."""
+
+    deadline: float | None = None
+
+    def readinto(self, buffer: Any) -> int | None:
+        if self.deadline is not None:
+            left = self.deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError("the request line and headers did not arrive in time")
+            self._sock.settimeout(left)
+        return super().readinto(buffer)
+
+
 class _Handler(BaseHTTPRequestHandler):
     server: CodeExecutionServer
     protocol_version = "HTTP/1.1"  # keep-alive for pooled clients
 
     def setup(self) -> None:
         # The socket timeout frees this thread from a client that stops sending (headers, body or between
-        # kept-alive requests); the base class closes the connection when a read times out.
+        # kept-alive requests); the base class closes the connection when a read times out. A deadline on top
+        # bounds a request's line and headers together, so a client trickling a byte at a time is cut too.
         self.timeout = self.server.executor.config.request_timeout_s
         super().setup()
+        self._reader = _DeadlineReader(self.connection, "rb")
+        self.rfile = io.BufferedReader(self._reader)
+
+    def handle_one_request(self) -> None:
+        self._reader.deadline = time.monotonic() + self.timeout
+        super().handle_one_request()
+
+    def parse_request(self) -> bool:
+        parsed = super().parse_request()
+        self._reader.deadline = None  # the headers are in; the body has its own deadline (`_read_body`)
+        self.connection.settimeout(self.timeout)
+        return parsed
 
     def log_message(self, format: str, *args: Any) -> None:
         logger.debug("%s %s", self.address_string(), format % args)

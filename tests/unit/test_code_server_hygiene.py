@@ -288,12 +288,13 @@ def test_a_stalled_client_is_cut_and_others_are_served(url: str, sent: bytes, ex
     assert_still_serves(url)
 
 
-def test_a_client_trickling_its_body_is_cut_at_the_deadline(url: str) -> None:
-    # A byte every 0.2 s resets a per-read timeout forever; the body's deadline still cuts it.
+@pytest.mark.parametrize("head", [b"POST /test_program HTTP/1.1\r\nX-Pad: ", None], ids=["headers", "body"])
+def test_a_client_trickling_its_request_is_cut_at_the_deadline(url: str, head: bytes | None) -> None:
+    # A byte every 0.2 s resets a per-read timeout forever; the deadline on the headers, or the body's, cuts it.
     parts = urlsplit(url)
     stop = threading.Event()
     with socket.create_connection((parts.hostname, parts.port), timeout=30) as sock:
-        sock.sendall(post_raw("/test_program", b"", length=10_000))
+        sock.sendall(head if head is not None else post_raw("/test_program", b"", length=10_000))
 
         def trickle() -> None:
             while not stop.wait(0.2):
