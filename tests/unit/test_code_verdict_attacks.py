@@ -12,6 +12,7 @@ Run: `.venv/bin/pytest tests/unit/test_code_verdict_attacks.py` (about 30 s; CPU
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Iterator
 
@@ -144,6 +145,7 @@ def add(a, b):
     return 0
 """,
     "answers with built-ins of its own for the test's names": """
+import dataclasses
 import os
 for fd in range(3, 64):
     try:
@@ -154,6 +156,7 @@ def add(a, b):
     return 0
 """,
     "exits cleanly before answering": """
+import dataclasses
 import os
 os._exit(0)
 def add(a, b):
@@ -254,10 +257,9 @@ def cyclic():
     assert judge(base, CORRECT_ADD, ADD_TESTS)["results"] == [1, 1, 1]
 
 
-def test_the_runtime_is_measured_outside_the_program(base: str) -> None:
-    """A slow program that reports runtime 0 (through the runner's own report, found by walking frames) is
-    still charged its time, in assert and stdio mode."""
-    forge = """
+# Finds the runner's own report function (in the old in-process harness, the one that sent "done" with the
+# program's runtime) and reports a runtime of 0 through it.
+RUNTIME_FORGER = """
 import gc, sys, time
 def report_zero():
     for o in gc.get_objects():
@@ -267,6 +269,12 @@ def report_zero():
             except Exception:
                 pass
 """
+
+
+def test_the_runtime_is_measured_outside_the_program(base: str) -> None:
+    """A slow program that reports runtime 0 (through the runner's own report, found by walking frames) is
+    still charged its time, in assert and stdio mode."""
+    forge = RUNTIME_FORGER
     assert_program = forge + "def add(a, b):\n    time.sleep(0.4)\n    report_zero()\n    return a + b\n"
     reply = judge(base, assert_program, ["assert add(1, 2) == 3"])
     assert reply["results"] == [1] and reply["runtimes"][0] >= 0.4, reply
@@ -275,3 +283,18 @@ def report_zero():
     assert reply["results"] == [1] and reply["runtimes"][0] >= 0.4, reply
     over = judge(base, assert_program, ["assert add(1, 2) == 3"], limit=0.2)
     assert over["results"] == [0] and over["statuses"] == ["timeout"], over
+
+
+def test_the_perf_penalty_charges_a_forged_runtime(base: str) -> None:
+    """Through the `code` verifier with --code_apply_perf_penalty: a correct program that sleeps half its time
+    limit and reports runtime 0 scores about half, as an honest one does."""
+    from open_instruct.config.rewards import RewardConfig
+    from open_instruct.rewards import RewardSettings, VerifierInput, get_verifier
+
+    slow = RUNTIME_FORGER + "def add(a, b):\n    time.sleep(0.5)\n    report_zero()\n    return a + b\n"
+    config = RewardConfig(code_api_url=base + "/test_program", code_apply_perf_penalty=True)
+    config = dataclasses.replace(config, code_max_execution_time=1.0)
+    result = get_verifier("code")(
+        VerifierInput(f"```python\n{slow}```", ["assert add(1, 2) == 3"]), RewardSettings(config)
+    )
+    assert result.details["pass_rate"] == 1.0 and result.score <= 0.5, result
