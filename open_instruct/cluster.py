@@ -190,7 +190,11 @@ def create_learner_actors(settings, num_learners_per_node: list[int], placement=
         strategy = PlacementGroupSchedulingStrategy(placement_group=groups[group], placement_group_bundle_index=bundle)
         return remote_cls.options(scheduling_strategy=strategy)
 
-    return [placed(rank).remote(rank, world_size, settings) for rank in range(world_size)]
+    def settings_of(rank: int):  # the rank's node is its placement group's
+        node_learners = placement.learner_groups[rank_bundle(placement.learner_groups, rank)[0]]
+        return dataclasses.replace(settings, node_learners=node_learners)
+
+    return [placed(rank).remote(rank, world_size, settings_of(rank)) for rank in range(world_size)]
 
 
 @contextlib.contextmanager

@@ -375,6 +375,7 @@ class LearnerReady:
     pid: int
     zero_stage: int
     cores: tuple[int, ...] = ()  # the CPU cores this rank may run on (its share of a node it shares)
+    threads: int = 1  # torch's thread count there (`learner_threads`)
 
 
 @dataclass(frozen=True, slots=True, eq=False)

@@ -31,6 +31,10 @@ DEFAULTS_UNLIKE_OPEN_INSTRUCT = {
     "the demo, CI and the tests do.",
     "dataset_mixer_list": "open-instruct's default mix is a Hub dataset, which needs the network. Unset here, the run "
     "trains on the embedded arithmetic dataset (embedded/arith), generated locally like the embedded model.",
+    "gather_whole_model": "open-instruct gathers the whole ZeRO-3 model on every rank at each weight sync, which "
+    "needs a whole model of free memory per GPU on top of the partitions (about 60 GiB at 32B, 130 GiB at 70B in "
+    "bf16: more than a GPU has). Here a sync gathers one parameter at a time unless --gather_whole_model asks "
+    "for the faster whole gather.",
     "push_to_hub": "Nothing is uploaded unless asked. Uploading is not built here (it needs the Hub's network and "
     "write access), so with open-instruct's default every script that leaves the flag out would be refused; most "
     "of its launch scripts pass --push_to_hub false.",

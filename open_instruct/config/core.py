@@ -254,10 +254,16 @@ def unsupported_features(cfg: Config) -> list[str]:
 def build_parser():
     from transformers import HfArgumentParser
 
+    from open_instruct.config.compat import DEFAULTS_UNLIKE_OPEN_INSTRUCT
+
     class FlagParser(HfArgumentParser):
         @staticmethod
         def _parse_dataclass_field(parser, field):
             HfArgumentParser._parse_dataclass_field(parser, help_for_argparse(field))
+            # A switch that defaults to True in open-instruct has its --no_ form there (scripts and docs use it);
+            # where ours defaults to False, HfArgumentParser would not make one: keep it accepted.
+            if field.type in (bool, "bool") and field.default is False and field.name in DEFAULTS_UNLIKE_OPEN_INSTRUCT:
+                parser.add_argument(f"--no_{field.name}", action="store_false", dest=field.name, help="")
 
     return FlagParser(
         GROUPS,

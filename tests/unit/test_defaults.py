@@ -135,3 +135,14 @@ def test_the_configuration_page_gives_each_difference_its_reason(name):
     section = page.split("## Deliberate differences from open-instruct's defaults", 1)[1]
     row = next(line for line in section.splitlines() if line.startswith(f"| `--{name}` |"))
     assert " ".join(DEFAULTS_UNLIKE_OPEN_INSTRUCT[name].split()) in row
+
+
+def test_a_switch_whose_default_we_turned_off_keeps_open_instructs_no_form():
+    """--gather_whole_model is on in open-instruct, so its docs write --no_gather_whole_model; off here by default,
+    every spelling still parses to what it says."""
+    from open_instruct.config.core import parse_config
+
+    assert parse_config([]).learner.gather_whole_model is False
+    assert parse_config(["--no_gather_whole_model"]).learner.gather_whole_model is False
+    assert parse_config(["--gather_whole_model"]).learner.gather_whole_model is True
+    assert parse_config(["--gather_whole_model", "False"]).learner.gather_whole_model is False

@@ -133,3 +133,15 @@ def test_the_token_budget_defaults_to_the_pack_length_for_one_row_micro_batches(
     assert budget("--per_device_train_batch_size", "2") == 0  # several rows per micro-batch: fixed rows
     assert budget("--micro_batch_token_budget", "0") == 0
     assert budget("--micro_batch_token_budget", "2048") == 2048
+
+
+def test_learner_threads_come_from_the_cores_a_rank_may_use():
+    """Ray gives a num_cpus=1 actor OMP_NUM_THREADS=1: on a GPU node that would step an offloaded optimizer on one
+    core. The learners of a node split its cores; on a CPU node they leave a share to the engines."""
+    from open_instruct.learner.deepspeed_setup import learner_threads
+
+    assert learner_threads(True, usable_cores=96, node_learners=8, world_size=16) == 12
+    assert learner_threads(True, usable_cores=4, node_learners=8, world_size=8) == 1
+    assert learner_threads(False, usable_cores=16, node_learners=2, world_size=2) == 5  # 16 // (2 learners + 1)
+    assert learner_threads(False, usable_cores=2, node_learners=2, world_size=2) == 1
+    assert learner_threads(False, usable_cores=3, node_learners=1, world_size=1, pinned=True) == 3

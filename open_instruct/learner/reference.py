@@ -1,0 +1,54 @@
+"""The reference policy of the KL penalty (`--beta > 0`): a frozen copy of the initial policy, moved toward it
+by the Polyak rule with `--ref_policy_update_freq`.
+
+Under ZeRO-3 it is partitioned like the policy (loaded inside deepspeed.zero.Init, then wrapped in a DeepSpeed
+engine without an optimizer, which gathers each layer for its forward); otherwise it is a whole module on the
+learner's device. Reading or writing its weights is then a collective: every rank calls at once.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class ReferencePolicy:
+    def __init__(self, model: Any, partitioned: bool):
+        self.model = model  # what scores: the DeepSpeed engine (ZeRO-3) or the module
+        self.partitioned = partitioned
+
+    @property
+    def module(self):
+        return self.model.module if self.partitioned else self.model
+
+    def parameters(self):
+        return self.model.parameters()
+
+    def move_toward(self, policy_module, alpha: float, policy_partitioned: bool) -> None:
+        """ref <- (1 - alpha) ref + alpha policy, parameter by parameter (gathered one at a time)."""
+        import deepspeed
+        import torch
+
+        policy = dict(policy_module.named_parameters())
+        with torch.no_grad():
+            for name, ref_param in self.module.named_parameters():
+                param = policy[name]
+                # Every rank computes the same update from the same gathered tensors; rank 0's is kept.
+                enabled = self.partitioned or policy_partitioned
+                with deepspeed.zero.GatheredParameters([param, ref_param], modifier_rank=0, enabled=enabled):
+                    ref_param.mul_(1.0 - alpha).add_(param.detach().to(ref_param.device, ref_param.dtype), alpha=alpha)
+
+    def state_dict(self) -> dict:
+        """Its weights on CPU (gathered: a collective under ZeRO-3)."""
+        import deepspeed
+
+        with deepspeed.zero.GatheredParameters(list(self.module.parameters()), enabled=self.partitioned):
+            return {k: v.detach().cpu().clone() for k, v in self.module.state_dict().items()}
+
+    def load(self, state: dict) -> None:
+        import deepspeed
+        import torch
+
+        with torch.no_grad():
+            for name, param in self.module.named_parameters():
+                with deepspeed.zero.GatheredParameters([param], modifier_rank=0, enabled=self.partitioned):
+                    param.copy_(state[name].to(param.device, param.dtype))
