@@ -8,17 +8,21 @@
 # deepspeed, this package) it installs it once into .venv-gpu (GPU_VENV=dir), the only step that needs
 # the network: python3 -m venv --system-site-packages .venv-gpu && .venv-gpu/bin/pip install -e ".[gpu,dev]"
 # Then it builds the embedded tiny model and dataset (trained on, in bf16) before the timed parts.
-# --dry_run (or CHECK_ONLY=1): the parts that need no GPU only, the others SKIP with the GPUs they need.
+# --dry_run (or CHECK_ONLY=1): the parts that need no GPU only, the others SKIP with the GPUs they need and
+# what each asserts. Every training part asserts offpolicy/rho_mean within 0.9-1.1 at every step (the
+# engines generated with the learner's weights), not only its exit status.
 # Timeouts: each part its own (below); the first part that starts an engine WARMUP_S (300) more, for vLLM's
-# cold compile and CUDA-graph capture, cached for the later parts.
+# cold compile and CUDA-graph capture, cached for the later parts. Each is SIGTERM then, 30 s later, SIGKILL
+# (SIGTERM only asks grpo_fast to finish its step, so a hung step would hang the check).
 # Parts:
 #   python       the interpreter and its version
 #   driver       the GPU name and count, the driver and its CUDA version (nvidia-smi): NEEDS_CUDA (13.0,
 #                vllm 0.33's torch) or newer
 #   compiler     a C compiler (cc or gcc): Triton builds its launchers with it
-#   install      vllm, ray, deepspeed and open_instruct import (installed into .venv-gpu when they do not)
+#   install      vllm, ray, deepspeed and this checkout's open_instruct import as the trainer imports them
+#                (`python -P`, from /; installed into .venv-gpu when they do not)
 #   model        the embedded model and dataset are built (once; cached in ~/.cache/open_instruct)
-#   env          CUDA visible to torch; vllm, ray, deepspeed import; the versions
+#   env          CUDA visible to torch; vllm 0.33.0 and deepspeed 0.19.8 (asserted), ray; the versions
 #   optimizer    torch's fused AdamW steps on the GPU (--fused_optimizer; no DeepSpeed JIT build)
 #   single_gpu   3 training steps with --single_gpu_mode on GPU 0: engine and learner share it, weights by CUDA
 #                IPC (no group; the engine profiles its memory before the learner starts)
@@ -105,14 +109,19 @@ part_compiler() {
   fi
 }
 
-has_stack() {  # interpreter: true when the GPU parts' imports work with it
-  "$1" -c 'import vllm, ray, deepspeed, open_instruct' >/dev/null 2>&1
+has_stack() {  # interpreter: true when the GPU parts' imports work with it, the way the trainer imports them
+  # `python open_instruct/grpo_fast.py` puts open_instruct/ first on sys.path, not the checkout: the package
+  # must come from the interpreter's installation. So: -P (no script or working directory on sys.path), run
+  # from /, and the package found must be this checkout's.
+  (cd / && "$1" -P -c 'import sys, vllm, ray, deepspeed, open_instruct
+from pathlib import Path
+sys.exit(Path(open_instruct.__file__).resolve().parents[1] != Path(sys.argv[1]).resolve())' "$repo") >/dev/null 2>&1
 }
 
 part_install() {  # sets python_bin to an interpreter with the stack; false when there is none
   local command="$python_bin -m venv --system-site-packages $venv && $venv/bin/pip install -e \".[gpu,dev]\""
   if has_stack "$python_bin"; then
-    report install PASS "$python_bin imports vllm, ray, deepspeed, open_instruct"
+    report install PASS "$python_bin -P imports vllm, ray, deepspeed and this checkout's open_instruct"
   elif [[ -x "$venv/bin/python" ]] && has_stack "$venv/bin/python"; then
     python_bin="$venv/bin/python"
     report install PASS "$python_bin (installed earlier)"
@@ -131,7 +140,7 @@ part_install() {  # sets python_bin to an interpreter with the stack; false when
 
 part_model() {  # built here, untimed by the parts: every run after it finds it cached
   local detail
-  if detail="$(timeout 900 "$python_bin" - 2>&1 <<'PY'
+  if detail="$(timeout -k 30 900 "$python_bin" - 2>&1 <<'PY'
 import time
 from open_instruct.data.embedded_default import ensure_embedded_dataset, ensure_embedded_model
 started = time.monotonic()
@@ -143,10 +152,13 @@ PY
 
 part_env() {
   local detail
-  if detail="$(timeout 120 "$python_bin" - 2>&1 <<'PY'
+  if detail="$(cd / && timeout -k 10 120 "$python_bin" -P - 2>&1 <<'PY'
 import torch
 assert torch.cuda.is_available(), "torch sees no CUDA device"
 import deepspeed, ray, vllm
+wanted = {"vllm": (vllm.__version__, "0.33.0"), "deepspeed": (deepspeed.__version__, "0.19.8")}
+wrong = [f"{name} {got} (pinned {pin})" for name, (got, pin) in wanted.items() if got != pin]
+assert not wrong, "versions the package was not tested with: " + ", ".join(wrong)
 print(f"{torch.cuda.device_count()} x {torch.cuda.get_device_name(0)}; torch {torch.__version__}, "
       f"vllm {vllm.__version__}, deepspeed {deepspeed.__version__}, ray {ray.__version__}")
 PY
@@ -155,7 +167,7 @@ PY
 
 part_optimizer() {
   local detail
-  if detail="$(timeout 120 "$python_bin" - 2>&1 <<'PY'
+  if detail="$(timeout -k 10 120 "$python_bin" - 2>&1 <<'PY'
 import time, torch
 from open_instruct.learner.deepspeed_setup import make_optimizer
 model = torch.nn.Sequential(torch.nn.Linear(1024, 1024), torch.nn.LayerNorm(1024)).cuda().bfloat16()
@@ -177,19 +189,27 @@ train() {  # name, timeout, extra flags...
   warmup_s=0
   shift 2
   local dir="$out/$name"
-  if timeout "$limit" "$python_bin" open_instruct/grpo_fast.py --output_dir "$dir" --exp_name "$name" \
+  # SIGTERM only asks grpo_fast to finish its step: a hung step gets SIGKILL 30 s later.
+  if timeout -k 30 "$limit" "$python_bin" open_instruct/grpo_fast.py --output_dir "$dir" --exp_name "$name" \
       --dtype bfloat16 --total_episodes 48 --num_unique_prompts_rollout 4 --num_samples_per_prompt_rollout 4 \
       --response_length 64 --vllm_num_engines 1 --vllm_gpu_memory_utilization 0.3 --num_evals 0 --save_freq 0 \
       --inflight_updates True "$@" >"$dir.log" 2>&1; then
     local detail
-    detail="$("$python_bin" - "$dir/metrics.jsonl" <<'PY' || echo "finished, but its metrics.jsonl is unreadable"
+    detail="$("$python_bin" - "$dir/metrics.jsonl" <<'PY'
 import json, statistics, sys
 rows = [json.loads(line) for line in open(sys.argv[1])]
 pause = [r["time/weight_sync_pause_s"] for r in rows if "time/weight_sync_pause_s" in r]
 step = [r["learner/step_s"] for r in rows if "learner/step_s" in r]
-print(f"{len(rows)} steps; weight-sync pause {statistics.median(pause):.3f} s; learner step {statistics.median(step):.3f} s")
+rho = [r["offpolicy/rho_mean"] for r in rows if "offpolicy/rho_mean" in r]
+summary = f"{len(rows)} steps; weight-sync pause {statistics.median(pause):.3f} s; learner step {statistics.median(step):.3f} s"
+# The engines generated with the learner's weights: their logprobs agree with the learner's (rho ~ 1).
+off = [f"{x:.3f}" for x in rho if not 0.9 <= x <= 1.1]
+if not rho or off:
+    print(f"offpolicy/rho_mean outside 0.9-1.1 ({off or 'not logged'}): engine and learner weights differ; {summary}")
+    sys.exit(1)
+print(f"{summary}; rho_mean {min(rho):.3f}-{max(rho):.3f}")
 PY
-)"
+)" || { report "$name" FAIL "$(tail -1 <<<"$detail")"; return 0; }
     report "$name" PASS "$detail"
   else
     report "$name" FAIL "exit $? (log: $dir.log): $(grep -v '^\s*$' "$dir.log" | tail -1)"
@@ -199,7 +219,7 @@ PY
 part_transfer_failure() {  # extra flags...
   local log="$out/transfer_failure.log" limit="$(( 200 + warmup_s ))"
   warmup_s=0
-  if timeout "$limit" "$python_bin" scripts/transfer_failure_check.py --dtype bfloat16 --vllm_num_engines 1 \
+  if timeout -k 30 "$limit" "$python_bin" scripts/transfer_failure_check.py --dtype bfloat16 --vllm_num_engines 1 \
       --num_learners_per_node 1 --vllm_gpu_memory_utilization 0.3 "$@" >"$log" 2>&1; then
     report transfer_failure PASS "$(grep -c '^PASS' "$log") checks passed ($*)"
   else
@@ -212,12 +232,25 @@ part_tensor_parallel() {  # the engine actor holds 2 GPUs; vLLM's mp executor ru
     --deepspeed_stage 2
 }
 
+# What each GPU part asserts beyond its exit status (a dry run lists them).
+declare -A CHECKS=(
+  [env]="CUDA visible to torch; vllm 0.33.0 and deepspeed 0.19.8, imported as the trainer imports them"
+  [optimizer]="the weights move after 10 fused AdamW steps on the GPU"
+  [single_gpu]="3 steps; offpolicy/rho_mean within 0.9-1.1 (the engine generated with the learner's weights)"
+  [single_gpu_gloo]="3 steps; offpolicy/rho_mean within 0.9-1.1"
+  [train_nccl]="3 steps; offpolicy/rho_mean within 0.9-1.1 after each in-flight NCCL sync"
+  [train_gloo]="3 steps; offpolicy/rho_mean within 0.9-1.1"
+  [transfer_failure]="the failure names its step, the engine keeps its weights, the next push loads"
+  [two_learners]="3 steps with 2 ZeRO-3 ranks; offpolicy/rho_mean within 0.9-1.1"
+  [tensor_parallel]="3 steps, both tensor-parallel ranks synced; offpolicy/rho_mean within 0.9-1.1"
+)
+
 needs() {  # part, GPUs it needs: true when this machine has them (and this is no dry run), else reports SKIP
   if (( ! check_only && gpus >= $2 )); then return 0; fi
   local plural="s" why="this machine has $gpus"
   (( $2 == 1 )) && plural=""
   (( check_only )) && why="dry run (this machine has $gpus)"
-  report "$1" SKIP "needs $2 GPU$plural; $why"
+  report "$1" SKIP "needs $2 GPU$plural; $why; checks: ${CHECKS[$1]}"
   return 1
 }
 

@@ -343,3 +343,25 @@ def test_cuda_ipc_check_says_in_one_line_that_it_needs_cuda_and_its_loss_compari
         sys.path.remove(str(REPO / "scripts"))
     ok, detail = cuda_ipc_check.check_loss("cpu", "cpu")
     assert ok and detail.startswith("11 outputs"), detail
+
+
+def test_gpu_check_stack_check_imports_the_package_the_way_the_trainer_does(tmp_path):
+    """An interpreter that has vllm, ray and deepspeed but imports open_instruct only from the working directory
+    (here: our venv with its editable install hidden) passes `python -c 'import open_instruct'` at the repo root,
+    yet `python open_instruct/grpo_fast.py` could not import the package: the stack check must not pass it."""
+    hide = tmp_path / "hide"
+    hide.mkdir()
+    (hide / "sitecustomize.py").write_text(
+        "import sys\n"
+        "sys.meta_path[:] = [f for f in sys.meta_path if 'editable' not in getattr(f, '__module__', '').lower()]\n"
+        "sys.path[:] = [p for p in sys.path if '__editable__' not in p]\n"
+    )
+    wrapper = tmp_path / "python"
+    wrapper.write_text(f'#!/bin/bash\nPYTHONPATH={hide} exec {sys.executable} "$@"\n')
+    wrapper.chmod(0o755)
+    at_root = subprocess.run([str(wrapper), "-c", "import open_instruct"], cwd=REPO, capture_output=True, check=False)
+    assert at_root.returncode == 0, at_root.stderr  # what the old check ran, and passed
+    result, parts = gpu_check_dry_run(tmp_path / "out", str(wrapper))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert parts["install"][0] == "SKIP" and "lacks the GPU stack" in parts["install"][1], parts
+    assert "checks: " in parts["train_nccl"][1] and "rho_mean" in parts["train_nccl"][1]
