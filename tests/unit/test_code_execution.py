@@ -296,7 +296,7 @@ def test_the_host_filesystem_and_its_unix_sockets_are_out_of_sight(
             "assert unix in ('FileNotFoundError', 'PermissionError'), unix",  # no such path, or no socket (guard)
             "assert readme == 'FileNotFoundError', readme",
             "assert all(seen[p] == [] for p in ('/home', '/run', '/var', '/mnt', '/dev/shm')), seen",
-            "assert len(seen['/tmp']) == 1 and seen['/tmp'][0].startswith('oi-code-exec-'), seen",
+            "assert len(seen['/tmp']) <= 1, seen",  # at most the first step towards the work dir
             "assert seen['/root'] in ([], ['.pyenv']), seen",
         ]
         reply = run(base, program, checks)
