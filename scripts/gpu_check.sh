@@ -36,6 +36,12 @@
 #   two_learners 2 learner ranks (ZeRO-3) in one STRICT_PACK placement group (3+ GPUs)
 #   tensor_parallel  3 training steps: 1 engine with --vllm_tensor_parallel_size 2 (one 2-GPU bundle, vLLM's mp
 #                workers inside the engine actor) + 1 learner, NCCL sync to both engine ranks (3+ GPUs)
+#   default_stage    3 training steps with the default learner stage, ZeRO-0 (2+ GPUs)
+#   reprefill    3 training steps with --inflight_update_kv reprefill (2+ GPUs)
+#   two_engines  3 training steps with 2 engines (3+ GPUs)
+#   save_resume  3 steps saving the resumable state; the same command again resumes from it (2+ GPUs)
+# Not covered here yet: an engine killed mid-run (benchmarks/faults.py on CPU), a ZeRO-3 load on GPU with its
+# per-GPU memory (benchmarks/zero3_memory.py measures it on CPU ranks).
 set -euo pipefail  # each part runs under `if`, so a failing part is reported, not fatal
 
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -184,6 +190,11 @@ PY
 )"; then report optimizer PASS "$(tail -1 <<<"$detail")"; else report optimizer FAIL "$(tail -1 <<<"$detail")"; fi
 }
 
+# 3 steps of 16 samples each (later flags override these).
+train_flags=(--dtype bfloat16 --total_episodes 48 --num_unique_prompts_rollout 4 --num_samples_per_prompt_rollout 4
+  --response_length 64 --vllm_num_engines 1 --vllm_gpu_memory_utilization 0.3 --num_evals 0 --save_freq 0
+  --inflight_updates True)
+
 train() {  # name, timeout, extra flags...
   local name="$1" limit="$(( $2 + warmup_s ))"  # the first part that starts an engine pays its cold start
   warmup_s=0
@@ -191,9 +202,7 @@ train() {  # name, timeout, extra flags...
   local dir="$out/$name"
   # SIGTERM only asks grpo_fast to finish its step: a hung step gets SIGKILL 30 s later.
   if timeout -k 30 "$limit" "$python_bin" open_instruct/grpo_fast.py --output_dir "$dir" --exp_name "$name" \
-      --dtype bfloat16 --total_episodes 48 --num_unique_prompts_rollout 4 --num_samples_per_prompt_rollout 4 \
-      --response_length 64 --vllm_num_engines 1 --vllm_gpu_memory_utilization 0.3 --num_evals 0 --save_freq 0 \
-      --inflight_updates True "$@" >"$dir.log" 2>&1; then
+      "${train_flags[@]}" "$@" >"$dir.log" 2>&1; then
     local detail
     detail="$("$python_bin" - "$dir/metrics.jsonl" <<'PY'
 import json, statistics, sys
@@ -227,6 +236,22 @@ part_transfer_failure() {  # extra flags...
   fi
 }
 
+part_save_resume() {  # 3 steps saving the state after each; the same command again resumes from the last one
+  local state="$out/save_resume/state" before="$failures"
+  local flags=(--vllm_sync_backend nccl --num_learners_per_node 1 --deepspeed_stage 2 --checkpoint_state_freq 1
+    --checkpoint_state_dir "$state")
+  train save_resume 150 "${flags[@]}"
+  (( failures == before )) || return 0  # (train reports a failure and returns 0: `set -e` must not end the check)
+  local log="$out/save_resume_again.log"
+  if timeout -k 30 150 "$python_bin" open_instruct/grpo_fast.py --output_dir "$out/save_resume" \
+      --exp_name save_resume "${train_flags[@]}" "${flags[@]}" >"$log" 2>&1 \
+      && grep -Eq "resumed from .*: step [1-9]" "$log"; then
+    report resumed PASS "the same command again $(grep -Eo 'resumed from .*: step [0-9]+' "$log" | tail -1)"
+  else
+    report resumed FAIL "the same command again did not resume from the saved state (log: $log): $(tail -1 "$log")"
+  fi
+}
+
 part_tensor_parallel() {  # the engine actor holds 2 GPUs; vLLM's mp executor runs a worker on each
   train tensor_parallel 180 --vllm_tensor_parallel_size 2 --vllm_sync_backend nccl --num_learners_per_node 1 \
     --deepspeed_stage 2
@@ -243,6 +268,10 @@ declare -A CHECKS=(
   [transfer_failure]="the failure names its step, the engine keeps its weights, the next push loads"
   [two_learners]="3 steps with 2 ZeRO-3 ranks; offpolicy/rho_mean within 0.9-1.1"
   [tensor_parallel]="3 steps, both tensor-parallel ranks synced; offpolicy/rho_mean within 0.9-1.1"
+  [default_stage]="3 steps with the default learner stage (ZeRO-0); offpolicy/rho_mean within 0.9-1.1"
+  [reprefill]="3 steps with --inflight_update_kv reprefill (vLLM's abort pause); offpolicy/rho_mean within 0.9-1.1"
+  [two_engines]="3 steps, 2 engines synced in flight; offpolicy/rho_mean within 0.9-1.1"
+  [save_resume]="3 steps saving the state after each (rho_mean as above); the same command again resumes from the last saved state"
 )
 
 needs() {  # part, GPUs it needs: true when this machine has them (and this is no dry run), else reports SKIP
@@ -293,6 +322,19 @@ if needs two_learners 3; then
 fi
 if needs tensor_parallel 3; then
   part_tensor_parallel
+fi
+if needs default_stage 2; then
+  train default_stage 150 --vllm_sync_backend nccl --num_learners_per_node 1
+fi
+if needs reprefill 2; then
+  train reprefill 150 --vllm_sync_backend nccl --num_learners_per_node 1 --deepspeed_stage 2 \
+    --inflight_update_kv reprefill
+fi
+if needs two_engines 3; then
+  train two_engines 150 --vllm_sync_backend nccl --num_learners_per_node 1 --deepspeed_stage 2 --vllm_num_engines 2
+fi
+if needs save_resume 2; then
+  part_save_resume
 fi
 echo "gpu_check: $failures part(s) failed"
 exit $(( failures > 0 ))

@@ -278,8 +278,12 @@ def test_every_grpo_fast_flag_in_the_scripts_is_known(name):
 def test_gpu_check_trains_with_flags_grpo_fast_accepts():
     """scripts/gpu_check.sh needs a GPU to run; here its training command is checked against our parser."""
     known = {opt for action in build_parser()._actions for opt in action.option_strings}
-    flags = grpo_fast_flags(REPO / "scripts" / "gpu_check.sh")
+    script = REPO / "scripts" / "gpu_check.sh"
+    # Its training parts share `train_flags=(...)`, defined before the first grpo_fast.py command.
+    shared = re.search(r"^train_flags=\((.*?)\)$", script.read_text(), re.MULTILINE | re.DOTALL).group(1)
+    flags = grpo_fast_flags(script) + re.findall(r"(?<![\w-])(--[A-Za-z][\w-]*)", shared)
     assert {"--dtype", "--vllm_sync_backend", "--inflight_updates", "--single_gpu_mode"} <= set(flags)
+    assert {"--inflight_update_kv", "--checkpoint_state_dir", "--vllm_num_engines"} <= set(flags)
     assert not sorted(set(flags) - known)
 
 
