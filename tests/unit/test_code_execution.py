@@ -274,35 +274,54 @@ except Exception as e:
 
 
 @pytest.mark.parametrize("base_fixture", ["url", "kernel_only_url"])
+def interpreter_paths_under(top: str) -> set[str]:
+    """The entries of `top` a sandbox may see: the first step from `top` towards the interpreter, its packages
+    or the service's temp dir (which lie wherever this checkout and its venv lie)."""
+    import tempfile
+
+    needed = {sys.prefix, sys.base_prefix, sys.exec_prefix, *filter(None, sys.path), tempfile.gettempdir()}
+    prefix = top.rstrip("/") + "/"
+    return {real[len(prefix) :].split("/")[0] for real in map(os.path.realpath, needed) if real.startswith(prefix)}
+
+
+@pytest.mark.parametrize("base_fixture", ["url", "kernel_only_url"])
 def test_the_host_filesystem_and_its_unix_sockets_are_out_of_sight(
     base_fixture: str, request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
     """Full mode and the kernel layers alone (guard off, so the program may make sockets): /tmp, /home, /run and
-    the like are empty (the work dir's own path aside), the project is not readable, and a world-writable UNIX
-    socket on the host cannot be reached."""
+    the like show nothing but the way to the interpreter and the work dir, the project and a file the host put
+    in /tmp are not readable, and a world-writable UNIX socket on the host cannot be reached."""
     base = request.getfixturevalue(base_fixture)
     if os.geteuid() != 0:
         pytest.skip("the filesystem view needs the kernel layers (root)")
     directory = tmp_path_factory.mktemp("host-socket")
     directory.chmod(0o777)
     sock_path = str(directory / "service.sock")
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as listener:
-        listener.bind(sock_path)
-        os.chmod(sock_path, 0o777)
-        listener.listen(8)
-        listener.settimeout(0.3)
-        program = VIEW_PROGRAM.format(repo=str(REPO_ROOT), readme=str(REPO_ROOT / "README.md"), sock=sock_path)
-        checks = [
-            "assert unix in ('FileNotFoundError', 'PermissionError'), unix",  # no such path, or no socket (guard)
-            "assert readme == 'FileNotFoundError', readme",
-            "assert all(seen[p] == [] for p in ('/home', '/run', '/var', '/mnt', '/dev/shm')), seen",
-            "assert len(seen['/tmp']) <= 1, seen",  # at most the first step towards the work dir
-            "assert seen['/root'] in ([], ['.pyenv']), seen",
-        ]
-        reply = run(base, program, checks)
-        assert reply["results"] == [1] * len(checks), reply
-        with pytest.raises(socket.timeout):
-            listener.accept()
+    marker = Path("/tmp") / f"oi-host-marker-{secrets.token_hex(6)}"
+    marker.write_text("host")
+    allowed = {top: sorted(interpreter_paths_under(top)) for top in ("/tmp", "/home", "/root", "/run", "/var", "/mnt")}
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as listener:
+            listener.bind(sock_path)
+            os.chmod(sock_path, 0o777)
+            listener.listen(8)
+            listener.settimeout(0.3)
+            readme = str(REPO_ROOT / "README.md")
+            program = VIEW_PROGRAM.format(repo=str(REPO_ROOT), readme=readme, sock=sock_path)
+            checks = [
+                "assert unix in ('FileNotFoundError', 'PermissionError'), unix",  # no such path, or no socket (guard)
+                "assert readme == 'FileNotFoundError', readme",
+                # The service's work root (oi-code-exec-*) lies in its temp dir, wherever that is.
+                f"assert all({{e for e in seen[p] if not e.startswith('oi-code-exec-')}} <= set(allowed) "
+                f"for p, allowed in {allowed!r}.items()), seen",
+                f"assert {marker.name!r} not in seen['/tmp'] and seen['/dev/shm'] == [], seen",
+            ]
+            reply = run(base, program, checks)
+            assert reply["results"] == [1] * len(checks), reply
+            with pytest.raises(socket.timeout):
+                listener.accept()
+    finally:
+        marker.unlink()
 
 
 SYSCALL_PROGRAM = """
