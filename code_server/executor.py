@@ -327,8 +327,12 @@ class CodeExecutor:
                 for fd in (to_program_r, to_judge_w):
                     os.close(fd)
                 raise
-            judged, _ = self._run_in_slot("", test, None, limit, slot, self._expected, cap, judge)
-            thread.join()
+            try:
+                judged, _ = self._run_in_slot("", test, None, limit, slot, self._expected, cap, judge)
+            finally:
+                # Also when the judge's sandbox failed: the program then sees the end of its channel and ends,
+                # and the slot goes back only once both are gone.
+                thread.join()
         finally:
             self._slots.put(slot)
         if not served:  # the program's sandbox failed: that run raised SandboxError in its thread

@@ -233,8 +233,8 @@ def serve(namespace, channel):
     def obj(message, key="target"):
         return handles[message[key]]
 
-    def value(message, key):
-        return decode(message[key], lambda handle: handles[handle])
+    def plain(data):
+        return decode(data, handles.__getitem__)
 
     def changed(before, now):
         """`now` encoded if the call changed a mutable argument, else None (unchanged ones are not sent back)."""
@@ -244,8 +244,8 @@ def serve(namespace, channel):
         return None if encoded == before else encoded
 
     def call(message):
-        args = [value({"v": a}, "v") for a in message["args"]]
-        kwargs = {k: value({"v": v}, "v") for k, v in message["kwargs"].items()}
+        args = [plain(a) for a in message["args"]]
+        kwargs = {k: plain(v) for k, v in message["kwargs"].items()}
         result = obj(message)(*args, **kwargs)
         after = [changed(before, now) for before, now in zip(message["args"], args)]
         kwargs_after = {k: changed(message["kwargs"][k], v) for k, v in kwargs.items()}
@@ -256,14 +256,14 @@ def serve(namespace, channel):
         "resolve": lambda m: {"values": {n: encode(namespace[n], handle_of) for n in m["names"] if n in namespace}},
         "call": call,
         "getattr": lambda m: {"value": encode(getattr(obj(m), m["name"]), handle_of)},
-        "getitem": lambda m: {"value": encode(obj(m)[value(m, "key")], handle_of)},
+        "getitem": lambda m: {"value": encode(obj(m)[plain(m["key"])], handle_of)},
         "iter": lambda m: {"value": encode(iter(obj(m)), handle_of)},
         "next": lambda m: {"value": encode(next(obj(m)), handle_of)},
         "len": lambda m: {"value": encode(len(obj(m)), handle_of)},
         "bool": lambda m: {"value": encode(bool(obj(m)), handle_of)},
         "str": lambda m: {"value": encode(str(obj(m)), handle_of)},
         "repr": lambda m: {"value": encode(repr(obj(m)), handle_of)},
-        "contains": lambda m: {"value": encode(value(m, "item") in obj(m), handle_of)},
+        "contains": lambda m: {"value": encode(plain(m["item"]) in obj(m), handle_of)},
         "eq": lambda m: {"value": encode(bool(obj(m) == obj(m, "other")), handle_of)},
     }
     while True:

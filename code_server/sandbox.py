@@ -161,8 +161,8 @@ class Libc:
 
         self.check(self.lib.mount(enc(source), enc(target), enc(fstype), flags, enc(data)), "mount " + target)
 
-    def prctl(self, option, arg):
-        self.check(self.lib.prctl(option, arg, 0, 0, 0), f"prctl({option})")
+    def prctl(self, option, arg, pointer=0):
+        self.check(self.lib.prctl(option, arg, pointer, 0, 0), f"prctl({option})")
 
 
 def mount_points():
@@ -460,21 +460,16 @@ def load_syscall_filter(program_b64, layers):
     import base64
     import ctypes
 
+    libc = Libc()
+
     class SockFprog(ctypes.Structure):
         _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
 
     program = base64.b64decode(program_b64)
     buffer = ctypes.create_string_buffer(program, len(program))
     fprog = SockFprog(len(program) // 8, ctypes.cast(buffer, ctypes.c_void_p))
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_void_p, ctypes.c_ulong, ctypes.c_ulong]
-    for option, arg, pointer in (
-        (PR_SET_NO_NEW_PRIVS, 1, None),
-        (PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(fprog)),
-    ):
-        if libc.prctl(option, arg, pointer, 0, 0) != 0:
-            err = ctypes.get_errno()
-            raise OSError(err, f"prctl({option}): {os.strerror(err)}")
+    libc.prctl(PR_SET_NO_NEW_PRIVS, 1)
+    libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.addressof(fprog))
     layers["seccomp"] = True
 
 

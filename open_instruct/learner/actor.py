@@ -302,7 +302,7 @@ class LearnerActor:
         freq, alpha = s.algorithm.ref_policy_update_freq, s.algorithm.alpha
         if self.reference is None or not freq or alpha <= 0 or self.version % freq:
             return
-        self.reference.move_toward(self.engine.module, alpha, policy_partitioned=self.zero3)
+        self.reference.move_toward(self.engine.module, alpha)
 
     def reference_state_dict(self) -> dict:
         """The reference policy's weights (on CPU), for tests and checkpoints; a collective under ZeRO-3."""

@@ -23,8 +23,9 @@ class ReferencePolicy:
     def parameters(self):
         return self.model.parameters()
 
-    def move_toward(self, policy_module, alpha: float, policy_partitioned: bool) -> None:
-        """ref <- (1 - alpha) ref + alpha policy, parameter by parameter (gathered one at a time)."""
+    def move_toward(self, policy_module, alpha: float) -> None:
+        """ref <- (1 - alpha) ref + alpha policy, parameter by parameter (gathered one at a time; the policy is
+        partitioned exactly when the reference is: both are ZeRO-3's or neither)."""
         import deepspeed
         import torch
 
@@ -33,8 +34,8 @@ class ReferencePolicy:
             for name, ref_param in self.module.named_parameters():
                 param = policy[name]
                 # Every rank computes the same update from the same gathered tensors; rank 0's is kept.
-                enabled = self.partitioned or policy_partitioned
-                with deepspeed.zero.GatheredParameters([param, ref_param], modifier_rank=0, enabled=enabled):
+                pair = [param, ref_param]
+                with deepspeed.zero.GatheredParameters(pair, modifier_rank=0, enabled=self.partitioned):
                     ref_param.mul_(1.0 - alpha).add_(param.detach().to(ref_param.device, ref_param.dtype), alpha=alpha)
 
     def state_dict(self) -> dict:
