@@ -9,12 +9,13 @@ weak mode (the Python guard and rlimits only), which it then announces with a wa
 At most `max_concurrency` tests run at once (default 2 x CPUs); further work queues on a slot pool instead
 of fork-bombing the machine. A request's tests run in parallel.
 
-An assert test takes two sandboxes of its slot: the program's, which answers requests, and a judge's, which
-runs the test against those answers and alone reports the verdict (`code_server/remote_calls.py`), so no
-program can forge its pass. A stdio test's output is compared here. Time is never taken from the program:
-an assert test is charged the time the judge waited for the program's answers, a stdio run the time from
-the runner's "start" to the child's exit (so interpreter start-up is not charged). Each child's whole
-process group is killed `kill_margin_s` after the time limit, and its output is captured up to a cap.
+An assert test takes two sandboxes of its slot: the program's, which answers requests (in the slot's
+cgroup), and a judge's, which runs the test against those answers and alone reports the verdict
+(`code_server/remote_calls.py`), so no program can forge its pass. A stdio test's output is compared here.
+Time is never taken from the program: an assert test is charged the time the judge waited for the
+program's answers, a stdio run the time from the runner's "start" to the child's exit (so interpreter
+start-up is not charged). Each child's whole process group is killed `kill_margin_s` after the time limit,
+and its output is captured up to a cap.
 """
 
 from __future__ import annotations
@@ -311,7 +312,10 @@ class CodeExecutor:
         to_judge_r, to_judge_w = os.pipe()
         served: list[RunOutcome] = []
         serve = {"mode": "serve", "channel_in": to_program_r, "channel_out": to_judge_w}
-        judge = {"mode": "judge", "channel_in": to_judge_r, "channel_out": to_program_w}
+        # The judge stays out of the slot's cgroup: a program that fills its process or memory budget (a fork
+        # bomb) must not keep its judge from starting, which would fail the service instead of the test.
+        judge = {"mode": "judge", "channel_in": to_judge_r, "channel_out": to_program_w, "cgroup_procs": []}
+        judge_layers = {**self._expected, "cgroup": False}
         cap = self.config.max_output_bytes
 
         def run_program() -> None:
@@ -328,7 +332,7 @@ class CodeExecutor:
                     os.close(fd)
                 raise
             try:
-                judged, _ = self._run_in_slot("", test, None, limit, slot, self._expected, cap, judge)
+                judged, _ = self._run_in_slot("", test, None, limit, slot, judge_layers, cap, judge)
             finally:
                 # Also when the judge's sandbox failed: the program then sees the end of its channel and ends,
                 # and the slot goes back only once both are gone.
