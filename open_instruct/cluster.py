@@ -166,6 +166,20 @@ def create_generation_actors(
     ]
 
 
+def reap_engine_processes(old):
+    """Start `replacement.end_processes` on the node where engine `old` (its EngineStarted) ran; returns the
+    ObjectRef of its answer. num_cpus=0: the engines' and learners' reservations may hold every core."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    from open_instruct.generation.process_reaper import end_processes
+
+    reaper = ray.remote(num_cpus=0, max_retries=0)(end_processes)
+    if old.node_id:
+        reaper = reaper.options(scheduling_strategy=NodeAffinitySchedulingStrategy(old.node_id, soft=False))
+    return reaper.remote(old.processes)
+
+
 def create_learner_actors(settings, num_learners_per_node: list[int], placement=None, groups: list | None = None):
     """One LearnerActor per rank, each in its bundle of its node's STRICT_PACK group.
 
@@ -269,6 +283,7 @@ class Stack:
             engines(list(range(generation.vllm_num_engines))),
             prompt_capacity=cfg.prompt_queue_capacity,
             respawn=lambda engine_id: engines([engine_id])[0],
+            reap=reap_engine_processes,
             rejoin=lambda: self.sync.rejoin(),
             max_restarts=generation.max_engine_restarts,
             hang_timeout_s=generation.engine_hang_timeout_s,

@@ -338,6 +338,10 @@ class EngineStarted:
     kv_cache_tokens: int
     kv_block_tokens: int = 0  # the KV cache's block: a request holds its context in whole blocks
     engine_process_cores: tuple[int, ...] = ()  # where the OS lets vLLM's engine process run (--single_gpu_mode)
+    # Where its processes run (the actor, vLLM's EngineCore and workers: (pid, start time)), so that a
+    # replacement starts only once they are gone (`generation.replacement`).
+    node_id: str = ""
+    processes: tuple[tuple[int, float], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -100,17 +100,18 @@ class FaultAt(threading.Thread):
     def run(self) -> None:
         while not self._done.is_set():
             if self.loop.step >= self.step:
-                held = self.pool.call_all("running_tokens")
-                if any(held):  # a fault with nothing running measures nothing: wait for samples
+                engine_ids = self.pool.member_ids()
+                held = dict(zip(engine_ids, self.pool.call_all("running_tokens"), strict=True))
+                if any(held.values()):  # a fault with nothing running measures nothing: wait for samples
                     self._act(held)
                     return
             self._done.wait(0.1)
 
-    def _act(self, held: list[dict[str, int]]) -> None:
+    def _act(self, held: dict[int, dict[str, int]]) -> None:
         if self.kind == "sigterm":  # the stop keeps every engine's running samples
-            counted = held
+            counted = list(held.values())
         else:
-            self.engine_id = max(range(len(held)), key=lambda i: sum(held[i].values()))
+            self.engine_id = max(held, key=lambda i: sum(held[i].values()))
             counted = [held[self.engine_id]]
         self.tokens_held = sum(sum(h.values()) for h in counted)
         self.samples_held = sum(len(h) for h in counted)
@@ -163,14 +164,17 @@ def run_scenario(args, out: Path, scenario: str, workload: ShapedWorkload, token
         stack.close()
         if not replacements:
             raise RuntimeError(f"{scenario}: engine {fault.engine_id} was killed but never replaced")
-        engine_id, noticed_at, serving_at = replacements[0]
+        replaced = replacements[0]
         result |= {
-            "engine_killed": engine_id,
+            "engine_killed": replaced.engine_id,
             "tokens_saved": saved,
             # About: the victim ran on for the instant between counting its tokens and the kill.
             "tokens_generated_again": max(0.0, fault.tokens_held - saved),
-            "noticed_s": noticed_at - fault.at,
-            "replacement_serving_s": serving_at - fault.at,
+            "noticed_s": replaced.noticed_at - fault.at,
+            "old_processes": replaced.reaped,
+            # Built in the background while the other engine and the learner went on; serving from the next sync.
+            "replacement_ready_s": replaced.ready_at - fault.at if replaced.ready_at else None,
+            "replacement_serving_s": replaced.serving_at - fault.at if replaced.serving_at else None,
             "steps": len(ends),
             **throughput_dip(started, ends, cfg.rollout_batch_size, fault.at),
         }
@@ -292,10 +296,12 @@ def format_report(results: dict) -> str:
             f"continuation saved {r['tokens_saved']:.0f}, {r['tokens_generated_again']:.0f} generated again "
             f"(--partial_report_tokens {r['partial_report_tokens']})"
         )
-        if "replacement_serving_s" in r:
+        if "engine_killed" in r:
+            ready, serving = r["replacement_ready_s"], r["replacement_serving_s"]
             lines.append(
-                f"  engine {r['engine_killed']} killed: noticed after {r['noticed_s']:.1f} s, a replacement "
-                f"serving after {r['replacement_serving_s']:.1f} s"
+                f"  engine {r['engine_killed']} killed: noticed after {r['noticed_s']:.1f} s; its replacement, "
+                f"built in the background, was ready after {_seconds(ready)} and serving (from the next weight "
+                f"sync) after {_seconds(serving)}"
             )
             recovered = f"{r['dip_s']:.1f} s" if r["recovered"] else f"not within the run ({r['dip_s']:.1f} s)"
             lines.append(
@@ -310,6 +316,10 @@ def format_report(results: dict) -> str:
                 f"{r['stop_to_first_step_after_resume_s']:.1f} s after the stop"
             )
     return "\n".join(lines)
+
+
+def _seconds(value: float | None) -> str:
+    return f"{value:.1f} s" if value is not None else "never within the run"
 
 
 if __name__ == "__main__":

@@ -8,7 +8,9 @@ weight_receive.py  the engine's side of a weight sync: pause (KV kept, or cut fo
 engine_setup.py    vLLM engine arguments from the configuration, the step probe, the cores its process runs on
 outputs.py         vLLM outputs -> Completions and progress reports (partial samples)
 queues.py          the shared prompt and result channels
-pool.py            `EnginePool` (driver handle): start, poll, pause/resume, respawn a dead engine, resubmit
-faults.py          what recovery keeps: partial samples of dead engines, hang detection
+pool.py            `EnginePool` (driver handle): start, poll, pause/resume, a dead engine's samples resubmitted
+replacement.py     a dead engine replaced in the background; it joins at the next weight sync (driver handle)
+process_reaper.py  an engine's processes recorded at start, confirmed gone (killed by pid) before a replacement
+faults.py          what recovery keeps: partial samples of dead engines, resubmission, hang detection
 ledger.py          `DeliveryLedger`: every admitted sample delivered exactly once
 """

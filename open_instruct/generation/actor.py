@@ -30,6 +30,7 @@ from open_instruct.generation.engine_setup import (
     scheduler_probe,
 )
 from open_instruct.generation.outputs import sampling_params
+from open_instruct.generation.process_reaper import engine_processes
 from open_instruct.generation.queues import ChannelTimeout
 from open_instruct.generation.sample_requests import SampleRequests
 from open_instruct.generation.scoring import scored
@@ -48,6 +49,13 @@ from open_instruct.messages import (
 logger = logging.getLogger(__name__)
 
 _PULL_TIMEOUT_S = 0.2
+
+
+def _node_id() -> str:
+    """The Ray node this actor runs on ("" outside Ray)."""
+    import ray
+
+    return ray.get_runtime_context().get_node_id() if ray.is_initialized() else ""
 
 
 class _Occupancy:
@@ -150,6 +158,8 @@ class GenerationActor(WeightReceiver, SampleRequests):
             self._kv_tokens(),
             kv_block_tokens=self._kv_block_tokens(),
             engine_process_cores=engine_process_cores(),
+            node_id=_node_id(),
+            processes=engine_processes(),
         )
 
     def _kv_tokens(self) -> int:

@@ -1,4 +1,4 @@
-"""What the driver keeps so that an engine's failure costs little: partial samples and hang detection.
+"""What the driver keeps so that an engine's failure costs little: partial samples, resubmission, hang detection.
 
 `PartialSamples` holds the response so far of every running sample, from the engines' `SampleProgress`
 reports (and, when a run stops, from the samples it aborts), so a sample whose engine dies or whose run
@@ -10,8 +10,10 @@ engine that is still alive has stopped working: it neither answers a probe nor m
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Hashable
 
+from open_instruct.generation.ledger import DeliveryLedger
 from open_instruct.messages import Completion, EngineStats, PartialSample, PromptRequest, SampleProgress
 
 
@@ -75,6 +77,66 @@ class PartialSamples:
 
 
 _NONE = PartialSample(-1, (), (), ())
+
+
+# A prompt that is in flight, started nowhere and not in the queue may be one a living engine pulled and has
+# not announced yet (`PromptStarted` follows the pull by one message): it is resubmitted only if this much
+# later it is still unannounced.
+UNANNOUNCED_SETTLE_S = 2.0
+
+
+class Resubmission:
+    """A failed engine's undelivered samples back to the prompt queue (`prompts`, a channel), for any engine:
+    only the missing sample indices, each with what `partials` kept of it."""
+
+    def __init__(
+        self, prompts, ledger: DeliveryLedger, partials: PartialSamples, settle_s: float = UNANNOUNCED_SETTLE_S
+    ):
+        self.prompts, self.ledger, self.partials, self.settle_s = prompts, ledger, partials, settle_s
+        self.samples = 0  # resubmitted
+        self._requests: dict[str, PromptRequest] = {}  # admitted and not yet complete
+        self._suspects: list[tuple[float, list[str]]] = []  # (when to decide, prompt ids)
+
+    def admitted(self, request: PromptRequest) -> None:
+        self._requests[request.prompt_id] = request
+
+    def completed(self, prompt_id: str) -> None:
+        self._requests.pop(prompt_id, None)
+
+    def resubmit(self, prompt_ids: list[str]) -> None:
+        for prompt_id in prompt_ids:
+            delivered = self.ledger.delivered.get(prompt_id, set())
+            request = self._requests[prompt_id]
+            missing = tuple(j for j in request.samples_to_generate() if j not in delivered)
+            self.ledger.reassign(prompt_id)
+            self.samples += len(missing)
+            self.prompts.put(self.partials.attach(request, missing), timeout=60)
+
+    def look_for_unannounced(self) -> None:
+        """Prompts an engine took from the queue but died before announcing are in flight, started nowhere and
+        no longer queued. The queue is read and put back in order (the driver is its only producer); living
+        engines' announcements in transit get `settle_s` before `resubmit_unannounced` decides, while every
+        engine keeps pulling. A prompt a living engine announces even later is generated twice, and the pool
+        drops the second copy."""
+        queued = self.prompts.get_all()
+        for request in queued:
+            self.prompts.put(request, timeout=60)
+        waiting = {request.prompt_id for request in queued}
+        suspects = [p for p in self.ledger.in_flight() if p not in self.ledger.engine_of and p not in waiting]
+        if suspects:
+            self._suspects.append((time.monotonic() + self.settle_s, suspects))
+
+    def decision_due(self) -> bool:
+        return any(at <= time.monotonic() for at, _ in self._suspects)
+
+    def resubmit_unannounced(self) -> None:
+        """The suspects whose settle is over and that are still announced nowhere (take in the result queue
+        first: an announcement may be waiting there)."""
+        now = time.monotonic()
+        due = [suspects for at, suspects in self._suspects if at <= now]
+        self._suspects = [(at, suspects) for at, suspects in self._suspects if at > now]
+        in_flight = set(self.ledger.in_flight())
+        self.resubmit([p for suspects in due for p in suspects if p in in_flight and p not in self.ledger.engine_of])
 
 
 @dataclasses.dataclass

@@ -8,12 +8,14 @@ ObjectRef resolves only when the loop ends, so an engine process that dies is no
 the next `poll` (within a fraction of a second), and the prompts it had pulled are named.
 
 With a `respawn` (the Stack gives one, within --max_engine_restarts) a dead engine is replaced
-instead of ending the run: the samples it had not delivered go back to the prompt queue (only the
-missing sample indices, so nothing is generated twice, each with the tokens it had reported so far, so
-it continues instead of starting over), a new actor takes its index and placement, `respawn` loads the
-current weights into it through the normal weight sync, and it joins the queue. An engine that is alive
-but hung (no answer, or no token with samples running, for --engine_hang_timeout_s) is killed and
-replaced the same way.
+instead of ending the run, and nobody waits for that: the samples it had not delivered go back to the
+prompt queue at once (only the missing sample indices, so nothing is generated twice, each with the tokens
+it had reported so far, so it continues instead of starting over), the engine leaves the weight sync's
+members, and its replacement starts in the background (`generation.replacement`: the old processes
+confirmed gone first). The other engines keep generating and the learner keeps training; the next weight
+sync re-forms the transfer group with the new engine, loads the current weights into it with the others,
+and then it pulls prompts (`admit_replacements`, `start_serving`). An engine that is alive but hung (no
+answer, or no token with samples running, for --engine_hang_timeout_s) is killed and replaced the same way.
 """
 
 from __future__ import annotations
@@ -23,9 +25,10 @@ import logging
 import time
 from collections.abc import Callable
 
-from open_instruct.generation.faults import HangWatch, PartialSamples
+from open_instruct.generation.faults import HangWatch, PartialSamples, Resubmission
 from open_instruct.generation.ledger import DeliveryLedger
 from open_instruct.generation.queues import RayChannel
+from open_instruct.generation.replacement import Replacement, Replacements
 from open_instruct.messages import (
     Completion,
     EngineStarted,
@@ -65,17 +68,19 @@ class EnginePool:
         rejoin: Callable[[], dict] | None = None,
         max_restarts: int = 0,
         hang_timeout_s: float = 0.0,
+        reap: Callable[[EngineStarted], object] | None = None,
     ):
-        self.actors = actors
-        # respawn(engine_id): a new actor (not started) with that engine's id and placement; rejoin(): the
-        # weight sync re-forms its group with every engine and loads the current weights (WeightSync.rejoin).
-        self.respawn = respawn
+        self.actors = actors  # by engine id; a failed engine's stays until its replacement joins
+        # respawn(engine_id): a new actor (not started) with that engine's id and placement; reap(old): its
+        # processes confirmed gone (`replacement.Replacements`); rejoin(): the weight sync admits the ready
+        # replacements and loads the current weights now (WeightSync.rejoin), for when no engine is serving.
+        self.replacing = Replacements(respawn, reap) if respawn is not None else None
         self.rejoin = rejoin
+        self.members: set[int] = set(range(len(actors)))  # the engines the weight sync loads
+        self.membership_changes = 0  # the weight sync re-forms its group when this moved
         self.max_restarts = max_restarts
         self.restarts = 0
-        self.resubmitted_samples = 0
-        self._requests: dict[str, PromptRequest] = {}  # admitted and not yet complete (for resubmission)
-        self.duplicate_samples = 0  # generated twice after a resubmission (see _pulled_unannounced); dropped
+        self.duplicate_samples = 0  # generated twice after a resubmission (see Resubmission.look_for_unannounced)
         self.prompts: RayChannel[PromptRequest] = RayChannel(prompt_capacity, name="prompt queue")
         self.results: RayChannel = RayChannel(result_capacity, name="result queue")
         self.ledger = DeliveryLedger()
@@ -83,16 +88,23 @@ class EnginePool:
         self._carried: list[Completion] = []  # drained while reporting a failure; returned by the next poll
         self.start_info: list[EngineStarted] = []
         self.partials = PartialSamples()
+        self.resubmission = Resubmission(self.prompts, self.ledger, self.partials)
         self.hangs = HangWatch(hang_timeout_s)
         self.hung_engines = 0
-        # (engine id, failure noticed, replacement serving), wall-clock seconds: what a fault cost in time.
-        self.replacements: list[tuple[int, float, float]] = []
         self._hangs_checked_at = float("-inf")
         self._interrupting = False  # stop("interrupt") in progress: cut samples are kept, not delivered
 
     @property
     def num_engines(self) -> int:
         return len(self.actors)
+
+    def member_ids(self) -> list[int]:
+        return sorted(self.members)
+
+    @property
+    def replacements(self) -> list[Replacement]:
+        """Every replacement begun, in order, with its times (what a fault cost)."""
+        return self.replacing.history if self.replacing is not None else []
 
     def start(self, timeout_s: float = 600) -> list[EngineStarted]:
         info = self.start_engines(timeout_s)
@@ -112,24 +124,37 @@ class EnginePool:
     def submit(self, requests: list[PromptRequest], timeout_s: float = 60) -> None:
         for request in requests:
             self.ledger.admit(request)
-            self._requests[request.prompt_id] = request
+            self.resubmission.admitted(request)
             self.partials.count(request, request.partials)  # a resumed run's interrupted samples
             self.prompts.put(request, timeout=timeout_s)
 
     def poll(self, timeout_s: float = 0.0) -> list[Completion]:
         """Finished samples so far (waiting up to timeout_s for the first); raises EngineFailure."""
-        self.check_engines()
-        self.check_hangs()
+        self._watch()
         messages = self.results.get_all()
         if not messages and timeout_s > 0:
             deadline = time.monotonic() + timeout_s
             while not messages and time.monotonic() < deadline:
                 time.sleep(0.02)
-                self.check_engines()
-                self.check_hangs()
+                self._watch()
                 messages = self.results.get_all()
         completions, self._carried = self._carried + self._record(messages), []
         return completions
+
+    def _watch(self) -> None:
+        """Failures noticed, replacements moved on, unannounced prompts decided: none of it waits."""
+        self.check_engines()
+        self.check_hangs()
+        self._advance_replacements()
+        if self.resubmission.decision_due():
+            self._drain_results()  # announcements that came meanwhile
+            self.resubmission.resubmit_unannounced()
+        # With no engine generating, no step ends and no weight sync comes: a ready replacement joins now.
+        if self.rejoin is not None and not self._loops and self._replacements_waiting():
+            self.rejoin()
+
+    def _replacements_waiting(self) -> bool:
+        return self.replacing is not None and any(r.engine_id not in self.members for r in self.replacing.ready())
 
     def check_engines(self) -> None:
         import ray
@@ -175,10 +200,11 @@ class EnginePool:
             if self.hangs.probe_due(engine_id, now):
                 self.hangs.probe_sent(engine_id, self.actors[engine_id].stats.remote(), now)
 
-    def replace_dead(self, wait_s: float = 3.0) -> int:
-        """Replace engines whose process died, waiting up to `wait_s` for Ray to notice; returns how many
-        (after a weight sync failed: was an engine lost, or is it a real sync failure?)."""
+    def notice_dead(self, wait_s: float = 3.0) -> int:
+        """After a weight sync failed (was an engine lost, or is it a real sync failure?): wait up to `wait_s`
+        for Ray to report members that died; they leave the members, their replacement begins. Returns how many."""
         before = self.restarts
+        self._check_joining(wait_s)
         deadline = time.monotonic() + wait_s
         self.check_engines()
         while self.restarts == before and self._loops and time.monotonic() < deadline:
@@ -186,15 +212,26 @@ class EnginePool:
             self.check_engines()
         return self.restarts - before
 
-    def _engine_failed(self, engine_id: int, error: BaseException) -> None:
-        """Replace the engine within the restart budget; past it raise `EngineFailure`."""
+    def _check_joining(self, timeout_s: float) -> None:
+        """Members with no loop (replacements joining) have no ObjectRef that ends when they die: ask them."""
         import ray
 
-        noticed_at = time.time()
+        joining = self.members - set(self._loops.values())
+        refs = {engine_id: self.actors[engine_id].stats.remote() for engine_id in sorted(joining)}
+        for engine_id, ref in refs.items():
+            try:
+                ray.get(ref, timeout=timeout_s)
+            except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError) as error:
+                self._engine_failed(engine_id, error)
+
+    def _engine_failed(self, engine_id: int, error: BaseException) -> None:
+        """Begin its replacement within the restart budget (see the module doc); past it raise `EngineFailure`."""
+        import ray
+
         self._drain_results()  # samples it finished before dying count as delivered
         self.hangs.forget(engine_id)
         failure = EngineFailure(engine_id, error, self.ledger.in_flight(engine_id))
-        if self.respawn is None:
+        if self.replacing is None:
             raise failure from error
         if self.restarts >= self.max_restarts:
             budget = RuntimeError(f"--max_engine_restarts {self.max_restarts} used up; last failure: {failure}")
@@ -204,42 +241,52 @@ class EnginePool:
         for ref, loop_engine in list(self._loops.items()):
             if loop_engine == engine_id:
                 del self._loops[ref]
+        self.members.discard(engine_id)
+        self.membership_changes += 1
         with contextlib.suppress(Exception):  # hung rather than dead: make sure it is gone
             ray.kill(self.actors[engine_id])
-        self._resubmit(failure.in_flight + self._pulled_unannounced())
-        actor = self.respawn(engine_id)
-        info = ray.get(actor.start.remote(), timeout=600)
-        self.actors[engine_id] = actor
-        self.start_info[engine_id] = info
-        sync = self.rejoin() if self.rejoin is not None else {}
-        version = ray.get(actor.stats.remote(), timeout=60).weight_version
-        logger.info("engine %d replaced (%s); it joined at weight version %d: %s", engine_id, info, version, sync)
-        self._loops[actor.run.remote(self.prompts, self.results)] = engine_id
-        self.replacements.append((engine_id, noticed_at, time.time()))
-        shm_sweep.sweep()  # the killed engine's vLLM message queues in /dev/shm, once no process maps them
+        self.resubmission.resubmit(failure.in_flight)
+        self.resubmission.look_for_unannounced()
+        self.replacing.begin(engine_id, self.start_info[engine_id] if engine_id < len(self.start_info) else None)
 
-    def _pulled_unannounced(self, settle_s: float = 2.0) -> list[str]:
-        """Prompts an engine took from the queue but died before announcing (`PromptStarted` follows the
-        pull by one message): incomplete, started nowhere, and no longer in the queue. The queue is read and
-        put back in order; `settle_s` lets announcements of the living engines arrive first. A prompt a
-        living engine announces later anyway is generated twice, and `_record` drops the second copy."""
-        queued = self.prompts.get_all()
-        time.sleep(settle_s)
-        self._drain_results()
-        for request in queued:
-            self.prompts.put(request, timeout=60)
-        waiting = {request.prompt_id for request in queued}
-        return [p for p in self.ledger.in_flight() if p not in self.ledger.engine_of and p not in waiting]
+    def _advance_replacements(self) -> None:
+        if self.replacing is None or not len(self.replacing):
+            return
+        for engine_id, error in self.replacing.advance().items():
+            first_line = str(error).splitlines()[0][:300] if str(error) else ""
+            self._engine_failed(engine_id, RuntimeError(f"its replacement failed to start: {first_line}"))
 
-    def _resubmit(self, prompt_ids: list[str]) -> None:
-        """The samples of `prompt_ids` not yet delivered go back to the queue, for any engine."""
-        for prompt_id in prompt_ids:
-            delivered = self.ledger.delivered.get(prompt_id, set())
-            request = self._requests[prompt_id]
-            missing = tuple(j for j in request.samples_to_generate() if j not in delivered)
-            self.ledger.reassign(prompt_id)
-            self.resubmitted_samples += len(missing)
-            self.prompts.put(self.partials.attach(request, missing), timeout=60)
+    def admit_replacements(self) -> list[int]:
+        """The replacements whose engine is built become members: the weight sync about to run re-forms its
+        group with them and loads them with the others (`WeightSync.push`), then `start_serving`."""
+        if self.replacing is None:
+            return []
+        self._advance_replacements()
+        joining = []
+        for r in self.replacing.ready():
+            if r.engine_id not in self.members:
+                self.actors[r.engine_id], self.start_info[r.engine_id] = r.actor, r.info
+                self.members.add(r.engine_id)
+                self.membership_changes += 1
+                joining.append(r.engine_id)
+        return joining
+
+    def start_serving(self, engine_ids: list[int], version: int) -> None:
+        """Admitted replacements that the weight sync loaded at `version` pull prompts from now on."""
+        for engine_id in engine_ids:
+            if engine_id not in self.members:  # it died while joining: replaced once more
+                continue
+            r = self.replacing.serving(engine_id)
+            self._loops[self.actors[engine_id].run.remote(self.prompts, self.results)] = engine_id
+            logger.info(
+                "engine %d replaced (%s); it joined at weight version %d, %.1f s after the failure",
+                engine_id,
+                r.info,
+                version,
+                r.serving_at - r.noticed_at,
+            )
+        if engine_ids:
+            shm_sweep.sweep()  # the killed engines' vLLM message queues in /dev/shm, once no process maps them
 
     def _drain_results(self) -> None:
         """Take in everything already queued, so in-flight lists are complete; completions are kept
@@ -259,13 +306,13 @@ class EnginePool:
                 self.partials.interrupted(message)  # for the resume state: continued by the next run
             else:
                 if self.ledger.deliver(message):
-                    self._requests.pop(message.prompt_id, None)
+                    self.resubmission.completed(message.prompt_id)
                 self.partials.delivered(message.prompt_id, message.sample_index)
                 completions.append(message)
         return completions
 
     def _is_duplicate(self, completion: Completion) -> bool:
-        """A second copy of a sample resubmitted after its engine failed (see `_pulled_unannounced`)."""
+        """A second copy of a sample resubmitted after its engine failed (see `Resubmission`)."""
         return completion.prompt_id in self.ledger.reassigned and self.ledger.has(
             completion.prompt_id, completion.sample_index
         )
@@ -274,10 +321,10 @@ class EnginePool:
         """What is kept of `prompt_id`'s undelivered samples (for the resume state)."""
         return self.partials.of_prompt(prompt_id)
 
-    # -- weight sync: refs by engine name, awaited by WeightSync together with the learners'
+    # -- weight sync (the members only): refs by engine name, awaited by WeightSync together with the learners'
 
     def _start_all(self, method: str, *args) -> dict[str, object]:
-        return {f"engine {i}": getattr(actor, method).remote(*args) for i, actor in enumerate(self.actors)}
+        return {f"engine {i}": getattr(self.actors[i], method).remote(*args) for i in self.member_ids()}
 
     def start_pause(self, mode: str) -> dict[str, object]:
         return self._start_all("pause", mode)
@@ -288,35 +335,33 @@ class EnginePool:
     def start_resume(self) -> dict[str, object]:
         return self._start_all("resume")
 
-    def start_join_weight_transfer(self, init_infos: list[dict]) -> dict[str, object]:
+    def start_join_weight_transfer(self, init_infos: dict[int, dict]) -> dict[str, object]:
         """Engine i joins the transfer group with `init_infos[i]` (its ranks in the group)."""
-        return {
-            f"engine {i}": actor.init_weight_transfer.remote(info)
-            for i, (actor, info) in enumerate(zip(self.actors, init_infos, strict=True))
-        }
+        return {f"engine {i}": self.actors[i].init_weight_transfer.remote(info) for i, info in init_infos.items()}
 
     # -- direct calls (benchmarks, calibration)
 
     def call_all(self, method: str, *args, timeout_s: float = 600) -> list:
-        """Call `method` on every engine and wait for all replies (e.g. `reset_stats`).
+        """Call `method` on every member engine (`member_ids` order) and wait for their replies (e.g.
+        `reset_stats`).
 
         An engine that died surfaces as `EngineFailure` naming it and its in-flight prompts, whichever
-        call notices first (a poll, a stats call, an abort)."""
+        call notices first (a poll, a stats call, an abort); with a replacement coming it is left out of
+        the replies instead."""
         import ray
 
         if self.hangs.timeout_s > 0:  # a hung engine must not hold the driver longer than a hang takes to call
             timeout_s = min(timeout_s, self.hangs.timeout_s)
-        refs = [getattr(actor, method).remote(*args) for actor in self.actors]
+        refs = {engine_id: getattr(self.actors[engine_id], method).remote(*args) for engine_id in self.member_ids()}
         replies = []
-        for engine_id, ref in enumerate(refs):
+        for engine_id, ref in refs.items():
             try:
                 replies.append(ray.get(ref, timeout=timeout_s))
             except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError) as error:  # gone, or hung
                 if isinstance(error, ray.exceptions.GetTimeoutError):
                     self.hung_engines += 1
                     error = TimeoutError(f"engine {engine_id} hung: no answer to {method} for {timeout_s:g} s")
-                self._engine_failed(engine_id, error)  # raises unless it was replaced
-                replies.append(ray.get(getattr(self.actors[engine_id], method).remote(*args), timeout=timeout_s))
+                self._engine_failed(engine_id, error)  # raises unless a replacement is coming
         return replies
 
     def generate(
@@ -340,19 +385,19 @@ class EnginePool:
             "queue/prompt_depth": self.prompts.depth(),
             "queue/result_depth": self.results.depth(),
             "engines/restarts_total": float(self.restarts),
-            "engines/resubmitted_samples_total": float(self.resubmitted_samples),
+            "engines/resubmitted_samples_total": float(self.resubmission.samples),
             "engines/duplicate_samples_dropped_total": float(self.duplicate_samples),
             "engines/hung_total": float(self.hung_engines),
             "engines/last_replacement_s": self._last_replacement_s(),
+            "engines/replacing": float(len(self.replacing or ())),
+            "engines/serving": float(len(set(self._loops.values()))),
             **self.partials.metrics(),
         }
 
     def _last_replacement_s(self) -> float:
-        """Failure noticed -> the replacement started, rejoined the weights and pulls prompts (the driver waits)."""
-        if not self.replacements:
-            return 0.0
-        _, noticed_at, serving_at = self.replacements[-1]
-        return serving_at - noticed_at
+        """Failure noticed -> the replacement pulls prompts (built, and loaded at a weight sync; nobody waited)."""
+        served = [r for r in self.replacements if r.serving_at is not None]
+        return served[-1].serving_at - served[-1].noticed_at if served else 0.0
 
     def stop(self, mode: str = "finish", timeout_s: float = 600) -> list[Completion]:
         """Stop every engine; returns the samples delivered meanwhile. 'finish' lets running samples end,
@@ -364,8 +409,10 @@ class EnginePool:
             raise ValueError(f"stop mode must be finish, abort or interrupt, got {mode!r}")
         self._interrupting = mode == "interrupt"
         engine_mode = "abort" if mode == "interrupt" else mode
+        self._abandon_replacements()
+        serving = sorted(set(self._loops.values()))
         reports: list[EngineStopped] = ray.get(
-            [actor.stop.remote(engine_mode) for actor in self.actors], timeout=timeout_s
+            [self.actors[i].stop.remote(engine_mode) for i in serving], timeout=timeout_s
         )
         ray.get(list(self._loops), timeout=timeout_s)
         self._loops = {}
@@ -382,9 +429,20 @@ class EnginePool:
         self._interrupting = False
         return completions
 
+    def _abandon_replacements(self) -> None:
+        import ray
+
+        if self.replacing is None:
+            return
+        for actor in self.replacing.abandon():
+            logger.info("the run ends with an engine replacement still starting: it is stopped")
+            with contextlib.suppress(Exception):
+                ray.kill(actor)
+
     def shutdown(self) -> None:
         import ray
 
+        self._abandon_replacements()
         for actor in self.actors:
             try:
                 ray.get(actor.shutdown.remote(), timeout=60)

@@ -90,58 +90,69 @@ class WeightSync:
         self.metadata: WeightMetadata | None = None
         self.syncs = 0
         self.version = 0  # the last version every engine loaded
+        self.members: list[int] = []  # the engines in the transfer group as last connected
+        self.membership_seen = -1  # the pool's `membership_changes` at that connect
 
     def with_settings(self, **changes) -> WeightSync:
         """The same connected group with other settings (e.g. a benchmark switching `inflight` per mode)."""
         other = WeightSync(self.learners, self.engines, dataclasses.replace(self.settings, **changes), self.waiter)
         other.metadata, other.syncs, other.version = self.metadata, self.syncs, self.version
+        other.members, other.membership_seen = self.members, self.membership_seen
         return other
 
     def rejoin(self) -> dict[str, float]:
-        """After an engine was replaced: a new transfer group with every engine (a collective group cannot
-        take in a new member), then the current weights, so the new engine serves what the others do."""
-        metrics = self.connect()
+        """Replacements join now instead of at the next sync (the pool asks when no engine is generating):
+        the current weights again, which re-forms the group with them. At version 0 the new engines already
+        hold the starting weights: the group is re-formed, and nothing is sent."""
         if self.version > 0:
-            metrics |= self.push(self.version)
+            return self.push(self.version)
+        joining = self.engines.admit_replacements()
+        metrics = self.connect()
+        self.engines.start_serving(joining, self.version)
         return metrics
 
     def connect(self) -> dict[str, float]:
-        """Rendezvous the transfer group: engines join while rank 0 opens it (they block on each other).
-        A staged transport (shm, ipc) has no group: the same calls only set both ends up."""
+        """Rendezvous the transfer group with the member engines: they join while rank 0 opens it (they block
+        on each other). A collective group cannot lose or take in a member, so it is formed anew whenever the
+        members change (`push`). A staged transport (shm, ipc) has no group: the same calls only set both
+        ends up."""
         s = self.settings
         started = time.monotonic()
         host, port = self.learners.rendezvous_address()
         engine_ranks = s.generation.vllm_tensor_parallel_size
-        world_size = 1 + self.engines.num_engines * engine_ranks
+        membership, members = self.engines.membership_changes, self.engines.member_ids()
+        world_size = 1 + len(members) * engine_ranks
         wire = transport(s.backend)
         refs = self.engines.start_join_weight_transfer(
-            [
-                wire.worker_init_info(host, port, world_size, s.timeout_s, rank_offset=1 + i * engine_ranks)
-                for i in range(self.engines.num_engines)
-            ]
+            {
+                engine_id: wire.worker_init_info(host, port, world_size, s.timeout_s, rank_offset=1 + k * engine_ranks)
+                for k, engine_id in enumerate(members)
+            }
         )
         refs |= self.learners.start_open_weight_transport(
             s.backend, host, port, world_size, s.timeout_s, every_rank=wire.EVERY_RANK_STAGES
         )
         self._get("init transfer group", refs)
+        self.members, self.membership_seen = members, membership
         self.metadata = self.learners.weight_metadata(s.dtype_name)
         group_size = 0.0 if wire.STAGED else float(world_size)
         return {"weight_sync/connect_s": time.monotonic() - started, "weight_sync/group_size": group_size}
 
     def push(self, version: int, step_end_time: float | None = None) -> dict[str, float]:
-        """Load `version` into every engine; returns metrics. Engines are resumed whatever happens.
+        """Load `version` into every member engine; returns metrics. Engines are resumed whatever happens.
 
-        An engine that died since the last sync is replaced first; one that dies during this sync fails
-        it for the others (each step has its timeout), then it is replaced and the sync runs once more,
-        where the others could leave the transfer:
+        Replacements that are ready join here: the group is re-formed with them, they are loaded with the
+        others, then they serve. An engine that died since the last sync has left the members (the group is
+        re-formed without it); one that dies during this sync fails it for the others (each step has its
+        timeout), then it leaves and the sync runs once more, where the others could leave the transfer:
 
         ==================  =======================  ===========================  ==========================
         transport           learner dies mid-send    engine dies mid-receive      a step times out
         ==================  =======================  ===========================  ==========================
-        gloo (CPU)          ends the sync at once    replaced, synced again       ends the sync (the group
+        gloo (CPU)          ends the sync at once    left out, synced again       ends the sync (the group
                             with the learner's       (the others' receive fails   timeout frees the others,
                             error; engines resume    at once)                     which resume)
-        shm (CPU), ipc      ends the sync at once    replaced, synced again       ends the sync; engines
+        shm (CPU), ipc      ends the sync at once    left out, synced again       ends the sync; engines
         (GPU)               (nothing in flight)      (the others finish loading)  resume
         nccl (GPU)          ends the sync at once    ends the run with the        ends the run with the
                             with the learner's       engine's error: the others   first error: engines stay
@@ -154,16 +165,25 @@ class WeightSync:
         `FAILURE_SETTLE_S` + `RESUME_AFTER_FAILURE_S` of it over NCCL or after a learner's failure, never
         a later resume timeout. A learner whose send ran past its watchdog refuses every later send."""
         self.engines.check_engines()
+        joining = self.engines.admit_replacements()
         try:
-            return self._push(version, step_end_time)
+            metrics = self._push(version, step_end_time)
         except WeightSyncError as error:
-            if not error.retry or not self.engines.replace_dead():
+            if not error.retry or not self.engines.notice_dead():
                 raise
-            return self._push(version, step_end_time)
+            metrics = self._push(version, step_end_time)
+        self.engines.start_serving(joining, version)
+        return metrics | {"weight_sync/engines": float(len(self.members)), "weight_sync/joined": float(len(joining))}
 
     def _push(self, version: int, step_end_time: float | None) -> dict[str, float]:
         if self.metadata is None:
             raise WeightSyncError("weight sync not connected: call connect() first")
+        reconnected = {}
+        if self.engines.membership_changes != self.membership_seen:  # an engine left, or a replacement joins
+            reconnected = self.connect()
+        return reconnected | self._push_to_members(version, step_end_time)
+
+    def _push_to_members(self, version: int, step_end_time: float | None) -> dict[str, float]:
         if not transport(self.settings.backend).STAGED:
             return self._pause_transfer_resume(version, step_end_time, None)
         try:

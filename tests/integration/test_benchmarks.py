@@ -183,10 +183,13 @@ def test_fault_benchmark_kills_an_engine_mid_run_and_measures_the_recovery(quick
     killed = result["scenarios"]["sigkill_continue"]
     assert killed["samples_held"] >= 1 and killed["tokens_held"] > 0 and killed["partial_report_tokens"] == 8
     assert killed["tokens_saved"] >= 0 and killed["tokens_generated_again"] >= 0
-    assert 0 <= killed["noticed_s"] <= killed["replacement_serving_s"]
+    assert killed["noticed_s"] >= 0
+    # Nobody waits for the replacement: a short run may end before it is built (None) or before a sync loads it.
+    ready, serving = killed["replacement_ready_s"], killed["replacement_serving_s"]
+    assert (ready is None or ready >= killed["noticed_s"]) and (serving is None or serving >= ready)
     assert killed["steps"] == 4 and killed["baseline_samples_per_s"] > 0 and len(killed["rates"]) == 4
     assert f"measured {result['stamp']['date']}" in (out / "faults" / "faults.md").read_text()
-    assert "a replacement serving after" in stdout
+    assert "its replacement, built in the background, was ready after" in stdout
 
 
 def test_staleness_learning_benchmark_runs_the_demo_once_per_policy(quick_bench):

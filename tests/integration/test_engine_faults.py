@@ -1,7 +1,8 @@
 """Engine faults on the real stack. A generation engine killed mid-run (SIGKILL of its process) is replaced
 within the --max_engine_restarts budget, its unfinished samples go back to the queue (continuing from the
-tokens they had reported), the replacement gets the current weights through the weight sync and serves,
-and the run finishes with every admitted prompt accounted for exactly once. An engine that dies during a
+tokens they had reported), the replacement starts in the background once the old processes are gone, gets the
+current weights at the next weight sync and serves, and the run finishes with every admitted prompt accounted
+for exactly once. An engine that dies during a
 weight sync, and one that stalls without dying (--engine_hang_timeout_s), are replaced too."""
 
 from __future__ import annotations
@@ -13,12 +14,21 @@ import signal
 import time
 from pathlib import Path
 
+import psutil
+
 REPO = Path(__file__).resolve().parents[2]
 STEPS = 5
 
 
 def read_jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def running(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
 
 def test_a_killed_engine_is_replaced_and_the_run_finishes_with_nothing_lost(tmp_path):
@@ -44,10 +54,22 @@ def test_a_killed_engine_is_replaced_and_the_run_finishes_with_nothing_lost(tmp_
     victim = int(next(held.iterdir()).name)
     engines = [p for p in session_pids(proc.pid) if "HoldingEngine" in Path(f"/proc/{p}/cmdline").read_text()]
     assert len(engines) == 2 and victim in engines, (victim, engines)
+    engine_core = [c.pid for c in psutil.Process(victim).children(recursive=True)]  # vLLM's EngineCore
     os.kill(victim, signal.SIGKILL)
+    # The survivor holds its samples too, so no step ends before the release: the replacement, built in the
+    # background meanwhile, is ready first (a handshake on the log), and joins at the weight sync that follows.
+    while "'s replacement is ready" not in log_path.read_text():
+        assert time.monotonic() < deadline and proc.poll() is None, log_path.read_text()[-3000:]
+        time.sleep(0.1)
+    # It started only once the old engine's processes were gone.
+    assert engine_core and not any(running(p) for p in [victim, *engine_core])
     release.touch()
     assert proc.wait(timeout=900) == 0, log_path.read_text()[-4000:]
     log = log_path.read_text()
+    reaped = re.search(r"old processes gone: exited \[([\d, ]*)\], killed \[([\d, ]*)\]", log)
+    assert reaped, log[-4000:]
+    gone = {int(p) for p in re.findall(r"\d+", reaped.group(1) + " " + reaped.group(2))}
+    assert {victim, *engine_core} <= gone
 
     replaced = re.search(r"engine (\d) replaced \(.*\); it joined at weight version (\d+)", log)
     assert replaced, log[-4000:]

@@ -254,9 +254,10 @@ def test_engine_metrics_account_for_the_whole_uptime(pool):
         "queue/prompt_depth", "queue/result_depth", "engines/restarts_total", "engines/resubmitted_samples_total",
         "engines/duplicate_samples_dropped_total", "engines/hung_total", "engines/continued_samples_total",
         "engines/continued_tokens_saved_total", "engines/reprefilled_tokens_total", "engines/partial_samples_kept",
-        "engines/last_replacement_s",
+        "engines/last_replacement_s", "engines/replacing", "engines/serving",
     }  # fmt: skip
-    assert depths["engines/last_replacement_s"] == 0.0  # nothing was replaced
+    assert depths["engines/last_replacement_s"] == 0.0 and depths["engines/replacing"] == 0  # nothing was replaced
+    assert depths["engines/serving"] == pool.num_engines
 
 
 def wait_until_both_decode(pool, deadline_s: float = 120.0) -> None:

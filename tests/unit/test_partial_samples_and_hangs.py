@@ -137,3 +137,28 @@ def test_an_engine_paused_for_a_weight_sync_is_not_hung_however_long_the_pause()
     watch.probe_sent(0, "p", 3.0)
     watch.answered_stats(0, stats(300.0, 159.0, tokens=500))  # resumed at 260 s; 40 s running without a token
     assert "no token for 41 s" in watch.hung(now=4.0)[0]
+
+
+def test_a_failed_engines_prompts_and_the_one_it_pulled_unannounced_go_back_but_not_a_living_engines():
+    """Engine 0 dies: the prompt it announced goes back at once; of the prompts started nowhere and not
+    queued, the one engine 1 announces within the settle stays with engine 1, the other is resubmitted."""
+    from open_instruct.generation.faults import Resubmission
+    from open_instruct.generation.queues import LocalChannel
+
+    prompts, ledger = LocalChannel(), DeliveryLedger()
+    resubmission = Resubmission(prompts, ledger, PartialSamples(), settle_s=0.0)
+    ids = ["announced_on_0", "queued", "pulled_by_0", "pulled_by_1"]
+    for prompt_id in ids:
+        ledger.admit(request(prompt_id=prompt_id))
+        resubmission.admitted(request(prompt_id=prompt_id))
+    prompts.put(request(prompt_id="queued"))
+    ledger.started("announced_on_0", 0)
+    resubmission.resubmit(ledger.in_flight(0))
+    resubmission.look_for_unannounced()
+    assert [r.prompt_id for r in prompts.get_all()] == ["queued", "announced_on_0"]  # order kept
+    ledger.started("pulled_by_1", 1)  # its announcement arrives during the settle
+    assert resubmission.decision_due()
+    resubmission.resubmit_unannounced()
+    assert [r.prompt_id for r in prompts.get_all()] == ["pulled_by_0"]
+    assert resubmission.samples == 2 * 3 and not resubmission.decision_due()
+    assert ledger.reassigned == {"announced_on_0", "pulled_by_0"}

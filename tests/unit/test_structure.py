@@ -62,7 +62,7 @@ ACTORS = {
     "weights.shm_sweep",
 }
 # The only modules that wait on actors: the driver-side handles (and the cluster that builds them).
-HANDLES = {"generation.pool", "learner.group", "weights.sync", "cluster"}
+HANDLES = {"generation.pool", "generation.replacement", "learner.group", "weights.sync", "cluster"}
 LOOP = {"orchestrator"}
 ENTRY = {"grpo_fast", "preflight", "benchmarks"}
 FLOORS = ("core", "actors", "driver handles", "loop", "entry")

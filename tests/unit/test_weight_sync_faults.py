@@ -46,29 +46,49 @@ class VirtualWaiter:
 
 
 class Engines:
-    """Two engines; `receive` and `resume` say when each answers (relative to the call) and how."""
-
-    num_engines = 2
+    """Two member engines; `receive` and `resume` say when each answers (relative to the call) and how.
+    `ready`: replacements built and waiting to join (`EnginePool.admit_replacements`)."""
 
     def __init__(self, waiter: VirtualWaiter, receive: list[Call], resume: list[Call]):
         self.waiter, self.receive, self.resume = waiter, receive, resume
-        self.replaced = 0
+        self.members, self.ready = [0, 1], []
+        self.membership_changes = 0
+        self.asked_for_dead = 0
+        self.joins: list[dict] = []  # each connect's init infos, by engine id
+        self.served: list[tuple[list[int], int]] = []
 
     def _started(self, calls: list[Call]) -> dict[str, Call]:
         now = self.waiter.clock
         return {
-            f"engine {i}": Call(None if c.at is None else now + c.at, c.value, c.error) for i, c in enumerate(calls)
+            f"engine {i}": Call(None if c.at is None else now + c.at, c.value, c.error)
+            for i, c in zip(self.members, calls, strict=False)
         }
 
     def check_engines(self) -> None:
         pass
 
-    def replace_dead(self) -> int:
-        self.replaced += 1
+    def member_ids(self) -> list[int]:
+        return sorted(self.members)
+
+    def admit_replacements(self) -> list[int]:
+        joining, self.ready = self.ready, []
+        self.members += joining
+        self.membership_changes += len(joining)
+        return joining
+
+    def start_serving(self, engine_ids: list[int], version: int) -> None:
+        self.served.append((engine_ids, version))
+
+    def notice_dead(self) -> int:
+        self.asked_for_dead += 1
         return 0
 
+    def start_join_weight_transfer(self, init_infos: dict[int, dict]) -> dict[str, Call]:
+        self.joins.append(init_infos)
+        return {f"engine {i}": Call(self.waiter.clock + 0.1, {}) for i in init_infos}
+
     def start_pause(self, mode: str) -> dict[str, Call]:
-        return self._started([Call(0.1, EnginePaused(0, 0.1, 0, 0))] * self.num_engines)
+        return self._started([Call(0.1, EnginePaused(0, 0.1, 0, 0))] * len(self.members))
 
     def start_receive_weights(self, info: dict, version: int, timeout_s: float) -> dict[str, Call]:
         return self._started(self.receive)
@@ -80,6 +100,17 @@ class Engines:
 class Learners:
     def __init__(self, waiter: VirtualWaiter, send: Call):
         self.waiter, self.send = waiter, send
+        self.opened: list[int] = []  # the world size of each group rank 0 opened
+
+    def rendezvous_address(self) -> tuple[str, int]:
+        return "127.0.0.1", 29500
+
+    def start_open_weight_transport(self, backend, host, port, world_size, timeout_s, every_rank=False) -> dict:
+        self.opened.append(world_size)
+        return {"learner 0": Call(self.waiter.clock + 0.1, None)}
+
+    def weight_metadata(self, dtype_name: str) -> WeightMetadata:
+        return WeightMetadata(names=("w",), dtype_names=(dtype_name,), shapes=((2,),))
 
     def start_send_weights(self, metadata, bucket_bytes: int, version: int, timeout_s: float) -> dict[str, Call]:
         at = None if self.send.at is None else self.waiter.clock + self.send.at
@@ -91,6 +122,7 @@ def make_sync(backend: str, send: Call, receive: list[Call], resume: list[Call])
     engines = Engines(waiter, receive, resume)
     sync = WeightSync(Learners(waiter, send), engines, SyncSettings(backend, "float32", timeout_s=TIMEOUT_S), waiter)
     sync.metadata = WeightMetadata(names=("w",), dtype_names=("float32",), shapes=((2,),))
+    sync.members, sync.membership_seen = [0, 1], 0  # connected with both engines
     return sync, engines
 
 
@@ -114,7 +146,7 @@ def test_a_learner_failure_first_ends_the_sync_with_it_while_nccl_engines_stay_b
     assert (error.step, error.party, error.retry) == ("transfer", "learner 0", False)
     assert sync.waiter.clock <= 3.0 + 0.1 + weight_sync.FAILURE_SETTLE_S + weight_sync.RESUME_AFTER_FAILURE_S
     assert sync.waiter.clock < TIMEOUT_S  # one-sided: far below any step timeout
-    assert engines.replaced == 0 and sync.version == 0
+    assert engines.asked_for_dead == 0 and sync.version == 0
 
 
 def test_over_gloo_a_learner_failure_wins_over_the_engines_lost_connections_and_they_resume():
@@ -127,7 +159,7 @@ def test_over_gloo_a_learner_failure_wins_over_the_engines_lost_connections_and_
     ) as raised:
         sync.push(1)
     assert "resume" not in str(raised.value) and raised.value.retry
-    assert engines.replaced == 1  # asked whether an engine died: none did, so the error stands
+    assert engines.asked_for_dead == 1  # asked whether an engine died: none did, so the error stands
 
 
 def test_an_engine_failure_then_a_resume_timeout_ends_with_the_engine_failure():
@@ -152,7 +184,7 @@ def test_a_dead_engine_over_nccl_is_not_replaced_and_synced_again():
     sync, engines = make_sync("nccl", Call(NEVER), [Call(2.0, error=DIED)] * 2, [Call(0.1, error=DIED)] * 2)
     with pytest.raises(WeightSyncError, match="failed on engine 0") as raised:
         sync.push(1)
-    assert raised.value.retry is False and engines.replaced == 0
+    assert raised.value.retry is False and engines.asked_for_dead == 0
 
 
 def test_a_sync_that_goes_through_waits_for_every_party():
@@ -161,3 +193,33 @@ def test_a_sync_that_goes_through_waits_for_every_party():
     metrics = sync.push(1)
     assert sync.version == 1 and metrics["weight_sync/bytes"] == 8.0
     assert metrics["weight_sync/engine_receive_s_max"] == 1.4
+
+
+def test_a_sync_after_an_engine_died_reforms_the_group_without_it_and_loads_only_the_living():
+    received = [Call(1.0, WeightsReceived(0, 1, 0.9))]
+    sync, engines = make_sync("gloo", Call(1.2, WeightsSent(0, 8, 1.1)), received, [RESUMED])
+    engines.members, engines.membership_changes = [0], 1  # engine 1 died; its replacement is still starting
+    metrics = sync.push(1)
+    assert sync.learners.opened == [2] and list(engines.joins[-1]) == [0]  # learner + engine 0
+    assert engines.joins[-1][0]["rank_offset"] == 1
+    assert sync.members == [0] and sync.version == 1 and metrics["weight_sync/engines"] == 1
+
+
+def test_a_ready_replacement_joins_the_group_and_is_loaded_with_the_others_before_it_serves():
+    received = [Call(1.0, WeightsReceived(i, 1, 0.9)) for i in (0, 2)]
+    sync, engines = make_sync("gloo", Call(1.2, WeightsSent(0, 8, 1.1)), received, [RESUMED] * 2)
+    engines.members, engines.ready = [0], [1]  # engine 1 died, and its replacement is ready before any sync
+    engines.membership_changes = 1
+    metrics = sync.push(3)
+    assert sync.learners.opened == [3] and engines.joins[-1].keys() == {0, 1}
+    assert sorted(info["rank_offset"] for info in engines.joins[-1].values()) == [1, 2]
+    assert engines.served == [([1], 3)] and metrics["weight_sync/joined"] == 1
+    assert sync.push(4) and len(engines.joins) == 1  # the same members: the group stays
+
+
+def test_a_replacement_whose_first_sync_fails_does_not_serve():
+    sync, engines = make_sync("gloo", Call(1.0, error=REFUSED), [Call(0.5, error=CLOSED)] * 2, [RESUMED] * 2)
+    engines.members, engines.ready = [0], [1]
+    with pytest.raises(WeightSyncError, match="failed on learner 0"):
+        sync.push(3)
+    assert engines.served == []
