@@ -40,8 +40,13 @@
 #   reprefill    3 training steps with --inflight_update_kv reprefill (2+ GPUs)
 #   two_engines  3 training steps with 2 engines (3+ GPUs)
 #   save_resume  3 steps saving the resumable state; the same command again resumes from it (2+ GPUs)
-# Not covered here yet: an engine killed mid-run (benchmarks/faults.py on CPU), a ZeRO-3 load on GPU with its
-# per-GPU memory (benchmarks/zero3_memory.py measures it on CPU ranks).
+#   weights_loaded  2 steps with in-flight syncs, then every engine's greedy tokens checked against a
+#                transformers model holding the learner's weights (scripts/weights_loaded_check.py, float32;
+#                1 GPU shared with --single_gpu_mode, NCCL with 2+)
+#   engine_killed  8 steps with 2 engines; one engine's actor is SIGKILLed after 2 steps: replaced in the
+#                background (its EngineCore confirmed gone first), the run finishes (3+ GPUs)
+#   zero3_memory  ZeRO-2 against ZeRO-3 loads and sync gathers, one rank per GPU (up to 2), GPU memory per
+#                rank (benchmarks/zero3_memory.py: torch, DeepSpeed and transformers only) (1+ GPUs)
 set -euo pipefail  # each part runs under `if`, so a failing part is reported, not fatal
 
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -252,6 +257,79 @@ part_save_resume() {  # 3 steps saving the state after each; the same command ag
   fi
 }
 
+part_weights_loaded() {  # extra flags...
+  local log="$out/weights_loaded.log" limit="$(( 300 + warmup_s ))"
+  warmup_s=0
+  if timeout -k 30 "$limit" "$python_bin" scripts/weights_loaded_check.py --dtype float32 \
+      --vllm_gpu_memory_utilization 0.3 --num_learners_per_node 1 --output_dir "$out/weights_loaded" "$@" \
+      >"$log" 2>&1; then
+    report weights_loaded PASS "$(grep -Eo 'PASS engine .*' "$log" | head -1)"
+  else
+    report weights_loaded FAIL "exit $? (log: $log): $(grep -Eo 'FAIL engine .*' "$log" | head -1 || tail -1 "$log")"
+  fi
+}
+
+part_engine_killed() {  # 2 engines; after 2 steps one engine actor is SIGKILLed; the run must finish
+  local dir="$out/engine_killed" limit="$(( 400 + warmup_s ))" pid victim
+  warmup_s=0
+  mkdir -p "$dir"
+  setsid timeout -k 30 "$limit" "$python_bin" open_instruct/grpo_fast.py --output_dir "$dir" --exp_name engine_killed \
+    "${train_flags[@]}" --total_episodes 128 --vllm_num_engines 2 --max_engine_restarts 1 --vllm_sync_backend nccl \
+    --num_learners_per_node 1 --deepspeed_stage 2 >"$dir.log" 2>&1 &
+  pid=$!
+  until [[ "$(wc -l <"$dir/metrics.jsonl" 2>/dev/null || echo 0)" -ge 2 ]] || ! kill -0 "$pid" 2>/dev/null; do
+    sleep 1
+  done
+  victim="$(pgrep -s "$(ps -o sid= -p "$pid" | tr -d ' ')" -f 'GenerationActor' | head -1 || true)"
+  if [[ -z "$victim" ]]; then
+    wait "$pid" || true
+    report engine_killed FAIL "no engine actor to kill after 2 steps (log: $dir.log): $(tail -1 "$dir.log")"
+    return 0
+  fi
+  kill -9 "$victim"
+  if wait "$pid"; then
+    local detail
+    detail="$("$python_bin" - "$dir/metrics.jsonl" "$dir.log" <<'PY'
+import json, re, sys
+rows = [json.loads(line) for line in open(sys.argv[1])]
+log = open(sys.argv[2]).read()
+restarts = rows[-1].get("engines/restarts_total")
+gone = re.search(r"old processes gone: exited \[[^]]*\], killed \[[^]]*\]", log)
+rho = [r["offpolicy/rho_mean"] for r in rows if "offpolicy/rho_mean" in r]
+if restarts != 1 or not gone or not rho or not all(0.9 <= x <= 1.1 for x in rho):
+    print(f"engines/restarts_total {restarts}; old processes confirmed gone: {bool(gone)}; rho_mean {rho}")
+    sys.exit(1)
+joined = re.search(r"joined at weight version (\d+), ([\d.]+) s after the failure", log)
+print(f"{len(rows)} steps; 1 engine replaced ({gone.group(0)}); "
+      + (f"serving at version {joined.group(1)}, {joined.group(2)} s after the kill" if joined else "not yet serving at the end"))
+PY
+)" || { report engine_killed FAIL "$(tail -1 <<<"$detail") (log: $dir.log)"; return 0; }
+    report engine_killed PASS "$detail"
+  else
+    report engine_killed FAIL "exit $? (log: $dir.log): $(grep -v '^\s*$' "$dir.log" | tail -1)"
+  fi
+}
+
+part_zero3_memory() {  # ranks: one per GPU
+  local log="$out/zero3_memory.log" detail
+  if detail="$(timeout -k 30 600 "$python_bin" - "$1" 2>"$log" <<'PY'
+import sys
+from open_instruct.benchmarks.zero3_memory import main
+world = int(sys.argv[1])
+rows = main(["--device", "cuda", "--world_size", str(world), "--size", "1024x8"])
+whole = rows[0]["whole_model_bytes"]
+zero3 = [r for r in rows if r["stage"] == 3]
+held = max(r["held_parameter_bytes"] for r in zero3) / whole  # policy + reference partitions
+gather = max(r["sync, one parameter at a time_peak_bytes"] for r in zero3) / whole
+if held > 2 / world + 0.1 or gather > 0.5:
+    print(f"ZeRO-3 rank holds {held:.2f} copies (expected ~{2 / world:.2f}), per-parameter sync peak {gather:.2f}")
+    sys.exit(1)
+print(f"{world} GPU rank(s): ZeRO-3 holds {held:.2f} fp32 copies per GPU (policy + reference), "
+      f"per-parameter sync peak {gather:.2f} copies")
+PY
+)"; then report zero3_memory PASS "$(tail -1 <<<"$detail")"; else report zero3_memory FAIL "$(tail -1 <<<"$detail") (log: $log)"; fi
+}
+
 part_tensor_parallel() {  # the engine actor holds 2 GPUs; vLLM's mp executor runs a worker on each
   train tensor_parallel 180 --vllm_tensor_parallel_size 2 --vllm_sync_backend nccl --num_learners_per_node 1 \
     --deepspeed_stage 2
@@ -272,6 +350,9 @@ declare -A CHECKS=(
   [reprefill]="3 steps with --inflight_update_kv reprefill (vLLM's abort pause); offpolicy/rho_mean within 0.9-1.1"
   [two_engines]="3 steps, 2 engines synced in flight; offpolicy/rho_mean within 0.9-1.1"
   [save_resume]="3 steps saving the state after each (rho_mean as above); the same command again resumes from the last saved state"
+  [weights_loaded]="after an in-flight sync every engine's greedy token is the argmax of a model holding the learner's weights"
+  [engine_killed]="an engine SIGKILLed after 2 steps: its old processes confirmed gone, engines/restarts_total 1, rho_mean within 0.9-1.1, the run finishes"
+  [zero3_memory]="ZeRO-3 holds ~2/ranks fp32 copies per GPU (policy + reference) and a per-parameter sync peaks under 0.5 copies"
 )
 
 needs() {  # part, GPUs it needs: true when this machine has them (and this is no dry run), else reports SKIP
@@ -335,6 +416,17 @@ if needs two_engines 3; then
 fi
 if needs save_resume 2; then
   part_save_resume
+fi
+if (( gpus >= 2 && ! check_only )); then
+  part_weights_loaded --vllm_sync_backend nccl --deepspeed_stage 2
+elif needs weights_loaded 1; then
+  CUDA_VISIBLE_DEVICES=0 part_weights_loaded --single_gpu_mode --deepspeed_stage 2
+fi
+if needs engine_killed 3; then
+  part_engine_killed
+fi
+if needs zero3_memory 1; then
+  part_zero3_memory "$(( gpus >= 2 ? 2 : 1 ))"
 fi
 echo "gpu_check: $failures part(s) failed"
 exit $(( failures > 0 ))

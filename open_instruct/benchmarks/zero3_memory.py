@@ -2,6 +2,10 @@
 ZeRO-3, on 2 CPU ranks (gloo) with the learners' own loading path (`deepspeed_config`, `zero3_loading`):
 
     .venv/bin/python -m open_instruct.benchmarks.zero3_memory --size 1024x8
+    python -m open_instruct.benchmarks.zero3_memory --device cuda --world_size 2   # one rank per GPU (NCCL)
+
+On GPUs (torch, DeepSpeed and transformers only: no vLLM, no Ray; gpu_check.sh's zero3_memory part) each
+rank's GPU memory is measured instead: allocated tensor bytes, with torch's own peak counter.
 
 For each stage every rank loads the policy and the reference as the learner does, then walks the sync's
 gathers (one parameter at a time, and the whole model at once). A thread samples the rank's anonymous
@@ -33,6 +37,30 @@ def rss_anon_bytes() -> int:
     return 0
 
 
+class GpuPeak:
+    """The highest allocated GPU memory between start and stop (torch's own counter: no spike is missed)."""
+
+    def __enter__(self) -> GpuPeak:
+        import torch
+
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        import torch
+
+        torch.cuda.synchronize()
+        self.peak = torch.cuda.max_memory_allocated()
+
+
+def gpu_allocated_bytes() -> int:
+    import torch
+
+    torch.cuda.synchronize()
+    return torch.cuda.memory_allocated()
+
+
 class PeakSampler:
     """The highest RssAnon seen between start and stop."""
 
@@ -56,8 +84,10 @@ class PeakSampler:
         self.peak = max(self.peak, rss_anon_bytes())
 
 
-def measure_rank(rank: int, world_size: int, port: int, model_path: str, stage: int, out: str) -> None:
+def measure_rank(rank: int, world_size: int, port: int, model_path: str, stage: int, out: str, device: str) -> None:
     """One rank: load policy + reference as the learner does, then the sync's gathers; writes its numbers."""
+    if device == "cuda":  # one GPU per rank, as a learner actor sees it (before CUDA starts in this process)
+        os.environ["CUDA_VISIBLE_DEVICES"] = str(rank)
     import deepspeed
     import torch
     from transformers import AutoModelForCausalLM
@@ -74,30 +104,32 @@ def measure_rank(rank: int, world_size: int, port: int, model_path: str, stage: 
     torch.set_num_threads(1)
     init_distributed(rank, world_size, "127.0.0.1", port)
     config = deepspeed_config(stage=stage, micro_batch_size=1, world_size=world_size, param_persistence_threshold=0)
-    before = rss_anon_bytes()
-    with PeakSampler() as load:
+    now, Peak = (gpu_allocated_bytes, GpuPeak) if device == "cuda" else (rss_anon_bytes, PeakSampler)
+    before = now()
+    with Peak() as load:
         loading = zero3_loading(config, world_size)
         policy = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
         reference = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
         del loading
-    loaded = rss_anon_bytes()
-    with PeakSampler() as engines:  # DeepSpeed's own state: fp32 master partitions, gradient buffers
+    loaded = now()
+    with Peak() as engines:  # DeepSpeed's own state: fp32 master partitions, gradient buffers
         optimizer = make_optimizer(policy, learning_rate=1e-6, weight_decay=0.0, decay_bias_and_norm=True, fused=True)
         engine = initialize_engine(policy, optimizer, config)
         if stage == 3:
             reference = initialize_engine(reference, None, reference_config(config))
-    settled = rss_anon_bytes()
+    settled = now()
     params = list(engine.module.parameters())
     whole_bytes = sum(getattr(p, "ds_numel", p.numel()) * 4 for p in params)
     held = sum((p.ds_tensor if stage == 3 else p).numel() * 4 for p in (*params, *reference.parameters()))
     phases = {}
     for name, whole in (("sync, one parameter at a time", False), ("sync, whole model", True)):
-        with PeakSampler() as sync, deepspeed.zero.GatheredParameters(params, enabled=stage == 3 and whole):
+        with Peak() as sync, deepspeed.zero.GatheredParameters(params, enabled=stage == 3 and whole):
             for param in params:
                 with deepspeed.zero.GatheredParameters([param], enabled=stage == 3 and not whole):
                     param.detach().to(torch.float32).sum()  # what the transport reads
         phases[name] = sync.peak - settled
     result = {
+        "device": device,
         "stage": stage,
         "rank": rank,
         "whole_model_bytes": whole_bytes,
@@ -117,14 +149,14 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_stage(model_path: str, stage: int, world_size: int, workdir: Path) -> list[dict]:
+def run_stage(model_path: str, stage: int, world_size: int, workdir: Path, device: str = "cpu") -> list[dict]:
     import torch.multiprocessing as mp
 
     port = _free_port()
     outs = [str(workdir / f"stage{stage}_rank{rank}.json") for rank in range(world_size)]
     context = mp.get_context("spawn")
     ranks = [
-        context.Process(target=measure_rank, args=(rank, world_size, port, model_path, stage, outs[rank]))
+        context.Process(target=measure_rank, args=(rank, world_size, port, model_path, stage, outs[rank], device))
         for rank in range(world_size)
     ]
     for process in ranks:
@@ -142,6 +174,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--size", default="1024x8", help="HIDDENxLAYERS of a random Qwen2.")
     parser.add_argument("--world_size", type=int, default=2)
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="cuda: one rank per GPU, NCCL")
     args = parser.parse_args(argv)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     # A fixed mmap threshold: glibc then returns every freed large block to the system at once, so RssAnon is
@@ -151,12 +184,16 @@ def main(argv: list[str] | None = None) -> list[dict]:
     with tempfile.TemporaryDirectory(prefix="zero3-memory-") as tmp:
         model_path, _ = build_model(*parse_size(args.size), Path(tmp))
         for stage in (2, 3):
-            results += run_stage(str(model_path), stage, args.world_size, Path(tmp))
+            results += run_stage(str(model_path), stage, args.world_size, Path(tmp), args.device)
     from open_instruct.benchmarks.stamp import describe, stamp
 
     whole = results[0]["whole_model_bytes"]
     print(describe(stamp()))
-    print(f"model {args.size}: one fp32 copy = {whole / 2**20:.0f} MiB; policy + reference; {args.world_size} ranks")
+    memory = "GPU memory allocated" if args.device == "cuda" else "anonymous resident memory"
+    print(
+        f"model {args.size}: one fp32 copy = {whole / 2**20:.0f} MiB; policy + reference; {args.world_size} "
+        f"{args.device} ranks; {memory}"
+    )
     columns = ["held_parameter_bytes", "load_peak_bytes", "after_load_bytes", "engine_init_peak_bytes"]
     columns += ["sync, one parameter at a time_peak_bytes", "sync, whole model_peak_bytes"]
     print("stage rank " + " | ".join(c.removesuffix("_bytes") for c in columns) + "   (whole copies)")

@@ -1,6 +1,7 @@
 """The GPU path's pieces run for real on the CPU stack: DeepSpeed takes one bf16 step with the ZeRO stage-0
-config (fp32 accumulation), and gpu_check.sh's forced transfer failure passes over gloo and over the
-shared-memory file. (What can be checked without running them is in tests/unit/test_gpu_path.py.)"""
+config (fp32 accumulation), gpu_check.sh's forced transfer failure passes over gloo and over the
+shared-memory file, and its weights-loaded check finds the engines decoding with the learner's weights.
+(What can be checked without running them is in tests/unit/test_gpu_path.py.)"""
 
 from __future__ import annotations
 
@@ -53,3 +54,21 @@ def test_the_transfer_failure_check_passes_on_the_cpu_stack(flags):
     assert result.returncode == 0, "\n".join(checks) + result.stderr[-2000:]
     assert len(checks) == 5 and all(line.startswith("PASS") for line in checks), checks
     assert "0 check(s) failed" in result.stdout
+
+
+def test_the_weights_loaded_check_finds_every_engine_token_to_be_the_learners_argmax(tmp_path):
+    """scripts/weights_loaded_check.py is gpu_check.sh's proof that weights loaded: 2 training steps with
+    in-flight syncs on the CPU stack, one more push, then each of two engines' greedy tokens checked against
+    a transformers model holding the learner's weights."""
+    flags = ["--vllm_num_engines", "2", "--output_dir", str(tmp_path / "out"), "--learning_rate", "1e-3"]
+    result = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "weights_loaded_check.py"), *flags],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+    )
+    checks = re.findall(r"(?:PASS|FAIL) engine \d+: [^\n]*", result.stdout)
+    assert result.returncode == 0, "\n".join(checks) + result.stderr[-3000:]
+    assert len(checks) == 2 and all(line.startswith("PASS") for line in checks), checks
+    assert all(f"{4 * 24} greedy tokens after 2 steps" in line for line in checks), checks

@@ -258,10 +258,10 @@ def test_benchmark_script_runs_the_benchmark_module_after_setting_up_the_venv(ca
 
 
 def grpo_fast_flags(script: Path) -> list[str]:
-    """Every `--flag` written after `grpo_fast.py` in a script (comments and "$@" excluded)."""
-    code = "\n".join(
-        line.split(" #")[0] for line in script.read_text().splitlines() if not line.lstrip().startswith("#")
-    )
+    """Every `--flag` written after `grpo_fast.py` in a script (comments, "$@" and Python here-documents
+    excluded)."""
+    shell = re.sub(r"<<'PY'.*?\nPY\n", "\n", script.read_text(), flags=re.DOTALL)
+    code = "\n".join(line.split(" #")[0] for line in shell.splitlines() if not line.lstrip().startswith("#"))
     after = code[code.index("grpo_fast.py") + len("grpo_fast.py") :]
     return re.findall(r"(?<![\w-])(--[A-Za-z][\w-]*)", after)
 
@@ -311,7 +311,7 @@ def test_gpu_check_dry_run_runs_the_cpu_parts_and_names_the_gpus_each_gpu_part_n
     assert parts["python"][0] == "PASS" and parts["install"][0] == "PASS" and parts["model"][0] == "PASS", parts
     assert parts["compiler"][0] in ("PASS", "SKIP") and parts["driver"][0] in ("PASS", "SKIP")
     need = {"env": 1, "optimizer": 1, "single_gpu": 1, "train_nccl": 2, "train_gloo": 2, "transfer_failure": 1}
-    need |= {"two_learners": 3}
+    need |= {"two_learners": 3, "weights_loaded": 1, "engine_killed": 3, "zero3_memory": 1}
     for name, gpus in need.items():
         assert parts[name] == ("SKIP", parts[name][1]) and parts[name][1].startswith(f"needs {gpus} GPU"), parts
     names = list(parts)
