@@ -235,7 +235,8 @@ def _train(cfg, workload, tokenizer, rows, stop, fault_step: int | None, kind: s
 
 def parse_args(argv: list[str] | None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--steps", type=int, default=10)
+    # 16: the replacement (built in about 10 s here) joins and serves within the run, after the fault at step 4.
+    parser.add_argument("--steps", type=int, default=16)
     parser.add_argument("--fault_step", type=int, default=4, help="the fault comes once this many steps trained")
     parser.add_argument("--prompts", type=int, default=4, help="prompts per step")
     parser.add_argument("--samples", type=int, default=4, help="samples per prompt")

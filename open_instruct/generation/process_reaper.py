@@ -12,7 +12,9 @@ import time
 
 ProcessId = tuple[int, float]  # a pid and its start time: a pid the OS gave to another process is not ours
 
-REAP_GRACE_S = 10.0  # how long the old processes may take to exit by themselves before they are killed
+# How long the old processes may take to exit by themselves before they are killed. Short: the engine is already
+# dead or killed, and an orphaned EngineCore serves nobody (it often waits for its parent's next message).
+REAP_GRACE_S = 2.0
 
 
 def engine_processes() -> tuple[ProcessId, ...]:
