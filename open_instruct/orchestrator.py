@@ -42,7 +42,7 @@ from open_instruct.metrics import (
     sample_error,
 )
 from open_instruct.prompt_feeder import FeederState, PromptFeeder, record_prompts
-from open_instruct.replay_buffer import AddResult, Group, MaxAge, ReplayBuffer
+from open_instruct.replay_buffer import AddResult, Group, ReplayBuffer
 from open_instruct.scheduling import Pacing
 
 logger = logging.getLogger(__name__)
@@ -176,12 +176,10 @@ class ZeroSpreadWatch:
 
 def buffer_config(cfg: Config) -> dict:
     """The replay buffer's rules and caps for this run (`ReplayBuffer(**buffer_config(cfg))`)."""
-    action = cfg.generation.off_policy_action
     return {
         "samples_per_prompt": cfg.generation.num_samples_per_prompt_rollout,
         "max_samples": cfg.replay_buffer_max_samples,
-        # requeue and drop both take the group out of training; the loop tells them apart.
-        "max_age": MaxAge(cfg.max_off_policy_steps, action if action in ("downweight", "mask") else "drop"),
+        "max_age": cfg.staleness_policy.age_rule(),
         "drop_zero_std": cfg.algorithm.active_sampling,
     }
 
@@ -353,7 +351,7 @@ class TrainingLoop:
                 self._record_pass_rate(group.prompt_id, group.completions)
                 self.feeder.grant_refill()
                 self.outcomes.record("filtered", group.prompt_id)
-            elif self.cfg.generation.off_policy_action in ("requeue", "mask"):  # mask: no token was young enough
+            elif self.cfg.staleness_policy.action.requeues:  # (mask: no token of it was young enough)
                 self.feeder.requeue(group.prompt_id)
                 self.outcomes.record("requeued", group.prompt_id)
             else:
@@ -363,7 +361,7 @@ class TrainingLoop:
 
     def abort_doomed(self) -> None:
         """Stop spending engine time on samples whose group can no longer be trained within the bound."""
-        if self.cfg.generation.off_policy_action in ("downweight", "mask"):
+        if self.cfg.staleness_policy.action.trains_late_groups:
             return  # late groups are trained (down-weighted, or on their young tokens): let them finish
         oldest_allowed = self.version - self.pacing.window.current
         if oldest_allowed > 0:
@@ -535,7 +533,6 @@ class TrainingLoop:
             )
         leftover = sorted(self.untrained)
         self.engines.stop("abort")
-        generation = self.cfg.generation
         evals = self.log.evals
         buffer = self.buffer.metrics()
         summary = {
@@ -555,9 +552,9 @@ class TrainingLoop:
             "context_only_token_fraction": buffer["buffer/context_only_token_fraction"],
             "full_weight_token_age_max": buffer["buffer/full_weight_token_age_max"],
             # the window: the staleness bound, its action, and where the lookahead ended (it adapts with auto)
-            "max_off_policy_steps": "auto" if generation.off_policy_window_auto else self.cfg.max_off_policy_steps,
+            "max_off_policy_steps": self.cfg.staleness_policy.flag_value,
             "off_policy_window_final": self.pacing.window.current,
-            "off_policy_action": generation.off_policy_action,
+            "off_policy_action": self.cfg.staleness_policy.action.value,
             "async_steps_final": self.pacing.lookahead.current,
             **{f"prompts_{name}": count for name, count in self.outcomes.totals().items()},
         }

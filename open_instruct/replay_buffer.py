@@ -7,7 +7,7 @@ is trained once. Two rules can keep a complete group out of training:
 
 * **zero reward spread** (`drop_zero_std`, on with --active_sampling): a group whose rewards are all
   equal has zero advantage everywhere; it is dropped as it completes, so every batch has signal;
-* **staleness** (`max_age`, from --max_off_policy_steps and --off_policy_action): a group whose age
+* **staleness** (`max_age`, the age rule of `staleness.StalenessPolicy`): a group whose age
   (learner version minus the oldest weight version of any of its tokens) exceeds `max_age.max_age`
   is dropped, or, with `action="downweight"`, trained at weight `0.5 ** (age - max_age)`. With
   `action="mask"` a group is trained whole unless every token of it is over the bound: the tokens
@@ -49,6 +49,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from open_instruct.messages import Completion
+from open_instruct.staleness import MaxAge
 
 AGE_HISTOGRAM_BUCKETS = 4  # buckets 0 .. 3 versions old, then one for 4 or more
 DropReason = Literal["zero_std", "stale"]
@@ -142,44 +143,6 @@ def sample_tokens(completion: Completion) -> int:
 def has_reward_spread(completions: Iterable[Completion]) -> bool:
     rewards = [c.reward for c in completions]
     return max(rewards) > min(rewards)
-
-
-@dataclass(frozen=True, slots=True)
-class MaxAge:
-    """Groups more than `max_age` versions behind the learner are dropped, down-weighted or trained on
-    their young tokens only (--max_off_policy_steps, --off_policy_action).
-
-    `action="drop"`: such groups are dropped (reported by `pop_dropped`). Dropping biases training
-    toward short completions; `"downweight"` trains them at weight `0.5 ** (age - max_age)` instead
-    (counted in `buffer/downweighted_total`): halved per version over the bound. `"mask"` trains every
-    group at full weight, but only on tokens at most `max_age` versions old; the older ones stay in
-    the sample as context (counted in `buffer/context_only_tokens_total`). A group none of whose
-    tokens is that young is dropped, as with "drop".
-    """
-
-    max_age: int
-    action: Literal["drop", "downweight", "mask"] = "drop"
-
-    def __post_init__(self) -> None:
-        if self.max_age < 0:
-            raise ValueError(f"MaxAge.max_age must be >= 0, got {self.max_age}")
-        if self.action not in ("drop", "downweight", "mask"):
-            raise ValueError(f"MaxAge.action must be 'drop', 'downweight' or 'mask', got {self.action!r}")
-
-    def weight(self, age: int) -> float | None:
-        """The group's loss weight at `age`, or None to drop it."""
-        if age <= self.max_age or self.action == "mask":
-            return 1.0
-        return None if self.action == "drop" else 0.5 ** (age - self.max_age)
-
-    def drops(self, age: int, newest_age: int) -> bool:
-        """Whether a group whose oldest token is `age` versions old and newest `newest_age` is dropped: with
-        mask only when no token of it is young enough to train (it would fill a batch slot with nothing)."""
-        return newest_age > self.max_age if self.action == "mask" else self.weight(age) is None
-
-    def trained_from(self, learner_version: int) -> int:
-        """The oldest weight version whose tokens are trained at `learner_version` (0: all of them)."""
-        return max(0, learner_version - self.max_age) if self.action == "mask" else 0
 
 
 # ---------------------------------------------------------------------------------------------------

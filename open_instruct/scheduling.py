@@ -19,7 +19,7 @@ measures both every step and follows that need:
 * it stays within [1, max_off_policy_steps]: more lookahead than the staleness bound would only
   produce samples the bound throws away.
 
-The staleness window K (`--max_off_policy_steps`) is the other half of the pacing: a fixed K, or with
+The staleness window K (`staleness.StalenessPolicy`) is the other half of the pacing: a fixed K, or with
 `auto` an `OffPolicyWindow` that trades the learner's wait against off-policy health (see its docstring).
 Under `--async_steps auto` the lookahead never exceeds the window's current K.
 
@@ -30,6 +30,8 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+
+from open_instruct.staleness import OffPolicyWindow
 
 logger = logging.getLogger(__name__)
 
@@ -93,136 +95,6 @@ class Lookahead:
         return self._need or 0.0
 
 
-@dataclass
-class OffPolicyWindow:
-    """The staleness bound K; `--max_off_policy_steps auto` tunes it, a fixed one never changes.
-
-    K buys throughput and costs health. A wider window lets generation run further ahead (and, under
-    requeue or mask, loses fewer samples to age), which removes the learner's wait; it also trains tokens
-    from older policies, whose importance weights pi_old/mu spread out. So `auto` reads both every step:
-
-    * health is the step's `headroom`: how far its effective sample size fraction (`offpolicy/ess_frac`)
-      and its share of capped importance weights (`offpolicy/truncated_frac`) are inside the user's limits,
-      1 on-policy, 0 at a limit, negative past one;
-    * past a limit, K narrows by one at once, whatever it did before: the buffer applies K when a group
-      trains, so the next step already trains younger tokens; it may narrow again after `narrow_cooldown`
-      steps, and widen again only after K steps;
-    * when the learner waited more than `wait_tolerance` of its steps (a moving average that leaves out
-      the first `warmup_steps`, which wait for the pipeline to fill whatever K is; one slow batch does
-      not widen it either), K widens by one if the health one more version of lag would have stays
-      inside the limits. The prediction takes the worst step since the last move (health varies with
-      each batch's lags: one good step does not make a wider K safe) and scales its deficits
-      (1 - ess_frac, truncated_frac) by ((K + 1) / K)^2: a log-ratio whose spread grows in proportion
-      to the lag has a variance, and so an ess deficit, growing with its square. It widens only once a
-      trained group has reached the current K since the last move: before that the health of lag K is
-      not measured yet, and a K that no group reaches is not what the learner waits for. Then it waits
-      `widen_cooldown` steps to see the health of the wider lag (a limit crossed then narrows K back);
-    * it starts at `minimum`, the conservative end, and stays within [minimum, maximum].
-
-    A step without importance statistics (a learner that logs none) counts as on-policy.
-    """
-
-    current: int
-    auto: bool = False
-    minimum: int = 1
-    maximum: int = 1
-    min_ess_frac: float = 0.9
-    max_truncated_frac: float = 0.02
-    wait_tolerance: float = 0.05
-    wait_smoothing: float = 0.3  # weight of the newest step in the learner wait's moving average
-    warmup_steps: int = 2  # a run's first steps wait for the pipeline to fill, whatever K: not counted
-    narrow_cooldown: int = 1
-    widen_cooldown: int = 2
-    change: int = 0  # the last update's move: +1 widened, -1 narrowed, 0 held
-    headroom: float = 1.0  # the last update's health headroom
-    _updates: int = 0
-    _narrow_from: int = 0  # the first update that may narrow again
-    _widen_from: int = 0  # the first update that may widen again
-    _wait: float | None = None  # the learner wait's moving average (share of a step)
-    _worst_ess: float = 1.0  # the worst health since the last move
-    _worst_truncated: float = 0.0
-    _lag_reached: float = 0.0  # the largest group lag trained since the last move
-
-    @classmethod
-    def fixed(cls, steps: int) -> OffPolicyWindow:
-        return cls(current=steps, minimum=steps, maximum=steps)
-
-    @classmethod
-    def adaptive(cls, minimum: int, maximum: int, min_ess_frac: float, max_truncated_frac: float) -> OffPolicyWindow:
-        if not 1 <= minimum <= maximum:
-            raise ValueError(f"a self-tuning window needs 1 <= minimum <= maximum, got [{minimum}, {maximum}]")
-        return cls(minimum, True, minimum, maximum, min_ess_frac, max_truncated_frac)
-
-    def health_headroom(self, ess_frac: float | None, truncated_frac: float | None) -> float:
-        """min over the limits of (distance to the limit) / (distance from on-policy to the limit)."""
-        ess = 1.0 if ess_frac is None else (ess_frac - self.min_ess_frac) / (1.0 - self.min_ess_frac)
-        tails = 1.0 if truncated_frac is None else 1.0 - truncated_frac / self.max_truncated_frac
-        return min(ess, tails)
-
-    def _forget_since_move(self) -> None:
-        """What the window measured at the previous K no longer says anything about the new one."""
-        self._worst_ess, self._worst_truncated, self._lag_reached = 1.0, 0.0, 0.0
-
-    def predicted_headroom(self) -> float:
-        """The headroom one more version of lag would leave, from the worst step since the last move."""
-        growth = ((self.current + 1) / self.current) ** 2
-        return self.health_headroom(1.0 - (1.0 - self._worst_ess) * growth, self._worst_truncated * growth)
-
-    def update(
-        self,
-        waited_frac: float,
-        ess_frac: float | None = None,
-        truncated_frac: float | None = None,
-        lag_max: float | None = None,
-    ) -> int:
-        """Feed one step's learner wait (share of the step), health and largest group lag; returns K for the
-        next step."""
-        self.change = 0
-        self.headroom = self.health_headroom(ess_frac, truncated_frac)
-        step, self._updates = self._updates, self._updates + 1
-        self._worst_ess = min(self._worst_ess, 1.0 if ess_frac is None else ess_frac)
-        self._worst_truncated = max(self._worst_truncated, truncated_frac or 0.0)
-        self._lag_reached = max(self._lag_reached, self.current if lag_max is None else lag_max)
-        if not self.auto:
-            return self.current
-        if step >= self.warmup_steps:
-            smoothing = self.wait_smoothing
-            self._wait = waited_frac if self._wait is None else smoothing * waited_frac + (1 - smoothing) * self._wait
-        predicted = self.predicted_headroom()
-        if self.headroom < 0 and self.current > self.minimum and step >= self._narrow_from:
-            self.current, self.change = self.current - 1, -1
-            self._narrow_from = step + 1 + self.narrow_cooldown
-            self._widen_from = step + 1 + self.current  # not straight back: the narrower lag must show first
-            self._forget_since_move()
-            logger.info(
-                "off-policy window narrowed to %d: ess_frac %s, truncated_frac %s past the limits (%.2f, %.3f)",
-                self.current,
-                ess_frac,
-                truncated_frac,
-                self.min_ess_frac,
-                self.max_truncated_frac,
-            )
-        elif (
-            self._wait is not None
-            and self._wait > self.wait_tolerance
-            and predicted >= 0
-            and self._lag_reached >= self.current
-            and self.current < self.maximum
-            and step >= self._widen_from
-        ):
-            self.current, self.change = self.current + 1, 1
-            self._widen_from = step + 1 + self.widen_cooldown
-            logger.info(
-                "off-policy window widened to %d: the learner waited %.0f%% of its steps, health predicted at "
-                "this lag: headroom %.2f",
-                self.current,
-                100 * self._wait,
-                predicted,
-            )
-            self._forget_since_move()
-        return self.current
-
-
 class Pacing:
     """The lookahead and the staleness window of a run, updated together once per step."""
 
@@ -233,20 +105,9 @@ class Pacing:
 
     @classmethod
     def from_config(cls, cfg) -> Pacing:
-        generation = cfg.generation
-        if generation.off_policy_window_auto:
-            window = OffPolicyWindow.adaptive(
-                generation.off_policy_window_min,
-                generation.off_policy_window_max,
-                generation.off_policy_min_ess_frac,
-                generation.off_policy_max_truncated_frac,
-            )
-        else:
-            window = OffPolicyWindow.fixed(cfg.max_off_policy_steps)
-        lookahead = (
-            Lookahead.adaptive(cfg.max_off_policy_steps) if cfg.async_steps_auto else Lookahead.fixed(cfg.lookahead_max)
-        )
-        return cls(lookahead, window)
+        policy = cfg.staleness_policy
+        lookahead = Lookahead.adaptive(policy.bound) if cfg.async_steps_auto else Lookahead.fixed(cfg.lookahead_max)
+        return cls(lookahead, policy.window())
 
     def _clamp_lookahead(self) -> None:
         """An automatic lookahead runs no further ahead than the window's current K."""

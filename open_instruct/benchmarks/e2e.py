@@ -154,14 +154,13 @@ class PeakMemory:
 def mode_config(base, mode: str, output_dir: Path):
     async_steps, inflight, kv, action = MODES[mode]
     generation = dataclasses.replace(
-        base.generation,
-        async_steps=async_steps,
-        inflight_updates=inflight,
-        inflight_update_kv=kv,
-        off_policy_action=action,
+        base.generation, async_steps=async_steps, inflight_updates=inflight, inflight_update_kv=kv
     )
     return dataclasses.replace(
-        base, generation=generation, run=dataclasses.replace(base.run, output_dir=str(output_dir))
+        base,
+        generation=generation,
+        staleness=dataclasses.replace(base.staleness, off_policy_action=action),
+        run=dataclasses.replace(base.run, output_dir=str(output_dir)),
     )
 
 
@@ -217,8 +216,8 @@ def measured_run(cfg, history: list[dict]) -> dict:
         # The same bias per token: response tokens of trained samples left out of the loss for their age (mask).
         "context_only_token_fraction": history[-1]["buffer/context_only_token_fraction"],
         "full_weight_token_age_max": history[-1]["buffer/full_weight_token_age_max"],
-        "max_off_policy_steps": cfg.max_off_policy_steps,
-        "off_policy_action": cfg.generation.off_policy_action,
+        "max_off_policy_steps": cfg.staleness_policy.flag_value,
+        "off_policy_action": cfg.staleness_policy.action.value,
         "requeued_prompts": history[-1]["offpolicy/requeued_prompts_total"],
         "dropped_prompts": history[-1]["offpolicy/dropped_prompts_total"],
         "aborted_tokens": history[-1]["offpolicy/aborted_tokens_total"],

@@ -75,6 +75,7 @@ from open_instruct.config.data import DataConfig
 from open_instruct.config.generation import GenerationConfig
 from open_instruct.config.learner import LearnerConfig
 from open_instruct.config.run import RunConfig
+from open_instruct.config.staleness import StalenessConfig
 from open_instruct.metrics import async_steps_needed, mean
 from open_instruct.orchestrator import TrainingLoop
 from open_instruct.tracking import MemoryLog
@@ -278,6 +279,8 @@ def loop_config(
             async_steps=str(async_steps),
             inflight_updates=pause_mode != "wait",
             inflight_update_kv="reprefill" if pause_mode == "reprefill" else "keep",
+        ),
+        staleness=StalenessConfig(
             max_off_policy_steps=None if max_off_policy_steps is None else str(max_off_policy_steps),
             off_policy_action=off_policy_action,
             **(window_limits or {}),

@@ -33,10 +33,10 @@ from open_instruct.benchmarks.simulator import (
     simulate,
 )
 from open_instruct.benchmarks.stamp import stamp
-from open_instruct.config.generation import GenerationConfig
+from open_instruct.config.staleness import StalenessConfig
 from open_instruct.scheduling import OffPolicyWindow
 
-LIMITS = GenerationConfig()  # the window's default limits and bounds
+LIMITS = StalenessConfig()  # the window's default limits and bounds
 # The controller's own judgement of a step's health, so that the benchmarks call "within limits" what it does.
 DEFAULT_WINDOW = OffPolicyWindow.adaptive(
     LIMITS.off_policy_window_min,

@@ -11,6 +11,7 @@ import math
 import os
 import sys
 from dataclasses import dataclass, field, fields, replace
+from functools import cached_property
 
 from open_instruct.config.algorithm import AlgorithmConfig
 from open_instruct.config.compat import CompatConfig
@@ -27,7 +28,9 @@ from open_instruct.config.learner import (
 from open_instruct.config.model import ModelConfig
 from open_instruct.config.rewards import RewardConfig
 from open_instruct.config.run import RunConfig
+from open_instruct.config.staleness import WINDOW_FLAGS, StalenessConfig
 from open_instruct.config.tools import ToolsConfig
+from open_instruct.staleness import StalenessPolicy
 
 
 @dataclass(frozen=True)
@@ -38,6 +41,7 @@ class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     generation: GenerationConfig = field(default_factory=GenerationConfig)
+    staleness: StalenessConfig = field(default_factory=StalenessConfig)
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
     tools: ToolsConfig = field(default_factory=ToolsConfig)
@@ -133,15 +137,15 @@ class Config:
     def async_steps_auto(self) -> bool:
         return self.generation.async_steps_auto
 
-    @property
-    def max_off_policy_steps(self) -> int:
-        """K: the largest version lag a trained group may have (see --off_policy_action)."""
-        return self.generation.staleness_bound
+    @cached_property
+    def staleness_policy(self) -> StalenessPolicy:
+        """K and the off-policy action, parsed once (the flags are valid by then)."""
+        return StalenessPolicy.from_config(self)
 
     @property
     def lookahead_max(self) -> int:
         """The most steps generation can run ahead: --async_steps, or K when it adapts (`auto`)."""
-        return self.max_off_policy_steps if self.async_steps_auto else int(self.generation.async_steps)
+        return self.staleness_policy.bound if self.async_steps_auto else int(self.generation.async_steps)
 
     # -- capacities derived from the lookahead: lookahead + 1 batches of live groups may be admitted
     # and untrained at once (refills only replace dropped ones), plus one batch of slack for the
@@ -191,14 +195,7 @@ def _cross_group_checks(cfg: Config) -> list[tuple[bool, str]]:
             f"--checkpointing_steps {run.checkpointing_steps} must be >= 1",
         ),
     ]
-    window_flags = sorted(cfg.explicit_flags & WINDOW_FLAGS)
-    checks.append(
-        (
-            generation.off_policy_window_auto or not window_flags,
-            f"--{window_flags[0] if window_flags else ''} sets a limit of the self-tuning window, which needs "
-            f"--max_off_policy_steps auto (it is {generation.max_off_policy_steps})",
-        )
-    )
+    checks += _staleness_checks(cfg)
     for flag, folder in (("output_dir", run.output_dir), ("checkpoint_state_dir", state_dir(cfg))):
         # a file where a folder goes would fail only when the first thing is written, minutes in
         checks.append((not folder or not os.path.isfile(folder), f"--{flag} {folder} is a file; give a directory"))
@@ -221,9 +218,26 @@ def _cross_group_checks(cfg: Config) -> list[tuple[bool, str]]:
     return checks
 
 
-WINDOW_FLAGS = frozenset(
-    {"off_policy_window_min", "off_policy_window_max", "off_policy_min_ess_frac", "off_policy_max_truncated_frac"}
-)
+def _staleness_checks(cfg: Config) -> list[tuple[bool, str]]:
+    """K against the lookahead and the weight syncs; only once both groups' own flags are valid."""
+    if cfg.staleness.problems() or cfg.generation.problems():
+        return []
+    policy = StalenessPolicy.from_config(cfg)
+    window_flags = sorted(cfg.explicit_flags & WINDOW_FLAGS)
+    checks = [
+        (
+            policy.auto or not window_flags,
+            f"--{window_flags[0] if window_flags else ''} sets a limit of the self-tuning window, which needs "
+            f"--max_off_policy_steps auto (it is {cfg.staleness.max_off_policy_steps})",
+        ),
+        (
+            policy.bound >= 1 or not cfg.async_steps_auto,
+            "--async_steps auto adapts the lookahead within [1, --max_off_policy_steps]; give a bound >= 1",
+        ),
+    ]
+    return checks + [
+        (False, problem) for problem in policy.sync_interval_problems(cfg.generation.weight_sync_every_steps)
+    ]
 
 
 def _placement_problems(cfg: Config) -> list[str]:

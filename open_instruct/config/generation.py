@@ -1,5 +1,5 @@
-"""The engines and how they sample: batch shape, sampling, the lookahead and staleness bound, weight pushes,
-engine faults, and evaluation sampling."""
+"""The engines and how they sample: batch shape, sampling, the lookahead, weight pushes, engine faults, and
+evaluation sampling. (How old a trained token may be is `config.staleness`.)"""
 
 from __future__ import annotations
 
@@ -7,10 +7,6 @@ from dataclasses import dataclass
 from typing import Literal
 
 from open_instruct.config.fields import arg
-
-# The staleness bound of `--async_steps auto` when --max_off_policy_steps is not given: open-instruct's
-# default lookahead, so `auto` never runs further ahead than an unchanged open-instruct script would.
-DEFAULT_AUTO_BOUND = 8
 
 
 @dataclass(frozen=True)
@@ -28,40 +24,6 @@ class GenerationConfig:
         "8",
         "How many optimizer steps generation may run ahead of the learner: an integer (0 = synchronous), or "
         "'auto' to follow the measured group latency and learner step time within [1, --max_off_policy_steps].",
-    )
-    max_off_policy_steps: str | None = arg(
-        None,
-        "Staleness bound: a group whose oldest token is more than K learner versions behind at training time "
-        "gets --off_policy_action. Default: --async_steps (open-instruct's bound); 8 with --async_steps auto. "
-        "'auto': K tunes itself within [--off_policy_window_min, --off_policy_window_max], widening while the "
-        "learner waits for batches and narrowing when the off-policy health limits are crossed "
-        "(--off_policy_min_ess_frac, --off_policy_max_truncated_frac).",
-    )
-    off_policy_window_min: int = arg(
-        1, "With --max_off_policy_steps auto: the smallest K (where it starts).", bounds=">= 1"
-    )
-    off_policy_window_max: int = arg(
-        DEFAULT_AUTO_BOUND, "With --max_off_policy_steps auto: the largest K (capacities are sized for it)."
-    )
-    off_policy_min_ess_frac: float = arg(
-        0.9,
-        "With --max_off_policy_steps auto: the narrowest effective sample size of a step's importance weights "
-        "pi_old/mu, as a fraction of its tokens (offpolicy/ess_frac), before K narrows; 0: no limit.",
-        bounds="[0, 1)",
-    )
-    off_policy_max_truncated_frac: float = arg(
-        0.02,
-        "With --max_off_policy_steps auto: the largest share of a step's tokens whose importance weight hits the "
-        "cap (offpolicy/truncated_frac, --truncated_importance_sampling_ratio_cap) before K narrows; 1: no limit.",
-        bounds="(0, 1]",
-    )
-    off_policy_action: Literal["mask", "requeue", "drop", "downweight"] = arg(
-        "mask",
-        "For groups over --max_off_policy_steps: train the group whole at full weight on its tokens at most K "
-        "versions old, the older ones kept as context outside the loss, and requeue it only when no token is "
-        "that young (mask: a long answer is not lost for its age); admit the prompt again, fresh (requeue); "
-        "drop it and admit another (drop); or train it at weight 0.5^(lag - K) (downweight). Requeue and drop "
-        "also abort running samples that can no longer finish within the bound.",
     )
     inflight_updates: bool = arg(
         True,
@@ -139,27 +101,12 @@ class GenerationConfig:
     def async_steps_auto(self) -> bool:
         return self.async_steps.strip().lower() == "auto"
 
-    @property
-    def off_policy_window_auto(self) -> bool:
-        return str(self.max_off_policy_steps).strip().lower() == "auto"
-
-    @property
-    def staleness_bound(self) -> int:
-        """K: the largest version lag a trained group may have (see --off_policy_action); with a self-tuning
-        window its largest value."""
-        if self.off_policy_window_auto:
-            return self.off_policy_window_max
-        if self.max_off_policy_steps is not None:
-            return int(self.max_off_policy_steps)
-        return DEFAULT_AUTO_BOUND if self.async_steps_auto else int(self.async_steps)
-
-    @property
-    def staleness_bound_min(self) -> int:
-        """The smallest K the run may use: the fixed bound, or the window's minimum."""
-        return self.off_policy_window_min if self.off_policy_window_auto else self.staleness_bound
-
     def problems(self) -> list[str]:
         checks = [
+            (
+                self.async_steps_auto or self.async_steps.strip().isdigit(),
+                f"--async_steps {self.async_steps!r} must be an integer >= 0 (0 = synchronous) or 'auto'",
+            ),
             (
                 self.num_samples_per_prompt_rollout >= 2,
                 "--num_samples_per_prompt_rollout must be >= 2: group-relative advantages need at least two samples",
@@ -170,48 +117,4 @@ class GenerationConfig:
                 "--inflight_updates False makes every update wait for them instead: drop one of the two",
             ),
         ]
-        return [message for ok, message in checks if not ok] + self.window_problems()
-
-    def window_problems(self) -> list[str]:
-        """The lookahead and the staleness window: each valid, and together able to train something."""
-        checks = [
-            (
-                self.async_steps_auto or self.async_steps.strip().isdigit(),
-                f"--async_steps {self.async_steps!r} must be an integer >= 0 (0 = synchronous) or 'auto'",
-            ),
-            (
-                self.max_off_policy_steps is None
-                or self.off_policy_window_auto
-                or str(self.max_off_policy_steps).strip().isdigit(),
-                f"--max_off_policy_steps {self.max_off_policy_steps!r} must be an integer >= 0 or 'auto'",
-            ),
-            (
-                str(self.max_off_policy_steps).strip() != "0" or not self.async_steps_auto,
-                "--async_steps auto adapts the lookahead within [1, --max_off_policy_steps]; give a bound >= 1",
-            ),
-            (
-                self.off_policy_window_min <= self.off_policy_window_max,
-                f"--off_policy_window_min {self.off_policy_window_min} must be <= --off_policy_window_max "
-                f"{self.off_policy_window_max}",
-            ),
-        ]
-        problems = [message for ok, message in checks if not ok]
-        if not problems:  # the bound is defined only once --async_steps and --max_off_policy_steps are valid
-            problems += sync_interval_problems(
-                self.staleness_bound_min, self.weight_sync_every_steps, self.off_policy_action
-            )
-        return problems
-
-
-def sync_interval_problems(bound: int, sync_every: int, off_policy_action: str) -> list[str]:
-    """Between weight syncs the engines fall up to `sync_every - 1` versions behind the learner. A tighter
-    staleness bound dooms every sample before the next sync, which then never comes (the learner waits
-    forever), unless late groups are down-weighted instead of dropped."""
-    lag = sync_every - 1
-    if off_policy_action == "downweight" or bound >= lag:
-        return []
-    return [
-        f"--weight_sync_every_steps {sync_every} leaves the engines up to {lag} versions behind the learner, "
-        f"more than the staleness bound {bound} allows: nothing would be trainable before the next sync; give "
-        f"--max_off_policy_steps >= {lag} (or --off_policy_action downweight)"
-    ]
+        return [message for ok, message in checks if not ok]

@@ -97,6 +97,10 @@ class Resubmission:
         self._requests: dict[str, PromptRequest] = {}  # admitted and not yet complete
         self._suspects: list[tuple[float, list[str]]] = []  # (when to decide, prompt ids)
 
+    def __len__(self) -> int:
+        """Prompts tracked: admitted and not yet complete, and suspects not decided yet."""
+        return len(self._requests) + sum(len(suspects) for _, suspects in self._suspects)
+
     def admitted(self, request: PromptRequest) -> None:
         self._requests[request.prompt_id] = request
 

@@ -166,7 +166,7 @@ def test_the_ledger_forgets_complete_prompts_but_still_recognises_resubmitted_du
         "admitted_prompts": 16000, "expected_samples": 32000, "delivered_samples": 32000, "error_samples": 0,
     }  # fmt: skip
     ledger.check_complete()
-    # As EnginePool._resubmit does after a failure: the prompt leaves its engine, its missing sample is
+    # As Resubmission.resubmit does after a failure: the prompt leaves its engine, its missing sample is
     # generated again elsewhere, and the dead engine's copy may still arrive.
     [request] = feeder.admit(2000, max_count=1)
     ledger.admit(request)
@@ -202,7 +202,7 @@ def test_the_engine_pool_keeps_only_prompts_in_flight(monkeypatch):
 
     def sizes() -> dict[str, int]:
         return {
-            "requests": len(pool._requests), "partials": len(pool.partials), "carried": len(pool._carried),
+            "requests": len(pool.resubmission), "partials": len(pool.partials), "carried": len(pool._carried),
             "ledger": _tracked(pool.ledger), "prompt queue": pool.prompts.depth(), "result queue": pool.results.depth(),
         }  # fmt: skip
 

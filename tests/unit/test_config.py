@@ -234,7 +234,32 @@ def test_config_equality_is_value_based():
 
 def test_a_self_tuning_window_is_sized_for_its_widest_bound():
     cfg = parse_config(["--max_off_policy_steps", "auto", "--async_steps", "auto", "--off_policy_window_max", "5"])
-    assert cfg.generation.off_policy_window_auto and cfg.max_off_policy_steps == 5 and cfg.lookahead_max == 5
-    assert cfg.generation.staleness_bound_min == 1
-    fixed = parse_config(["--max_off_policy_steps", "3"])
-    assert not fixed.generation.off_policy_window_auto and fixed.max_off_policy_steps == 3
+    policy = cfg.staleness_policy
+    assert policy.auto and policy.bound == 5 and cfg.lookahead_max == 5 and policy.minimum == 1
+    assert policy.flag_value == "auto" and policy.window().current == 1
+    fixed = parse_config(["--max_off_policy_steps", "3"]).staleness_policy
+    assert not fixed.auto and fixed.bound == fixed.minimum == 3 and fixed.flag_value == 3
+
+
+def test_k_defaults_to_the_lookahead_and_the_action_says_what_the_loop_does():
+    from open_instruct.staleness import OffPolicyAction
+
+    assert parse_config(["--async_steps", "3"]).staleness_policy.bound == 3
+    assert parse_config(["--async_steps", "auto"]).staleness_policy.bound == 8  # open-instruct's default lookahead
+    policies = {
+        a: parse_config(["--off_policy_action", a]).staleness_policy for a in ("mask", "requeue", "drop", "downweight")
+    }
+    assert {a: p.action.requeues for a, p in policies.items()} == {
+        "mask": True,
+        "requeue": True,
+        "drop": False,
+        "downweight": False,
+    }
+    assert [a for a, p in policies.items() if p.action.trains_late_groups] == ["mask", "downweight"]
+    assert {a: p.age_rule().action for a, p in policies.items()} == {
+        "mask": "mask",
+        "requeue": "drop",
+        "drop": "drop",
+        "downweight": "downweight",
+    }
+    assert policies["mask"].action is OffPolicyAction.MASK

@@ -15,7 +15,8 @@ from helpers import fakes
 
 from open_instruct import checkpoints
 from open_instruct.orchestrator import StopRequest
-from open_instruct.replay_buffer import MaxAge, ReplayBuffer
+from open_instruct.replay_buffer import ReplayBuffer
+from open_instruct.staleness import MaxAge
 
 
 @pytest.mark.parametrize("async_steps", [0, 1, 3])

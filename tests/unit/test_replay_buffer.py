@@ -12,10 +12,10 @@ from open_instruct.replay_buffer import (
     AddResult,
     BufferState,
     Group,
-    MaxAge,
     ReplayBuffer,
     sample_tokens,
 )
+from open_instruct.staleness import MaxAge
 
 N = 2  # samples per prompt in most tests
 PROMPT = (1, 2, 3)

@@ -86,7 +86,8 @@ def test_async_steps_needed_is_littles_law(latency, step, needed):
 
 
 def advisor(async_steps: int | str):
-    from open_instruct.scheduling import Lookahead, OffPolicyWindow, Pacing
+    from open_instruct.scheduling import Lookahead, Pacing
+    from open_instruct.staleness import OffPolicyWindow
 
     lookahead = Lookahead.adaptive(8) if async_steps == "auto" else Lookahead.fixed(async_steps)
     return Pacing(lookahead, OffPolicyWindow.fixed(8))

@@ -9,7 +9,8 @@ import random
 
 import pytest
 
-from open_instruct.scheduling import Lookahead, OffPolicyWindow, Pacing
+from open_instruct.scheduling import Lookahead, Pacing
+from open_instruct.staleness import OffPolicyWindow
 
 
 def test_a_fixed_lookahead_never_moves():

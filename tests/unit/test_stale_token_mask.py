@@ -7,7 +7,8 @@ from dataclasses import replace
 
 from open_instruct.batching import assemble, batch_settings
 from open_instruct.messages import Completion, VersionSpan
-from open_instruct.replay_buffer import MaxAge, ReplayBuffer
+from open_instruct.replay_buffer import ReplayBuffer
+from open_instruct.staleness import MaxAge
 
 PAD = 0
 PROMPT = (5, 6, 7)
