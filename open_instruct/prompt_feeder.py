@@ -124,18 +124,18 @@ class PromptFeeder:
         return [self._next(learner_version, queued_at) for _ in range(count)]
 
     def _next(self, learner_version: int, queued_at: float) -> PromptRequest:
-        s = self.state
-        if s.requeued:
-            again, *rest = s.requeued
-            self.state = dataclasses.replace(s, requeued=tuple(rest), admitted=s.admitted + 1)
+        state = self.state
+        if state.requeued:
+            again, *rest = state.requeued
+            self.state = dataclasses.replace(state, requeued=tuple(rest), admitted=state.admitted + 1)
             return self._request(self.rows[row_id(again)], _readmitted_id(again), learner_version, queued_at)
-        epoch, position, excluded = s.epoch, s.position, s.excluded
+        epoch, position, excluded = state.epoch, state.position, state.excluded
         if position == len(self._order):
-            epoch, position, excluded = epoch + 1, 0, s.solved  # solved prompts leave from the reshuffle on
+            epoch, position, excluded = epoch + 1, 0, state.solved  # solved prompts leave from the reshuffle on
             self._order = self._epoch_order(epoch, excluded)
         row = self.prompts[self._order[position]]
         self.state = dataclasses.replace(
-            s, epoch=epoch, position=position + 1, admitted=s.admitted + 1, excluded=excluded
+            state, epoch=epoch, position=position + 1, admitted=state.admitted + 1, excluded=excluded
         )
         return self._request(row, f"{row.prompt_id}@{epoch}", learner_version, queued_at)
 

@@ -367,11 +367,10 @@ class MCPTool:
     async def _connect(self, deadline: float) -> _Connection:
         """A connected session, connecting (again) if there is none; raises ConnectionError or TimeoutError."""
         loop = asyncio.get_running_loop()
-        s = self.settings
-        for attempt in range(s.max_retries):
+        for attempt in range(self.settings.max_retries):
             connection = self._connection
             if connection is None or not connection.usable:
-                connection = self._connection = _Connection(s)
+                connection = self._connection = _Connection(self.settings)
             done, _ = await asyncio.wait({connection.ready}, timeout=max(0.0, deadline - loop.time()))
             if not done:
                 if self._connection is connection and not connection.ready.done():
@@ -382,9 +381,9 @@ class MCPTool:
                 return connection
             if self._connection is connection:
                 self._connection = None
-            if attempt + 1 == s.max_retries:
+            if attempt + 1 == self.settings.max_retries:
                 raise ConnectionError(str(connection.ready.exception()))
-            pause = s.retry_backoff * 2**attempt
+            pause = self.settings.retry_backoff * 2**attempt
             if loop.time() + pause >= deadline:
                 raise TimeoutError
             await asyncio.sleep(pause)

@@ -60,8 +60,7 @@ class AgentSettings:
             tools=tools,
             tool_specs=tuple(with_credentials(spec) for spec in tool_specs(tools)),
             pool_size=tools.pool_size or cfg.rollout_batch_size,
-            max_model_len=cfg.data.max_prompt_token_length
-            + max(cfg.generation.response_length, cfg.eval_response_length),
+            max_model_len=cfg.max_model_len,
         )
 
     @property

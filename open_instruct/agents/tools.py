@@ -70,10 +70,14 @@ class PythonTool:
         code = str(args.get("code", ""))
         if not code.strip():
             return StepResult("", error="empty code")
-        s = self.settings
-        payload = {"code": code, "timeout": s.timeout}
+        payload = {"code": code, "timeout": self.settings.timeout}
         status, reason, text = await self._http.request(
-            "POST", s.api_endpoint, payload, s.timeout + 5, code_api_headers(), s.max_retries
+            "POST",
+            self.settings.api_endpoint,
+            payload,
+            self.settings.timeout + 5,
+            code_api_headers(),
+            self.settings.max_retries,
         )
         if status != 200:
             return StepResult(f"HTTP error: {status} {reason}", error=f"HTTP {status}: {text[:200]}")
@@ -100,16 +104,24 @@ class HttpTool:
         self._http = HttpClient()
 
     async def call(self, args: dict[str, Any]) -> StepResult:
-        s = self.settings
-        status, reason, text = await self._http.request(s.method, s.url, args, s.timeout, s.headers, s.max_retries)
+        status, reason, text = await self._http.request(
+            self.settings.method,
+            self.settings.url,
+            args,
+            self.settings.timeout,
+            self.settings.headers,
+            self.settings.max_retries,
+        )
         if not 200 <= status < 300:
             return StepResult(f"HTTP error: {status} {reason}", error=f"HTTP {status}: {text[:200]}")
-        if s.result_key is None:
+        if self.settings.result_key is None:
             return StepResult(text)
         try:
-            value = json.loads(text)[s.result_key]
+            value = json.loads(text)[self.settings.result_key]
         except (ValueError, KeyError, TypeError) as error:
-            return StepResult(f"Bad reply: no {s.result_key!r} in it", error=f"{type(error).__name__}: {error}")
+            return StepResult(
+                f"Bad reply: no {self.settings.result_key!r} in it", error=f"{type(error).__name__}: {error}"
+            )
         return StepResult(value if isinstance(value, str) else json.dumps(value))
 
     async def close(self) -> None:

@@ -223,12 +223,13 @@ class _WebTool:
         if not argument.strip():
             # open-instruct shows the model nothing here; the message only reaches the statistics.
             return StepResult("", error=self.empty_message)
-        s = self.settings
         method, url, body, headers = self.request(argument)
         try:
-            status, reason, text = await self._http.request(method, url, body, s.timeout, headers, s.max_retries)
+            status, reason, text = await self._http.request(
+                method, url, body, self.settings.timeout, headers, self.settings.max_retries
+            )
         except TimeoutError:
-            message = f"Timeout after {s.timeout:g} seconds"
+            message = f"Timeout after {self.settings.timeout:g} seconds"
             return StepResult(message, error=message, timed_out=True)
         except aiohttp.ClientError as error:
             message = f"Connection error: {error}"
@@ -260,9 +261,13 @@ class SerperSearchTool(_WebTool):
     empty_message = _EMPTY_QUERY
 
     def request(self, argument):
-        s = self.settings
-        headers = {"X-API-KEY": s.api_key, "Content-Type": "application/json"}
-        return "POST", s.base_url.rstrip("/") + "/search", {"q": argument, "num": s.num_results}, headers
+        headers = {"X-API-KEY": self.settings.api_key, "Content-Type": "application/json"}
+        return (
+            "POST",
+            self.settings.base_url.rstrip("/") + "/search",
+            {"q": argument, "num": self.settings.num_results},
+            headers,
+        )
 
     def observe(self, data):
         blocks = [
@@ -289,9 +294,13 @@ class S2SearchTool(_WebTool):
     empty_message = _EMPTY_QUERY
 
     def request(self, argument):
-        s = self.settings
-        query = urllib.parse.urlencode({"limit": s.num_results, "query": argument})
-        return "GET", f"{s.base_url.rstrip('/')}/snippet/search?{query}", None, {"x-api-key": s.api_key}
+        query = urllib.parse.urlencode({"limit": self.settings.num_results, "query": argument})
+        return (
+            "GET",
+            f"{self.settings.base_url.rstrip('/')}/snippet/search?{query}",
+            None,
+            {"x-api-key": self.settings.api_key},
+        )
 
     def observe(self, data):
         texts = [
@@ -331,11 +340,14 @@ class JinaBrowseTool(_BrowseTool):
     empty_message = _EMPTY_URL
 
     def request(self, argument):
-        s = self.settings
         # The page's URL is the reader's path; only its scheme and path separators stay unescaped.
         target = urllib.parse.quote(argument.strip(), safe=":/")
-        headers = {"Accept": "application/json", "Authorization": f"Bearer {s.api_key}", "X-Return-Format": "markdown"}
-        return "GET", f"{s.base_url.rstrip('/')}/{target}", None, headers
+        headers = {
+            "Accept": "application/json",
+            "Authorization": f"Bearer {self.settings.api_key}",
+            "X-Return-Format": "markdown",
+        }
+        return "GET", f"{self.settings.base_url.rstrip('/')}/{target}", None, headers
 
     def observe(self, data):
         if data.get("code") != 200:
@@ -379,26 +391,27 @@ class Crawl4AIBrowseTool(_BrowseTool):
         return list(self.settings.blocklist)
 
     def request(self, argument):
-        s = self.settings
         # Crawl4AI's Docker API takes serialised BrowserConfig / CrawlerRunConfig objects; the blocklist is
         # its `exclude_domains`, so the service drops links to those domains (the page itself is fetched).
         crawler = {
-            "cache_mode": "bypass" if s.bypass_cache else "enabled",
+            "cache_mode": "bypass" if self.settings.bypass_cache else "enabled",
             "word_count_threshold": 10,
             "exclude_social_media_links": True,
             "excluded_tags": ["form", "header", "footer", "nav"],
-            "page_timeout": int((s.timeout - 1) * 1000),  # ms, one second under ours so the service answers first
+            "page_timeout": int(
+                (self.settings.timeout - 1) * 1000
+            ),  # ms, one second under ours so the service answers first
             "exclude_domains": self.blocklist(),
         }
-        if s.ignore_links:
+        if self.settings.ignore_links:
             crawler["exclude_external_links"] = True
         body = {
             "urls": [argument.strip()],
             "browser_config": {"type": "BrowserConfig", "params": {"headless": True}},
             "crawler_config": {"type": "CrawlerRunConfig", "params": crawler},
         }
-        headers = {"Content-Type": "application/json", "x-api-key": s.api_key}
-        return "POST", s.api_url.rstrip("/") + "/crawl", body, headers
+        headers = {"Content-Type": "application/json", "x-api-key": self.settings.api_key}
+        return "POST", self.settings.api_url.rstrip("/") + "/crawl", body, headers
 
     def observe(self, data):
         results = data.get("results") or []

@@ -74,6 +74,9 @@ class CompatConfig:
     num_nodes: int = arg(1, "Informational (open-instruct prints it); nodes come from --num_learners_per_node.")
     gradient_accumulation_steps: int = no_effect(1, "gradients accumulate over every micro-batch of a mini-batch")
     max_seq_length: int = no_effect(4096, "lengths come from --max_prompt_token_length and --response_length")
+    max_token_length: int = no_effect(
+        512, "its RL prompt filter reads --max_prompt_token_length only; responses are cut at --response_length"
+    )
     fsdp_shard_degree: int | None = no_effect(None, "OLMo-core FSDP; still must divide the learner count")
     fsdp_num_replicas: int | None = no_effect(None, "OLMo-core FSDP; still must divide the learner count")
     compile_model: bool = no_effect(True, "OLMo-core only")

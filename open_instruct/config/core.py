@@ -97,6 +97,11 @@ class Config:
         return self.generation.eval_response_length or self.generation.response_length
 
     @property
+    def max_model_len(self) -> int:
+        """An engine's context: the longest prompt plus the longest response (training or eval)."""
+        return self.data.max_prompt_token_length + max(self.generation.response_length, self.eval_response_length)
+
+    @property
     def tracking_enabled(self) -> bool:
         """--with_tracking, or open-instruct's --report_to naming wandb (or all)."""
         report_to = {name.lower() for name in self.run.report_to or ()}

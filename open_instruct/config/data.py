@@ -33,9 +33,6 @@ class DataConfig:
     dataset_mixer_eval_list_splits: list[str] = arg(["test"], "Split per eval dataset (one value = all).")
     sft_messages_key: str = arg("messages", "Column holding the chat messages of the prompt.")
     ground_truths_key: str = arg("ground_truth", "Column holding the label handed to the verifier.")
-    max_token_length: int = arg(
-        512, "Kept for open-instruct scripts; see --max_prompt_token_length, --response_length."
-    )
     max_prompt_token_length: int = arg(
         256, "Prompts longer than this are filtered (counted and reported).", bounds="> 0"
     )

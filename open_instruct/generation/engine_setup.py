@@ -38,11 +38,10 @@ class EngineSettings:
 
     @classmethod
     def from_config(cls, cfg, model_path: str) -> EngineSettings:
-        generation = cfg.generation
         return cls(
             model_path,
-            cfg.data.max_prompt_token_length + max(generation.response_length, cfg.eval_response_length),
-            generation,
+            cfg.max_model_len,
+            cfg.generation,
             cfg.model,
             seed=cfg.run.seed,
             gpu_memory_utilization=cfg.engine_gpu_share,

@@ -201,37 +201,43 @@ class LearnerActor:
         # one core: set the count from the cores this rank may use instead.
         usable, pinned = len(os.sched_getaffinity(0)), bool(self.settings.cpu_cores)
         torch.set_num_threads(learner_threads(on_gpu(), usable, self.settings.node_learners, self.world_size, pinned))
-        s = self.settings
-        init_distributed(self.rank, self.world_size, master_addr, master_port, s.learner.backend_timeout)
-        dtype_name = resolve_dtype(s.model.dtype, s.model.model_dtype, on_gpu())
+        init_distributed(self.rank, self.world_size, master_addr, master_port, self.settings.learner.backend_timeout)
+        dtype_name = resolve_dtype(self.settings.model.dtype, self.settings.model.model_dtype, on_gpu())
         dtype = getattr(torch, dtype_name)
-        loading = {"dtype": dtype, **({"attn_implementation": s.attn_implementation} if s.attn_implementation else {})}
-        config = learner_deepspeed_config(s, self.world_size, dtype_name)
+        loading = {
+            "dtype": dtype,
+            **({"attn_implementation": self.settings.attn_implementation} if self.settings.attn_implementation else {}),
+        }
+        config = learner_deepspeed_config(self.settings, self.world_size, dtype_name)
         # Under ZeRO-3, while this object lives transformers builds each model inside deepspeed.zero.Init: every
         # rank materialises only its partition of each parameter, never a whole copy (CPU or GPU).
         partitioned_loading = zero3_loading(config, self.world_size)
-        model = AutoModelForCausalLM.from_pretrained(s.model_path, **loading)
+        model = AutoModelForCausalLM.from_pretrained(self.settings.model_path, **loading)
         if self.settings.learner.gradient_checkpointing:
             model.gradient_checkpointing_enable()
         model.config.use_cache = False  # packed rows need the per-document mask (see packing.py)
         reference = None
         if self.settings.algorithm.beta > 0:  # the reference policy costs a model copy; only load it when used
-            reference = AutoModelForCausalLM.from_pretrained(s.model_path, **loading).eval()
+            reference = AutoModelForCausalLM.from_pretrained(self.settings.model_path, **loading).eval()
             reference.requires_grad_(False)
         del partitioned_loading
         optimizer = make_optimizer(
             model,
-            learning_rate=s.learner.learning_rate,
-            weight_decay=s.learner.weight_decay,
-            decay_bias_and_norm=not s.learner.set_weight_decay_on_bias_and_norm,
-            fused=s.learner.fused_optimizer,
+            learning_rate=self.settings.learner.learning_rate,
+            weight_decay=self.settings.learner.weight_decay,
+            decay_bias_and_norm=not self.settings.learner.set_weight_decay_on_bias_and_norm,
+            fused=self.settings.learner.fused_optimizer,
         )
         scheduler = make_scheduler(optimizer, self.settings)
         mpu = None
-        if s.learner.sequence_parallel_size > 1:  # after loading: the policy and the reference both go through it
+        if (
+            self.settings.learner.sequence_parallel_size > 1
+        ):  # after loading: the policy and the reference both go through it
             from open_instruct.learner import sequence_parallel
 
-            mpu = sequence_parallel.register(model, model.config._attn_implementation, s.learner.sequence_parallel_size)
+            mpu = sequence_parallel.register(
+                model, model.config._attn_implementation, self.settings.learner.sequence_parallel_size
+            )
         self.engine = initialize_engine(model, optimizer, config, lr_scheduler=scheduler, mpu=mpu)
         if reference is not None and self.zero3:
             # Its own ZeRO-3 engine without an optimizer: it stays partitioned, gathered layer by layer in forward.
@@ -298,8 +304,7 @@ class LearnerActor:
 
     def _refresh_reference(self) -> None:
         """--ref_policy_update_freq N: every N steps the reference moves toward the policy (Polyak)."""
-        s = self.settings
-        freq, alpha = s.algorithm.ref_policy_update_freq, s.algorithm.alpha
+        freq, alpha = self.settings.algorithm.ref_policy_update_freq, self.settings.algorithm.alpha
         if self.reference is None or not freq or alpha <= 0 or self.version % freq:
             return
         self.reference.move_toward(self.engine.module, alpha)
@@ -330,17 +335,16 @@ class LearnerActor:
         """One mini-batch: accumulate gradients over its micro-batches, then step; returns tokens trained."""
         from open_instruct import loss as losses
 
-        s = self.settings
         denominator = losses.step_denominator(
-            s.algorithm.constant_loss_denominator or max(1, global_tokens), world_size=self.world_size
+            self.settings.algorithm.constant_loss_denominator or max(1, global_tokens), world_size=self.world_size
         )
         tokens = 0.0
         for i, mb in enumerate(mini):
             self.engine.set_gradient_accumulation_boundary(i == len(mini) - 1)
-            if s.algorithm.record_entropy:
-                new_logprobs, entropy = token_logprobs(self.engine, mb, s.temperature, with_entropy=True)
+            if self.settings.algorithm.record_entropy:
+                new_logprobs, entropy = token_logprobs(self.engine, mb, self.settings.temperature, with_entropy=True)
             else:
-                new_logprobs, entropy = token_logprobs(self.engine, mb, s.temperature), None
+                new_logprobs, entropy = token_logprobs(self.engine, mb, self.settings.temperature), None
             if "old_logprobs" not in mb:  # the first epoch's pass at pi_old; later epochs reuse these
                 self._set_old_logprobs(mb, new_logprobs.detach())
             mask = mb["response_mask"].bool()
@@ -348,29 +352,29 @@ class LearnerActor:
                 mb["old_logprobs"],
                 mb["behaviour_logprobs"],
                 mask,
-                s.importance_ratio_cap,
-                s.algorithm.importance_sampling_mode,
+                self.settings.importance_ratio_cap,
+                self.settings.algorithm.importance_sampling_mode,
                 sample_ids_BT=_sample_ids(mb["doc_ids"]),
-                bounds=s.rho_bounds,
+                bounds=self.settings.rho_bounds,
                 advantages_BT=mb["advantages"],
             )
             kl = None
             if self.reference is not None:
                 kl = losses.kl_per_token(
-                    new_logprobs, mb["ref_logprobs"], s.algorithm.kl_estimator_name, mb["old_logprobs"]
+                    new_logprobs, mb["ref_logprobs"], self.settings.algorithm.kl_estimator_name, mb["old_logprobs"]
                 )
             out = losses.policy_loss(
                 new_logprobs,
                 mb["old_logprobs"],
                 mb["advantages"],
                 importance.mask_BT,
-                clip_lower=s.algorithm.clip_lower,
-                clip_higher=s.algorithm.clip_higher,
+                clip_lower=self.settings.algorithm.clip_lower,
+                clip_higher=self.settings.algorithm.clip_higher,
                 loss_denominator=denominator,
                 importance_weights_BT=importance.weights_BT,
                 kl_BT=kl,
-                beta=s.algorithm.beta,
-                loss_fn=s.algorithm.loss_fn,
+                beta=self.settings.algorithm.beta,
+                loss_fn=self.settings.algorithm.loss_fn,
             )
             self.engine.backward(out.loss)
             self.engine.step()

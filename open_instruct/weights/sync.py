@@ -116,25 +116,26 @@ class WeightSync:
         on each other). A collective group cannot lose or take in a member, so it is formed anew whenever the
         members change (`push`). A staged transport (shm, ipc) has no group: the same calls only set both
         ends up."""
-        s = self.settings
         started = time.monotonic()
         host, port = self.learners.rendezvous_address()
-        engine_ranks = s.generation.vllm_tensor_parallel_size
+        engine_ranks = self.settings.generation.vllm_tensor_parallel_size
         membership, members = self.engines.membership_changes, self.engines.member_ids()
         world_size = 1 + len(members) * engine_ranks
-        wire = transport(s.backend)
+        wire = transport(self.settings.backend)
         refs = self.engines.start_join_weight_transfer(
             {
-                engine_id: wire.worker_init_info(host, port, world_size, s.timeout_s, rank_offset=1 + k * engine_ranks)
+                engine_id: wire.worker_init_info(
+                    host, port, world_size, self.settings.timeout_s, rank_offset=1 + k * engine_ranks
+                )
                 for k, engine_id in enumerate(members)
             }
         )
         refs |= self.learners.start_open_weight_transport(
-            s.backend, host, port, world_size, s.timeout_s, every_rank=wire.EVERY_RANK_STAGES
+            self.settings.backend, host, port, world_size, self.settings.timeout_s, every_rank=wire.EVERY_RANK_STAGES
         )
         self._get("init transfer group", refs)
         self.members, self.membership_seen = members, membership
-        self.metadata = self.learners.weight_metadata(s.dtype_name)
+        self.metadata = self.learners.weight_metadata(self.settings.dtype_name)
         group_size = 0.0 if wire.STAGED else float(world_size)
         return {"weight_sync/connect_s": time.monotonic() - started, "weight_sync/group_size": group_size}
 
@@ -203,9 +204,8 @@ class WeightSync:
         return metrics | {"time/weight_sync_stage_s": stage_s}
 
     def _pause_transfer_resume(self, version: int, step_end_time: float | None, staged: list | None) -> dict:
-        s = self.settings
         paused_at = time.monotonic()
-        mode = s.generation.inflight_update_kv if s.generation.inflight_updates else "wait"
+        mode = self.settings.generation.inflight_update_kv if self.settings.generation.inflight_updates else "wait"
         pauses: list[EnginePaused] = []
         try:
             pauses = self._get("pause", self.engines.start_pause(mode))
@@ -216,7 +216,7 @@ class WeightSync:
             self._resume_after(error)
             raise
         # Each engine resumes once it has finished loading (the reload's post-processing included).
-        resumed = self._get("resume", self.engines.start_resume(), timeout_s=2 * s.timeout_s + 60)
+        resumed = self._get("resume", self.engines.start_resume(), timeout_s=2 * self.settings.timeout_s + 60)
         resumed_at = time.monotonic()
         self.syncs += 1
         self.version = version
@@ -249,11 +249,10 @@ class WeightSync:
         on a learner first, or any over NCCL (whose receive has no timeout), gets `RESUME_AFTER_FAILURE_S`:
         engines still receiving then are named in the error. A transfer that failed over NCCL is not retried
         (`retry`): the learner's broadcast cannot finish either, and its watchdog refuses later sends."""
-        s = self.settings
         in_transfer = getattr(failure, "step", None) == "transfer"
         sender_failed = in_transfer and (getattr(failure, "party", None) or "").startswith("learner")
-        receive_can_hang = in_transfer and transport(s.backend).RECEIVE_CAN_HANG
-        timeout_s = RESUME_AFTER_FAILURE_S if sender_failed or receive_can_hang else 2 * s.timeout_s + 60
+        receive_can_hang = in_transfer and transport(self.settings.backend).RECEIVE_CAN_HANG
+        timeout_s = RESUME_AFTER_FAILURE_S if sender_failed or receive_can_hang else 2 * self.settings.timeout_s + 60
         refs = self.engines.start_resume()
         names = {ref: name for name, ref in refs.items()}
         _, pending = self.waiter.wait(list(names), num_returns=len(names), timeout=timeout_s)
@@ -269,21 +268,26 @@ class WeightSync:
             failure.add_note(note[2:])
 
     def _start_send(self, version: int) -> dict:
-        s = self.settings
-        return self.learners.start_send_weights(self.metadata, s.bucket_bytes, version, s.timeout_s)
+        return self.learners.start_send_weights(
+            self.metadata, self.settings.bucket_bytes, version, self.settings.timeout_s
+        )
 
     def _transfer(self, version: int, staged: list | None) -> list:
         """The weights' way into the paused engines: a broadcast they receive concurrently, or the update
         info of what the learners staged (`staged`: their reports). Returns the learners' and engines' reports."""
-        s, md = self.settings, self.metadata
-        wire = transport(s.backend)
+        md = self.metadata
+        wire = transport(self.settings.backend)
         if staged is None:
-            info = wire.update_info(list(md.names), list(md.dtype_names), [list(x) for x in md.shapes], s.bucket_bytes)
-            refs = self.engines.start_receive_weights(info, version, s.timeout_s) | self._start_send(version)
-            return self._get("transfer", refs, timeout_s=s.timeout_s + REPORT_GRACE_S)
+            info = wire.update_info(
+                list(md.names), list(md.dtype_names), [list(x) for x in md.shapes], self.settings.bucket_bytes
+            )
+            refs = self.engines.start_receive_weights(info, version, self.settings.timeout_s) | self._start_send(
+                version
+            )
+            return self._get("transfer", refs, timeout_s=self.settings.timeout_s + REPORT_GRACE_S)
         info = wire.merge_staged([report.staged for report in staged])
-        loading = self.engines.start_receive_weights(info, version, s.timeout_s)
-        return staged + self._get("transfer", loading, timeout_s=s.timeout_s + REPORT_GRACE_S)
+        loading = self.engines.start_receive_weights(info, version, self.settings.timeout_s)
+        return staged + self._get("transfer", loading, timeout_s=self.settings.timeout_s + REPORT_GRACE_S)
 
     def _get(self, step: str, refs: dict, timeout_s: float | None = None) -> list:
         """Results in `refs` order. A failure is raised without waiting for the rest (its peers may be blocked

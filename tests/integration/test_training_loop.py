@@ -209,7 +209,6 @@ def test_the_original_launch_command_runs_with_tiny_substitutes(tmp_path, model_
         "--dataset_mixer_eval_list_splits train": "--dataset_mixer_eval_list_splits test",
         "--num_unique_prompts_rollout 256": "--num_unique_prompts_rollout 4",
         "--num_samples_per_prompt_rollout 16": "--num_samples_per_prompt_rollout 4",
-        "--max_token_length 10240": "--max_token_length 512",
         "--max_prompt_token_length 2048": "--max_prompt_token_length 128",
         "--response_length 16384": "--response_length 32",
         "--pack_length 20480": "--pack_length 256",

@@ -46,6 +46,7 @@ ACTORS = {
     "generation.outputs",
     "generation.queues",
     "generation.sample_requests",
+    "generation.weight_receive",
     "learner.actor",
     "learner.deepspeed_setup",
     "learner.sequence_parallel",
