@@ -7,4 +7,22 @@ result); `scripts/cpu_benchmarks.sh` runs them all. They use the core only throu
 (`cluster.Stack`, `EnginePool`, `TrainingLoop` and its collaborators), the engine's one benchmark hook,
 `GenerationActor.generate_sample` (see `workloads.py`), and its step trace
 (`GenerationActor.start_step_trace` / `take_step_trace`).
+
+generation.py          streaming vs fixed-batch generation on heavy-tailed lengths
+weight_sync.py         in-flight weight-sync pause vs model size, against the memory-bandwidth bound
+learner_step.py        learner step time: pi_old pass, fixed rows vs token budget, checkpointing
+zero3_memory.py        what a learner rank holds while loading and syncing, ZeRO-2 vs ZeRO-3 (CPU or GPU ranks)
+replay.py              a run's recorded prompts replayed through engines only; response-length sweep
+e2e.py                 synchronous vs one-step-async vs streaming training on the same prompts
+faults.py              an engine SIGKILLed (with and without continuation), a stop + resume
+staleness_learning.py  the demo once per --off_policy_action and seed: eval gain, length bias, token ages
+window_sim.py          --max_off_policy_steps auto vs every fixed K, simulated
+window_cpu.py          --max_off_policy_steps auto vs fixed K on the real stack
+simulator.py           the real TrainingLoop on simulated collaborators: validation, cluster projections
+simulated_stack.py     simulated engines, learners and weight sync on a virtual clock (cost models)
+calibration.py         cost models fitted on measurements
+simulator_plots.py     timelines and the async_steps sweep as PNGs
+workloads.py           heavy-tailed lengths, forced tool calls and environment turns in a GenerationActor subclass
+rounds.py              interleaved rounds of runs -> medians with their spread, ratios per round
+stamp.py               date, commit and machine, written into every result
 """

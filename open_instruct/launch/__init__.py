@@ -3,6 +3,6 @@ launcher runs outside the training environment).
 
 - `commands`: a command's argv as one `bash -c` string; the flags mason adds to a grpo_fast.py command
   (resumable state, outputs on Weka, entities, the dataset cache key) and its local caching run.
-- `beaker_spec`: the launch's settings (`MasonArgs`), the account, and the Beaker v2 experiment spec:
-  tasks, environment, secrets, mounts.
+- `beaker_spec`: the Beaker v2 experiment spec: tasks, environment, secrets, mounts.
+- `settings`: the launch's options (`MasonArgs`, parsed once), the account, Ai2's Weka clusters.
 """

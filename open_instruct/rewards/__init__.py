@@ -3,6 +3,19 @@
 Each verifier lives in its own module and registers itself with `@register("name", ...)`.
 Verifiers are pure (str in, score out) so they can run in worker processes with timeouts;
 the asynchronous pool that calls them lives in `open_instruct.rewards.scoring`.
+
+scoring.py           the async reward pool: verifiers in worker processes with per-call timeouts
+gsm8k.py             last-number verifier
+math_answer.py       boxed / Minerva / answer-tag extraction, math-verify equivalence
+string_match.py      string_f1, string_matcher, flan, puzzle, re_search, re_search_f1
+length.py            max_length / up_to_max_length rewards
+ifeval.py            IFEval / IFEvalG multi-constraint and old Tulu 3 formats
+ifeval_checks.py     the instruction-following constraint checkers
+code_tests.py        code / code_stdio verifiers: client of the code-execution service (code_server)
+passthrough.py       scores 0: environment-only rows, whose reward is the environment's
+llm_judge.py         general-* verifiers: an LLM judge on any OpenAI-compatible chat endpoint
+rubric.py            rubric verifier: one judge call per weighted rubric of the row
+evolving_rubrics.py  --apply_evolving_rubric_reward: the per-query rubric book and its per-step rewrite
 """
 
 from __future__ import annotations

@@ -6,7 +6,8 @@ gloo.py       CPU transport: a gloo broadcast into vLLM's weight-transfer API
 nccl.py       GPU transport: vLLM's NCCL engine, restoring the old weights on failure
 shm.py        CPU transport for engines on the learner's node: one shared-memory file
 ipc.py        GPU transport for engines on the learner's GPU: CUDA IPC handles
-*_engine.py   each transport's engine side: the vLLM weight-transfer engine its worker imports and
+gloo_engine.py, nccl_engine.py, shm_engine.py, ipc_engine.py
+              each transport's engine side: the vLLM weight-transfer engine its worker imports and
               registers (the modules above are the trainer side and import no vLLM, so the driver and
               the learners do not pay for vLLM's import)
 reload.py     engine side: a failed update restores the previous weights

@@ -57,3 +57,53 @@ def test_the_readme_is_a_short_front_page_whose_links_resolve():
     assert len(readme.splitlines()) <= 250
     targets = re.findall(r"\]\(([^)#]+)(?:#[^)]*)?\)", readme)
     assert targets and all((REPO / t).exists() for t in targets if "://" not in t), targets
+
+
+# Other programs' options the docs quote (pip, apt, pytest-xdist, accelerate, mkdocs): not ours to check.
+FOREIGN_FLAGS = {"--extra-index-url", "--no-build-isolation", "--yes", "--dist", "--num_processes", "--strict"}
+DOCS = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
+
+
+def our_flags() -> set[str]:
+    """grpo_fast's flags and every other command line of this repository (benchmarks, scripts, mason)."""
+    from open_instruct.config.core import build_parser
+
+    spec = importlib.util.spec_from_file_location("mason", REPO / "mason.py")
+    mason = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mason)
+    flags = {option for action in build_parser()._actions for option in action.option_strings}
+    flags |= {option for action in mason._build_parser()._actions for option in action.option_strings}
+    sources = [*REPO.glob("*.py"), *(REPO / "open_instruct").rglob("*.py"), *(REPO / "scripts").rglob("*.py")]
+    sources += [*(REPO / "code_server").glob("*.py")]
+    for source in sources:
+        flags |= set(re.findall(r"""["'](--[A-Za-z][\w-]*)["']""", source.read_text()))
+    for script in (REPO / "scripts").rglob("*.sh"):
+        flags |= set(re.findall(r"(--[A-Za-z][\w-]*)\)", script.read_text()))  # a case pattern: --dry_run)
+    return flags
+
+
+def test_every_flag_the_docs_name_exists():
+    known = our_flags() | FOREIGN_FLAGS
+    unknown = []
+    for doc in DOCS:
+        for flag, star in re.findall(r"(?<![\w-])(--[A-Za-z][\w-]*)(\*?)", doc.read_text()):
+            exists = any(k.startswith(flag) for k in known) if star else flag in known
+            if not exists:
+                unknown.append(f"{doc.relative_to(REPO)}: {flag}{star}")
+    assert not unknown, "flags the docs name that no command line here has:\n" + "\n".join(sorted(set(unknown)))
+
+
+def test_every_file_path_the_docs_name_exists():
+    """Paths into this repository's folders; a path introduced as open-instruct's is in its tree, not ours."""
+    missing = []
+    pattern = r"(?<![\w/.-])((?:open_instruct|scripts|tests|docs|configs|code_server)/[\w./-]*\w)(\*?)"
+    for doc in DOCS:
+        text = doc.read_text()
+        for match in re.finditer(pattern, text):
+            path, star = match.groups()
+            if "open-instruct's" in text[max(0, match.start() - 20) : match.start()]:
+                continue
+            found = any(REPO.glob(path + "*")) if star else (REPO / path).exists() or (REPO / "docs" / path).exists()
+            if not found:
+                missing.append(f"{doc.relative_to(REPO)}: {path}{star}")
+    assert not missing, "paths the docs name that do not exist:\n" + "\n".join(sorted(set(missing)))
