@@ -81,7 +81,13 @@ def launch_problems(cfg) -> list[str]:
     seconds, before any data, model or actor is loaded."""
     from open_instruct.agents.tools import registry_problems
     from open_instruct.data.models import model_option_problems
+    from open_instruct.extensions import ExtensionError, load_extensions
     from open_instruct.generation.engine_setup import attention_backend_problem
+
+    try:
+        load_extensions(cfg.run.extension_modules)  # before any name is looked up
+    except ExtensionError as error:
+        return [str(error)]
 
     problem = attention_backend_problem(cfg.generation.vllm_attention_backend)
     return ([problem] if problem else []) + model_option_problems(cfg.model) + registry_problems(cfg.tools)
@@ -170,6 +176,9 @@ def run(cfg: Config, engine_class=None, engine_args: tuple = ()) -> dict:
     from open_instruct.orchestrator import StopRequest, SystemClock, TrainingLoop
     from open_instruct.tracking import RunLog
 
+    from open_instruct.extensions import load_extensions
+
+    load_extensions(cfg.run.extension_modules)  # (already done when main() checked the flags)
     check_model_sources(cfg.model)  # before anything starts: a bad name costs seconds
     model_path = resolve_model_path(cfg.model.model_name_or_path)
     tokenizer = load_tokenizer(cfg.model)

@@ -20,8 +20,6 @@ UNSUPPORTED_TOOLS = {
     "tool classes (with --tool_parser_type dr_tulu), not plain MCP calls; for an MCP server's tools, dr_agent's "
     "backend included, use generic_mcp",
 }
-SHIPPED_TOOLS = ("python", "http", "serper_search", "s2_search", "jina_browse", "crawl4ai_browse", "generic_mcp")
-SHIPPED_ENVIRONMENTS = ("counter", "guess_number", "wordle", "generic_sandbox")
 
 
 def tool_specs(tools_cfg: ToolsConfig, resolve: bool = True) -> tuple[ToolSpec, ...]:

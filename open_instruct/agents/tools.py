@@ -18,11 +18,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from open_instruct.agents.base import StepResult, ToolDefinition, default_execute_url, string_tool
+from open_instruct.agents.environments import ENVIRONMENTS
 from open_instruct.agents.http_client import HttpClient, parse_tool_config
 from open_instruct.agents.mcp_tools import MCPTool
 from open_instruct.agents.settings import (
-    SHIPPED_ENVIRONMENTS,
-    SHIPPED_TOOLS,
     UNSUPPORTED_TOOLS,
     AgentSettings,
     ToolSpec,
@@ -150,9 +149,11 @@ def registry_problems(tools_cfg: ToolsConfig) -> list[str]:
     for kind in tools_cfg.tools:
         if kind in UNSUPPORTED_TOOLS:
             problems.append(f"--tools {kind} is not supported yet: {UNSUPPORTED_TOOLS[kind]}")
-        elif kind not in SHIPPED_TOOLS + SHIPPED_ENVIRONMENTS:
-            known = ", ".join(SHIPPED_TOOLS + SHIPPED_ENVIRONMENTS)
-            problems.append(f"--tools {kind!r} is not a known tool or environment (known: {known})")
+        elif kind not in TOOLS and kind not in ENVIRONMENTS:
+            known = ", ".join([*TOOLS, *ENVIRONMENTS])
+            problems.append(
+                f"--tools {kind!r} is not a known tool or environment (known: {known}; --extension_modules adds yours)"
+            )
     return problems or config_problems(tools_cfg)
 
 

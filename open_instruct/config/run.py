@@ -49,6 +49,13 @@ class RunConfig:
         None, "Trackers: 'wandb' or 'all' turns on W&B (like --with_tracking); 'none' none."
     )
     verbose: bool = arg(False, "DEBUG logging, and a traceback with every error (by default only with our bugs).")
+    extension_modules: list[str] = arg(
+        [],
+        "Python modules every process of the run imports before it looks names up: they register their own "
+        "verifiers, tools and environments (open_instruct.extensions, docs/extending.md). They must be importable "
+        "there (installed, or on PYTHONPATH); installed packages may declare theirs under the entry-point group "
+        "open_instruct.extensions instead.",
+    )
     logging_steps: int = arg(
         1,
         "Send metrics to W&B every N steps (averaged over those steps); metrics.jsonl keeps every step.",

@@ -128,7 +128,10 @@ class GenerationActor(WeightReceiver, SampleRequests):
         """Build the engine (15-30 s on CPU). Separate from __init__ so failures surface as errors."""
         from vllm.v1.engine.async_llm import AsyncLLM
 
+        from open_instruct.extensions import load_extensions
         from open_instruct.weights.transport import transport
+
+        load_extensions(self.settings.extension_modules)  # the verifiers, tools and environments it looks up
 
         os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
         os.environ.update(transport(self.settings.weight_transfer_backend).ENGINE_ENV)

@@ -35,6 +35,7 @@ class EngineSettings:
     weight_transfer_backend: str = "gloo"
     cpu_cores: tuple[int, ...] = ()  # --single_gpu_mode on CPU: the cores this engine's threads bind to
     agent: AgentSettings = AgentSettings()  # tools and limits of multi-turn rollouts
+    extension_modules: tuple[str, ...] = ()  # --extension_modules: imported before the engine looks names up
 
     @classmethod
     def from_config(cls, cfg, model_path: str) -> EngineSettings:
@@ -46,6 +47,7 @@ class EngineSettings:
             seed=cfg.run.seed,
             gpu_memory_utilization=cfg.engine_gpu_share,
             agent=AgentSettings.from_config(cfg),
+            extension_modules=tuple(cfg.run.extension_modules),
         )
 
 

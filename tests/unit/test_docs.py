@@ -107,3 +107,14 @@ def test_every_file_path_the_docs_name_exists():
             if not found:
                 missing.append(f"{doc.relative_to(REPO)}: {path}{star}")
     assert not missing, "paths the docs name that do not exist:\n" + "\n".join(sorted(set(missing)))
+
+
+def test_the_extending_pages_examples_run_as_written(tmp_path):
+    """Each ```python block of docs/extending.md is complete: it runs on its own, in a fresh interpreter."""
+    blocks = re.findall(r"```python\n(.*?)```", (REPO / "docs" / "extending.md").read_text(), re.DOTALL)
+    assert len(blocks) == 3
+    for number, block in enumerate(blocks):
+        result = subprocess.run(
+            [sys.executable, "-c", block], cwd=tmp_path, capture_output=True, text=True, timeout=120, check=False
+        )
+        assert result.returncode == 0, f"example {number + 1} of docs/extending.md failed:\n{result.stderr[-3000:]}"
