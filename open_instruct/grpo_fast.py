@@ -172,11 +172,10 @@ def run(cfg: Config, engine_class=None, engine_args: tuple = ()) -> dict:
     `engine_class`/`engine_args`: a GenerationActor subclass (benchmarks and tests shape or force samples)."""
     from open_instruct.cluster import Stack
     from open_instruct.data.models import check_model_sources, load_tokenizer, packing_pad_id, resolve_model_path
+    from open_instruct.extensions import load_extensions
     from open_instruct.launch.commands import CACHE_KEY_FLAGS, CACHE_KEYS_LINE
     from open_instruct.orchestrator import StopRequest, SystemClock, TrainingLoop
     from open_instruct.tracking import RunLog
-
-    from open_instruct.extensions import load_extensions
 
     load_extensions(cfg.run.extension_modules)  # (already done when main() checked the flags)
     check_model_sources(cfg.model)  # before anything starts: a bad name costs seconds
