@@ -16,7 +16,7 @@ replay_buffer.py   completions -> complete groups -> fixed-size batches; zero-sp
 batching.py        groups -> advantages, filters, packing, an even per-rank split (pure)
 advantages.py      group-relative advantages and zero-std filtering (pure)
 loss.py            DAPO clipped loss, KL estimators, truncated importance weights (pure)
-packing.py         query+response packing with per-document positions; packed logprobs (pure)
+packing.py         query+response packing with per-document positions, rank splits (pure)
 scheduling.py      pacing: the lookahead (--async_steps N or auto) moved with the staleness window
 metrics.py         per-step rollout metrics, engine occupancy, async_steps_needed
 evaluation.py      eval rounds on the eval mix through the same engines, without stopping training

@@ -109,6 +109,14 @@ def _packed_per_rank(items: list[PackItem], settings: BatchSettings, cost):
     return rows, split_for_ranks(rows, ranks, learner.per_device_train_batch_size, pad, learner.pack_length)
 
 
+def sampled_temperature(groups) -> float:
+    """The one temperature the batch's samples were drawn at; greedy samples (0) are scored at 1."""
+    temperatures = {c.temperature for g in groups for c in g.completions}
+    if len(temperatures) > 1:
+        raise ValueError(f"a batch mixes samples drawn at temperatures {sorted(temperatures)}: one log-prob scale each")
+    return next(iter(temperatures), 1.0) or 1.0
+
+
 def assemble(groups, step: int, settings: BatchSettings) -> tuple[list[TrainBatch], BatchStats]:
     """Turn replay-buffer groups into one TrainBatch per rank."""
     algorithm = settings.algorithm
@@ -148,8 +156,9 @@ def assemble(groups, step: int, settings: BatchSettings) -> tuple[list[TrainBatc
     for rank_micro in per_rank:
         for k, mini in enumerate(split_evenly(rank_micro, algorithm.num_mini_batches)):
             mini_tokens[k] += sum(row.num_trained_tokens for micro in mini for row in micro)
+    temperature = sampled_temperature(groups)
     batches = [
-        TrainBatch(step=step, micro_batches=tuple(tuple(m) for m in rank_micro), mini_batch_tokens=tuple(mini_tokens))
+        TrainBatch(step, tuple(tuple(m) for m in rank_micro), tuple(mini_tokens), temperature)
         for rank_micro in per_rank
     ]
     stats = BatchStats(

@@ -179,6 +179,8 @@ class Completion:
     finished_at: float = field(default_factory=time.time)
     agent: AgentTrace | None = None  # multi-turn samples only
     continued_tokens: int = 0  # response tokens kept from an interrupted earlier attempt (not generated again)
+    # The sampling temperature it was drawn at: the learner scores its tokens under the same tempered policy.
+    temperature: float = 1.0
 
     @property
     def model_token_count(self) -> int:
@@ -435,6 +437,8 @@ class TrainBatch:
     step: int
     micro_batches: tuple[tuple[PackedRow, ...], ...]
     mini_batch_tokens: tuple[int, ...]  # trained tokens of each mini-batch summed over ALL ranks
+    # The samples' sampling temperature (`Completion.temperature`): logprobs are of the tempered distribution.
+    temperature: float = 1.0
 
 
 @dataclass(frozen=True, slots=True)

@@ -276,6 +276,7 @@ class GenerationActor(WeightReceiver, SampleRequests):
             error=error,
             is_eval=request.is_eval,
             queued_at=request.queued_at,
+            temperature=request.sampling.temperature,
         )
 
     async def abort_stale(self, min_version: int, prompt_ids: list[str]) -> int:

@@ -56,6 +56,7 @@ async def agent_sample(actor, request: PromptRequest, sample_index: int) -> Comp
         error=out.error,
         is_eval=request.is_eval,
         queued_at=request.queued_at,
+        temperature=request.sampling.temperature,
         started_at=first.started_at if first else time.time(),
         first_token_at=first.first_token_at if first else 0.0,
         agent=trace,

@@ -42,6 +42,7 @@ class SampleRequests:
             is_eval=request.is_eval,
             queued_at=request.queued_at,
             started_at=time.time(),
+            temperature=request.sampling.temperature,
         )
         if kept is not None:
             versions = [s.version for s in kept.version_spans] or [request.admitted_version]

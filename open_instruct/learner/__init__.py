@@ -5,4 +5,5 @@ group.py              `LearnerGroup` (driver handle): splits a batch over ranks,
 deepspeed_setup.py    DeepSpeed configs and engine construction
 sequence_parallel.py  Ulysses sequence parallelism: sharding a packed batch over ranks
 reference.py          `ReferencePolicy`: the KL penalty's frozen policy, partitioned under ZeRO-3
+logprobs.py           token log-probabilities and entropies of packed rows: chunked, with its own backward (pure)
 """

@@ -58,7 +58,6 @@ class LearnerSettings:
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     total_steps: int = 1  # optimizer steps in the run (scheduler_steps): the schedule's length
-    temperature: float = 1.0  # the engines' sampling temperature, at which logprobs are computed
     seed: int = 1
     # pi_old from a separate no-grad pass even where the first training forward gives it (benchmarks, tests).
     separate_old_logprob_pass: bool = False
@@ -74,7 +73,6 @@ class LearnerSettings:
             cfg.algorithm,
             cfg.model,
             total_steps=scheduler_steps(cfg),
-            temperature=cfg.generation.temperature or 1.0,
             seed=cfg.run.seed,
         )
 
@@ -280,14 +278,14 @@ class LearnerActor:
 
             size = self.settings.learner.sequence_parallel_size
             micro = [shard(mb, self.rank % size, size) for mb in micro]
-        self._score_old_and_reference(micro)
+        self._score_old_and_reference(micro, batch.temperature)
         self.engine.train()
         mini_batches = split_evenly(micro, self.settings.algorithm.num_mini_batches)
         totals: dict[str, float] = {}
         tokens_seen = 0.0
         for _ in range(self.settings.algorithm.num_epochs):
             for mini, global_tokens in zip(mini_batches, batch.mini_batch_tokens):
-                tokens_seen += self._optimizer_step(mini, global_tokens, totals)
+                tokens_seen += self._optimizer_step(mini, global_tokens, totals, batch.temperature)
         self.version += 1
         self._refresh_reference()
         metrics = {k: v / max(tokens_seen, 1.0) for k, v in totals.items()}
@@ -313,7 +311,7 @@ class LearnerActor:
         """The reference policy's weights (on CPU), for tests and checkpoints; a collective under ZeRO-3."""
         return self.reference.state_dict()
 
-    def _score_old_and_reference(self, micro: list[dict]) -> None:
+    def _score_old_and_reference(self, micro: list[dict], temperature: float) -> None:
         """The trust region's anchor (pi_old) and, with a KL penalty, the reference policy, without grad.
         pi_old is left to the first training forward where that equals it (`old_logprobs_from_training_pass`)."""
         import torch
@@ -322,17 +320,20 @@ class LearnerActor:
             self.engine.eval()
             for mb in micro:
                 if not self.settings.old_logprobs_from_training_pass:
-                    self._set_old_logprobs(mb, token_logprobs(self.engine, mb, self.settings.temperature))
+                    self._set_old_logprobs(mb, token_logprobs(self.engine, mb, temperature))
                 if self.reference is not None:
-                    mb["ref_logprobs"] = token_logprobs(self.reference.model, mb, self.settings.temperature)
+                    mb["ref_logprobs"] = token_logprobs(self.reference.model, mb, temperature)
 
     def _set_old_logprobs(self, mb: dict, learner_logprobs) -> None:
         mb["old_logprobs"] = learner_logprobs
         if self.settings.algorithm.use_vllm_logprobs:
             mb["old_logprobs"] = engine_logprobs_as_old(mb)
 
-    def _optimizer_step(self, mini: list[dict], global_tokens: int, totals: dict[str, float]) -> float:
-        """One mini-batch: accumulate gradients over its micro-batches, then step; returns tokens trained."""
+    def _optimizer_step(
+        self, mini: list[dict], global_tokens: int, totals: dict[str, float], temperature: float
+    ) -> float:
+        """One mini-batch at the samples' sampling `temperature`: accumulate gradients over its micro-batches,
+        then step; returns tokens trained."""
         from open_instruct import loss as losses
 
         denominator = losses.step_denominator(
@@ -342,9 +343,9 @@ class LearnerActor:
         for i, mb in enumerate(mini):
             self.engine.set_gradient_accumulation_boundary(i == len(mini) - 1)
             if self.settings.algorithm.record_entropy:
-                new_logprobs, entropy = token_logprobs(self.engine, mb, self.settings.temperature, with_entropy=True)
+                new_logprobs, entropy = token_logprobs(self.engine, mb, temperature, with_entropy=True)
             else:
-                new_logprobs, entropy = token_logprobs(self.engine, mb, self.settings.temperature), None
+                new_logprobs, entropy = token_logprobs(self.engine, mb, temperature), None
             if "old_logprobs" not in mb:  # the first epoch's pass at pi_old; later epochs reuse these
                 self._set_old_logprobs(mb, new_logprobs.detach())
             mask = mb["response_mask"].bool()
@@ -569,7 +570,7 @@ class LearnerActor:
 def token_logprobs(model, mb: dict, temperature: float, with_entropy: bool = False):
     """Target-aligned logprobs of a micro-batch: whole rows, or under sequence parallelism this rank's window."""
     from open_instruct.learner import sequence_parallel
-    from open_instruct.packing import packed_token_logprobs
+    from open_instruct.learner.logprobs import packed_token_logprobs
 
     if sequence_parallel.is_shard(mb):
         return sequence_parallel.window_logprobs(model, mb, temperature, with_entropy)

@@ -68,8 +68,8 @@ def is_shard(row_batch: dict[str, torch.Tensor]) -> bool:
 def window_logprobs(model, shard_batch: dict[str, torch.Tensor], temperature: float, with_entropy: bool = False):
     """Log-probabilities (and entropies) of a shard's target window: the logits at local position i
     predict `shard_batch["input_ids"][:, i]`; targets that start a document (position 0) or lie past the
-    row are 0, as in `packing.logprobs_from_logits`."""
-    from open_instruct.packing import DEFAULT_LOGPROB_CHUNK_TOKENS, _scaled_fp32, _TokenLogprobs
+    row are 0, as in `logprobs.logprobs_from_logits`."""
+    from open_instruct.learner.logprobs import DEFAULT_LOGPROB_CHUNK_TOKENS, _scaled_fp32, _TokenLogprobs
 
     output = model(
         input_ids=shard_batch[FORWARD_INPUT_IDS],

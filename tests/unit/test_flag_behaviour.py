@@ -187,7 +187,7 @@ def test_record_entropy_computes_the_tempered_entropy_of_each_sampled_token():
     import torch
 
     from open_instruct.learner.actor import LearnerSettings
-    from open_instruct.packing import token_entropy_from_logits
+    from open_instruct.learner.logprobs import token_entropy_from_logits
 
     logits = torch.tensor([[[0.0, 0.0, 0.0, 0.0], [10.0, 0.0, 0.0, 0.0], [1.0, 2.0, 3.0, 4.0]]])
     entropy = token_entropy_from_logits(logits, temperature=2.0, chunk_tokens=2)

@@ -14,6 +14,7 @@ import pytest
 import torch
 from helpers.items import make_item
 
+from open_instruct.learner.logprobs import logprobs_from_logits, packed_token_logprobs, to_prediction_positions
 from open_instruct.packing import (
     PAD_VERSION,
     PackedRow,
@@ -21,11 +22,8 @@ from open_instruct.packing import (
     collate,
     dummy_row,
     iter_documents,
-    logprobs_from_logits,
     pack,
-    packed_token_logprobs,
     split_for_ranks,
-    to_prediction_positions,
     unpack,
 )
 

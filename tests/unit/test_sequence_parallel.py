@@ -8,8 +8,9 @@ import pytest
 import torch
 
 from open_instruct.batching import BatchSettings
+from open_instruct.learner.logprobs import packed_token_logprobs
 from open_instruct.learner.sequence_parallel import FORWARD_INPUT_IDS, FORWARD_POSITION_IDS, shard
-from open_instruct.packing import ROW_TENSOR_FIELDS, PackItem, collate, pack_singly, packed_token_logprobs
+from open_instruct.packing import ROW_TENSOR_FIELDS, PackItem, collate, pack_singly
 
 
 def one_document_rows():
