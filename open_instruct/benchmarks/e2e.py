@@ -64,7 +64,7 @@ from pathlib import Path
 
 from open_instruct.benchmarks import rounds as rounds_lib
 from open_instruct.benchmarks.calibration import step_rows
-from open_instruct.benchmarks.stamp import describe, stamp
+from open_instruct.benchmarks.stamp import describe, read_result, stamp
 from open_instruct.benchmarks.workloads import LatencyToolServer, ShapedGenerationActor, ShapedWorkload, run_config
 from open_instruct.generation.ledger import DeliveryLedger
 from open_instruct.messages import SamplingSettings
@@ -540,7 +540,7 @@ def main(argv: list[str] | None = None) -> dict:
     base = base_config(args, out, tool_server.tool_flags())
     tokenizer = load_tokenizer(base.model)
     rows = data.load_prompt_dataset(base.train_data, base.model, tokenizer, "train", {}, seed=1).prompts
-    results: dict = {"stamp": stamp(), "rounds": args.rounds, "pinned": args.pin, "workloads": {}}
+    results: dict = {"stamp": stamp("e2e"), "rounds": args.rounds, "pinned": args.pin, "workloads": {}}
     with PeakMemory() as memory:
         stack = Stack(base, resolve_model_path(None), tokenizer.pad_token_id, ShapedGenerationActor, (None,))
         if args.pin and stack.placement.learner_cores:
@@ -585,7 +585,7 @@ def write_report(results: dict, out: Path) -> None:
 
 def summarize_again(path: Path, out: Path) -> dict:
     """The summaries of an e2e.json's runs recomputed by this code (a new ceiling or ratio needs no new run)."""
-    results = json.loads(path.read_text())
+    results = read_result(path, "e2e")
     for name, workload in results["workloads"].items():
         runs = workload["runs"]
         for mode_runs in runs.values():

@@ -22,6 +22,8 @@ import statistics
 import time
 from pathlib import Path
 
+from open_instruct.benchmarks.stamp import stamp
+
 logger = logging.getLogger(__name__)
 
 
@@ -131,6 +133,7 @@ def main(argv: list[str] | None = None) -> dict:
         "engine_target_concurrency": info.target_concurrency,
     }
     report = {
+        "stamp": stamp("generation"),
         "workload": workload,
         "modes": [batched, streaming],
         "speedup_streaming_vs_batched": streaming["generated_tokens_per_s"] / batched["generated_tokens_per_s"],

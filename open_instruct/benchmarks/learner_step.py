@@ -278,7 +278,7 @@ def main(argv: list[str] | None = None) -> dict:
                 from open_instruct import cluster
 
                 cluster.shutdown_ray()
-    result["stamp"] = stamp()
+    result["stamp"] = stamp("learner_step")
     print(json.dumps(result, indent=1))
     if args.output:
         Path(args.output).parent.mkdir(parents=True, exist_ok=True)

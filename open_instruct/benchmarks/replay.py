@@ -279,7 +279,7 @@ def main(argv: list[str] | None = None) -> dict:
         pool.shutdown()
         cluster.shutdown_ray()
     result = {
-        "stamp": stamp(),
+        "stamp": stamp("replay"),
         "prompt_file": str(prompt_file),
         "prompts": len(recorded),
         "engines": args.engines,

@@ -68,7 +68,7 @@ from open_instruct.benchmarks.simulated_stack import (
     Workload,
 )
 from open_instruct.benchmarks.simulator_plots import plot_sweep, plot_timelines
-from open_instruct.benchmarks.stamp import stamp
+from open_instruct.benchmarks.stamp import ResultFileError, read_result, stamp
 from open_instruct.benchmarks.workloads import ShapedWorkload
 from open_instruct.config.core import Config
 from open_instruct.config.data import DataConfig
@@ -686,7 +686,7 @@ def parse_args(argv: list[str] | None):
 
 def validate_on_measurements(path: Path, async_steps: int) -> tuple[dict[str, Any], dict[str, SimResult]]:
     """The measured setup's three modes with the cost model fitted to it, against the measured speedup."""
-    data = json.loads(path.read_text())
+    data = read_result(path, "e2e")
     cost = fit_cost_model(data)
     workload = workload_from_json(data["workload"])
     cluster = Cluster(int(data["cluster"]["num_engines"]), int(data["cluster"]["num_learners"]))
@@ -889,9 +889,13 @@ def format_kv_comparison(comparison: dict[str, Any], async_steps: int) -> str:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     args.output.mkdir(parents=True, exist_ok=True)
-    report: dict[str, Any] = {"stamp": stamp()}
+    report: dict[str, Any] = {"stamp": stamp("simulator")}
     if args.measured:
-        report["measured"], runs = validate_on_measurements(args.measured, args.async_steps)
+        try:
+            report["measured"], runs = validate_on_measurements(args.measured, args.async_steps)
+        except ResultFileError as error:
+            print(f"simulator: --measured {error}", file=sys.stderr)
+            return 2
         panels = [("measured: synchronous", runs["synchronous"]), ("measured: streaming", runs["streaming"])]
         plot_timelines(panels, args.output / "simulator_timeline_measured.png")
     report["seed_projection"], sweep = project_seed_cluster(args.seed_steps, args.sweep_steps)

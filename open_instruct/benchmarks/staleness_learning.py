@@ -148,7 +148,7 @@ def main(argv: list[str] | None = None) -> dict:
     root.mkdir(parents=True, exist_ok=True)
     runs = [run_once(action, seed, args, root) for seed in args.seeds for action in args.actions]  # interleaved
     results = {
-        "stamp": stamp(),
+        "stamp": stamp("staleness_learning"),
         "setting": " ".join(["scripts/cpu_demo.sh", *as_tokens(shared_flags(args))]),
         "runs": runs,
         "summary": summarize(runs),

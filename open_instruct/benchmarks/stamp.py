@@ -1,18 +1,43 @@
-"""Where and when a benchmark number was measured: machine, commit and date, written into every result.
+"""Where and when a benchmark number was measured, and in which format: machine, commit, date and schema,
+written into every result.
 
 A number without its machine and commit cannot be compared with the next run's; the docs quote the
-stamp next to each table (`docs/benchmarks.md`).
+stamp next to each table (`docs/benchmarks.md`). The schema names the benchmark that wrote the file and the
+version of its format: code that reads a result file (`read_result`) refuses another benchmark's or an older
+format in one line instead of failing on a missing key.
 """
 
 from __future__ import annotations
 
 import datetime
+import json
 import os
 import platform
 import subprocess
 from pathlib import Path
 
+from open_instruct.errors import UserError
+
 REPO = Path(__file__).resolve().parents[2]
+
+# Each benchmark's result format; raise a version when a key its readers need changes (2: results carry one).
+SCHEMA_VERSIONS = {
+    "e2e": 2,
+    "faults": 2,
+    "generation": 2,
+    "learner_step": 2,
+    "replay": 2,
+    "simulator": 2,
+    "staleness_learning": 2,
+    "weight_sync": 2,
+    "window_cpu": 2,
+    "window_sim": 2,
+    "zero3_memory": 2,
+}
+
+
+class ResultFileError(UserError):
+    """A result file this code cannot read: missing, not JSON, another benchmark's, or an older format."""
 
 
 def _cpu_model() -> str:
@@ -40,8 +65,9 @@ def _git(*args: str) -> str | None:
     return result.stdout.strip() if result.returncode == 0 else None
 
 
-def stamp() -> dict:
-    """{"date", "commit", "dirty", "machine": {...}}; commit is None outside a git checkout."""
+def stamp(benchmark: str) -> dict:
+    """{"date", "commit", "dirty", "machine": {...}, "schema": {"name", "version"}}; commit is None outside a git
+    checkout."""
     commit = _git("rev-parse", "--short=12", "HEAD")
     status = _git("status", "--porcelain", "--untracked-files=no") if commit else None
     machine = {
@@ -63,7 +89,28 @@ def stamp() -> dict:
         "commit": commit,
         "dirty": bool(status),
         "machine": machine,
+        "schema": {"name": benchmark, "version": SCHEMA_VERSIONS[benchmark]},
     }
+
+
+def read_result(path: Path, benchmark: str) -> dict:
+    """A result file of `benchmark` in the format this code reads, or a `ResultFileError` in one line."""
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ResultFileError(f"{path}: no such file") from None
+    except (OSError, ValueError) as error:
+        raise ResultFileError(f"{path}: not a readable JSON file ({type(error).__name__}: {error})") from None
+    schema = (data.get("stamp") or {}).get("schema") if isinstance(data, dict) else None
+    wanted = SCHEMA_VERSIONS[benchmark]
+    if not isinstance(schema, dict) or (schema.get("name"), schema.get("version")) != (benchmark, wanted):
+        found = f"{schema.get('name')} v{schema.get('version')}" if isinstance(schema, dict) else "no schema (older)"
+        raise ResultFileError(
+            f"{path}: a result of {found}, this code reads {benchmark} v{wanted}: measure it again "
+            f"(python -m open_instruct.benchmarks.{benchmark})"
+        )
+    return data
 
 
 def describe(s: dict) -> str:

@@ -189,7 +189,7 @@ def main(argv: list[str] | None = None) -> dict:
                 row["bound_s"] = row["sent_mb"] * 1e6 / (bandwidth * 1e9)
                 row["frozen_over_bound"] = row["frozen_s"] / row["bound_s"] if row["bound_s"] > 0 else 0.0
                 rows.append(row)
-    result = {"stamp": stamp(), "memory_bandwidth_gb_s": bandwidth, "cpu_count": os.cpu_count(), "sizes": rows}
+    result = {"stamp": stamp("weight_sync"), "memory_bandwidth_gb_s": bandwidth, "sizes": rows}  # (cores: stamp)
     by_size = {}
     for r in rows:
         by_size.setdefault(f"{r['hidden_size']}x{r['layers']}", {})[r["transport"]] = r["frozen_s"]

@@ -101,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
         f"ess_frac >= {LIMITS.off_policy_min_ess_frac}, truncated_frac <= {LIMITS.off_policy_max_truncated_frac}; "
         "rates and health after the first quarter of the steps"
     )
-    results = {"stamp": stamp(), "setting": setting, "runs": runs}
+    results = {"stamp": stamp("window_cpu"), "setting": setting, "runs": runs}
     (root / "window_cpu.json").write_text(json.dumps(results, indent=2))
     report = format_report(results)
     title = "# The self-tuning off-policy window on CPU: measured table"

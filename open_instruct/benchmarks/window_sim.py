@@ -128,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
         report[speed] = sweep(workload, GPU_H100_COST, SEED_CLUSTER, drift, args.fixed)
         print(format_sweep(speed, report[speed]), flush=True)
     args.output.mkdir(parents=True, exist_ok=True)
-    out = {"steps": args.steps, "speeds": report, "sim_s": time.monotonic() - started, **stamp()}
+    out = {"steps": args.steps, "speeds": report, "sim_s": time.monotonic() - started, "stamp": stamp("window_sim")}
     (args.output / "window_sim.json").write_text(json.dumps(out, indent=2))
     return 0
 

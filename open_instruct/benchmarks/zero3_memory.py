@@ -188,7 +188,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     from open_instruct.benchmarks.stamp import describe, stamp
 
     whole = results[0]["whole_model_bytes"]
-    print(describe(stamp()))
+    print(describe(stamp("zero3_memory")))
     memory = "GPU memory allocated" if args.device == "cuda" else "anonymous resident memory"
     print(
         f"model {args.size}: one fp32 copy = {whole / 2**20:.0f} MiB; policy + reference; {args.world_size} "

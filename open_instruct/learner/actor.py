@@ -332,8 +332,7 @@ class LearnerActor:
     def _optimizer_step(
         self, mini: list[dict], global_tokens: int, totals: dict[str, float], temperature: float
     ) -> float:
-        """One mini-batch at the samples' sampling `temperature`: accumulate gradients over its micro-batches,
-        then step; returns tokens trained."""
+        """One mini-batch at the samples' `temperature`: accumulate its micro-batches' gradients, step; tokens out."""
         from open_instruct import loss as losses
 
         denominator = losses.step_denominator(

@@ -68,7 +68,7 @@ def test_a_spread_prints_with_its_range_unless_every_round_agreed():
 def test_a_stamp_names_the_date_the_commit_and_the_machine():
     from open_instruct.benchmarks.stamp import describe, stamp
 
-    s = stamp()
+    s = stamp("e2e")
     assert s["date"].endswith("+00:00") and s["machine"]["cpu_count"] >= 1 and s["machine"]["cpu_model"]
     line = describe(s)
     assert line.startswith(f"measured {s['date']}") and f"{s['machine']['cpu_count']} cores" in line

@@ -11,6 +11,7 @@ import pytest
 from open_instruct.benchmarks import simulator as sim
 from open_instruct.benchmarks.calibration import STEP_COLUMNS, fit_cost_model, step_rows
 from open_instruct.benchmarks.simulated_stack import CostModel
+from open_instruct.benchmarks.stamp import stamp
 from open_instruct.messages import EngineStep
 
 TRUTH = CostModel(
@@ -93,7 +94,7 @@ def test_validation_predicts_each_mode_with_costs_fitted_on_every_modes_steps_an
         "streaming_mask": {"median": 20.0, "min": 19.0, "max": 21.0},  # measured, not a simulated mode
     }
     path = tmp_path / "measured.json"
-    path.write_text(json.dumps(measured))
+    path.write_text(json.dumps({**measured, "stamp": stamp("e2e")}))
     entry, _ = sim.validate_on_measurements(path, async_steps=1)
     validation = entry["step_calibrated"]
     assert set(validation["per_mode"]) == {"synchronous", "streaming"}

@@ -25,6 +25,7 @@ from open_instruct.benchmarks.simulator import (
     compare,
     simulate,
 )
+from open_instruct.benchmarks.stamp import stamp
 from open_instruct.orchestrator import TrainingLoop
 from open_instruct.tracking import MemoryLog
 
@@ -385,7 +386,7 @@ def test_cli_writes_json_and_timeline(tmp_path, capsys):
     measured["cluster"] = {"num_engines": 4, "num_learners": 1}
     measured["measured_speedup_streaming_vs_sync"] = 1.7
     path = tmp_path / "measured.json"
-    path.write_text(json.dumps(measured))
+    path.write_text(json.dumps({**measured, "stamp": stamp("e2e")}))
     out = tmp_path / "out"
     assert sim.main(["--measured", str(path), "--output", str(out), "--seed_steps", "2", "--async_sweep", "2,1"]) == 0
     report = json.loads((out / "simulator.json").read_text())
@@ -439,3 +440,19 @@ def test_the_self_tuning_window_matches_the_best_fixed_bound_inside_the_limits_f
     assert fast["best_fixed_within_limits"] == "2" and fast["auto"]["window_final"] == 2
     assert slow["auto"]["window_avg"] > 2 * fast["auto"]["window_avg"]
     assert not all(r["healthy"] for r in fast["fixed"])  # the wide fixed bounds break the limits there
+
+
+def test_an_older_or_foreign_measurements_file_is_refused_in_one_line(tmp_path, capsys):
+    """A measured.json written before results carried a schema (or another benchmark's file) is named, with the
+    command that measures it again, instead of failing on a missing key with a traceback."""
+    old = tmp_path / "old_measured.json"
+    old.write_text(json.dumps({"workload": {}, "cluster": {}}))
+    foreign = tmp_path / "faults.json"
+    foreign.write_text(json.dumps({"stamp": stamp("faults")}))
+    for path, found in ((old, "no schema (older)"), (foreign, "faults v2")):
+        assert sim.main(["--measured", str(path), "--output", str(tmp_path / "out")]) == 2
+        [line] = capsys.readouterr().err.strip().splitlines()
+        assert line == (
+            f"simulator: --measured {path}: a result of {found}, this code reads e2e v2: measure it again "
+            "(python -m open_instruct.benchmarks.e2e)"
+        )

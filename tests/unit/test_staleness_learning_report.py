@@ -52,5 +52,7 @@ def test_the_summary_averages_seeds_per_action_and_the_report_shows_every_run():
     assert summary["requeue"]["eval_gains"] == pytest.approx([0.1, 0.2])
     assert summary["requeue"]["trained_to_generated_length_ratio"] == pytest.approx(0.85)
     assert summary["mask"]["context_only_token_fraction"] == pytest.approx(0.1)
-    report = staleness_learning.format_report({"stamp": stamp(), "setting": "demo", "runs": runs, "summary": summary})
+    report = staleness_learning.format_report(
+        {"stamp": stamp("staleness_learning"), "setting": "demo", "runs": runs, "summary": summary}
+    )
     assert report.count("\nrequeue ") == 2 and "mask: mean eval gain +0.200 (seeds +0.200)" in report
