@@ -18,8 +18,13 @@ faults.py              an engine SIGKILLed (with and without continuation), a st
 staleness_learning.py  the demo once per --off_policy_action and seed: eval gain, length bias, token ages
 window_sim.py          --max_off_policy_steps auto vs every fixed K, simulated
 window_cpu.py          --max_off_policy_steps auto vs fixed K on the real stack
-simulator.py           the real TrainingLoop on simulated collaborators: validation, cluster projections
+simulator.py           the cluster simulator's command: validation on measurements, then the projection
+simulation.py          the real TrainingLoop on simulated collaborators: one mode's run, its SimResult
 simulated_stack.py     simulated engines, learners and weight sync on a virtual clock (cost models)
+simulation_replay.py   a measured run's prompts and response lengths, replayed
+simulation_validation.py  the simulation against a measured run, mode by mode
+simulation_projection.py  the original request's shape on assumed H100 costs: the async_steps sweep, KV vs re-prefill
+simulation_reports.py  the simulator's tables
 calibration.py         cost models fitted on measurements
 simulator_plots.py     timelines and the async_steps sweep as PNGs
 workloads.py           heavy-tailed lengths, forced tool calls and environment turns in a GenerationActor subclass

@@ -481,8 +481,8 @@ def run_rounds(
 
 
 def measured_for_simulator(args, calibration: dict, heavy: dict, max_running: int, replay: dict) -> dict:
-    """What `simulator.fit_cost_model` fits (see its docstring) and each mode's measured median, from the
-    heavy-tail workload's runs, with what `simulator.Replay` needs to replay their prompts and lengths."""
+    """What `calibration.fit_cost_model` fits (see its docstring) and each mode's measured median, from the
+    heavy-tail workload's runs, with what `simulation_replay.Replay` needs to replay their prompts and lengths."""
     runs = heavy["runs"]
     return {
         **calibration,
@@ -565,7 +565,7 @@ def main(argv: list[str] | None = None) -> dict:
     results["peak_memory_gib"] = memory.peak / 2**30
     (out / "e2e.json").write_text(json.dumps(results, indent=1))
     if calibration is not None:
-        from open_instruct.benchmarks.simulator import Replay
+        from open_instruct.benchmarks.simulation_replay import Replay
 
         replay = Replay.of_rows(base.run.seed, rows, workloads["heavy_tail"]).as_json()
         heavy_runs = results["workloads"]["heavy_tail"]

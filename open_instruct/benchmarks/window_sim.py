@@ -1,8 +1,8 @@
 """Benchmark: does `--max_off_policy_steps auto` find the staleness bound a user would have to sweep for?
 
-In the simulator (the real training loop on simulated engines and learners, `simulator.simulate`), at the seed's
-shape (heavy-tailed 16k-token responses, 32 engines, 16 learners, assumed H100 costs) with `--async_steps auto`
-and `--off_policy_action mask`: the self-tuning window against every fixed K, for a policy that moves slowly
+In the simulator (the real training loop on simulated engines and learners, `simulation.simulate`), at the
+original request's shape (heavy-tailed 16k-token responses, 32 engines, 16 learners, assumed H100 costs) with
+`--async_steps auto` and `--off_policy_action mask`: the self-tuning window against every fixed K, for a policy that moves slowly
 and one that moves fast. How fast a policy moves is `PolicyDrift.per_version`, the spread of the importance
 weights per version of lag (a higher learning rate is a larger drift); the simulated learners report the
 `offpolicy/ess_frac` and `offpolicy/truncated_frac` it implies for the tokens they train.
@@ -25,16 +25,11 @@ import time
 from pathlib import Path
 
 from open_instruct.benchmarks.simulated_stack import Cluster, PolicyDrift
-from open_instruct.benchmarks.simulator import (
-    GPU_H100_COST,
-    SEED_CLUSTER,
-    SEED_CLUSTER_WORKLOAD,
-    SimResult,
-    simulate,
-)
+from open_instruct.benchmarks.simulation import SimResult, simulate
+from open_instruct.benchmarks.simulation_projection import GPU_H100_COST, SEED_CLUSTER, SEED_CLUSTER_WORKLOAD
 from open_instruct.benchmarks.stamp import stamp
 from open_instruct.config.staleness import StalenessConfig
-from open_instruct.scheduling import OffPolicyWindow
+from open_instruct.staleness import OffPolicyWindow
 
 LIMITS = StalenessConfig()  # the window's default limits and bounds
 # The controller's own judgement of a step's health, so that the benchmarks call "within limits" what it does.

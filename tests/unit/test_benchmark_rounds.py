@@ -77,7 +77,8 @@ def test_a_stamp_names_the_date_the_commit_and_the_machine():
 
 
 def test_the_simulator_is_validated_per_mode_against_the_measured_median():
-    from open_instruct.benchmarks.simulator import format_per_mode_validation, per_mode_validation
+    from open_instruct.benchmarks.simulation_reports import format_per_mode_validation
+    from open_instruct.benchmarks.simulation_validation import per_mode_validation
 
     rates = {"synchronous": 8.8, "one_step_async": 9.0, "streaming": 20.0}
     summary = {mode: {"trained_samples_per_s": rate} for mode, rate in rates.items()}

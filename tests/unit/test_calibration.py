@@ -8,9 +8,10 @@ import math
 
 import pytest
 
-from open_instruct.benchmarks import simulator as sim
+from open_instruct.benchmarks import simulation as sim
 from open_instruct.benchmarks.calibration import STEP_COLUMNS, fit_cost_model, step_rows
-from open_instruct.benchmarks.simulated_stack import CostModel
+from open_instruct.benchmarks.simulated_stack import Cluster, CostModel
+from open_instruct.benchmarks.simulation_validation import validate_on_measurements
 from open_instruct.benchmarks.stamp import stamp
 from open_instruct.messages import EngineStep
 
@@ -95,13 +96,13 @@ def test_validation_predicts_each_mode_with_costs_fitted_on_every_modes_steps_an
     }
     path = tmp_path / "measured.json"
     path.write_text(json.dumps({**measured, "stamp": stamp("e2e")}))
-    entry, _ = sim.validate_on_measurements(path, async_steps=1)
+    entry, _ = validate_on_measurements(path, async_steps=1)
     validation = entry["step_calibrated"]
     assert set(validation["per_mode"]) == {"synchronous", "streaming"}
     assert validation["cost_model_all_modes"]["per_sample_s"] == pytest.approx(TRUTH.per_sample_s, rel=1e-6)
     for mode, v in validation["per_mode"].items():
         # Steps made by one cost model: every fit recovers it, so every prediction is the truth's.
-        truth = sim.simulate(mode, sim.workload_from_json(measured["workload"]), TRUTH, sim.Cluster(1, 1), 1, None)
+        truth = sim.simulate(mode, sim.workload_from_json(measured["workload"]), TRUTH, Cluster(1, 1), 1, None)
         assert v["predicted_all_modes"] == pytest.approx(truth.trained_samples_per_s, rel=1e-6)
         assert v["predicted_other_modes"] == pytest.approx(truth.trained_samples_per_s, rel=1e-6)
         assert v["error_all_modes"] == pytest.approx(v["predicted_all_modes"] / v["measured_median"] - 1)

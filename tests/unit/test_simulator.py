@@ -10,21 +10,28 @@ import time
 
 import pytest
 
+from open_instruct.benchmarks import simulation_reports
 from open_instruct.benchmarks import simulator as sim
 from open_instruct.benchmarks.calibration import fit_cost_model
-from open_instruct.benchmarks.simulated_stack import SimEngines, SimLearners, SimWeightSync, SimWorld, VirtualClock
-from open_instruct.benchmarks.simulator import (
-    GPU_H100_COST,
-    MODES,
-    SEED_CLUSTER,
-    SEED_CLUSTER_WORKLOAD,
+from open_instruct.benchmarks.simulated_stack import (
     Cluster,
     CostModel,
-    Replay,
+    SimEngines,
+    SimLearners,
+    SimWeightSync,
+    SimWorld,
+    VirtualClock,
     Workload,
-    compare,
-    simulate,
 )
+from open_instruct.benchmarks.simulation import MODES, SimResult, compare, loop_config, simulate, warmup_steps
+from open_instruct.benchmarks.simulation_projection import (
+    GPU_H100_COST,
+    SEED_CLUSTER,
+    SEED_CLUSTER_WORKLOAD,
+    sweep_async_steps,
+)
+from open_instruct.benchmarks.simulation_replay import Replay, SimPrompt
+from open_instruct.benchmarks.simulator_plots import plot_sweep
 from open_instruct.benchmarks.stamp import stamp
 from open_instruct.orchestrator import TrainingLoop
 from open_instruct.tracking import MemoryLog
@@ -53,7 +60,7 @@ def fixed_cost(learner_base_s: float, learner_per_token_s: float = 0.0) -> CostM
     )
 
 
-def train_starts(result: sim.SimResult) -> list[float]:
+def train_starts(result: SimResult) -> list[float]:
     return [s.start_s for s in result.timeline if s.actor == "learner" and s.kind == "train"]
 
 
@@ -212,9 +219,9 @@ def test_version_spans_cover_every_response_exactly():
     world = SimWorld()
     engines = SimEngines(world, workload, SMALL_COST, FOUR.num_engines)
     learners = RecordingLearners(world, SMALL_COST, FOUR.num_learners)
-    rows = [sim._SimPrompt(f"p{i}", (0,) * workload.prompt_tokens) for i in range(12 * 16)]
+    rows = [SimPrompt(f"p{i}", (0,) * workload.prompt_tokens) for i in range(12 * 16)]
     loop = TrainingLoop(
-        sim.loop_config(workload, async_steps=1, pause_mode="keep"),
+        loop_config(workload, async_steps=1, pause_mode="keep"),
         engines=engines,
         learners=learners,
         weight_sync=SimWeightSync(world, engines, SMALL_COST, pause_mode="keep"),
@@ -241,11 +248,11 @@ def test_version_spans_cover_every_response_exactly():
 
 
 def test_warmup_is_the_first_quarter():
-    assert [sim.warmup_steps(n) for n in (0, 1, 2, 7, 8, 40)] == [0, 0, 1, 1, 2, 10]
+    assert [warmup_steps(n) for n in (0, 1, 2, 7, 8, 40)] == [0, 0, 1, 1, 2, 10]
 
 
 def test_async_sweep_picks_the_least_lookahead_near_the_best_rate(tmp_path):
-    sweep = sim.sweep_async_steps(TAILED, SMALL_COST, FOUR, [1, 2, 3])
+    sweep = sweep_async_steps(TAILED, SMALL_COST, FOUR, [1, 2, 3])
     speedups = {a: sweep.speedup(r) for a, r in sweep.streaming.items()}
     best = max(speedups.values())
     chosen = sweep.chosen_async_steps
@@ -259,11 +266,11 @@ def test_async_sweep_picks_the_least_lookahead_near_the_best_rate(tmp_path):
     assert report["speedup_streaming_vs_sync"] == pytest.approx(speedups[chosen])
     assert report["streaming"] == report["streaming_by_async_steps"][str(chosen)]
     assert set(report["async_steps_needed_by_async_steps"]) == {"1", "2", "3"}
-    table = sim.format_sweep(sweep)
+    table = simulation_reports.format_sweep(sweep)
     assert "learner-bound ceiling" in table and len(table.splitlines()) == 1 + 6 + 2
     assert sweep.auto is not None and sweep.auto.async_steps == "auto" and 1 <= sweep.auto.lookahead_final <= 8
     assert "--async_steps auto" in table and report["streaming_auto"]["version_lag_max"] <= 8
-    sim.plot_sweep(sweep, tmp_path / "sweep.png")
+    plot_sweep(sweep, tmp_path / "sweep.png")
     assert (tmp_path / "sweep.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
