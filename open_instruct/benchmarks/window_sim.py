@@ -2,8 +2,8 @@
 
 In the simulator (the real training loop on simulated engines and learners, `simulation.simulate`), at the
 original request's shape (heavy-tailed 16k-token responses, 32 engines, 16 learners, assumed H100 costs) with
-`--async_steps auto` and `--off_policy_action mask`: the self-tuning window against every fixed K, for a policy that moves slowly
-and one that moves fast. How fast a policy moves is `PolicyDrift.per_version`, the spread of the importance
+`--async_steps auto` and `--off_policy_action mask`: the self-tuning window against every fixed K, for a policy
+that moves slowly and one that moves fast. How fast a policy moves is `PolicyDrift.per_version`, the spread of the importance
 weights per version of lag (a higher learning rate is a larger drift); the simulated learners report the
 `offpolicy/ess_frac` and `offpolicy/truncated_frac` it implies for the tokens they train.
 
