@@ -3,9 +3,9 @@
 In the simulator (the real training loop on simulated engines and learners, `simulation.simulate`), at the
 original request's shape (heavy-tailed 16k-token responses, 32 engines, 16 learners, assumed H100 costs) with
 `--async_steps auto` and `--off_policy_action mask`: the self-tuning window against every fixed K, for a policy
-that moves slowly and one that moves fast. How fast a policy moves is `PolicyDrift.per_version`, the spread of the importance
-weights per version of lag (a higher learning rate is a larger drift); the simulated learners report the
-`offpolicy/ess_frac` and `offpolicy/truncated_frac` it implies for the tokens they train.
+that moves slowly and one that moves fast. How fast a policy moves is `PolicyDrift.per_version`, the spread of the
+importance weights per version of lag (a higher learning rate is a larger drift); the simulated learners report
+the `offpolicy/ess_frac` and `offpolicy/truncated_frac` it implies for the tokens they train.
 
 Per policy speed: each fixed K's steady throughput and its worst health after the warm-up, which fixed Ks keep
 health inside the limits (--off_policy_min_ess_frac, --off_policy_max_truncated_frac: the defaults), the best
