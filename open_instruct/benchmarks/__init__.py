@@ -14,13 +14,17 @@ learner_step.py        learner step time: pi_old pass, fixed rows vs token budge
 zero3_memory.py        what a learner rank holds while loading and syncing, ZeRO-2 vs ZeRO-3 (CPU or GPU ranks)
 replay.py              a run's recorded prompts replayed through engines only; response-length sweep
 e2e.py                 synchronous vs one-step-async vs streaming training on the same prompts
+e2e_runs.py            its runs: the modes interleaved in rounds, engine and learner calibration
+e2e_reports.py         its tables and timeline plot
 faults.py              an engine SIGKILLed (with and without continuation), a stop + resume
 staleness_learning.py  the demo once per --off_policy_action and seed: eval gain, length bias, token ages
 window_sim.py          --max_off_policy_steps auto vs every fixed K, simulated
 window_cpu.py          --max_off_policy_steps auto vs fixed K on the real stack
 simulator.py           the cluster simulator's command: validation on measurements, then the projection
 simulation.py          the real TrainingLoop on simulated collaborators: one mode's run, its SimResult
-simulated_stack.py     simulated engines, learners and weight sync on a virtual clock (cost models)
+simulated_stack.py     simulated learners and weight sync on a virtual clock; the model of all three
+simulated_engines.py   simulated engines: work stealing, decode steps, tool waits, sync pauses
+simulated_world.py     what they share: workload, cost model, cluster, the virtual clock and event heap
 simulation_replay.py   a measured run's prompts and response lengths, replayed
 simulation_validation.py  the simulation against a measured run, mode by mode
 simulation_projection.py  the original request's shape on assumed H100 costs: the async_steps sweep, KV vs re-prefill
@@ -28,6 +32,7 @@ simulation_reports.py  the simulator's tables
 calibration.py         cost models fitted on measurements
 simulator_plots.py     timelines and the async_steps sweep as PNGs
 workloads.py           heavy-tailed lengths, forced tool calls and environment turns in a GenerationActor subclass
+fault_actors.py        engine actors that fail on purpose (die in a weight sync, stall): recovery tests
 rounds.py              interleaved rounds of runs -> medians with their spread, ratios per round
 stamp.py               date, commit and machine, written into every result
 """

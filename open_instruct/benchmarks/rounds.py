@@ -6,7 +6,7 @@ the same order (A B C A B C ...: slow drifts of the machine hit every mode alike
 reported by its median over the rounds with the min-max spread. A ratio of two modes is computed per
 round (the two ran minutes apart) and reported the same way, never without its spread.
 
-Pure functions on the per-run result dicts of `e2e.run_mode`; tested on CPU without the stack.
+Pure functions on the per-run result dicts of `e2e_runs.run_mode`; tested on CPU without the stack.
 """
 
 from __future__ import annotations

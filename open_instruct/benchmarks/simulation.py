@@ -47,14 +47,13 @@ import logging
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from open_instruct.benchmarks.simulated_stack import (
+from open_instruct.benchmarks.simulated_engines import SimEngines
+from open_instruct.benchmarks.simulated_stack import SimLearners, SimWeightSync
+from open_instruct.benchmarks.simulated_world import (
     Cluster,
     CostModel,
     PolicyDrift,
     Segment,
-    SimEngines,
-    SimLearners,
-    SimWeightSync,
     SimWorld,
     VirtualClock,
     Workload,

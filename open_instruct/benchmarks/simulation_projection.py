@@ -8,11 +8,7 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from open_instruct.benchmarks.simulated_stack import (
-    Cluster,
-    CostModel,
-    Workload,
-)
+from open_instruct.benchmarks.simulated_world import Cluster, CostModel, Workload
 from open_instruct.benchmarks.simulation import SimResult, needed, simulate, warmup_steps
 from open_instruct.benchmarks.simulation_reports import KV_COLUMNS, format_kv_comparison, format_sweep
 

@@ -5,9 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from open_instruct.benchmarks.simulated_stack import (
-    CostModel,
-)
+from open_instruct.benchmarks.simulated_world import CostModel
 from open_instruct.benchmarks.simulation import needed
 
 if TYPE_CHECKING:

@@ -9,11 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from open_instruct.benchmarks.calibration import fit_cost_model, step_time_error, steps_of
-from open_instruct.benchmarks.simulated_stack import (
-    Cluster,
-    CostModel,
-    Workload,
-)
+from open_instruct.benchmarks.simulated_world import Cluster, CostModel, Workload
 from open_instruct.benchmarks.simulation import (
     MODES,
     SimResult,

@@ -24,7 +24,7 @@ import sys
 import time
 from pathlib import Path
 
-from open_instruct.benchmarks.simulated_stack import Cluster, PolicyDrift
+from open_instruct.benchmarks.simulated_world import Cluster, PolicyDrift
 from open_instruct.benchmarks.simulation import SimResult, simulate
 from open_instruct.benchmarks.simulation_projection import GPU_H100_COST, SEED_CLUSTER, SEED_CLUSTER_WORKLOAD
 from open_instruct.benchmarks.stamp import stamp

@@ -23,7 +23,7 @@ from open_instruct.data.dataset import PromptRow
 from open_instruct.generation.ledger import DeliveryLedger
 from open_instruct.generation.queues import LocalChannel
 from open_instruct.messages import Completion, EngineStats, PartialSample, PromptRequest, StepReport, VersionSpan
-from open_instruct.replay_buffer import oldest_trained_version
+from open_instruct.staleness import oldest_trained_version
 
 
 class FakeClock:

@@ -106,7 +106,7 @@ def test_an_engine_that_dies_during_a_weight_sync_is_replaced_and_the_sync_compl
     run trains to the end."""
     from helpers.runs import COMMON
 
-    from open_instruct.benchmarks.workloads import DiesInWeightSyncActor
+    from open_instruct.benchmarks.fault_actors import DiesInWeightSyncActor
     from open_instruct.config.core import parse_config
     from open_instruct.grpo_fast import run
 
@@ -128,7 +128,7 @@ def test_an_engine_that_stalls_is_found_by_the_hang_timeout_and_replaced(tmp_pat
     is killed and replaced like a dead one, its samples go back to the queue, and the run trains to the end."""
     from helpers.runs import COMMON
 
-    from open_instruct.benchmarks.workloads import StallsActor
+    from open_instruct.benchmarks.fault_actors import StallsActor
     from open_instruct.config.core import parse_config
     from open_instruct.grpo_fast import run
 

@@ -10,7 +10,7 @@ import pytest
 
 from open_instruct.benchmarks import simulation as sim
 from open_instruct.benchmarks.calibration import STEP_COLUMNS, fit_cost_model, step_rows
-from open_instruct.benchmarks.simulated_stack import Cluster, CostModel
+from open_instruct.benchmarks.simulated_world import Cluster, CostModel
 from open_instruct.benchmarks.simulation_validation import validate_on_measurements
 from open_instruct.benchmarks.stamp import stamp
 from open_instruct.messages import EngineStep

@@ -13,16 +13,9 @@ import pytest
 from open_instruct.benchmarks import simulation_reports
 from open_instruct.benchmarks import simulator as sim
 from open_instruct.benchmarks.calibration import fit_cost_model
-from open_instruct.benchmarks.simulated_stack import (
-    Cluster,
-    CostModel,
-    SimEngines,
-    SimLearners,
-    SimWeightSync,
-    SimWorld,
-    VirtualClock,
-    Workload,
-)
+from open_instruct.benchmarks.simulated_engines import SimEngines
+from open_instruct.benchmarks.simulated_stack import SimLearners, SimWeightSync
+from open_instruct.benchmarks.simulated_world import Cluster, CostModel, SimWorld, VirtualClock, Workload
 from open_instruct.benchmarks.simulation import MODES, SimResult, compare, loop_config, simulate, warmup_steps
 from open_instruct.benchmarks.simulation_projection import (
     GPU_H100_COST,
@@ -421,7 +414,7 @@ def test_cli_rejects_a_sweep_without_lookahead(tmp_path, capsys):
 
 
 def test_policy_drift_gives_the_health_a_lognormal_importance_weight_has():
-    from open_instruct.benchmarks.simulated_stack import PolicyDrift
+    from open_instruct.benchmarks.simulated_world import PolicyDrift
 
     drift = PolicyDrift(per_version=0.1, cap=2.0)
     assert drift.metrics([(0, 100)]) == {"offpolicy/ess_frac": 1.0, "offpolicy/truncated_frac": 0.0}
