@@ -72,3 +72,20 @@ def test_zero_stage_0_in_bf16_accumulates_gradients_in_fp32():
     assert "data_types" not in deepspeed_config(stage=2, micro_batch_size=1, bf16=True)
     stage1 = deepspeed_config(stage=1, micro_batch_size=1, bf16=True)  # ZeRO-1 asked for: the same fp32 path
     assert stage1["zero_optimization"]["stage"] == 1 and stage1["data_types"] == {"grad_accum_dtype": "fp32"}
+
+
+def test_the_zero3_memory_check_runs_where_only_torch_and_deepspeed_are_installed():
+    """gpu_check.sh's zero3_memory part is the learner side's torch-only check (GPU machines that cannot install
+    vLLM): its module, the model builder and the learner's DeepSpeed setup import neither vLLM nor Ray."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "import open_instruct.benchmarks.zero3_memory, open_instruct.benchmarks.weight_sync\n"
+        "import open_instruct.learner.deepspeed_setup\n"
+        "print(sorted({name.split('.')[0] for name in sys.modules} & {'vllm', 'ray'}))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=False)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.strip().splitlines()[-1] == "[]"
