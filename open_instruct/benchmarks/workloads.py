@@ -122,13 +122,13 @@ class ShapedGenerationActor(GenerationActor):
         exact = dataclasses.replace(request.sampling, max_tokens=max_tokens, ignore_eos=True, stop_strings=())
         request = dataclasses.replace(request, sampling=exact)
         if not multi_turn:
-            return await self._generate_sample(request, sample_index)
+            return await self.engine_request(request, sample_index)
         if w.env_calls:
             secret = 1 + w.length(sample_id) % 50
             env = EnvSpec("guess_number", (("number", secret),))
             # After its last call the sample answers in one more turn: the rest of its length.
             request = dataclasses.replace(request, agent=AgentRequest(envs=(env,), max_steps=w.env_calls))
-        return await self._agent_sample(request, sample_index)
+        return await self.multi_turn_sample(request, sample_index)
 
     def sampling_params(self, request: PromptRequest, sample_index: int, turn: int):
         from vllm.sampling_params import StructuredOutputsParams

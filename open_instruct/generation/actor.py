@@ -249,19 +249,19 @@ class GenerationActor(WeightReceiver, SampleRequests):
                     raise asyncio.CancelledError
                 completion = await self._one_sample(request, sample_index)
             except asyncio.CancelledError:  # cancelled outside a vLLM call (before it, or between two)
-                completion = self._empty(request, sample_index, "abort", "aborted before generating")
+                completion = self.empty_sample(request, sample_index, "abort", "aborted before generating")
             except EngineDeadError:
                 raise
             except Exception as error:  # e.g. sampling parameters vLLM refuses: delivered, never hung on
                 logger.warning("prompt %s sample %d failed: %s", request.prompt_id, sample_index, error)
-                completion = self._empty(request, sample_index, "error", f"{type(error).__name__}: {error}")
+                completion = self.empty_sample(request, sample_index, "error", f"{type(error).__name__}: {error}")
             await self._results.put_async(completion)
         finally:
             self._generating.pop(key, None)
             self._first_version.pop(key, None)
             self._set_running(self._running - 1)
 
-    def _empty(self, request: PromptRequest, sample_index: int, reason: str, error: str) -> Completion:
+    def empty_sample(self, request: PromptRequest, sample_index: int, reason: str, error: str) -> Completion:
         """A sample that ended without a vLLM result: still delivered, so its group completes."""
         return Completion(
             prompt_id=request.prompt_id,
@@ -331,16 +331,16 @@ class GenerationActor(WeightReceiver, SampleRequests):
 
     async def generate_sample(self, request: PromptRequest, sample_index: int) -> Completion:
         """One sample, not scored yet. The one hook for benchmarks: a subclass may reshape the request
-        (exact lengths) and call `_generate_sample` or `_agent_sample`."""
+        (exact lengths) and call `engine_request` or `multi_turn_sample`."""
         if self.toolbox.tools or (request.agent is not None and request.agent.envs):
-            return await self._agent_sample(request, sample_index)
-        return await self._generate_sample(request, sample_index)
+            return await self.multi_turn_sample(request, sample_index)
+        return await self.engine_request(request, sample_index)
 
-    async def _agent_sample(self, request: PromptRequest, sample_index: int) -> Completion:
+    async def multi_turn_sample(self, request: PromptRequest, sample_index: int) -> Completion:
         return await agent_sample(self, request, sample_index)
 
     @contextlib.asynccontextmanager
-    async def _parking(self):
+    async def parking(self):
         """A sample waits on a tool: it frees its engine slot, so the pull loop may start another."""
         self._occupancy.account(self._running, self.target_concurrency, self._paused, self._parked)
         self._parked += 1

@@ -1,6 +1,6 @@
 """Agent turns: a multi-turn sample (tool calls, environment steps) as one engine request per turn, joined
 into one Completion. The turn loop itself is pure (`agents.rollout`); this module gives it the engine: each
-turn is a `_generate_sample` of the actor with the turn's context, and a sample waiting on a tool parks
+turn is an `engine_request` of the actor with the turn's context, and a sample waiting on a tool parks
 (frees its engine slot)."""
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ async def agent_sample(actor, request: PromptRequest, sample_index: int) -> Comp
             include_stop_str_in_output=True,
         )
         turn_request = replace(request, prompt_token_ids=context, sampling=sampling)
-        return actor._generate_sample(turn_request, sample_index, part=f"/t{index}", turn=index)
+        return actor.engine_request(turn_request, sample_index, part=f"/t{index}", turn=index)
 
     def encode(text: str) -> list[int]:
         return actor.tokenizer.encode(text, add_special_tokens=False)
@@ -37,10 +37,10 @@ async def agent_sample(actor, request: PromptRequest, sample_index: int) -> Comp
             turn,
             encode,
             request.sampling.max_tokens,
-            actor._parking,
+            actor.parking,
         )
     except EnvConfigError as error:  # any other error is the sample's own, reported as it is
-        return actor._empty(request, sample_index, "error", f"env_config of {request.prompt_id}: {error}")
+        return actor.empty_sample(request, sample_index, "error", f"env_config of {request.prompt_id}: {error}")
     first = out.first_turn
     return Completion(
         prompt_id=request.prompt_id,

@@ -23,7 +23,7 @@ def _aborted(output) -> bool:
 
 
 class SampleRequests:
-    async def _generate_sample(self, request: PromptRequest, sample_index: int, part: str = "", turn: int = 0):
+    async def engine_request(self, request: PromptRequest, sample_index: int, part: str = "", turn: int = 0):
         """One vLLM request; the Completion is not scored yet. A single-turn sample interrupted before
         (`request.partials`) continues from prompt + its kept tokens (multi-turn ones restart: tool state)."""
         from vllm.v1.engine.exceptions import EngineDeadError

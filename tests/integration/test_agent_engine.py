@@ -100,7 +100,7 @@ def all_tools(s: Services) -> tuple[ToolSpec, ...]:
     )
     sandbox = ToolSpec("generic_sandbox", "generic_sandbox", {"api_endpoint": s.code_url + "/execute", "timeout": 20})
     return (
-        ToolSpec("python", "code", {"api_endpoint": s.code_url + "/execute", "timeout": 3}),
+        ToolSpec("python", "code", {"api_endpoint": s.code_url + "/execute", "timeout": GENEROUS_S}),
         ToolSpec("http", "slow", {"url": s.http_url + "/slow", "timeout": 10, "result_key": "result"}),
         ToolSpec("http", "late", {"url": s.http_url + "/slow", "timeout": 0.5}),
         ToolSpec("http", "broken", {"url": s.http_url + "/broken", "max_retries": 0}),

@@ -47,5 +47,5 @@ def test_an_engine_sample_is_stamped_with_its_requests_temperature():
 
     actor = GenerationActor(0, engine_settings("m", 64))
     request = PromptRequest("p", (1, 2), (), (), SamplingSettings(max_tokens=4, temperature=0.6), 2, 0, 0)
-    assert actor._empty(request, 1, "error", "x").temperature == 0.6
-    assert replace(actor._empty(request, 0, "abort", "y"), reward=1.0).temperature == 0.6
+    assert actor.empty_sample(request, 1, "error", "x").temperature == 0.6
+    assert replace(actor.empty_sample(request, 0, "abort", "y"), reward=1.0).temperature == 0.6
