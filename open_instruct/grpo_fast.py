@@ -174,8 +174,7 @@ def run(cfg: Config, engine_class=None, engine_args: tuple = ()) -> dict:
     from open_instruct.data.models import check_model_sources, load_tokenizer, packing_pad_id, resolve_model_path
     from open_instruct.extensions import load_extensions
     from open_instruct.launch.commands import CACHE_KEY_FLAGS, CACHE_KEYS_LINE
-    from open_instruct.orchestrator import StopRequest, SystemClock, TrainingLoop
-    from open_instruct.tracking import RunLog
+    from open_instruct.orchestrator import StopRequest
 
     load_extensions(cfg.run.extension_modules)  # (already done when main() checked the flags)
     check_model_sources(cfg.model)  # before anything starts: a bad name costs seconds
@@ -191,23 +190,31 @@ def run(cfg: Config, engine_class=None, engine_args: tuple = ()) -> dict:
     try:
         stack = Stack(cfg, model_path, packing_pad_id(tokenizer, model_path), engine_class, engine_args)
         stop.install()  # after ray.init, whose core worker installs its own (fatal) SIGTERM handler
-        loop = TrainingLoop(
-            cfg,
-            engines=stack.pool,
-            learners=stack.learners,
-            weight_sync=stack.sync,
-            clock=SystemClock(),
-            log=RunLog(cfg),
-            train_rows=train.prompts,
-            eval_rows=evaluation.prompts,
-            tokenizer=tokenizer,
-            stop=stop,
-        )
-        return loop.run()
+        return training_loop(cfg, stack, tokenizer, train, evaluation, stop).run()
     finally:
         stop.uninstall()
         if stack is not None:
             stack.close()
+
+
+def training_loop(cfg: Config, stack, tokenizer, train, evaluation, stop=None):
+    """The training loop over a built `cluster.Stack` and the loaded data (what `run` trains with; checks that
+    need the stack afterwards build theirs here too)."""
+    from open_instruct.orchestrator import SystemClock, TrainingLoop
+    from open_instruct.tracking import RunLog
+
+    return TrainingLoop(
+        cfg,
+        engines=stack.pool,
+        learners=stack.learners,
+        weight_sync=stack.sync,
+        clock=SystemClock(),
+        log=RunLog(cfg),
+        train_rows=train.prompts,
+        eval_rows=evaluation.prompts,
+        tokenizer=tokenizer,
+        stop=stop,
+    )
 
 
 if __name__ == "__main__":

@@ -73,9 +73,7 @@ def main(argv: list[str]) -> int:
     from open_instruct.cluster import Stack
     from open_instruct.config.core import parse_config
     from open_instruct.data.models import load_tokenizer, packing_pad_id, resolve_model_path
-    from open_instruct.grpo_fast import load_data
-    from open_instruct.orchestrator import SystemClock, TrainingLoop
-    from open_instruct.tracking import RunLog
+    from open_instruct.grpo_fast import load_data, training_loop
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     cfg = parse_config([*DEFAULTS, *argv])
@@ -84,18 +82,7 @@ def main(argv: list[str]) -> int:
     train, evaluation = load_data(cfg, tokenizer)
     stack = Stack(cfg, model_path, packing_pad_id(tokenizer, model_path))
     try:
-        loop = TrainingLoop(
-            cfg,
-            engines=stack.pool,
-            learners=stack.learners,
-            weight_sync=stack.sync,
-            clock=SystemClock(),
-            log=RunLog(cfg),
-            train_rows=train.prompts,
-            eval_rows=evaluation.prompts,
-            tokenizer=tokenizer,
-        )
-        summary = loop.run()
+        summary = training_loop(cfg, stack, tokenizer, train, evaluation).run()
         version = stack.sync.version + 1
         stack.sync.push(version)  # whatever the last step left: the engines now hold the learner's weights
         state = stack.learners.full_state_dict()
