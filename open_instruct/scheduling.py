@@ -10,7 +10,7 @@ measures both every step and follows that need:
   learner costs throughput) but shrinks only when the need stayed clearly lower (by `margin`) for
   `patience` steps in a row, so a need hovering at a boundary does not make it oscillate;
 * Little's law on the *mean* group latency undercounts a heavy tail: the learner still waits for the
-  batch's slowest groups at the lookahead it names (at the seed's shape it settled at 5 where 8
+  batch's slowest groups at the lookahead it names (at the original request's shape it settled at 5 where 8
   removes the wait). So the learner's wait itself also counts: a step in which it waited more than
   `wait_tolerance` of the step grows the lookahead by one, then gives the pipeline the time a new
   admission takes to arrive (the need, in steps) before it may grow again for that reason. A

@@ -3,7 +3,7 @@
 # (default output/bench): weight_sync.json (pause vs model size), learner_step.json (pi_old pass, fixed
 # rows vs token budget, gradient checkpointing), replay/ (engines-only replay,
 # response-length sweep), e2e/ (sync vs one-step vs streaming, + measured.json), simulator/ (cost
-# model fitted to e2e/measured.json, validation, seed-cluster projection), faults/ (an engine SIGKILLed with
+# model fitted to e2e/measured.json, validation, projection at the original request's shape), faults/ (an engine SIGKILLed with
 # and without continuation, a stop and resume), staleness_learning/ (the demo per --off_policy_action and seed),
 # window_sim/ and window_cpu/ (--max_off_policy_steps auto against fixed bounds: simulated, and the demo at two
 # learning rates).

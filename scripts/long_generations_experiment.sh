@@ -2,11 +2,11 @@
 # The "long generations" experiment of the original request: async GRPO with 16k-token responses
 # (reasoning models), one Beaker experiment per (model, data mix), each launched through mason.py.
 # What: for each model in $MODELS and each mix in $MIXES, `python mason.py ... -- source ray_node_setup.sh
-# && source code_api_setup.sh && python open_instruct/grpo_fast.py <the seed's flags>`.
+# && source code_api_setup.sh && python open_instruct/grpo_fast.py <the original request's flags>`.
 # Hardware: Beaker, 6 nodes x 8 GPUs per run (16 learner GPUs: --num_learners_per_node 8 8, and 32
 # single-GPU vLLM engines). The launching machine needs only Python with PyYAML (and the beaker CLI).
 # Usage: bash scripts/long_generations_experiment.sh [extra grpo_fast.py flags...]
-#   The flags are the seed's, token for token. With 16k-token tails a group outlasts ~3 learner steps;
+#   The flags are the original request's, token for token. With 16k-token tails a group outlasts ~3 learner steps;
 #   the default --async_steps 8 (open-instruct's) covers that, and appending --async_steps auto lets the
 #   lookahead follow the measured need (about 3, so less staleness; docs/benchmarks.md, "Cluster-scale simulator").
 #   DRY_RUN=1 bash scripts/long_generations_experiment.sh   # print the Beaker specs, submit nothing
@@ -15,8 +15,8 @@
 #   MIXES    space-separated, from: integration_mix orz_only_mix    (default: orz_only_mix)
 #   DRY_RUN  1 adds --dry_run to mason.py (each spec is printed as a YAML document, after a `---` line)
 #   PYTHON   interpreter that runs mason.py (default: python)
-#   IMAGE    Beaker image whose working directory holds this repo (default: the seed's image)
-#   CLUSTER WORKSPACE BUDGET PRIORITY   Beaker placement (defaults: the seed's values)
+#   IMAGE    Beaker image whose working directory holds this repo (default: the original request's image)
+#   CLUSTER WORKSPACE BUDGET PRIORITY   Beaker placement (defaults: the original request's values)
 #   WANDB_SECRET  name of a Beaker secret holding a W&B key; passed as --secret WANDB_API_KEY=...
 set -euo pipefail
 

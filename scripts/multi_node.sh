@@ -9,12 +9,12 @@
 #   DRY_RUN=1 bash scripts/multi_node.sh   # print the Beaker spec (a YAML document after `---`), submit nothing
 # Environment (all optional):
 #   MODEL          hub model (default: hamishivi/qwen2_5_openthoughts2); CHAT_TEMPLATE (tulu_thinker); ADD_BOS (False)
-#   TRAIN_MIX      NAME WEIGHT pairs for --dataset_mixer_list (default: the ORZ math mix of the seed)
+#   TRAIN_MIX      NAME WEIGHT pairs for --dataset_mixer_list (default: the ORZ math mix of the original request)
 #   EXP_NAME       experiment name (default: multi_node_<model>_<random>)
 #   DRY_RUN        1 adds --dry_run to mason.py
 #   PYTHON         interpreter that runs mason.py (default: python)
-#   IMAGE          Beaker image whose working directory holds this repo (default: the seed's image)
-#   CLUSTER WORKSPACE BUDGET PRIORITY   Beaker placement (defaults: the seed's values, priority normal)
+#   IMAGE          Beaker image whose working directory holds this repo (default: the original request's image)
+#   CLUSTER WORKSPACE BUDGET PRIORITY   Beaker placement (defaults: the original request's values, priority normal)
 #   WANDB_SECRET   name of a Beaker secret holding a W&B key: adds --secret WANDB_API_KEY=... and --with_tracking
 set -euo pipefail
 

@@ -39,7 +39,7 @@ SEED_CLUSTER_WORKLOAD = Workload(
 # * weight sync: 1.5 s to broadcast 15 GB of bf16 weights over NCCL and reload them.
 # * the learner figures above are for open-instruct's step: a separate no-grad pass for pi_old and rows
 #   padded to --pack_length. The one measured change, not an assumption: the learner cost is scaled by
-#   LEARNER_STEP_RATIO, new / old learner step time at the seed's settings (ZeRO-2, one mini-batch, one row
+#   LEARNER_STEP_RATIO, new / old learner step time at the original request's settings (ZeRO-2, one mini-batch, one row
 #   per micro-batch, gradient checkpointing; new = pi_old from the training forward and the token budget
 #   that setting now defaults to), measured side by side by `python -m open_instruct.benchmarks.learner_step
 #   --parts seed` on the 2-core CPU machine (a random 512x4 Qwen2, 2 ranks, 64 heavy-tailed samples:
@@ -62,7 +62,7 @@ GPU_H100_COST = CostModel(
 class AsyncSweep:
     """Synchronous and one-step-async once, streaming at several async_steps, on one workload.
 
-    Rates are steady-state (`steady_trained_samples_per_s`): the seed's run is thousands of steps,
+    Rates are steady-state (`steady_trained_samples_per_s`): the original request's run is thousands of steps,
     and streaming's pipeline fill is paid once. `learner_bound_samples_per_s` is the ceiling any
     schedule can reach (the learner never waits: train + sync back to back)."""
 
@@ -128,7 +128,7 @@ def project_seed_cluster(num_steps: int, sweep_steps: list[int]) -> tuple[dict[s
     started = time.monotonic()
     sweep = sweep_async_steps(seed, GPU_H100_COST, SEED_CLUSTER, sweep_steps)
     print(
-        f"== seed cluster projection: {SEED_CLUSTER.num_engines} engines x H100 (assumed costs), "
+        f"== projection at the original request's shape: {SEED_CLUSTER.num_engines} engines x H100 (assumed costs), "
         f"{SEED_CLUSTER.num_learners} learners, {seed.prompts_per_step}x{seed.samples_per_prompt} samples/step, "
         f"responses lognormal(median {seed.median_tokens:.0f}, sigma {seed.sigma}) capped at {seed.max_tokens}, "
         f"{seed.num_steps} steps (rates after {warmup_steps(seed.num_steps)} warm-up steps)"

@@ -33,13 +33,13 @@ def parse_args(argv: list[str] | None):
         "--seed_steps",
         type=int,
         default=SEED_CLUSTER_WORKLOAD.num_steps,
-        help="steps of the seed-cluster projection (its first quarter is warm-up)",
+        help="steps of the projection at the original request's shape (its first quarter is warm-up)",
     )
     parser.add_argument("--async_steps", type=int, default=1, help="streaming's async_steps on the measured setup")
     parser.add_argument(
         "--async_sweep",
         default="1,2,3,4,5,6,8",
-        help="comma-separated async_steps of streaming projected at the seed's shape",
+        help="comma-separated async_steps of streaming projected at the original request's shape",
     )
     args = parser.parse_args(argv)
     args.sweep_steps = sorted({int(a) for a in args.async_sweep.split(",") if a.strip()})
@@ -63,8 +63,11 @@ def main(argv: list[str] | None = None) -> int:
     report["seed_projection"], sweep = project_seed_cluster(args.seed_steps, args.sweep_steps)
     (args.output / "simulator.json").write_text(json.dumps(report, indent=2))
     seed_panels = [
-        ("seed cluster: synchronous", sweep.synchronous),
-        (f"seed cluster: streaming, async_steps {sweep.chosen_async_steps}", sweep.streaming[sweep.chosen_async_steps]),
+        ("original request: synchronous", sweep.synchronous),
+        (
+            f"original request: streaming, async_steps {sweep.chosen_async_steps}",
+            sweep.streaming[sweep.chosen_async_steps],
+        ),
     ]
     plot_timelines(seed_panels, args.output / "simulator_timeline.png", steady=True)
     plot_sweep(sweep, args.output / "simulator_async_sweep.png")

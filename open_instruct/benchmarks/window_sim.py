@@ -114,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     workload = dataclasses.replace(SEED_CLUSTER_WORKLOAD, num_steps=args.steps)
     started = time.monotonic()
     print(
-        f"== --max_off_policy_steps auto vs fixed K, simulated at the seed's shape ({args.steps} steps, "
+        f"== --max_off_policy_steps auto vs fixed K, simulated at the original request's shape ({args.steps} steps, "
         f"--async_steps auto, --off_policy_action mask; limits ess_frac >= {LIMITS.off_policy_min_ess_frac}, "
         f"truncated_frac <= {LIMITS.off_policy_max_truncated_frac}; health and rates after the warm-up)"
     )
