@@ -227,7 +227,7 @@ def _staleness_checks(cfg: Config) -> list[tuple[bool, str]]:
     """K against the lookahead and the weight syncs; only once both groups' own flags are valid."""
     if cfg.staleness.problems() or cfg.generation.problems():
         return []
-    policy = StalenessPolicy.from_config(cfg)
+    policy = cfg.staleness_policy  # parsed once: the cached property the runtime reads too
     window_flags = sorted(cfg.explicit_flags & WINDOW_FLAGS)
     checks = [
         (

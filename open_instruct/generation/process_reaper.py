@@ -37,10 +37,8 @@ def end_processes(processes: tuple[ProcessId, ...], grace_s: float = REAP_GRACE_
     process stuck in the kernel). A zombie counts as gone: it holds no memory."""
     import psutil
 
-    running = [p for p in map(_ours, processes) if p is not None]
+    running = _wait_gone([p for p in map(_ours, processes) if p is not None], grace_s)
     gone = {pid for pid, _ in processes} - {p.pid for p in running}
-    running = _wait_gone(running, grace_s)
-    gone |= {pid for pid, _ in processes} - {p.pid for p in running}
     killed = []
     for process in running:
         try:
