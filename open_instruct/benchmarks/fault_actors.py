@@ -30,7 +30,7 @@ class DiesInWeightSyncActor(GenerationActor):
             os._exit(1)
         if version == self.at_version and self.engine_id != self.victim and self._late_once:
             self._late_once = False
-            self._weights_settled.clear()  # as the receive does first: a resume waits for it to end
+            self.state.weights_settled.clear()  # as the receive does first: a resume waits for it to end
             await asyncio.sleep(5.0)
         return await super().receive_weights(update_info, version, timeout_s)
 
@@ -48,7 +48,8 @@ class StallsActor(GenerationActor):
         import asyncio
         from pathlib import Path
 
-        due = self.engine_id == self.victim and self._completed >= self.after_samples and not request.is_eval
+        completed = self.state.counters.completed_samples
+        due = self.engine_id == self.victim and completed >= self.after_samples and not request.is_eval
         if due and (not Path(self.marker).exists() or Path(self.marker).read_text() == str(id(self))):
             Path(self.marker).write_text(str(id(self)))
             await asyncio.Event().wait()

@@ -1,10 +1,11 @@
 """Generation: vLLM engines in Ray actors, the driver's handle on them, and recovery when one fails.
 
 actor.py           `GenerationActor`: one AsyncLLM pulling prompts, streaming scored Completions back
-agent_turns.py     a multi-turn sample (tools, environments): one engine request per turn
-scoring.py         a finished sample's reward, computed in the actor off its event loop
+engine_state.py    the state the actor and its two collaborators (the next two modules) share, declared once
 sample_requests.py one sample as vLLM requests, continued from tokens it has (a dead engine's, a reprefill cut)
 weight_receive.py  the engine's side of a weight sync: pause (KV kept, or cut for reprefill), receive, resume
+agent_turns.py     a multi-turn sample (tools, environments): one engine request per turn
+scoring.py         a finished sample's reward, computed in the actor off its event loop
 engine_setup.py    vLLM engine arguments from the configuration, the step probe, the cores its process runs on
 outputs.py         vLLM outputs -> Completions and progress reports (partial samples)
 queues.py          the shared prompt and result channels

@@ -1,17 +1,33 @@
 """Agent turns: a multi-turn sample (tool calls, environment steps) as one engine request per turn, joined
-into one Completion. The turn loop itself is pure (`agents.rollout`); this module gives it the engine: each
-turn is an `engine_request` of the actor with the turn's context, and a sample waiting on a tool parks
-(frees its engine slot)."""
+into one Completion. The turn loop itself is pure (`agents.rollout`); this module gives it the engine through
+`TurnEngine`, the part of the engine actor's public interface a multi-turn sample uses: each turn is an
+`engine_request` with the turn's context, and a sample waiting on a tool parks (frees its engine slot)."""
 
 from __future__ import annotations
 
 import time
+from contextlib import AbstractAsyncContextManager
 from dataclasses import replace
+from typing import Any, Protocol
 
 from open_instruct.messages import AgentRequest, Completion, PromptRequest
 
 
-async def agent_sample(actor, request: PromptRequest, sample_index: int) -> Completion:
+class TurnEngine(Protocol):
+    """What a multi-turn sample needs of the engine actor (`GenerationActor` is one)."""
+
+    engine_id: int
+    toolbox: Any  # agents.tools.Toolbox
+    tokenizer: Any
+
+    async def engine_request(self, request: PromptRequest, sample_index: int, part: str = "", turn: int = 0): ...
+
+    def parking(self) -> AbstractAsyncContextManager: ...
+
+    def empty_sample(self, request: PromptRequest, sample_index: int, reason: str, error: str) -> Completion: ...
+
+
+async def agent_sample(actor: TurnEngine, request: PromptRequest, sample_index: int) -> Completion:
     """A multi-turn sample (tools, environments): one engine request per turn, one Completion."""
     from open_instruct.agents.rollout import EnvConfigError, run_rollout
 

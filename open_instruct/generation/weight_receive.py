@@ -1,16 +1,20 @@
-"""The engine's side of a weight sync: pause (KV cache kept), receive, resume. A mixin of `GenerationActor`,
-kept apart because it is one protocol with its own failure rules (see `weights.sync`); it reads the actor's
-engine, pause flags and events."""
+"""The engine's side of a weight sync: pause (KV cache kept), receive, resume. A collaborator of
+`GenerationActor` over the engine's declared state (`engine_state.EngineState`), kept apart because it is one
+protocol with its own failure rules (see `weights.sync`)."""
 
 from __future__ import annotations
 
 import asyncio
 import time
 
+from open_instruct.generation.engine_state import EngineState
 from open_instruct.messages import EnginePaused, WeightsReceived
 
 
 class WeightReceiver:
+    def __init__(self, state: EngineState):
+        self.state = state
+
     async def pause(self, mode: str = "keep") -> EnginePaused:
         """Stop admitting requests and freeze the engine for a weight sync.
 
@@ -24,22 +28,23 @@ class WeightReceiver:
         """
         if mode not in ("keep", "wait", "reprefill"):
             raise ValueError(f"pause mode must be 'keep', 'wait' or 'reprefill', got {mode!r}")
+        state = self.state
         started = time.monotonic()
-        self._set_paused(True)
-        self._resumed.clear()
-        running = len(self._progress)
+        state.set_paused(True)
+        state.resumed.clear()
+        running = len(state.progress)
         if mode == "reprefill":
-            self._reprefill_epoch += 1  # before the abort: its streams end under the new epoch
-        await self.engine.pause_generation(mode="abort" if mode == "reprefill" else mode, clear_cache=False)
-        return EnginePaused(self.engine_id, time.monotonic() - started, running, len(self._progress))
+            state.reprefill_epoch += 1  # before the abort: its streams end under the new epoch
+        await state.engine.pause_generation(mode="abort" if mode == "reprefill" else mode, clear_cache=False)
+        return EnginePaused(state.engine_id, time.monotonic() - started, running, len(state.progress))
 
     async def init_weight_transfer(self, init_info: dict) -> dict:
         """Join the trainer's weight-transfer group (concurrently with the trainer's own init)."""
         from vllm.distributed.weight_transfer.base import WeightTransferInitRequest
 
         started = time.monotonic()
-        await self.engine.init_weight_transfer_engine(WeightTransferInitRequest(init_info=init_info))
-        return {"engine_id": self.engine_id, "init_s": time.monotonic() - started}
+        await self.state.engine.init_weight_transfer_engine(WeightTransferInitRequest(init_info=init_info))
+        return {"engine_id": self.state.engine_id, "init_s": time.monotonic() - started}
 
     async def receive_weights(self, update_info: dict, version: int, timeout_s: float = 600.0) -> WeightsReceived:
         """start → update (concurrently with the trainer's broadcast) → finish(version), engine paused.
@@ -49,30 +54,31 @@ class WeightReceiver:
         """
         from vllm.distributed.weight_transfer.base import WeightTransferUpdateRequest
 
-        if not self._paused:
-            raise RuntimeError(f"engine {self.engine_id}: receive_weights called while not paused")
+        state = self.state
+        if not state.paused:
+            raise RuntimeError(f"engine {state.engine_id}: receive_weights called while not paused")
         started = time.monotonic()
         step = "start_weight_update"
-        self._weights_settled.clear()
+        state.weights_settled.clear()
         try:
-            await asyncio.wait_for(self.engine.start_weight_update(), timeout_s)
+            await asyncio.wait_for(state.engine.start_weight_update(), timeout_s)
             step = "update_weights"
             # A failed update ends vLLM's update session itself (our gloo and nccl engines restore the old
             # weights first), so `finish` runs only after a complete transfer.
             await asyncio.wait_for(
-                self.engine.update_weights(WeightTransferUpdateRequest(update_info=update_info)), timeout_s
+                state.engine.update_weights(WeightTransferUpdateRequest(update_info=update_info)), timeout_s
             )
             step = "finish_weight_update"
-            await asyncio.wait_for(self.engine.finish_weight_update(weight_version=str(version)), timeout_s)
+            await asyncio.wait_for(state.engine.finish_weight_update(weight_version=str(version)), timeout_s)
         except Exception as error:
             raise RuntimeError(
-                f"engine {self.engine_id}: weight sync step '{step}' failed: {type(error).__name__}: {error}"
+                f"engine {state.engine_id}: weight sync step '{step}' failed: {type(error).__name__}: {error}"
             ) from error
         finally:
-            self._weights_settled.set()
-        self.weight_version = version
-        self._weight_updates += 1
-        return WeightsReceived(self.engine_id, version, time.monotonic() - started)
+            state.weights_settled.set()
+        state.weight_version = version
+        state.counters.weight_updates += 1
+        return WeightsReceived(state.engine_id, version, time.monotonic() - started)
 
     async def resume(self) -> float:
         """Resume generation; returns the wall-clock time it resumed (for step-end-to-resume lag).
@@ -80,9 +86,10 @@ class WeightReceiver:
         After a failed sync the driver resumes every engine at once, while one may still be receiving or
         restoring its previous weights: decoding then would run on layers still on the meta device (seen
         as an EngineCore crash), so the resume waits for the receive to end first."""
-        await self._weights_settled.wait()
-        await self.engine.resume_generation()
-        self._set_paused(False)
-        self._resumed.set()
-        self._room.set()
+        state = self.state
+        await state.weights_settled.wait()
+        await state.engine.resume_generation()
+        state.set_paused(False)
+        state.resumed.set()
+        state.room.set()
         return time.time()

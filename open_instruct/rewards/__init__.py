@@ -100,7 +100,7 @@ class UnknownVerifierError(KeyError):
 _REGISTRY: dict[str, Verifier] = {}
 
 # Modules that register the built-in verifiers, imported on first lookup.
-_BUILTIN_MODULES = (
+BUILTIN_MODULES = (
     "gsm8k",
     "math_answer",
     "string_match",
@@ -128,7 +128,7 @@ def register(*names: str) -> Callable[[Verifier], Verifier]:
 def _load_builtins() -> None:
     global _builtins_loaded
     if not _builtins_loaded:
-        for module in _BUILTIN_MODULES:
+        for module in BUILTIN_MODULES:
             importlib.import_module(f"{__name__}.{module}")
         _builtins_loaded = True
 

@@ -135,7 +135,7 @@ def _recv(fd: int, deadline: float | None = None) -> Any:
 def _warm_up() -> list[str]:
     # A missing optional module must not take the other verifiers down, so failures are reported.
     failed = []
-    for module in rewards._BUILTIN_MODULES:
+    for module in rewards.BUILTIN_MODULES:
         try:
             importlib.import_module(f"{rewards.__name__}.{module}")
         except Exception as e:

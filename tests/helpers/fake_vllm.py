@@ -61,9 +61,14 @@ def fake_generation_actor(monkeypatch, engine: FakeVllm | None = None):
     monkeypatch.setitem(
         sys.modules, "vllm.v1.engine.exceptions", types.SimpleNamespace(EngineDeadError=type("Dead", (Exception,), {}))
     )
-    actor = GenerationActor(0, engine_settings("unused", 64, partial_report_tokens=1))
-    actor.engine, actor.toolbox, actor.target_concurrency = engine or FakeVllm(), types.SimpleNamespace(tools={}), 16
-    actor.sampling_params = lambda request, sample_index, turn: None
+
+    class OnFakeVllm(GenerationActor):
+        def sampling_params(self, request, sample_index, turn):
+            return None  # the fake engine reads none
+
+    actor = OnFakeVllm(0, engine_settings("unused", 64, partial_report_tokens=1))
+    actor.state.engine, actor.state.target_concurrency = engine or FakeVllm(), 16
+    actor.toolbox = types.SimpleNamespace(tools={})
     # Joining a continued sample decodes its tokens: one character per token id is enough here.
-    actor.tokenizer = types.SimpleNamespace(decode=lambda ids, skip_special_tokens=True: "".join(map(str, ids)))
+    actor.state.tokenizer = types.SimpleNamespace(decode=lambda ids, skip_special_tokens=True: "".join(map(str, ids)))
     return actor

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from open_instruct import grpo_fast
 from open_instruct.generation.actor import GenerationActor
+from open_instruct.generation.sample_requests import SampleRequests
 
 HOLD_AFTER_OUTPUTS = 4  # engine outputs (one or more tokens each) a held sample gets before it waits
 # Read here, in the driver: the class travels to the engine actors pickled by value, with this constant.
@@ -25,17 +26,21 @@ HOLD_RELEASE_FILE = os.environ.get("HOLD_RELEASE_FILE", "")
 HOLD_MARK_DIR = os.environ.get("HOLD_MARK_DIR", "")
 
 
-class HoldingEngine(GenerationActor):
-    async def _engine_stream(self, request, sample_index, part, turn, kept, attempt=0):
+class HoldingRequests(SampleRequests):
+    async def outputs(self, request, sample_index, part, turn, kept, attempt=0):
         held = request.admitted_version >= HOLD_FROM_VERSION and not request.is_eval
         outputs = 0
-        stream = super()._engine_stream(request, sample_index, part, turn, kept, attempt)
+        stream = super().outputs(request, sample_index, part, turn, kept, attempt)
         async with contextlib.aclosing(stream):
             async for output in stream:
                 yield output
                 outputs += 1
                 if held and outputs == HOLD_AFTER_OUTPUTS:
                     await _hold()
+
+
+class HoldingEngine(GenerationActor):
+    requests_class = HoldingRequests
 
 
 async def _hold() -> None:

@@ -90,10 +90,23 @@ def test_a_long_run_keeps_every_driver_container_bounded(tmp_path, monkeypatch, 
     plotted = []  # the plot reads the whole history back from metrics.jsonl (drawing it is not the point here)
     monkeypatch.setattr(tracking, "plot_run", lambda history, path: plotted.append(sum(1 for _ in history)))
     cfg = fakes.config(
-        "--async_steps", "2", "--max_off_policy_steps", "2", "--off_policy_action", action, "--active_sampling",
-        "--no_resampling_pass_rate", "0.99", "--local_eval_every", "100", "--output_dir", str(tmp_path),
-        steps=STEPS, prompts=4, samples=4,
-    )  # fmt: skip
+        "--async_steps",
+        "2",
+        "--max_off_policy_steps",
+        "2",
+        "--off_policy_action",
+        action,
+        "--active_sampling",
+        "--no_resampling_pass_rate",
+        "0.99",
+        "--local_eval_every",
+        "100",
+        "--output_dir",
+        str(tmp_path),
+        steps=STEPS,
+        prompts=4,
+        samples=4,
+    )
     early: dict[str, int] = {}
     late: dict[str, int] = {}
     windows: list[int] = []
@@ -163,8 +176,11 @@ def test_the_ledger_forgets_complete_prompts_but_still_recognises_resubmitted_du
         sizes.append(len(ledger.expected) + len(ledger.delivered) + len(ledger.engine_of))
     assert max(sizes) == 0
     assert ledger.counts() == {
-        "admitted_prompts": 16000, "expected_samples": 32000, "delivered_samples": 32000, "error_samples": 0,
-    }  # fmt: skip
+        "admitted_prompts": 16000,
+        "expected_samples": 32000,
+        "delivered_samples": 32000,
+        "error_samples": 0,
+    }
     ledger.check_complete()
     # As Resubmission.resubmit does after a failure: the prompt leaves its engine, its missing sample is
     # generated again elsewhere, and the dead engine's copy may still arrive.
@@ -188,9 +204,16 @@ def _feeder() -> PromptFeeder:
 
 def _completion(prompt_id: str, j: int) -> Completion:
     return Completion(
-        prompt_id=prompt_id, sample_index=j, prompt_token_ids=(1, 2), response_token_ids=(3,),
-        behaviour_logprobs=(-1.0,), finish_reason="stop", version_spans=(), admitted_version=0, engine_id=0,
-    )  # fmt: skip
+        prompt_id=prompt_id,
+        sample_index=j,
+        prompt_token_ids=(1, 2),
+        response_token_ids=(3,),
+        behaviour_logprobs=(-1.0,),
+        finish_reason="stop",
+        version_spans=(),
+        admitted_version=0,
+        engine_id=0,
+    )
 
 
 def test_the_engine_pool_keeps_only_prompts_in_flight(monkeypatch):
@@ -202,9 +225,13 @@ def test_the_engine_pool_keeps_only_prompts_in_flight(monkeypatch):
 
     def sizes() -> dict[str, int]:
         return {
-            "requests": len(pool.resubmission), "partials": len(pool.partials), "carried": len(pool._carried),
-            "ledger": _tracked(pool.ledger), "prompt queue": pool.prompts.depth(), "result queue": pool.results.depth(),
-        }  # fmt: skip
+            "requests": len(pool.resubmission),
+            "partials": len(pool.partials),
+            "carried": len(pool._carried),
+            "ledger": _tracked(pool.ledger),
+            "prompt queue": pool.prompts.depth(),
+            "result queue": pool.results.depth(),
+        }
 
     measured = []
     for version in range(1500):
@@ -224,10 +251,9 @@ def test_the_engine_pool_keeps_only_prompts_in_flight(monkeypatch):
 
 
 def _engine_sizes(actor) -> dict[str, int]:
-    return {
-        "tasks": len(actor._tasks), "generating": len(actor._generating), "first_version": len(actor._first_version),
-        "progress": len(actor._progress),
-    }  # fmt: skip
+    state = actor.state
+    sizes = {"generating": state.generating, "first_version": state.first_version, "progress": state.progress}
+    return {name: len(held) for name, held in sizes.items()}
 
 
 def _requests(batch: int):
@@ -249,7 +275,7 @@ def test_a_streaming_engine_keeps_only_running_samples(monkeypatch):
             while done < 16:
                 message = await results.get_async(timeout=10)
                 done += isinstance(message, Completion)
-            while actor._tasks:  # the last sample's task ends just after its delivery
+            while actor.state.running:  # the last sample's task ends just after its delivery
                 await asyncio.sleep(0.001)
             measured.append(_engine_sizes(actor))
         await actor.stop("finish")
@@ -296,9 +322,12 @@ def test_the_reward_pool_keeps_its_workers_threads_and_queue_fixed():
     def sizes(scorer) -> dict[str, int]:
         pool = scorer._dispatch
         return {
-            "children": _children(), "threads": len(pool._threads), "queued": pool._work_queue.qsize(),
-            "idle workers": scorer._idle.qsize(), "error names": len(scorer.error_counts),
-        }  # fmt: skip
+            "children": _children(),
+            "threads": len(pool._threads),
+            "queued": pool._work_queue.qsize(),
+            "idle workers": scorer._idle.qsize(),
+            "error names": len(scorer.error_counts),
+        }
 
     async def batch(scorer, names: list[str]) -> None:
         await asyncio.gather(*(scorer.score(f"s{i}", "p", ["1"], [name], "stop", 1) for i, name in enumerate(names)))

@@ -57,7 +57,7 @@ def test_an_abort_stop_cuts_running_samples_and_delivers_their_tokens(monkeypatc
         prompts, results = LocalChannel(name="prompts"), LocalChannel(name="results")
         loop = asyncio.create_task(actor.run(prompts, results))
         await prompts.put_async(request("running"))
-        while sum(actor._progress.values()) < 2:  # both samples have their first token
+        while sum(actor.running_tokens().values()) < 2:  # both samples have their first token
             await asyncio.sleep(0)
         stopped = await actor.stop("abort")
         await asyncio.wait_for(loop, timeout=60)
@@ -78,10 +78,10 @@ def test_a_reprefill_pause_cuts_running_samples_and_continues_each_from_its_toke
 
     async def drive():
         generating = asyncio.create_task(actor.generate([request("long")]))
-        while sum(actor._progress.values()) < 2:  # both samples have their first token
+        while sum(actor.running_tokens().values()) < 2:  # both samples have their first token
             await asyncio.sleep(0)
         await actor.pause("reprefill")
-        actor.weight_version = 1  # what receive_weights would set
+        actor.state.weight_version = 1  # what receive_weights would set
         await actor.resume()
         return await asyncio.wait_for(generating, timeout=60)  # only a failure waits this long
 

@@ -43,6 +43,7 @@ FORBIDDEN_FOR_PURE = {"ray", "vllm", "deepspeed", "open_instruct.generation.acto
 ACTORS = {
     "generation.actor",
     "generation.engine_setup",
+    "generation.engine_state",
     "generation.outputs",
     "generation.queues",
     "generation.sample_requests",
@@ -294,8 +295,10 @@ def test_no_squeezing_no_fmt_skip_and_no_short_aliases_of_configuration():
     """A flag keeps its name where it is used: `generation.temperature`, not `g.temperature`; and code is
     formatted like all other code (`# fmt: skip` hides length, it does not remove it)."""
     found = []
-    for path in PACKAGE.rglob("*.py"):
+    for path in [*PACKAGE.rglob("*.py"), *(REPO / "tests").rglob("*.py"), *(REPO / "scripts").rglob("*.py")]:
         text = path.read_text()
+        if path.name == "test_structure.py":
+            continue  # this file names the marker it looks for
         found += [
             f"{path.relative_to(REPO)}:{i} fmt: skip"
             for i, line in enumerate(text.splitlines(), 1)
@@ -359,3 +362,45 @@ def test_a_test_files_folder_is_its_tier():
         if path.name != "conftest.py":
             marked += [f"{path.relative_to(REPO)}:{line}" for line in _slow_marks(path)]
     assert not marked, "the folder is the tier: move a slow test to tests/integration\n" + "\n".join(marked)
+
+
+# Private names of other libraries the package reads, each for a reason documented where it is read.
+THIRD_PARTY_PRIVATES = {
+    "os._exit",  # end a process at once, without cleanup (a killed engine, a forked worker)
+    "parser._actions",  # argparse: the flags a parser defines
+    "model.config._attn_implementation",  # transformers: the attention kernel it chose
+    "WeightTransferEngineFactory._registry",  # vLLM: our transports registered as its engines
+    "module._parameters",  # torch: a layer's parameters swapped in place during a reload
+}
+
+
+def _names_defined(tree: ast.AST) -> set[str]:
+    defined = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            defined.add(node.name)
+        elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
+            defined.add(node.attr)
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            defined.add(node.id)
+    return defined
+
+
+def test_no_module_reads_a_private_name_defined_in_another_file():
+    """A class spread over files (mixins reading each other's `self._x`) or a module reaching into another's
+    `_PRIVATE` hides a dependency: what is shared is declared and public (the engine actor's `EngineState`)."""
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        tree = ast.parse(path.read_text())
+        defined = _names_defined(tree)
+        for node in ast.walk(tree):
+            private = isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__")
+            if private and node.attr not in defined and ast.unparse(node) not in THIRD_PARTY_PRIVATES:
+                found.append(f"{path.relative_to(REPO)}:{node.lineno} {ast.unparse(node)}")
+    assert not found, "\n".join(found)
+
+
+def test_the_engine_actor_has_no_mixins():
+    tree = ast.parse((PACKAGE / "generation" / "actor.py").read_text())
+    actor = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "GenerationActor")
+    assert actor.bases == []
