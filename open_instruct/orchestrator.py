@@ -555,6 +555,7 @@ class TrainingLoop:
             "max_off_policy_steps": self.cfg.staleness_policy.flag_value,
             "off_policy_window_final": self.pacing.window.current,
             "off_policy_action": self.cfg.staleness_policy.action.value,
+            "staleness_policy": self.cfg.staleness_policy.describe(),
             "async_steps_final": self.pacing.lookahead.current,
             **{f"prompts_{name}": count for name, count in self.outcomes.totals().items()},
         }

@@ -82,6 +82,14 @@ class StalenessPolicy:
         """K as --max_off_policy_steps would say it (the run summary's key)."""
         return "auto" if self.auto else self.bound
 
+    def describe(self) -> str:
+        """The policy in one phrase, as results tables state it: `K=2, mask` or `K=auto (1-8, ess >= 0.9,
+        truncated <= 0.02), mask`."""
+        if self.auto:
+            limits = f"ess >= {self.min_ess_frac:g}, truncated <= {self.max_truncated_frac:g}"
+            return f"K=auto ({self.minimum}-{self.bound}, {limits}), {self.action.value}"
+        return f"K={self.bound}, {self.action.value}"
+
     def age_rule(self) -> MaxAge:
         return MaxAge(self.bound, self.action.age_rule)
 

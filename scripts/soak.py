@@ -43,10 +43,14 @@ TRAIN_ARGS = [
 ]
 # Gauges are read once per step, so they jitter by up to about one step's batch; a leak keeps growing.
 GAUGE_SLACK = {
-    "queue/prompt_depth": PROMPTS, "queue/result_depth": BATCH, "buffer/size_samples": BATCH,
-    "buffer/size_tokens": BATCH * PACK_LENGTH, "buffer/reserved_samples": BATCH,
-    "buffer/groups_complete": PROMPTS, "buffer/groups_incomplete": PROMPTS,
-}  # fmt: skip
+    "queue/prompt_depth": PROMPTS,
+    "queue/result_depth": BATCH,
+    "buffer/size_samples": BATCH,
+    "buffer/size_tokens": BATCH * PACK_LENGTH,
+    "buffer/reserved_samples": BATCH,
+    "buffer/groups_complete": PROMPTS,
+    "buffer/groups_incomplete": PROMPTS,
+}
 
 
 def parse_rss_mib(status_text: str) -> float | None:
@@ -244,13 +248,20 @@ def evaluate(args, rc: int, tail: MetricsTail, samples: list[dict], leaked: list
     ]
     step_s = [r["time/step_s"] for r in rows[1:] if "time/step_s" in r]  # step 0 includes engine warm-up
     return {
-        "passed": not failures, "failures": failures, "exit_code": rc, "leaked": leaked, "gauges": gauges,
-        "steps_requested": args.steps, "steps_logged": len(logged), "wall_s": wall_s, "rss": slopes,
+        "passed": not failures,
+        "failures": failures,
+        "exit_code": rc,
+        "leaked": leaked,
+        "gauges": gauges,
+        "steps_requested": args.steps,
+        "steps_logged": len(logged),
+        "wall_s": wall_s,
+        "rss": slopes,
         "startup_s": seen[0] if seen else None,  # to the first step logged: Ray, engine, learner, step 0
         "training_wall_s": seen[-1] - seen[0] if seen else None,
         "step_s_median": statistics.median(step_s) if step_s else None,
         "train_args": TRAIN_ARGS + args.extra,
-    }  # fmt: skip
+    }
 
 
 def summary_lines(r: dict) -> list[str]:

@@ -65,6 +65,7 @@ from open_instruct.benchmarks.e2e_runs import (
     PeakMemory,
     measure_prefill,
     measured_for_simulator,
+    mode_config,
     run_rounds,
     summarize_workload,
     warm_up_engine,
@@ -150,7 +151,8 @@ def main(argv: list[str] | None = None) -> dict:
     base = base_config(args, out, tool_server.tool_flags())
     tokenizer = load_tokenizer(base.model)
     rows = data.load_prompt_dataset(base.train_data, base.model, tokenizer, "train", {}, seed=1).prompts
-    results: dict = {"stamp": stamp("e2e"), "rounds": args.rounds, "pinned": args.pin, "workloads": {}}
+    policies = {mode: mode_config(base, mode, out).staleness_policy.describe() for mode in args.modes}
+    results: dict = {"stamp": stamp("e2e", policies), "rounds": args.rounds, "pinned": args.pin, "workloads": {}}
     with PeakMemory() as memory:
         stack = Stack(base, resolve_model_path(None), tokenizer.pad_token_id, ShapedGenerationActor, (None,))
         if args.pin and stack.placement.learner_cores:

@@ -270,7 +270,7 @@ def main(argv: list[str] | None = None) -> dict:
     tokenizer = load_tokenizer(base.model)
     rows = data.load_prompt_dataset(base.train_data, base.model, tokenizer, "train", {}, seed=1).prompts
     results = {
-        "stamp": stamp("faults"),
+        "stamp": stamp("faults", base.staleness_policy.describe()),
         "workload": dataclasses.asdict(workload),
         "steps": args.steps,
         "samples_per_step": args.prompts * args.samples,

@@ -51,7 +51,9 @@ def parse_args(argv: list[str] | None):
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     args.output.mkdir(parents=True, exist_ok=True)
-    report: dict[str, Any] = {"stamp": stamp("simulator")}
+    # The simulated runs' defaults (simulation.simulate_training); validation replays the measured runs' own.
+    policy = "projection: K = each row's --async_steps (8 with auto), requeue; validation: the measured runs' own"
+    report: dict[str, Any] = {"stamp": stamp("simulator", policy)}
     if args.measured:
         try:
             report["measured"], runs = validate_on_measurements(args.measured, args.async_steps)

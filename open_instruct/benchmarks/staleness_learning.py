@@ -67,6 +67,7 @@ def run_once(action: str, seed: int, args, root: Path) -> dict:
         raise SystemExit(f"the {action} run with seed {seed} failed (exit {done.returncode}); see {log}")
     summary = json.loads((out / "summary.json").read_text())
     run = {"action": action, "seed": seed, **{key: summary.get(key) for key in SUMMARY_KEYS}}
+    run["staleness_policy"] = summary["staleness_policy"]  # as the run itself parsed its flags
     run["eval_gain"] = run["last_eval_reward"] - run["first_eval_reward"]
     run["trained_samples_per_s"] = run["episodes"] / run["elapsed_s"]
     return run
@@ -148,7 +149,7 @@ def main(argv: list[str] | None = None) -> dict:
     root.mkdir(parents=True, exist_ok=True)
     runs = [run_once(action, seed, args, root) for seed in args.seeds for action in args.actions]  # interleaved
     results = {
-        "stamp": stamp("staleness_learning"),
+        "stamp": stamp("staleness_learning", {f"{r['action']} seed {r['seed']}": r["staleness_policy"] for r in runs}),
         "setting": " ".join(["scripts/cpu_demo.sh", *as_tokens(shared_flags(args))]),
         "runs": runs,
         "summary": summarize(runs),

@@ -1,8 +1,8 @@
 """Where and when a benchmark number was measured, and in which format: machine, commit, date and schema,
 written into every result.
 
-A number without its machine and commit cannot be compared with the next run's; the docs quote the
-stamp next to each table (`docs/benchmarks.md`). The schema names the benchmark that wrote the file and the
+A number without its machine, commit and staleness policy cannot be compared with the next run's; the results
+pages quote the stamp above each table (`docs/results/`). The schema names the benchmark that wrote the file and the
 version of its format: code that reads a result file (`read_result`) refuses another benchmark's or an older
 format in one line instead of failing on a missing key.
 """
@@ -21,6 +21,7 @@ from open_instruct.errors import UserError
 REPO = Path(__file__).resolve().parents[2]
 
 # Each benchmark's result format; raise a version when a key its readers need changes (2: results carry one).
+# The stamp's "staleness" (added later) is for people: readers never need it, and a file without it is read.
 SCHEMA_VERSIONS = {
     "e2e": 2,
     "faults": 2,
@@ -65,9 +66,10 @@ def _git(*args: str) -> str | None:
     return result.stdout.strip() if result.returncode == 0 else None
 
 
-def stamp(benchmark: str) -> dict:
-    """{"date", "commit", "dirty", "machine": {...}, "schema": {"name", "version"}}; commit is None outside a git
-    checkout."""
+def stamp(benchmark: str, staleness: str | dict[str, str] = "") -> dict:
+    """{"date", "commit", "dirty", "machine": {...}, "schema": {"name", "version"}, "staleness"}; commit is None
+    outside a git checkout. `staleness`: the policy measured (`StalenessPolicy.describe`), one per mode where the
+    modes differ, or "" where none applies (generation or a learner step alone)."""
     commit = _git("rev-parse", "--short=12", "HEAD")
     status = _git("status", "--porcelain", "--untracked-files=no") if commit else None
     machine = {
@@ -90,6 +92,7 @@ def stamp(benchmark: str) -> dict:
         "dirty": bool(status),
         "machine": machine,
         "schema": {"name": benchmark, "version": SCHEMA_VERSIONS[benchmark]},
+        "staleness": staleness,
     }
 
 
@@ -114,9 +117,15 @@ def read_result(path: Path, benchmark: str) -> dict:
 
 
 def describe(s: dict) -> str:
-    """One line for a table's header: date, commit, machine."""
+    """A table's header: date, commit, machine, and the staleness policy measured (a line per mode where they
+    differ)."""
     m = s["machine"]
     memory = f", {m['memory_gib']:.0f} GiB" if m.get("memory_gib") else ""
     gpu = f", {m['gpu']}" if m.get("gpu") else ", no GPU"
     commit = f"{s['commit']}{' (uncommitted changes)' if s['dirty'] else ''}" if s["commit"] else "no git checkout"
-    return f"measured {s['date']} at commit {commit} on {m['cpu_count']} cores ({m['cpu_model']}){memory}{gpu}"
+    where = f"measured {s['date']} at commit {commit} on {m['cpu_count']} cores ({m['cpu_model']}){memory}{gpu}"
+    staleness = s.get("staleness")
+    if isinstance(staleness, dict):
+        modes = "".join(f"\n  {mode}: {policy}" for mode, policy in staleness.items())
+        return f"{where}\nstaleness policy per mode:{modes}"
+    return f"{where}\nstaleness policy: {staleness}" if staleness else where

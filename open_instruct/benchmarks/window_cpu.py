@@ -66,6 +66,7 @@ def run_once(learning_rate: str, bound: str, args, root: Path) -> dict:
         "healthy": within_limits(ess, truncated),
         "eval_before": summary["first_eval_reward"],
         "eval_after": summary["last_eval_reward"],
+        "staleness_policy": summary["staleness_policy"],  # as the run itself parsed its flags
     }
 
 
@@ -101,7 +102,8 @@ def main(argv: list[str] | None = None) -> int:
         f"ess_frac >= {LIMITS.off_policy_min_ess_frac}, truncated_frac <= {LIMITS.off_policy_max_truncated_frac}; "
         "rates and health after the first quarter of the steps"
     )
-    results = {"stamp": stamp("window_cpu"), "setting": setting, "runs": runs}
+    policies = {f"lr {r['learning_rate']} K {r['K']}": r["staleness_policy"] for r in runs}
+    results = {"stamp": stamp("window_cpu", policies), "setting": setting, "runs": runs}
     (root / "window_cpu.json").write_text(json.dumps(results, indent=2))
     report = format_report(results)
     title = "# The self-tuning off-policy window on CPU: measured table"

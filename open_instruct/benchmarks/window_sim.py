@@ -123,7 +123,14 @@ def main(argv: list[str] | None = None) -> int:
         report[speed] = sweep(workload, GPU_H100_COST, SEED_CLUSTER, drift, args.fixed)
         print(format_sweep(speed, report[speed]), flush=True)
     args.output.mkdir(parents=True, exist_ok=True)
-    out = {"steps": args.steps, "speeds": report, "sim_s": time.monotonic() - started, "stamp": stamp("window_sim")}
+    limits = f"ess >= {LIMITS.off_policy_min_ess_frac:g}, truncated <= {LIMITS.off_policy_max_truncated_frac:g}"
+    policy = f"K per row: fixed {', '.join(map(str, args.fixed))}, or auto ({limits}); mask"
+    out = {
+        "steps": args.steps,
+        "speeds": report,
+        "sim_s": time.monotonic() - started,
+        "stamp": stamp("window_sim", policy),
+    }
     (args.output / "window_sim.json").write_text(json.dumps(out, indent=2))
     return 0
 

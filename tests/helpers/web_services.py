@@ -90,15 +90,25 @@ def web_stub_server() -> Iterator[tuple[WebStub, str]]:
 
 S2_REPLY = {
     "data": [
-        {"score": 0.61, "snippet": {"text": "Attention is all you need.", "snippetKind": "body",
-         "section": "Abstract", "snippetOffset": {"start": 0, "end": 26}},
-         "paper": {"corpusId": "13756489", "title": "Attention Is All You Need", "authors": []}},
+        {
+            "score": 0.61,
+            "snippet": {
+                "text": "Attention is all you need.",
+                "snippetKind": "body",
+                "section": "Abstract",
+                "snippetOffset": {"start": 0, "end": 26},
+            },
+            "paper": {"corpusId": "13756489", "title": "Attention Is All You Need", "authors": []},
+        },
         {"score": 0.4, "snippet": {"text": "", "snippetKind": "title"}, "paper": {"corpusId": "1"}},
-        {"score": 0.3, "snippet": {"text": "Transformers replace recurrence.  ", "snippetKind": "body"},
-         "paper": {"corpusId": "2"}},
+        {
+            "score": 0.3,
+            "snippet": {"text": "Transformers replace recurrence.  ", "snippetKind": "body"},
+            "paper": {"corpusId": "2"},
+        },
     ],
     "retrievalVersion": "pa1-v1",
-}  # fmt: skip
+}
 
 
 def jina_page(title: str, content: str) -> dict:

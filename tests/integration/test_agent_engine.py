@@ -127,16 +127,28 @@ _ids = iter(range(10**6))
 
 
 def request(
-    tokenizer, samples: int = 1, tools: tuple[str, ...] = (), *, text: str = "Use the tools.",
-    max_tokens: int = RESPONSE_LENGTH, envs: tuple[EnvSpec, ...] = (), ground_truth: str = "42",
-) -> PromptRequest:  # fmt: skip
+    tokenizer,
+    samples: int = 1,
+    tools: tuple[str, ...] = (),
+    *,
+    text: str = "Use the tools.",
+    max_tokens: int = RESPONSE_LENGTH,
+    envs: tuple[EnvSpec, ...] = (),
+    ground_truth: str = "42",
+) -> PromptRequest:
     """A prompt allowed `tools` (all of the engine's when empty) and the environments `envs`."""
     ids = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True)
     return PromptRequest(
-        prompt_id=f"agent:{next(_ids)}", prompt_token_ids=tuple(ids["input_ids"]), ground_truths=(ground_truth,),
-        verifier_names=("gsm8k",), sampling=SamplingSettings(max_tokens=max_tokens, temperature=1.0),
-        num_samples=samples, seed=3, admitted_version=0, agent=AgentRequest(tools=tools, envs=envs),
-    )  # fmt: skip
+        prompt_id=f"agent:{next(_ids)}",
+        prompt_token_ids=tuple(ids["input_ids"]),
+        ground_truths=(ground_truth,),
+        verifier_names=("gsm8k",),
+        sampling=SamplingSettings(max_tokens=max_tokens, temperature=1.0),
+        num_samples=samples,
+        seed=3,
+        admitted_version=0,
+        agent=AgentRequest(tools=tools, envs=envs),
+    )
 
 
 def run(pool, requests, forced: list[str], timeout_s: float = 300):

@@ -130,10 +130,23 @@ def run(argv: list[str], tmp: Path, *extra: str) -> tuple[subprocess.CompletedPr
     env = {**os.environ, marker: "1", "TOKENIZERS_PARALLELISM": "false", "WANDB_MODE": "offline"}
     started = time.monotonic()
     done = subprocess.run(
-        [sys.executable, str(REPO / "open_instruct" / "grpo_fast.py"), "--output_dir", str(tmp / "out"),
-         "--total_episodes", "64", *argv, *extra],
-        capture_output=True, text=True, timeout=300, env=env, cwd=REPO, check=False,
-    )  # fmt: skip
+        [
+            sys.executable,
+            str(REPO / "open_instruct" / "grpo_fast.py"),
+            "--output_dir",
+            str(tmp / "out"),
+            "--total_episodes",
+            "64",
+            *argv,
+            *extra,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+        cwd=REPO,
+        check=False,
+    )
     return done, time.monotonic() - started, marker
 
 

@@ -45,16 +45,59 @@ def test_a_users_verifier_tool_and_environment_train_without_editing_the_package
     rows, out = tmp_path / "rows.jsonl", tmp_path / "out"
     write_rows(rows, 16)
     flags = [
-        "--extension_modules", "oi_example_extension", "--tools", "reverse_text", "countdown",
-        "--tool_configs", '{"prefix": "reversed: "}', "{}", "--tool_parser_type", "legacy", "--max_steps", "3",
-        "--dataset_mixer_list", str(rows), "1.0", "--dataset_mixer_eval_list", str(rows), "4",
-        "--dataset_mixer_eval_list_splits", "train", "--dataset_local_cache_dir", "", "--output_dir", str(out),
-        "--num_unique_prompts_rollout", "4", "--num_samples_per_prompt_rollout", "4",
-        "--total_episodes", str(STEPS * 16), "--response_length", "96", "--max_prompt_token_length", "128",
-        "--pack_length", "256", "--async_steps", "1", "--learning_rate", "1e-5", "--beta", "0",
-        "--vllm_kv_cache_gib", "0.25", "--num_evals", "0", "--save_traces", "--rollouts_save_path",
-        str(tmp_path / "traces"), "--run_name", "ext", "--no_filter_zero_std_samples",
-    ]  # fmt: skip
+        "--extension_modules",
+        "oi_example_extension",
+        "--tools",
+        "reverse_text",
+        "countdown",
+        "--tool_configs",
+        '{"prefix": "reversed: "}',
+        "{}",
+        "--tool_parser_type",
+        "legacy",
+        "--max_steps",
+        "3",
+        "--dataset_mixer_list",
+        str(rows),
+        "1.0",
+        "--dataset_mixer_eval_list",
+        str(rows),
+        "4",
+        "--dataset_mixer_eval_list_splits",
+        "train",
+        "--dataset_local_cache_dir",
+        "",
+        "--output_dir",
+        str(out),
+        "--num_unique_prompts_rollout",
+        "4",
+        "--num_samples_per_prompt_rollout",
+        "4",
+        "--total_episodes",
+        str(STEPS * 16),
+        "--response_length",
+        "96",
+        "--max_prompt_token_length",
+        "128",
+        "--pack_length",
+        "256",
+        "--async_steps",
+        "1",
+        "--learning_rate",
+        "1e-5",
+        "--beta",
+        "0",
+        "--vllm_kv_cache_gib",
+        "0.25",
+        "--num_evals",
+        "0",
+        "--save_traces",
+        "--rollouts_save_path",
+        str(tmp_path / "traces"),
+        "--run_name",
+        "ext",
+        "--no_filter_zero_std_samples",
+    ]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(EXAMPLE), os.environ.get("PYTHONPATH")]))}
     env["TOKENIZERS_PARALLELISM"] = "false"
     result = subprocess.run(
@@ -76,10 +119,19 @@ def test_a_users_verifier_tool_and_environment_train_without_editing_the_package
 
 def test_an_extension_module_that_does_not_import_is_one_line_before_anything_starts(tmp_path):
     result = subprocess.run(
-        [sys.executable, str(REPO / "open_instruct" / "grpo_fast.py"), "--extension_modules", "no_such_extension",
-         "--output_dir", str(tmp_path / "out")],
-        capture_output=True, text=True, timeout=300, check=False,
-    )  # fmt: skip
+        [
+            sys.executable,
+            str(REPO / "open_instruct" / "grpo_fast.py"),
+            "--extension_modules",
+            "no_such_extension",
+            "--output_dir",
+            str(tmp_path / "out"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
     assert result.stderr.strip().splitlines()[-1] == (
         "grpo_fast.py: extension module 'no_such_extension' (from --extension_modules) failed to import: "

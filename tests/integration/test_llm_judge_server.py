@@ -35,12 +35,31 @@ def judge_server(model_path, tmp_path_factory):
     port = _free_port()
     log = open(tmp_path_factory.mktemp("judge_log") / "server.log", "w")  # noqa: SIM115 - closed below
     server = subprocess.Popen(
-        [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model_path, "--port", str(port),
-         "--host", "127.0.0.1", "--max-model-len", "2048", "--dtype", "float32", "--enforce-eager",
-         "--kv-cache-memory-bytes", str(256 << 20), "--chat-template", str(template)],
-        stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "VLLM_LOGGING_LEVEL": "WARNING"},
+        [
+            sys.executable,
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            "--model",
+            model_path,
+            "--port",
+            str(port),
+            "--host",
+            "127.0.0.1",
+            "--max-model-len",
+            "2048",
+            "--dtype",
+            "float32",
+            "--enforce-eager",
+            "--kv-cache-memory-bytes",
+            str(256 << 20),
+            "--chat-template",
+            str(template),
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env={**os.environ, "VLLM_LOGGING_LEVEL": "WARNING"},
         start_new_session=True,
-    )  # fmt: skip
+    )
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 240
     while time.monotonic() < deadline and server.poll() is None:

@@ -43,9 +43,11 @@ def make_pool(model_path, engines: int, partial_report_tokens: int = 16):
     from open_instruct.rewards import RewardSettings
 
     settings = engine_settings(
-        model_path=model_path, max_model_len=MAX_MODEL_LEN, vllm_kv_cache_gib=0.25,
+        model_path=model_path,
+        max_model_len=MAX_MODEL_LEN,
+        vllm_kv_cache_gib=0.25,
         partial_report_tokens=partial_report_tokens,
-    )  # fmt: skip
+    )
     actors = cluster.create_generation_actors(settings, engines, RewardSettings())
     pool = EnginePool(actors, prompt_capacity=256)
     pool.start()
@@ -251,11 +253,20 @@ def test_engine_metrics_account_for_the_whole_uptime(pool):
         assert 0 <= s.kv_cache_usage <= 1
     depths = pool.pool_metrics()
     assert set(depths) == {
-        "queue/prompt_depth", "queue/result_depth", "engines/restarts_total", "engines/resubmitted_samples_total",
-        "engines/duplicate_samples_dropped_total", "engines/hung_total", "engines/continued_samples_total",
-        "engines/continued_tokens_saved_total", "engines/reprefilled_tokens_total", "engines/partial_samples_kept",
-        "engines/last_replacement_s", "engines/replacing", "engines/serving",
-    }  # fmt: skip
+        "queue/prompt_depth",
+        "queue/result_depth",
+        "engines/restarts_total",
+        "engines/resubmitted_samples_total",
+        "engines/duplicate_samples_dropped_total",
+        "engines/hung_total",
+        "engines/continued_samples_total",
+        "engines/continued_tokens_saved_total",
+        "engines/reprefilled_tokens_total",
+        "engines/partial_samples_kept",
+        "engines/last_replacement_s",
+        "engines/replacing",
+        "engines/serving",
+    }
     assert depths["engines/last_replacement_s"] == 0.0 and depths["engines/replacing"] == 0  # nothing was replaced
     assert depths["engines/serving"] == pool.num_engines
 

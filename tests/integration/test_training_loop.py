@@ -151,9 +151,18 @@ def test_kill_and_resume_loses_no_prompt_and_trains_none_twice(uninterrupted, tm
     out, state, traces, held = tmp_path / "run", tmp_path / "state", tmp_path / "traces", tmp_path / "held"
     held.mkdir()
     args = COMMON + [
-        "--save_freq", "0", "--checkpoint_state_freq", "100", "--checkpoint_state_dir", str(state),
-        "--save_traces", "--rollouts_save_path", str(traces), "--run_name", "resumed",
-    ]  # fmt: skip
+        "--save_freq",
+        "0",
+        "--checkpoint_state_freq",
+        "100",
+        "--checkpoint_state_dir",
+        str(state),
+        "--save_traces",
+        "--rollouts_save_path",
+        str(traces),
+        "--run_name",
+        "resumed",
+    ]
     holding = {"HOLD_FROM_VERSION": "2", "HOLD_MARK_DIR": str(held)}
     script = REPO / "tests" / "helpers" / "grpo_holding.py"
     code, log = run_grpo(args, out, stop_when=lambda: any(held.iterdir()), script=script, env=holding)
@@ -261,17 +270,23 @@ def test_a_dying_learner_ends_the_run_with_the_cause_and_the_command_that_resume
     assert proc.wait(timeout=300) == 1
     lines = [line for line in log_path.read_text().splitlines() if line.startswith("grpo_fast.py: ")]
     # Noticed by the train step (LearnerFailure) or by a weight sync (WeightSyncError): either names the rank.
-    assert re.search(r"run failed: (LearnerFailure: learner rank \d died during|WeightSyncError: .* on learner \d)",
-                     lines[-2]), lines[-3:]  # fmt: skip
+    assert re.search(
+        r"run failed: (LearnerFailure: learner rank \d died during|WeightSyncError: .* on learner \d)", lines[-2]
+    ), lines[-3:]
     hint = re.fullmatch(r"grpo_fast.py: the last saved state is (\S+) \(step (\d+)\); resume with: (.*)", lines[-1])
     assert hint, lines[-1]
     saved_step = int(hint.group(2))
     assert 1 <= saved_step < 3 and Path(hint.group(1)).parent == state
     # The printed command, run as printed, picks up at the saved step and finishes.
     resumed = subprocess.run(
-        shlex.split(hint.group(3)), cwd=REPO, capture_output=True, text=True, timeout=900, check=False,
+        shlex.split(hint.group(3)),
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
         env={**os.environ, "TOKENIZERS_PARALLELISM": "false"},
-    )  # fmt: skip
+    )
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert f"resumed from {hint.group(1)}: step {saved_step}" in resumed.stderr
     assert steps_logged(out)[-1] == 2

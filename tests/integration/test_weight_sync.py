@@ -97,8 +97,17 @@ def release_stack() -> None:
         stack.exits.close()
 
 
-def stack_for(model_path, tokenizer, engines: int, learners: int, stage: int, backend="gloo", inflight=True,
-              share=False, **learner_options) -> Stack:  # fmt: skip
+def stack_for(
+    model_path,
+    tokenizer,
+    engines: int,
+    learners: int,
+    stage: int,
+    backend="gloo",
+    inflight=True,
+    share=False,
+    **learner_options,
+) -> Stack:
     """Engines and learners of this shape at weight version 0, one learner step taken (weights B) and a sync
     connected (`inflight`, or draining running requests first). With `share`, the previous test's stack when
     it had the same shape, at whatever version that test left it (such tests sit right after the test they
@@ -327,9 +336,15 @@ def test_zero3_learners_update_two_engines_after_draining(model_path, tokenizer,
     engines receive the same weights either way. Every parameter is partitioned (persistence threshold 0:
     the tiny model's are all under zero3.json's, which would keep them whole on each rank)."""
     stack = stack_for(
-        model_path, tokenizer, 2, 2, stage=3, inflight=False,
-        gather_whole_model=gather_whole_model, param_persistence_threshold=0,
-    )  # fmt: skip
+        model_path,
+        tokenizer,
+        2,
+        2,
+        stage=3,
+        inflight=False,
+        gather_whole_model=gather_whole_model,
+        param_persistence_threshold=0,
+    )
     engines, sync, weights_b = stack.engines, stack.sync, stack.weights_b
     long_requests = {i: greedy(tokenizer, f"Count from {i} onwards.", LONG, f"drain{i}") for i in range(2)}
     generating = [engines[i].generate.remote([long_requests[i]]) for i in range(2)]

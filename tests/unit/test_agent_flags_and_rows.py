@@ -38,16 +38,35 @@ def test_every_flag_parses_with_open_instructs_default():
 def test_non_default_values_land_in_the_config_and_the_engine_settings():
     cfg = parse_config(
         [
-            "--tools", "python", "guess_number", "--tool_call_names", "code", "guess_number",
-            "--tool_configs", '{"timeout": 7, "pool_size": 2}', '{"max_val": 50}',
-            "--tool_parser_type", "vllm_qwen3xml", "--max_steps", "9", "--per_turn_max_tokens", "64",
-            "--pool_size", "8", "--pass_tools_to_chat_template", "False", "--only_reward_good_outputs", "True",
-            "--no_mask_tool_use", "--reward_aggregator", "sum",
+            "--tools",
+            "python",
+            "guess_number",
+            "--tool_call_names",
+            "code",
+            "guess_number",
+            "--tool_configs",
+            '{"timeout": 7, "pool_size": 2}',
+            '{"max_val": 50}',
+            "--tool_parser_type",
+            "vllm_qwen3xml",
+            "--max_steps",
+            "9",
+            "--per_turn_max_tokens",
+            "64",
+            "--pool_size",
+            "8",
+            "--pass_tools_to_chat_template",
+            "False",
+            "--only_reward_good_outputs",
+            "True",
+            "--no_mask_tool_use",
+            "--reward_aggregator",
+            "sum",
         ]
-    )  # fmt: skip
-    t = cfg.tools
-    assert (t.max_steps, t.per_turn_max_tokens, t.pool_size, t.reward_aggregator) == (9, 64, 8, "sum")
-    assert not t.pass_tools_to_chat_template and t.only_reward_good_outputs and not t.mask_tool_use
+    )
+    tools = cfg.tools
+    assert (tools.max_steps, tools.per_turn_max_tokens, tools.pool_size, tools.reward_aggregator) == (9, 64, 8, "sum")
+    assert not tools.pass_tools_to_chat_template and tools.only_reward_good_outputs and not tools.mask_tool_use
     agent = AgentSettings.from_config(cfg)
     assert agent.parser_type == "vllm_qwen3_xml"  # the stale name open-instruct's own scripts pass
     assert [(s.kind, s.call_name, s.config) for s in agent.tool_specs] == [
@@ -186,10 +205,14 @@ def test_multi_turn_rows_load_render_their_tool_schemas_and_survive_the_cache(tm
     )
     rows = [
         {"messages": [{"role": "user", "content": "a"}], "ground_truth": "1", "dataset": "gsm8k", "tools": ["code"]},
-        {"messages": [{"role": "user", "content": "b"}], "ground_truth": "", "dataset": "passthrough",
-         "env_config": {"env_name": "counter", "target": "3", "max_steps": 7}},
+        {
+            "messages": [{"role": "user", "content": "b"}],
+            "ground_truth": "",
+            "dataset": "passthrough",
+            "env_config": {"env_name": "counter", "target": "3", "max_steps": 7},
+        },
         {"messages": [{"role": "user", "content": "c"}], "ground_truth": "2", "dataset": "gsm8k"},
-    ]  # fmt: skip
+    ]
     path = tmp_path / "rows.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     data = DataConfig(dataset_mixer_list=[str(path), "1.0"], dataset_local_cache_dir=str(tmp_path / "cache"))

@@ -96,10 +96,43 @@ VALUES = {
     "long string": '"' + "a" * TURN_CHARS + '"',
 }
 FRAGMENTS = tuple(sorted({tag for tags in OPENERS.values() for tag in tags})) + (
-    "</tool_call>", "</function>", "</parameter>", "</function_calls>", "</python>", "</typed>", "<|eom_id|>",
-    '"name"', '"arguments"', ":", ",", ";", "}", "]", "[", ")", "(", "=", "'", '"', "\\", "\n", " ", "#",
-    "python", "x", "1", "9" * 50, "\x00", "\ud800", "\udfff", "é", "\u3000", ">", "<", "/",
-)  # fmt: skip
+    "</tool_call>",
+    "</function>",
+    "</parameter>",
+    "</function_calls>",
+    "</python>",
+    "</typed>",
+    "<|eom_id|>",
+    '"name"',
+    '"arguments"',
+    ":",
+    ",",
+    ";",
+    "}",
+    "]",
+    "[",
+    ")",
+    "(",
+    "=",
+    "'",
+    '"',
+    "\\",
+    "\n",
+    " ",
+    "#",
+    "python",
+    "x",
+    "1",
+    "9" * 50,
+    "\x00",
+    "\ud800",
+    "\udfff",
+    "é",
+    "\u3000",
+    ">",
+    "<",
+    "/",
+)
 
 
 def hostile_turns(parser_type: str) -> dict[str, str]:
@@ -218,10 +251,17 @@ class Scripted:
         text = self.text if index == 0 else "done"
         ids = tuple(utf8(text))
         return Completion(
-            prompt_id="p", sample_index=0, prompt_token_ids=tuple(context), response_token_ids=ids,
-            behaviour_logprobs=(-0.5,) * len(ids), finish_reason="stop", admitted_version=0, engine_id=0,
-            version_spans=(VersionSpan(index, 0, len(ids)),), response_text=text,
-        )  # fmt: skip
+            prompt_id="p",
+            sample_index=0,
+            prompt_token_ids=tuple(context),
+            response_token_ids=ids,
+            behaviour_logprobs=(-0.5,) * len(ids),
+            finish_reason="stop",
+            admitted_version=0,
+            engine_id=0,
+            version_spans=(VersionSpan(index, 0, len(ids)),),
+            response_text=text,
+        )
 
 
 @pytest.mark.parametrize("parser_type", PARSER_TYPES)

@@ -508,10 +508,34 @@ OLD_FUNCTION = re.compile(r"<function=([^>\n]+)>(.*?)</function>", re.DOTALL)
 OLD_PARAMETER = re.compile(r"<parameter=([^>\n]+)>(.*?)(?:</parameter>|(?=<parameter=)|\Z)", re.DOTALL)
 OLD_TRAILING_SPECIAL = re.compile(r"(?:\s*<\|[A-Za-z0-9_]+\|>)+\s*\Z")
 PIECES = (
-    "<tool_call>", "</tool_call>", "<tool_call", "/tool_call>", "<function_calls>", "</function_calls>",
-    "<function=", "</function>", "<parameter=", "</parameter>", "<|eot_id|>", "<|im_end|>", "<|", "|>", "<|a b|>",
-    "<", ">", "/", "=", "|", "\n", " ", "\t", "\u3000", "a", "b_1", "x y",
-)  # fmt: skip
+    "<tool_call>",
+    "</tool_call>",
+    "<tool_call",
+    "/tool_call>",
+    "<function_calls>",
+    "</function_calls>",
+    "<function=",
+    "</function>",
+    "<parameter=",
+    "</parameter>",
+    "<|eot_id|>",
+    "<|im_end|>",
+    "<|",
+    "|>",
+    "<|a b|>",
+    "<",
+    ">",
+    "/",
+    "=",
+    "|",
+    "\n",
+    " ",
+    "\t",
+    "\u3000",
+    "a",
+    "b_1",
+    "x y",
+)
 
 
 def texts(pieces: tuple[str, ...], count: int = 4000, seed: int = 0):

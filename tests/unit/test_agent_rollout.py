@@ -44,11 +44,17 @@ class ScriptedEngine:
         text = self.turns[index] if index < len(self.turns) else "the end"
         ids = tuple(tokenize(text)[:max_tokens])
         return Completion(
-            prompt_id="p", sample_index=0, prompt_token_ids=tuple(context), response_token_ids=ids,
-            behaviour_logprobs=(-0.5,) * len(ids), finish_reason="stop" if len(ids) == len(text) else "length",
-            version_spans=(VersionSpan(self.version + index, 0, len(ids)),), admitted_version=0, engine_id=0,
+            prompt_id="p",
+            sample_index=0,
+            prompt_token_ids=tuple(context),
+            response_token_ids=ids,
+            behaviour_logprobs=(-0.5,) * len(ids),
+            finish_reason="stop" if len(ids) == len(text) else "length",
+            version_spans=(VersionSpan(self.version + index, 0, len(ids)),),
+            admitted_version=0,
+            engine_id=0,
             response_text=decode(ids),
-        )  # fmt: skip
+        )
 
 
 class EchoTool:
@@ -106,10 +112,17 @@ def test_two_calls_outputs_in_place_masked_and_without_logprobs():
 def test_loss_mask_excludes_observations_only_with_mask_tool_use():
     out, trace = rollout(ScriptedEngine(["<code>x</code>", "ok"]), toolbox(EchoTool("code")))
     completion = Completion(
-        prompt_id="p", sample_index=0, prompt_token_ids=PROMPT, response_token_ids=tuple(out.response_ids),
-        behaviour_logprobs=tuple(out.logprobs), finish_reason="stop", version_spans=(), admitted_version=0,
-        engine_id=0, agent=trace,
-    )  # fmt: skip
+        prompt_id="p",
+        sample_index=0,
+        prompt_token_ids=PROMPT,
+        response_token_ids=tuple(out.response_ids),
+        behaviour_logprobs=tuple(out.logprobs),
+        finish_reason="stop",
+        version_spans=(),
+        admitted_version=0,
+        engine_id=0,
+        agent=trace,
+    )
     mask = _trained_tokens(completion, trains=True, mask_tool_use=True)
     assert [i for i, m in enumerate(mask) if not m] == [i for s, e in trace.observation_spans for i in range(s, e)]
     assert _trained_tokens(completion, trains=True, mask_tool_use=False) is None
@@ -227,8 +240,15 @@ def test_call_guarded_measures_runtime_and_catches_exceptions():
 
 
 def trace_with(rewards, calls=()):
-    return AgentTrace(turns=1, calls=tuple(calls), observation_spans=(), step_rewards=tuple(rewards), env_metrics={},
-                      tool_wait_s=0.0, done=True)  # fmt: skip
+    return AgentTrace(
+        turns=1,
+        calls=tuple(calls),
+        observation_spans=(),
+        step_rewards=tuple(rewards),
+        env_metrics={},
+        tool_wait_s=0.0,
+        done=True,
+    )
 
 
 def test_agent_reward_aggregates_environment_steps_with_the_verifier():

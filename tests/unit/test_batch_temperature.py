@@ -14,10 +14,18 @@ from open_instruct.replay_buffer import ReplayBuffer
 
 def sample(prompt_id: str, j: int, temperature: float) -> Completion:
     return Completion(
-        prompt_id=prompt_id, sample_index=j, prompt_token_ids=(5, 6), response_token_ids=(7, 8, 9),
-        behaviour_logprobs=(-0.5,) * 3, finish_reason="stop", version_spans=(), admitted_version=0, engine_id=0,
-        reward=float(j), temperature=temperature,
-    )  # fmt: skip
+        prompt_id=prompt_id,
+        sample_index=j,
+        prompt_token_ids=(5, 6),
+        response_token_ids=(7, 8, 9),
+        behaviour_logprobs=(-0.5,) * 3,
+        finish_reason="stop",
+        version_spans=(),
+        admitted_version=0,
+        engine_id=0,
+        reward=float(j),
+        temperature=temperature,
+    )
 
 
 def batch_of(temperatures: dict[str, float]):

@@ -3,6 +3,9 @@ ratios per round, the learner-bound ceiling, the stamp, and the simulator's per-
 
 from __future__ import annotations
 
+import argparse
+from pathlib import Path
+
 import pytest
 
 from open_instruct.benchmarks import rounds
@@ -74,6 +77,28 @@ def test_a_stamp_names_the_date_the_commit_and_the_machine():
     assert line.startswith(f"measured {s['date']}") and f"{s['machine']['cpu_count']} cores" in line
     # A copy of the tree outside git (an sdist) has no commit, and says so.
     assert "no git checkout" in describe({**s, "commit": None, "dirty": False})
+    assert "staleness" not in line  # a generation or learner benchmark measures no staleness policy
+
+
+def test_a_stamp_names_the_staleness_policy_measured_once_or_per_mode():
+    from open_instruct.benchmarks.e2e_runs import mode_config
+    from open_instruct.benchmarks.stamp import describe, stamp
+    from open_instruct.benchmarks.workloads import run_config
+
+    args = argparse.Namespace(steps=2, prompts=2, samples=2, pin=False)
+    base = run_config(args, 64, {"max_off_policy_steps": 2})
+    policies = {
+        mode: mode_config(base, mode, Path("out")).staleness_policy.describe()
+        for mode in ("streaming_mask", "streaming_auto")
+    }
+    assert policies["streaming_mask"] == "K=2, mask"
+    per_mode = describe(stamp("e2e", policies)).splitlines()
+    assert per_mode[1:] == [
+        "staleness policy per mode:",
+        "  streaming_mask: K=2, mask",
+        "  streaming_auto: K=2, requeue",
+    ]
+    assert describe(stamp("faults", "K=1, mask")).splitlines()[1] == "staleness policy: K=1, mask"
 
 
 def test_the_simulator_is_validated_per_mode_against_the_measured_median():

@@ -239,6 +239,9 @@ def test_a_self_tuning_window_is_sized_for_its_widest_bound():
     assert policy.flag_value == "auto" and policy.window().current == 1
     fixed = parse_config(["--max_off_policy_steps", "3"]).staleness_policy
     assert not fixed.auto and fixed.bound == fixed.minimum == 3 and fixed.flag_value == 3
+    # How results tables state the policy they measured.
+    assert policy.describe() == "K=auto (1-5, ess >= 0.9, truncated <= 0.02), mask"
+    assert fixed.describe() == "K=3, mask"
 
 
 def test_k_defaults_to_the_lookahead_and_the_action_says_what_the_loop_does():

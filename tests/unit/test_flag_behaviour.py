@@ -49,8 +49,15 @@ def test_data_loader_seed_changes_the_prompt_order_but_not_the_sampling_seeds():
     rows = [Row(i) for i in range(50)]
 
     def admitted(order_seed):
-        feeder = PromptFeeder(rows, prompts_per_step=8, samples_per_prompt=2, async_steps=0,
-                              sampling=SamplingSettings(max_tokens=4), seed=3, order_seed=order_seed)  # fmt: skip
+        feeder = PromptFeeder(
+            rows,
+            prompts_per_step=8,
+            samples_per_prompt=2,
+            async_steps=0,
+            sampling=SamplingSettings(max_tokens=4),
+            seed=3,
+            order_seed=order_seed,
+        )
         return {r.prompt_id: r.seed for r in feeder.admit(learner_version=0)}
 
     same, other = admitted(None), admitted(11)
@@ -211,8 +218,18 @@ def test_save_traces_writes_every_trained_rollout_and_reads_back(tmp_path):
     records = list(read_traces(str(tmp_path), "t"))
     assert len(records) == 3 * 2 * 2 and sorted({r["step"] for r in records}) == [0, 1, 2]
     first = records[0]
-    keys = {"prompt_token_ids", "response_token_ids", "reward", "advantage", "finish_reason", "verifier_names",
-            "ground_truths", "behaviour_logprobs", "version_spans", "tool_calls"}  # fmt: skip
+    keys = {
+        "prompt_token_ids",
+        "response_token_ids",
+        "reward",
+        "advantage",
+        "finish_reason",
+        "verifier_names",
+        "ground_truths",
+        "behaviour_logprobs",
+        "version_spans",
+        "tool_calls",
+    }
     assert set(first) >= keys
     assert first["verifier_names"] and first["ground_truths"]
     for step in range(3):  # advantages of each group sum to zero (centered)
@@ -256,8 +273,15 @@ def test_rho_flags_become_the_learners_bounds():
     from open_instruct.learner.actor import LearnerSettings
     from open_instruct.loss import RhoBounds
 
-    flags = ["--rho_clamp_lower_bound", "0.5", "--rho_mask_lower_bound", "0.2", "--rho_mask_upper_bound", "5",
-             "--rho_mask_sequence_level"]  # fmt: skip
+    flags = [
+        "--rho_clamp_lower_bound",
+        "0.5",
+        "--rho_mask_lower_bound",
+        "0.2",
+        "--rho_mask_upper_bound",
+        "5",
+        "--rho_mask_sequence_level",
+    ]
     settings = LearnerSettings.from_config(parse_config(flags), "m")
     assert settings.rho_bounds == RhoBounds(0.5, 0.2, 5.0, True)
     assert LearnerSettings.from_config(parse_config([]), "m").rho_bounds is None

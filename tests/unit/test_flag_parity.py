@@ -178,9 +178,29 @@ def test_a_flags_bounds_are_metadata_checked_at_parse_time_and_printed_in_its_he
 
 def test_the_seed_command_and_common_script_flags_still_run():
     cfg = parse_config(
-        ["--vllm_sync_backend", "nccl", "--load_ref_policy", "False", "--beta", "0", "--gradient_checkpointing",
-         "--ground_truths_key", "ground_truth", "--sft_messages_key", "messages", "--run_name", "mine",
-         "--report_to", "wandb", "--wandb_project", "p", "--max_train_steps", "3", "--warmup_ratio", "0.1"]
-    )  # fmt: skip
+        [
+            "--vllm_sync_backend",
+            "nccl",
+            "--load_ref_policy",
+            "False",
+            "--beta",
+            "0",
+            "--gradient_checkpointing",
+            "--ground_truths_key",
+            "ground_truth",
+            "--sft_messages_key",
+            "messages",
+            "--run_name",
+            "mine",
+            "--report_to",
+            "wandb",
+            "--wandb_project",
+            "p",
+            "--max_train_steps",
+            "3",
+            "--warmup_ratio",
+            "0.1",
+        ]
+    )
     assert unsupported_features(cfg) == []
     assert cfg.run_name == "mine" and cfg.tracking_enabled and cfg.num_training_steps == 3

@@ -182,11 +182,17 @@ def test_dataset_config_hash_reloads_the_recorded_mix_without_reading_the_source
     rows = tmp_path / "rows.jsonl"
     rows.write_text(
         "".join(
-            json.dumps({"messages": [{"role": "user", "content": f"What is {i} + 1?"}], "ground_truth": str(i + 1),
-                        "dataset": "gsm8k"}) + "\n"
+            json.dumps(
+                {
+                    "messages": [{"role": "user", "content": f"What is {i} + 1?"}],
+                    "ground_truth": str(i + 1),
+                    "dataset": "gsm8k",
+                }
+            )
+            + "\n"
             for i in range(6)
         )
-    )  # fmt: skip
+    )
     cache = tmp_path / "cache"
     cfg = parse_config(["--dataset_mixer_list", str(rows), "1.0", "--dataset_local_cache_dir", str(cache)])
     tokenizer = load_tokenizer(cfg.model)
@@ -223,8 +229,10 @@ def test_max_length_verifier_max_length_is_the_divisor_when_given():
 class _ScriptedLLM(BaseHTTPRequestHandler):
     """An OpenAI-compatible endpoint: rubric writers get `writer_reply`, criterion judges `judge_scores`."""
 
-    writer_reply = '{"positive_rubrics": [{"title": "Shows work", "description": "Explains each step."}], ' \
-        '"negative_rubrics": [{"title": "Wrong sum", "description": "States a wrong total."}]}'  # fmt: skip
+    writer_reply = (
+        '{"positive_rubrics": [{"title": "Shows work", "description": "Explains each step."}], '
+        '"negative_rubrics": [{"title": "Wrong sum", "description": "States a wrong total."}]}'
+    )
     judge_scores: ClassVar[dict[str, int]] = {"Explains each step.": 2, "States a wrong total.": 0, "Is correct.": 1}
     prompts: ClassVar[list[str]] = []
 
@@ -271,11 +279,16 @@ def test_the_rubric_verifier_weights_each_criterion_and_negative_rubrics_subtrac
     from open_instruct.rewards.rubric import rubric
 
     settings = RewardSettings(judge_base_url=scripted_llm)
-    truth = json.dumps({"query": "2+2?", "rubrics": [
-        {"description": "Explains each step.", "weight": 2.0},
-        {"description": "Is correct.", "weight": 1.0},
-        {"description": "States a wrong total.", "weight": -1.0},
-    ]})  # fmt: skip
+    truth = json.dumps(
+        {
+            "query": "2+2?",
+            "rubrics": [
+                {"description": "Explains each step.", "weight": 2.0},
+                {"description": "Is correct.", "weight": 1.0},
+                {"description": "States a wrong total.", "weight": -1.0},
+            ],
+        }
+    )
     result = rubric(
         VerifierInput(prediction="<think>x</think><answer>4, since 2+2=4</answer>", ground_truth=[truth]), settings
     )
@@ -317,8 +330,17 @@ def rubric_rows(count: int) -> list[PromptRow]:
 
 def test_evolving_rubrics_reach_later_requests_and_survive_a_resume(scripted_llm, tmp_path, monkeypatch):
     dump = tmp_path / "dump"
-    flags = ("--apply_evolving_rubric_reward", "--max_active_rubrics", "1", "--cache_evolving_rubric_data_dir",
-             str(dump), "--checkpoint_state_freq", "2", "--checkpoint_state_dir", str(tmp_path / "state"))  # fmt: skip
+    flags = (
+        "--apply_evolving_rubric_reward",
+        "--max_active_rubrics",
+        "1",
+        "--cache_evolving_rubric_data_dir",
+        str(dump),
+        "--checkpoint_state_freq",
+        "2",
+        "--checkpoint_state_dir",
+        str(tmp_path / "state"),
+    )
     # Two rows, one prompt per step: each row comes back every other step, after its rubrics were written.
     run = fakes.build(fakes.config(*flags, "--async_steps", "0", steps=4, prompts=1), train_rows=rubric_rows(2))
     run.loop.run()
@@ -355,5 +377,7 @@ def test_a_failing_rubric_writer_skips_the_group_and_training_goes_on(monkeypatc
     )
     assert run.loop.run()["status"] == "completed"
     assert [h["evolving_rubrics/skipped"] for h in run.log.history] == [1.0, 1.0]
-    assert all(r.ground_truths == (rubric_truth(f"question {r.prompt_id.split(':')[-1].split('@')[0]}", "Is correct."),)
-               for _, r in run.engines.submitted)  # fmt: skip
+    assert all(
+        r.ground_truths == (rubric_truth(f"question {r.prompt_id.split(':')[-1].split('@')[0]}", "Is correct."),)
+        for _, r in run.engines.submitted
+    )

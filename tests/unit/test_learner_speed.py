@@ -109,8 +109,19 @@ def test_resource_flags_shape_the_deepspeed_config_and_the_engines(model_path):
         not in deepspeed_config(stage=3, micro_batch_size=1, world_size=8)["zero_optimization"]
     )
     assert "offload_param" not in deepspeed_config(stage=2, micro_batch_size=1, offload_param=True)["zero_optimization"]
-    cfg = parse_config(["--deepspeed_stage", "3", "--deepspeed_offload_param", "--no_fused_optimizer",
-                        "--backend_timeout", "7", "--no_gather_whole_model", "--deepspeed_zpg", "4"])  # fmt: skip
+    cfg = parse_config(
+        [
+            "--deepspeed_stage",
+            "3",
+            "--deepspeed_offload_param",
+            "--no_fused_optimizer",
+            "--backend_timeout",
+            "7",
+            "--no_gather_whole_model",
+            "--deepspeed_zpg",
+            "4",
+        ]
+    )
     learner = LearnerSettings.from_config(cfg, model_path).learner
     assert (learner.deepspeed_offload_param, learner.fused_optimizer, learner.backend_timeout) == (True, False, 7)
     assert (learner.gather_whole_model, learner.deepspeed_zpg) == (False, 4)

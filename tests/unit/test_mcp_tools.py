@@ -168,10 +168,17 @@ class KillingEngine:
         text = f"<echo>turn {index}</echo>" if index < 3 else "done"
         ids = tuple(tokenize(text))
         return Completion(
-            prompt_id="p", sample_index=0, prompt_token_ids=tuple(context), response_token_ids=ids,
-            behaviour_logprobs=(-0.5,) * len(ids), finish_reason="stop", version_spans=(VersionSpan(0, 0, len(ids)),),
-            admitted_version=0, engine_id=0, response_text=text,
-        )  # fmt: skip
+            prompt_id="p",
+            sample_index=0,
+            prompt_token_ids=tuple(context),
+            response_token_ids=ids,
+            behaviour_logprobs=(-0.5,) * len(ids),
+            finish_reason="stop",
+            version_spans=(VersionSpan(0, 0, len(ids)),),
+            admitted_version=0,
+            engine_id=0,
+            response_text=text,
+        )
 
 
 def test_the_server_dying_mid_rollout_is_an_error_observation_and_a_new_server_is_reached_again():

@@ -143,8 +143,9 @@ def straggler_script(stragglers: set[str], slow_s: float = 30.0):
 @pytest.mark.parametrize("action", ["requeue", "drop"])
 def test_groups_over_the_bound_never_train_are_replaced_and_their_samples_aborted(action):
     flags = ("--async_steps", "3", "--max_off_policy_steps", "1", "--off_policy_action", action)
-    run = fakes.build(fakes.config(*flags, steps=8, prompts=1), train_rows=fakes.rows(6),
-                      script=straggler_script({"0", "4"}))  # fmt: skip
+    run = fakes.build(
+        fakes.config(*flags, steps=8, prompts=1), train_rows=fakes.rows(6), script=straggler_script({"0", "4"})
+    )
     run.loop.run()
     history = run.log.history
     assert [len(groups) for groups in run.learners.trained] == [1] * 8  # replaced: every batch is full
@@ -280,8 +281,9 @@ def test_eval_samples_are_never_aborted_by_the_training_staleness_bound():
 
 def test_downweight_trains_late_groups_at_a_lower_weight_without_aborting():
     flags = ("--async_steps", "3", "--max_off_policy_steps", "1", "--off_policy_action", "downweight")
-    run = fakes.build(fakes.config(*flags, steps=8, prompts=1), train_rows=fakes.rows(6),
-                      script=straggler_script({"0"}, slow_s=6.0))  # fmt: skip
+    run = fakes.build(
+        fakes.config(*flags, steps=8, prompts=1), train_rows=fakes.rows(6), script=straggler_script({"0"}, slow_s=6.0)
+    )
     run.loop.run()
     got = assert_every_admitted_prompt_has_exactly_one_fate(run)
     assert "fake:train:0@0" in got["trained"] and not run.engines.aborts
@@ -292,8 +294,9 @@ def test_downweight_trains_late_groups_at_a_lower_weight_without_aborting():
 
 def test_mask_trains_late_groups_whole_on_their_young_tokens_without_aborting_or_replacing():
     flags = ("--async_steps", "1", "--max_off_policy_steps", "1", "--off_policy_action", "mask")
-    run = fakes.build(fakes.config(*flags, steps=8, prompts=1), train_rows=fakes.rows(6),
-                      script=straggler_script({"0"}, slow_s=6.0))  # fmt: skip
+    run = fakes.build(
+        fakes.config(*flags, steps=8, prompts=1), train_rows=fakes.rows(6), script=straggler_script({"0"}, slow_s=6.0)
+    )
     run.loop.run()
     got = assert_every_admitted_prompt_has_exactly_one_fate(run)
     assert "fake:train:0@0" in got["trained"] and not run.engines.aborts
@@ -307,7 +310,7 @@ def test_mask_trains_late_groups_whole_on_their_young_tokens_without_aborting_or
     summary = run.log.summary
     assert summary["full_weight_token_age_max"] <= 1 and summary["context_only_token_fraction"] > 0
     window = (summary["max_off_policy_steps"], summary["off_policy_action"], summary["async_steps_final"])
-    assert window == (1, "mask", 1)
+    assert window == (1, "mask", 1) and summary["staleness_policy"] == "K=1, mask"
 
 
 def test_active_sampling_trains_full_batches_of_groups_with_reward_spread():
@@ -347,8 +350,9 @@ def test_active_sampling_that_finds_no_reward_spread_in_a_whole_pass_ends_the_ru
 
 
 def test_without_active_sampling_zero_spread_groups_count_toward_the_step():
-    run = fakes.build(fakes.config("--async_steps", "2", steps=4, prompts=2),
-                      script=lambda r, j: fakes.Script(reward=1.0))  # fmt: skip
+    run = fakes.build(
+        fakes.config("--async_steps", "2", steps=4, prompts=2), script=lambda r, j: fakes.Script(reward=1.0)
+    )
     run.loop.run()
     # open-instruct's behaviour: the groups are taken (the learner group's filter shrinks the batch).
     assert [len(groups) for groups in run.learners.trained] == [2] * 4
@@ -384,8 +388,11 @@ def test_a_mix_smaller_than_the_lookahead_runs_on_into_later_epochs_and_counts_t
 
 def test_auto_lookahead_converges_on_the_need_and_holds():
     # Groups take 4.5 s from admission; a step is 1 s of training plus the push: about 4 steps of need.
-    run = fakes.build(fakes.config("--async_steps", "auto", "--max_off_policy_steps", "6", steps=40, prompts=2),
-                      script=lambda r, j: fakes.Script(latency_s=4.5, reward=float(j % 2)), step_s=1.0)  # fmt: skip
+    run = fakes.build(
+        fakes.config("--async_steps", "auto", "--max_off_policy_steps", "6", steps=40, prompts=2),
+        script=lambda r, j: fakes.Script(latency_s=4.5, reward=float(j % 2)),
+        step_s=1.0,
+    )
     run.loop.run()
     lookahead = [h["scheduling/async_steps"] for h in run.log.history]
     assert lookahead[0] <= 2 and max(lookahead) <= 6
@@ -541,9 +548,12 @@ def window_run(health=None):
     # Groups take 4.5 s from admission; a step is 1 s of training plus the push: about 4 steps of lookahead
     # keep the learner fed, if the window lets generation run that far ahead.
     flags = ("--async_steps", "auto", "--max_off_policy_steps", "auto", "--off_policy_window_max", "6")
-    run = fakes.build(fakes.config(*flags, steps=40, prompts=2),
-                      script=lambda r, j: fakes.Script(latency_s=4.5, reward=float(j % 2)), step_s=1.0,
-                      health=health)  # fmt: skip
+    run = fakes.build(
+        fakes.config(*flags, steps=40, prompts=2),
+        script=lambda r, j: fakes.Script(latency_s=4.5, reward=float(j % 2)),
+        step_s=1.0,
+        health=health,
+    )
     summary = run.loop.run()
     return run, summary, [h["offpolicy/window"] for h in run.log.history]
 

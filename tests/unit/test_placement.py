@@ -121,9 +121,11 @@ def gpu_engine_args(tensor_parallel_size: int, backend: str = "nccl"):
     from open_instruct.generation.engine_setup import engine_args, engine_settings
 
     settings = engine_settings(
-        model_path="not/loaded", max_model_len=512, vllm_tensor_parallel_size=tensor_parallel_size,
+        model_path="not/loaded",
+        max_model_len=512,
+        vllm_tensor_parallel_size=tensor_parallel_size,
         weight_transfer_backend=backend,
-    )  # fmt: skip
+    )
     return engine_args(settings, on_gpu=True)
 
 

@@ -355,8 +355,12 @@ def test_state_round_trip_preserves_contents_order_and_counters():
     state = buf.state()
     assert isinstance(state, BufferState)
     assert [(r.prompt_id, r.seq) for r in state.groups] == [
-        ("open", None), ("b", 1), ("c", 2), ("d", 3), ("e", 4),
-    ]  # fmt: skip
+        ("open", None),
+        ("b", 1),
+        ("c", 2),
+        ("d", 3),
+        ("e", 4),
+    ]
     restored = ReplayBuffer.from_state(state, **config)
     assert restored.metrics() == buf.metrics()
     assert restored.state() == state

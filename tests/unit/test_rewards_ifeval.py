@@ -428,8 +428,18 @@ def test_sentence_splitter():
 
 def test_word_tokenizer():
     assert word_tokens("I don't like U.S. cats, it's 1,000!") == [
-        "I", "do", "n't", "like", "U.S.", "cats", ",", "it", "'s", "1,000", "!"
-    ]  # fmt: skip
+        "I",
+        "do",
+        "n't",
+        "like",
+        "U.S.",
+        "cats",
+        ",",
+        "it",
+        "'s",
+        "1,000",
+        "!",
+    ]
     assert words("Hello, world!") == ["Hello", "world"]
 
 

@@ -243,8 +243,14 @@ def test_it_is_registered_with_open_instructs_function_names_and_parses_as_a_too
     assert names == ["execute_bash", "str_replace_editor"]
     editor = ENVIRONMENTS["generic_sandbox"].tool_definitions()[1]
     assert set(editor.parameters["properties"]) == {
-        "command", "path", "file_text", "old_str", "new_str", "insert_line", "view_range"
-    }  # fmt: skip
+        "command",
+        "path",
+        "file_text",
+        "old_str",
+        "new_str",
+        "insert_line",
+        "view_range",
+    }
     assert parse_config(["--tools", "generic_sandbox", "--tool_configs", '{"timeout": 10}']).tools.tools == [
         "generic_sandbox"
     ]

@@ -59,9 +59,25 @@ with open(os.environ["ARGV_OUT"], "a") as f:
 
 # Variables the scripts read: a caller's own values must not leak into the runs checked here.
 SCRIPT_ENV = (
-    "BEAKER_TOKEN", "DRY_RUN", "MODELS", "MIXES", "MODEL", "CHAT_TEMPLATE", "ADD_BOS", "TRAIN_MIX", "EXP_NAME",
-    "IMAGE", "CLUSTER", "WORKSPACE", "BUDGET", "PRIORITY", "WANDB_SECRET", "DATASET", "OUTPUT_DIR", "PYTHON",
-)  # fmt: skip
+    "BEAKER_TOKEN",
+    "DRY_RUN",
+    "MODELS",
+    "MIXES",
+    "MODEL",
+    "CHAT_TEMPLATE",
+    "ADD_BOS",
+    "TRAIN_MIX",
+    "EXP_NAME",
+    "IMAGE",
+    "CLUSTER",
+    "WORKSPACE",
+    "BUDGET",
+    "PRIORITY",
+    "WANDB_SECRET",
+    "DATASET",
+    "OUTPUT_DIR",
+    "PYTHON",
+)
 
 
 def run_script(name: str, env: dict[str, str], *args: str) -> subprocess.CompletedProcess:

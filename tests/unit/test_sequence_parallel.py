@@ -15,11 +15,25 @@ from open_instruct.packing import ROW_TENSOR_FIELDS, PackItem, collate, pack_sin
 
 def one_document_rows():
     items = [
-        PackItem(query_ids=(5, 6, 7), response_ids=(8, 9, 10, 11), behaviour_logprobs=(-1.0,) * 4, advantage=1.0,
-                 response_mask=None, version=0, sample_id="a/0"),
-        PackItem(query_ids=(5, 6), response_ids=(12, 13), behaviour_logprobs=(-2.0,) * 2, advantage=-1.0,
-                 response_mask=None, version=0, sample_id="a/1"),
-    ]  # fmt: skip
+        PackItem(
+            query_ids=(5, 6, 7),
+            response_ids=(8, 9, 10, 11),
+            behaviour_logprobs=(-1.0,) * 4,
+            advantage=1.0,
+            response_mask=None,
+            version=0,
+            sample_id="a/0",
+        ),
+        PackItem(
+            query_ids=(5, 6),
+            response_ids=(12, 13),
+            behaviour_logprobs=(-2.0,) * 2,
+            advantage=-1.0,
+            response_mask=None,
+            version=0,
+            sample_id="a/1",
+        ),
+    ]
     return pack_singly(items, pad_token_id=0)
 
 

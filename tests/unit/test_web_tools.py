@@ -71,15 +71,19 @@ SERPER_REPLY = {
     "answerBox": {"title": "France / Capital", "answer": "Paris"},
     "knowledgeGraph": {"title": "Paris", "type": "Capital of France"},
     "organic": [
-        {"title": "Paris - Wikipedia", "link": "https://en.wikipedia.org/wiki/Paris", "snippet": "Paris is the "
-         "capital of France.", "position": 1},
+        {
+            "title": "Paris - Wikipedia",
+            "link": "https://en.wikipedia.org/wiki/Paris",
+            "snippet": "Paris is the capital of France.",
+            "position": 1,
+        },
         {"title": "No snippet here", "link": "https://example.com/empty", "position": 2},
         {"title": "Paris travel", "link": "https://example.com/travel", "snippet": "Visit Paris.", "position": 3},
         {"title": "Beyond num_results", "link": "https://example.com/4", "snippet": "cut", "position": 4},
     ],
     "peopleAlsoAsk": [{"question": "Is Paris big?", "snippet": "Yes."}],
     "relatedSearches": [{"query": "paris population"}],
-}  # fmt: skip
+}
 
 
 def test_serper_sends_openinstructs_request_and_formats_hits_after_the_answer_box(stub):
@@ -162,12 +166,16 @@ def test_crawl4ai_posts_the_docker_api_payload_with_the_blocklist_and_prefers_fi
         "crawler_config": {
             "type": "CrawlerRunConfig",
             "params": {
-                "cache_mode": "enabled", "word_count_threshold": 10, "exclude_social_media_links": True,
-                "excluded_tags": ["form", "header", "footer", "nav"], "page_timeout": 29000,
-                "exclude_domains": ["spam.example", "ads.example"], "exclude_external_links": True,
+                "cache_mode": "enabled",
+                "word_count_threshold": 10,
+                "exclude_social_media_links": True,
+                "excluded_tags": ["form", "header", "footer", "nav"],
+                "page_timeout": 29000,
+                "exclude_domains": ["spam.example", "ads.example"],
+                "exclude_external_links": True,
             },
         },
-    }  # fmt: skip
+    }
 
 
 def test_crawl4ai_options_truncation_html_fallback_and_failures(stub):
@@ -356,18 +364,21 @@ def test_schemas_are_openinstructs():
     expected = {
         "serper_search": ("Google search via the Serper API", "query", "The search query for Google"),
         "s2_search": (
-            "Searches Semantic Scholar for academic papers and citations", "query",
+            "Searches Semantic Scholar for academic papers and citations",
+            "query",
             "The search query for Semantic Scholar",
         ),
         "jina_browse": (
-            "Fetches and converts webpage content to clean markdown using Jina Reader API", "url",
+            "Fetches and converts webpage content to clean markdown using Jina Reader API",
+            "url",
             "The URL of the webpage to fetch",
         ),
         "crawl4ai_browse": (
-            "Fetches and converts webpage content to clean markdown using Crawl4AI", "url",
+            "Fetches and converts webpage content to clean markdown using Crawl4AI",
+            "url",
             "The URL of the webpage to fetch",
         ),
-    }  # fmt: skip
+    }
     for kind, (description, argument, help_text) in expected.items():
         config = {"api_key": "k"} | ({"api_url": "http://x", "blocklist": []} if kind == "crawl4ai_browse" else {})
         definition = TOOLS[kind]("my_" + kind, config).definition
@@ -424,8 +435,10 @@ def test_with_credentials_carries_the_environment_into_the_config_and_hides_the_
     serper, crawl, python = pickle.loads(pickle.dumps(specs))  # as they cross into the engine actors
     assert serper.config == {"api_key": "serper-key"} and python == ToolSpec("python", "python")
     assert crawl.config == {
-        "api_url": stub.url + "/crawl4ai/", "api_key": CRAWL4AI_KEY, "blocklist": ["spam.example", "ads.example"]
-    }  # fmt: skip
+        "api_url": stub.url + "/crawl4ai/",
+        "api_key": CRAWL4AI_KEY,
+        "blocklist": ["spam.example", "ads.example"],
+    }
     assert "serper-key" not in repr(serper) and CRAWL4AI_KEY not in repr(crawl)
     for variable in (*KEYS, "CRAWL4AI_API_URL", "CRAWL4AI_API_KEY", "CRAWL4AI_BLOCKLIST_PATH"):
         monkeypatch.delenv(variable)
@@ -434,5 +447,6 @@ def test_with_credentials_carries_the_environment_into_the_config_and_hides_the_
     stub.script("/crawl4ai/crawl", (200, crawl_reply(markdown="ok")))
     assert call("crawl4ai_browse", {"url": "https://example.com"}, **crawl.config).result == "ok"
     assert json.loads(stub.requests[0]["body"])["crawler_config"]["params"]["exclude_domains"] == [
-        "spam.example", "ads.example"
-    ]  # fmt: skip
+        "spam.example",
+        "ads.example",
+    ]
