@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Every benchmark of docs/benchmarks.md on this machine, in order, writing JSON and PNGs under $OUT
-# (default output/bench): weight_sync.json (pause vs model size), learner_step.json (pi_old pass, fixed
-# rows vs token budget, gradient checkpointing), replay/ (engines-only replay,
+# Every benchmark of docs/benchmarks.md on this machine, in order, writing JSON, PNGs and stamped tables (.md) under
+# $OUT (default output/bench): generation.json (streaming vs fixed batches, engine only), weight_sync.json (pause
+# vs model size), learner_step.json (pi_old pass, fixed rows vs token budget, gradient checkpointing), replay/
+# (engines-only replay,
 # response-length sweep), e2e/ (sync vs one-step vs streaming, + measured.json), simulator/ (cost
 # model fitted to e2e/measured.json, validation, projection at the original request's shape), faults/ (an engine SIGKILLed with
 # and without continuation, a stop and resume), staleness_learning/ (the demo per --off_policy_action and seed),
@@ -9,8 +10,7 @@
 # learning rates).
 # Hardware: a 2-core x86_64 Linux machine, no GPU: about 105 minutes (its parts, 2026-12-04); QUICK=1 shrinks every
 # benchmark to a smoke run (about 9 minutes; the tests use it). Sets up .venv first when needed.
-# PUBLISH=1 copies the stamped tables (e2e.md, faults.md, staleness_learning.md, window_cpu.md) into docs/results/,
-# which docs/benchmarks.md links.
+# PUBLISH=1 copies the stamped tables into docs/results/ (one page per benchmark, linked from docs/results/index.md).
 # Usage: bash scripts/cpu_benchmarks.sh    or    QUICK=1 OUT=/tmp/bench bash scripts/cpu_benchmarks.sh
 set -euo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -20,6 +20,7 @@ export TOKENIZERS_PARALLELISM=false
 py=.venv/bin/python
 out="${OUT:-output/bench}"
 if [[ "${QUICK:-0}" == "1" ]]; then
+  generation=(--prompts 4 --samples 2 --concurrency 4 --median_tokens 8 --max_tokens 32 --kv_cache_gib 0.1)
   weight_sync=(--sizes 128x2 --syncs 1 --running 2 --max_tokens 64 --warmup_s 0.1)
   replay=(--response_lengths 32 96 --max_prompts 4 --samples 2 --kv_cache_gib 0.1)
   e2e=(--steps 2 --rounds 2 --prompts 4 --samples 2 --median_tokens 12 --max_tokens 48 --tool_median_tokens 8
@@ -33,9 +34,10 @@ if [[ "${QUICK:-0}" == "1" ]]; then
   window_sim=(--steps 8 --fixed 1)
   window_cpu=(--learning_rates 3e-4 --fixed --total_episodes 256)
 else
-  weight_sync=() replay=() e2e=(--steps 24) simulator=() learner_step=() faults=() staleness=() window_sim=()
+  generation=() weight_sync=() replay=() e2e=(--steps 24) simulator=() learner_step=() faults=() staleness=() window_sim=()
   window_cpu=()
 fi
+$py -m open_instruct.benchmarks.generation "${generation[@]}" --output "$out/generation.json"
 $py -m open_instruct.benchmarks.weight_sync "${weight_sync[@]}" --output "$out/weight_sync.json"
 $py -m open_instruct.benchmarks.learner_step "${learner_step[@]}" --output "$out/learner_step.json"
 $py -m open_instruct.benchmarks.replay "${replay[@]}" --output "$out/replay"
@@ -47,8 +49,8 @@ $py -m open_instruct.benchmarks.window_sim "${window_sim[@]}" --output "$out/win
 $py -m open_instruct.benchmarks.window_cpu "${window_cpu[@]}" --output "$out/window_cpu"
 if [[ "${PUBLISH:-0}" == "1" ]]; then
   mkdir -p docs/results
-  cp "$out/e2e/e2e.md" docs/results/e2e.md
-  cp "$out/faults/faults.md" docs/results/faults.md
-  cp "$out/staleness_learning/staleness_learning.md" docs/results/staleness_learning.md
-  cp "$out/window_cpu/window_cpu.md" docs/results/window_cpu.md
+  for page in generation.md weight_sync.md replay/replay.md e2e/e2e.md simulator/simulator.md faults/faults.md \
+    staleness_learning/staleness_learning.md window_sim/window_sim.md window_cpu/window_cpu.md; do
+    cp "$out/$page" "docs/results/$(basename "$page")"
+  done
 fi

@@ -22,7 +22,7 @@ import statistics
 import time
 from pathlib import Path
 
-from open_instruct.benchmarks.stamp import stamp
+from open_instruct.benchmarks.stamp import results_page, stamp
 
 logger = logging.getLogger(__name__)
 
@@ -138,9 +138,9 @@ def main(argv: list[str] | None = None) -> dict:
         "modes": [batched, streaming],
         "speedup_streaming_vs_batched": streaming["generated_tokens_per_s"] / batched["generated_tokens_per_s"],
     }
-    print_report(report)
     out = Path(args.output)
-    out.parent.mkdir(parents=True, exist_ok=True)
+    with results_page(out.with_suffix(".md"), "Streaming vs fixed batches, generation only", report["stamp"]):
+        print_report(report)
     out.write_text(json.dumps(report, indent=1))
     return report
 

@@ -28,7 +28,7 @@ import statistics
 import time
 from pathlib import Path
 
-from open_instruct.benchmarks.stamp import stamp
+from open_instruct.benchmarks.stamp import results_page, stamp
 
 logger = logging.getLogger(__name__)
 
@@ -289,8 +289,9 @@ def main(argv: list[str] | None = None) -> dict:
     }
     (out / "replay.json").write_text(json.dumps(result, indent=1))
     plot_sweep(rows, out / "utilization_vs_length.png")
-    print_sweep(result, prompt_file)
-    print(f"wrote {out / 'replay.json'} and {out / 'utilization_vs_length.png'}")
+    with results_page(out / "replay.md", "Replay and response-length sweep, engines only", result["stamp"]):
+        print_sweep(result, prompt_file)
+    print(f"wrote {out / 'replay.json'}, replay.md and {out / 'utilization_vs_length.png'}")
     return result
 
 

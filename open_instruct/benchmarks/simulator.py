@@ -22,7 +22,7 @@ from open_instruct.benchmarks.simulation_projection import (
 )
 from open_instruct.benchmarks.simulation_validation import validate_on_measurements
 from open_instruct.benchmarks.simulator_plots import plot_sweep, plot_timelines
-from open_instruct.benchmarks.stamp import ResultFileError, stamp
+from open_instruct.benchmarks.stamp import ResultFileError, results_page, stamp
 
 
 def parse_args(argv: list[str] | None):
@@ -54,12 +54,22 @@ def main(argv: list[str] | None = None) -> int:
     # The simulated runs' defaults (simulation.simulate_training); validation replays the measured runs' own.
     policy = "projection: K = each row's --async_steps (8 with auto), requeue; validation: the measured runs' own"
     report: dict[str, Any] = {"stamp": stamp("simulator", policy)}
+    with results_page(args.output / "simulator.md", "The cluster-scale simulator", report["stamp"]):
+        if not simulate(args, report):
+            return 2
+    print(f"wrote simulator.json, simulator.md and the plots to {args.output}")
+    return 0
+
+
+def simulate(args, report: dict[str, Any]) -> bool:
+    """Validation on --measured (when given) and the projection at the original request's shape, printed and
+    written; False when the measurements cannot be read."""
     if args.measured:
         try:
             report["measured"], runs = validate_on_measurements(args.measured, args.async_steps)
         except ResultFileError as error:
             print(f"simulator: --measured {error}", file=sys.stderr)
-            return 2
+            return False
         panels = [("measured: synchronous", runs["synchronous"]), ("measured: streaming", runs["streaming"])]
         plot_timelines(panels, args.output / "simulator_timeline_measured.png")
     report["seed_projection"], sweep = project_seed_cluster(args.seed_steps, args.sweep_steps)
@@ -73,11 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     ]
     plot_timelines(seed_panels, args.output / "simulator_timeline.png", steady=True)
     plot_sweep(sweep, args.output / "simulator_async_sweep.png")
-    print(
-        f"wrote simulator.json, simulator_timeline.png (seed shape), simulator_async_sweep.png"
-        f"{' and simulator_timeline_measured.png' if args.measured else ''} to {args.output}"
-    )
-    return 0
+    return True
 
 
 if __name__ == "__main__":

@@ -9,11 +9,14 @@ format in one line instead of failing on a missing key.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
+import io
 import json
 import os
 import platform
 import subprocess
+import sys
 from pathlib import Path
 
 from open_instruct.errors import UserError
@@ -129,3 +132,28 @@ def describe(s: dict) -> str:
         modes = "".join(f"\n  {mode}: {policy}" for mode, policy in staleness.items())
         return f"{where}\nstaleness policy per mode:{modes}"
     return f"{where}\nstaleness policy: {staleness}" if staleness else where
+
+
+class _Tee:
+    """A stream that writes to two."""
+
+    def __init__(self, first, second):
+        self.first, self.second = first, second
+
+    def write(self, text: str) -> int:
+        self.second.write(text)
+        return self.first.write(text)
+
+    def flush(self) -> None:
+        self.first.flush()
+
+
+@contextlib.contextmanager
+def results_page(page: Path, title: str, result_stamp: dict):
+    """What the benchmark prints inside, printed as usual and written to `page` too: the title, the stamp and the
+    printed text as a code block, the page `PUBLISH=1 bash scripts/cpu_benchmarks.sh` copies into docs/results/."""
+    copy = io.StringIO()
+    with contextlib.redirect_stdout(_Tee(sys.stdout, copy)):
+        yield
+    page.parent.mkdir(parents=True, exist_ok=True)
+    page.write_text(f"# {title}\n\n{describe(result_stamp)}\n\n```\n{copy.getvalue().strip()}\n```\n")

@@ -25,7 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from open_instruct.benchmarks.stamp import stamp
+from open_instruct.benchmarks.stamp import results_page, stamp
 
 
 def memory_bandwidth_gb_s(megabytes: int = 512, repeats: int = 5) -> float:
@@ -194,7 +194,17 @@ def main(argv: list[str] | None = None) -> dict:
     for r in rows:
         by_size.setdefault(f"{r['hidden_size']}x{r['layers']}", {})[r["transport"]] = r["frozen_s"]
     result["shm_over_gloo_frozen"] = {k: v["shm"] / v["gloo"] for k, v in by_size.items() if {"shm", "gloo"} <= set(v)}
-    print(f"memory copy bandwidth: {bandwidth:.1f} GB/s; {args.running} requests decoding during each push")
+    out = Path(args.output)
+    with results_page(out.with_suffix(".md"), "Weight-sync pause vs model size", result["stamp"]):
+        print_table(result, args.running)
+    out.write_text(json.dumps(result, indent=1))
+    print(f"wrote {out} and {out.with_suffix('.md')}")
+    return result
+
+
+def print_table(result: dict, running: int) -> None:
+    rows, bandwidth = result["sizes"], result["memory_bandwidth_gb_s"]
+    print(f"memory copy bandwidth: {bandwidth:.1f} GB/s; {running} requests decoding during each push")
     print(
         f"{'model':>10} {'via':>5} {'params M':>9} {'MB sent':>8} {'frozen s':>9} {'transfer s':>10} {'MB/s':>8} "
         f"{'bound s':>8} {'frozen/bound':>12} {'kept ok':>8}"
@@ -208,11 +218,6 @@ def main(argv: list[str] | None = None) -> dict:
         )
     for size, ratio in result["shm_over_gloo_frozen"].items():
         print(f"{size}: engine frozen with the shared-memory file / with the gloo group = {ratio:.2f}")
-    out = Path(args.output)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=1))
-    print(f"wrote {out}")
-    return result
 
 
 if __name__ == "__main__":

@@ -27,7 +27,7 @@ from pathlib import Path
 from open_instruct.benchmarks.simulated_world import Cluster, PolicyDrift
 from open_instruct.benchmarks.simulation import SimResult, simulate
 from open_instruct.benchmarks.simulation_projection import GPU_H100_COST, SEED_CLUSTER, SEED_CLUSTER_WORKLOAD
-from open_instruct.benchmarks.stamp import stamp
+from open_instruct.benchmarks.stamp import results_page, stamp
 from open_instruct.config.staleness import StalenessConfig
 from open_instruct.staleness import OffPolicyWindow
 
@@ -113,24 +113,21 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     workload = dataclasses.replace(SEED_CLUSTER_WORKLOAD, num_steps=args.steps)
     started = time.monotonic()
-    print(
-        f"== --max_off_policy_steps auto vs fixed K, simulated at the original request's shape ({args.steps} steps, "
-        f"--async_steps auto, --off_policy_action mask; limits ess_frac >= {LIMITS.off_policy_min_ess_frac}, "
-        f"truncated_frac <= {LIMITS.off_policy_max_truncated_frac}; health and rates after the warm-up)"
-    )
-    report = {}
-    for speed, drift in SPEEDS.items():
-        report[speed] = sweep(workload, GPU_H100_COST, SEED_CLUSTER, drift, args.fixed)
-        print(format_sweep(speed, report[speed]), flush=True)
-    args.output.mkdir(parents=True, exist_ok=True)
     limits = f"ess >= {LIMITS.off_policy_min_ess_frac:g}, truncated <= {LIMITS.off_policy_max_truncated_frac:g}"
     policy = f"K per row: fixed {', '.join(map(str, args.fixed))}, or auto ({limits}); mask"
-    out = {
-        "steps": args.steps,
-        "speeds": report,
-        "sim_s": time.monotonic() - started,
-        "stamp": stamp("window_sim", policy),
-    }
+    out = {"steps": args.steps, "speeds": {}, "stamp": stamp("window_sim", policy)}
+    title = "The self-tuning off-policy window in the simulator"
+    with results_page(args.output / "window_sim.md", title, out["stamp"]):
+        print(
+            f"== --max_off_policy_steps auto vs fixed K, simulated at the original request's shape ({args.steps} "
+            f"steps, --async_steps auto, --off_policy_action mask; limits ess_frac >= "
+            f"{LIMITS.off_policy_min_ess_frac}, truncated_frac <= {LIMITS.off_policy_max_truncated_frac}; health and "
+            "rates after the warm-up)"
+        )
+        for speed, drift in SPEEDS.items():
+            out["speeds"][speed] = sweep(workload, GPU_H100_COST, SEED_CLUSTER, drift, args.fixed)
+            print(format_sweep(speed, out["speeds"][speed]), flush=True)
+    out["sim_s"] = time.monotonic() - started
     (args.output / "window_sim.json").write_text(json.dumps(out, indent=2))
     return 0
 

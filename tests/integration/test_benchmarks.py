@@ -217,3 +217,23 @@ def test_window_benchmarks_compare_the_self_tuning_window_with_fixed_bounds(quic
     assert run["K"] == "auto" and run["learning_rate"] == "3e-4" and run["samples_per_s"] > 0
     assert 1 <= run["window_final"] <= 8 and 0 < run["ess_frac_min"] <= 1
     assert (out / "window_cpu" / "window_cpu.md").read_text().startswith("# The self-tuning off-policy window")
+
+
+def test_every_benchmark_writes_a_stamped_page_naming_its_staleness_policy(quick_bench):
+    """The pages PUBLISH=1 copies into docs/results/: title, stamp (with the policy where a loop trains), table."""
+    out, _ = quick_bench
+    training = {
+        "e2e/e2e.md",
+        "faults/faults.md",
+        "staleness_learning/staleness_learning.md",
+        "window_cpu/window_cpu.md",
+        "window_sim/window_sim.md",
+        "simulator/simulator.md",
+    }
+    engines_only = {"generation.md", "weight_sync.md", "replay/replay.md"}
+    for page in sorted(training | engines_only):
+        text = (out / page).read_text()
+        assert text.startswith("# ") and "measured " in text and " at commit " in text, page
+        assert ("staleness policy" in text) == (page in training), page
+    generation = json.loads((out / "generation.json").read_text())
+    assert [m["mode"] for m in generation["modes"]] == ["batched", "streaming"]
