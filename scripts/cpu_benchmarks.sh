@@ -1,13 +1,7 @@
 #!/usr/bin/env bash
-# Every benchmark of docs/benchmarks.md on this machine, in order, writing JSON, PNGs and stamped tables (.md) under
-# $OUT (default output/bench): generation.json (streaming vs fixed batches, engine only), weight_sync.json (pause
-# vs model size), learner_step.json (pi_old pass, fixed rows vs token budget, gradient checkpointing), replay/
-# (engines-only replay,
-# response-length sweep), e2e/ (sync vs one-step vs streaming, + measured.json), simulator/ (cost
-# model fitted to e2e/measured.json, validation, projection at the original request's shape), faults/ (an engine SIGKILLed with
-# and without continuation, a stop and resume), staleness_learning/ (the demo per --off_policy_action and seed),
-# window_sim/ and window_cpu/ (--max_off_policy_steps auto against fixed bounds: simulated, and the demo at two
-# learning rates).
+# Every benchmark of docs/benchmarks.md on this machine, in order, writing JSON, PNGs and a stamped table (.md) each
+# under $OUT (default output/bench): generation, weight_sync, learner_step, replay/, e2e/ (+ measured.json), simulator/
+# (fitted to e2e/measured.json), faults/, staleness_learning/, window_sim/ and window_cpu/.
 # Hardware: a 2-core x86_64 Linux machine, no GPU: about 105 minutes (its parts, 2026-12-04); QUICK=1 shrinks every
 # benchmark to a smoke run (about 9 minutes; the tests use it). Sets up .venv first when needed.
 # PUBLISH=1 copies the stamped tables into docs/results/ (one page per benchmark, linked from docs/results/index.md).

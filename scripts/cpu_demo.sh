@@ -5,7 +5,7 @@
 # needed) needs PyPI and, where pip has no local CPU torch wheel, the PyTorch CPU index.
 # Output: output/cpu_demo/{metrics.jsonl,summary.json,training.png,checkpoints/}. Extra arguments
 # go to grpo_fast.py (later flags win), e.g. `bash scripts/cpu_demo.sh --total_episodes 6400`.
-# --seed 1 and --clip_higher 0.2: the settings of the result docs/development.md reports (open-instruct's
+# --seed 1 and --clip_higher 0.2: the settings of the result docs/results/demo.md reports (open-instruct's
 # defaults, which the flags left out take, are 42 and 0.272).
 set -euo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"

@@ -80,7 +80,7 @@ def run_config(args, response_length: int, flags: dict, extra_argv: tuple[str, .
     from open_instruct.config.core import parse_config
 
     common = {
-        # The settings docs/benchmarks.md's numbers were measured with (open-instruct's defaults: 42, 0.272).
+        # The settings docs/results/'s numbers were measured with (open-instruct's defaults: 42, 0.272).
         "seed": 1,
         "clip_higher": 0.2,
         "num_unique_prompts_rollout": args.prompts,
