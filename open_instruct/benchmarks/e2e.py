@@ -125,6 +125,19 @@ def base_config(args, out: Path, tool_flags: list[str]):
     return run_config(args, args.max_tokens + CALL_HEADROOM_TOKENS, flags, tuple(tool_flags))
 
 
+def workloads_from(args) -> dict[str, ShapedWorkload]:
+    """The three workloads as the flags shape them (every one is built; `--workloads` picks which run)."""
+    return {
+        "heavy_tail": ShapedWorkload("heavy_tail", args.median_tokens, args.sigma, args.max_tokens),
+        "tool_latency": ShapedWorkload(
+            "tool_latency", args.tool_median_tokens, 0.5, args.max_tokens, args.tool_latency_s
+        ),
+        "env_turns": ShapedWorkload(
+            "env_turns", args.tool_median_tokens, 0.5, args.max_tokens, env_calls=args.env_calls
+        ),
+    }
+
+
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
     if args.summarize:
@@ -136,15 +149,7 @@ def main(argv: list[str] | None = None) -> dict:
     from open_instruct.data import dataset as data
     from open_instruct.data.models import load_tokenizer, resolve_model_path
 
-    workloads = {
-        "heavy_tail": ShapedWorkload("heavy_tail", args.median_tokens, args.sigma, args.max_tokens),
-        "tool_latency": ShapedWorkload(
-            "tool_latency", args.tool_median_tokens, 0.5, args.max_tokens, args.tool_latency_s
-        ),
-        "env_turns": ShapedWorkload(
-            "env_turns", args.tool_median_tokens, 0.5, args.max_tokens, env_calls=args.env_calls
-        ),
-    }
+    workloads = workloads_from(args)
     out = Path(args.output)
     out.mkdir(parents=True, exist_ok=True)
     tool_server = LatencyToolServer(args.tool_latency_s)
