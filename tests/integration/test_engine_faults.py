@@ -89,11 +89,12 @@ def test_a_killed_engine_is_replaced_and_the_run_finishes_with_nothing_lost(tmp_
     assert 1 <= metrics[-1]["engines/continued_samples_total"] <= metrics[-1]["engines/resubmitted_samples_total"]
     assert metrics[-1]["engines/continued_tokens_saved_total"] >= 4 * metrics[-1]["engines/continued_samples_total"]
     assert joined_at >= 1  # killed after a step: it got the trained weights, not the initial ones
-    # The replacement served: it took prompts from the queue (finished or still running when the run ended:
-    # which, depends on how fast the survivor drains the queue) and took every weight sync after it joined.
+    # The replacement served until the end: it took every weight sync after it joined. Whether it also took
+    # prompts is a race with the survivor, which may have drained the queue by then (seen in CI: it joined at
+    # version 5 and the last prompts were already running elsewhere), so it is not asserted.
     pattern = rf"engine {engine} stopped \(\w+\): (\d+) samples were in flight; it completed (\d+) samples, at weight"
     stopped = re.search(pattern + r" version (\d+)", log)
-    assert stopped and int(stopped.group(1)) + int(stopped.group(2)) > 0, log[-3000:]
+    assert stopped, log[-3000:]
     assert int(stopped.group(3)) == metrics[-1]["policy/version"] >= joined_at
 
     # Nothing lost, nothing twice: every admitted prompt id has exactly one fate.
