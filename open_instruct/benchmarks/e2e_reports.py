@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from open_instruct.benchmarks import rounds as rounds_lib
-from open_instruct.benchmarks.stamp import describe
+from open_instruct.benchmarks.stamp import page_text
 
 
 def plot_timeline(timelines: dict[str, list], path: Path, title: str) -> None:
@@ -45,8 +45,8 @@ def plot_timeline(timelines: dict[str, list], path: Path, title: str) -> None:
 
 def write_report(results: dict, out: Path) -> None:
     report = format_report(results)
-    title = "# Streaming vs synchronous training: measured tables\n\n"
-    (out / "e2e.md").write_text(f"{title}{describe(results['stamp'])}\n\n```\n{report}\n```\n")
+    title = "Streaming vs synchronous training: measured tables"
+    (out / "e2e.md").write_text(page_text(title, results["stamp"], report))
     print(report)
 
 

@@ -32,7 +32,7 @@ import threading
 import time
 from pathlib import Path
 
-from open_instruct.benchmarks.stamp import describe, stamp
+from open_instruct.benchmarks.stamp import page_text, stamp
 from open_instruct.benchmarks.workloads import ShapedGenerationActor, ShapedWorkload, run_config
 
 logger = logging.getLogger(__name__)
@@ -278,8 +278,7 @@ def main(argv: list[str] | None = None) -> dict:
     }
     (out / "faults.json").write_text(json.dumps(results, indent=1))
     report = format_report(results)
-    title = "# What a fault costs: measured tables\n\n"
-    (out / "faults.md").write_text(f"{title}{describe(results['stamp'])}\n\n```\n{report}\n```\n")
+    (out / "faults.md").write_text(page_text("What a fault costs: measured tables", results["stamp"], report))
     print(report)
     return results
 

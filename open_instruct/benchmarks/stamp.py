@@ -156,4 +156,9 @@ def results_page(page: Path, title: str, result_stamp: dict):
     with contextlib.redirect_stdout(_Tee(sys.stdout, copy)):
         yield
     page.parent.mkdir(parents=True, exist_ok=True)
-    page.write_text(f"# {title}\n\n{describe(result_stamp)}\n\n```\n{copy.getvalue().strip()}\n```\n")
+    page.write_text(page_text(title, result_stamp, copy.getvalue().strip()))
+
+
+def page_text(title: str, result_stamp: dict, report: str) -> str:
+    """A results page: the title, the stamp, and the report as a code block."""
+    return f"# {title}\n\n{describe(result_stamp)}\n\n```\n{report}\n```\n"
