@@ -179,6 +179,10 @@ def run(cfg: Config, engine_class=None, engine_args: tuple = ()) -> dict:
     load_extensions(cfg.run.extension_modules)  # (already done when main() checked the flags)
     check_model_sources(cfg.model)  # before anything starts: a bad name costs seconds
     model_path = resolve_model_path(cfg.model.model_name_or_path)
+    if cfg.model.use_peft:  # a --lora_target_modules name the model lacks, named before anything starts
+        from open_instruct import adapters
+
+        logger.info("LoRA adapter: %s", adapters.describe(model_path, cfg.model, 4))
     tokenizer = load_tokenizer(cfg.model)
     train, evaluation = load_data(cfg, tokenizer)
     if cfg.data.cache_dataset_only:

@@ -43,6 +43,8 @@ def run_checks(cfg) -> list[Check]:
         prompts = _guarded(checks, "datasets", lambda: _datasets(cfg, tokenizer))
         if prompts is not None:
             _guarded(checks, "services of the data", lambda: _data_services(cfg, prompts))
+    if cfg.model.use_peft:
+        _guarded(checks, "LoRA adapter", lambda: _adapter(cfg))
     _guarded(checks, "tools and environments", lambda: _tools(cfg))
     _guarded(checks, "resources", lambda: _resources(cfg))
     return checks
@@ -72,6 +74,18 @@ def _tokenizer(cfg):
     tokenizer = load_tokenizer(cfg.model)
     name = cfg.model.model_name_or_path or "the embedded default"
     return f"{name}, vocabulary {len(tokenizer)}", tokenizer
+
+
+def _adapter(cfg):
+    """--use_peft: the adapter's modules exist in the model (peft names any that do not), and what it weighs."""
+    from open_instruct import adapters
+    from open_instruct.config.derived import resolve_dtype
+    from open_instruct.data.models import resolve_model_path
+
+    dtype = resolve_dtype(cfg.model.dtype, cfg.model.model_dtype, on_gpu=True)  # the launch's, on GPUs
+    bytes_per_value = 4 if dtype == "float32" else 2
+    line = adapters.describe(resolve_model_path(cfg.model.model_name_or_path), cfg.model, bytes_per_value)
+    return f"{line} in {dtype}", None
 
 
 def _render(cfg, tokenizer):

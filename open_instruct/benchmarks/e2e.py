@@ -105,6 +105,11 @@ def parse_args(argv: list[str] | None):
         help="sizes of the heavy-tail batches, run at the start of every round, that the simulator's decode cost "
         "is fitted on (none, or no heavy_tail workload: no measured.json)",
     )
+    parser.add_argument(
+        "--use_peft",
+        action="store_true",
+        help="every mode trains a LoRA adapter (--lora_r 16, all linear layers, 10x the learning rate)",
+    )
     parser.add_argument("--output", default="output/bench/e2e")
     parser.add_argument(
         "--summarize",
@@ -122,7 +127,8 @@ def parse_args(argv: list[str] | None):
 def base_config(args, out: Path, tool_flags: list[str]):
     """The grpo_fast flags every mode shares; modes differ only in the flags of `MODES` (mode_config)."""
     flags = {"max_off_policy_steps": args.max_off_policy_steps, "single_gpu_mode": args.pin, "output_dir": out}
-    return run_config(args, args.max_tokens + CALL_HEADROOM_TOKENS, flags, tuple(tool_flags))
+    lora = ("--use_peft", "--lora_r", "16", "--lora_dropout", "0", "--learning_rate", "1e-4") if args.use_peft else ()
+    return run_config(args, args.max_tokens + CALL_HEADROOM_TOKENS, flags, (*tool_flags, *lora))
 
 
 def workloads_from(args) -> dict[str, ShapedWorkload]:
@@ -157,6 +163,8 @@ def main(argv: list[str] | None = None) -> dict:
     tokenizer = load_tokenizer(base.model)
     rows = data.load_prompt_dataset(base.train_data, base.model, tokenizer, "train", {}, seed=1).prompts
     policies = {mode: mode_config(base, mode, out).staleness_policy.describe() for mode in args.modes}
+    if args.use_peft:  # the page's title says so
+        policies = {mode: f"{policy}; LoRA r=16" for mode, policy in policies.items()}
     results: dict = {"stamp": stamp("e2e", policies), "rounds": args.rounds, "pinned": args.pin, "workloads": {}}
     with PeakMemory() as memory:
         stack = Stack(base, resolve_model_path(None), tokenizer.pad_token_id, ShapedGenerationActor, (None,))

@@ -123,10 +123,14 @@ def sweep_async_steps(
     )
 
 
-def project_seed_cluster(num_steps: int, sweep_steps: list[int]) -> tuple[dict[str, Any], AsyncSweep]:
+def project_seed_cluster(
+    num_steps: int, sweep_steps: list[int], cost: CostModel = GPU_H100_COST
+) -> tuple[dict[str, Any], AsyncSweep]:
+    """The sweep at the original request's shape on `cost` (the assumed H100 costs; the LoRA benchmark passes
+    them with its measured learner and sync costs)."""
     seed = dataclasses.replace(SEED_CLUSTER_WORKLOAD, num_steps=num_steps)
     started = time.monotonic()
-    sweep = sweep_async_steps(seed, GPU_H100_COST, SEED_CLUSTER, sweep_steps)
+    sweep = sweep_async_steps(seed, cost, SEED_CLUSTER, sweep_steps)
     print(
         f"== projection at the original request's shape: {SEED_CLUSTER.num_engines} engines x H100 (assumed costs), "
         f"{SEED_CLUSTER.num_learners} learners, {seed.prompts_per_step}x{seed.samples_per_prompt} samples/step, "
@@ -135,11 +139,11 @@ def project_seed_cluster(num_steps: int, sweep_steps: list[int]) -> tuple[dict[s
     )
     print(format_sweep(sweep))
     chosen = sweep.chosen_async_steps
-    reprefill = simulate("streaming_reprefill", seed, GPU_H100_COST, SEED_CLUSTER, chosen)
+    reprefill = simulate("streaming_reprefill", seed, cost, SEED_CLUSTER, chosen)
     comparison = kv_kept_vs_reprefill(sweep.streaming[chosen], reprefill, sweep.synchronous)
     print(format_kv_comparison(comparison, chosen))
     entry = {
-        "cost_model": asdict(GPU_H100_COST),
+        "cost_model": asdict(cost),
         "workload": asdict(seed),
         "cluster": asdict(SEED_CLUSTER),
         "learner_step_ratio_measured": LEARNER_STEP_RATIO,

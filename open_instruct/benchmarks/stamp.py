@@ -30,6 +30,7 @@ SCHEMA_VERSIONS = {
     "faults": 2,
     "generation": 2,
     "learner_step": 2,
+    "lora": 1,
     "replay": 2,
     "simulator": 2,
     "staleness_learning": 2,

@@ -10,7 +10,7 @@ Each flag is one of three kinds, said first in its help (`fields.rendered_help`)
   false` all the time); any other value stops the run before anything starts, instead of being ignored.
 
 Flags without a kind are open-instruct internals (`--world_size`), informational (`--num_nodes`), its queue
-dashboard's, or companions of a refused flag (`--lora_r` with `--use_peft`).
+dashboard's, or companions of a refused flag (`--bnb_4bit_quant_type` with `--load_in_4bit`).
 A flag leaves this group for the group of its concern when its feature lands.
 
 A script relies on every flag it leaves out, so every default equals open-instruct's, except the few in
@@ -40,8 +40,8 @@ DEFAULTS_UNLIKE_OPEN_INSTRUCT = {
     "of its launch scripts pass --push_to_hub false.",
 }
 
-# LoRA and quantization flags are no-ops in open-instruct's grpo_fast; training the full model when a
-# user asked for adapters would be a silent surprise, so they are refused instead.
+# Quantization flags are no-ops in open-instruct's grpo_fast; training a full-precision model when a user
+# asked for a quantized one would be a silent surprise, so they are refused instead.
 NOT_IN_GRPO_FAST = "{} is not wired into open-instruct's grpo_fast either (its flags are ignored there)"
 
 
@@ -111,13 +111,6 @@ class CompatConfig:
     send_slack_alerts: bool = arg(False, "Slack messages on crashes (needs SLACK_WEBHOOK_URL).", kind=BEAKER_ONLY)
     tokenizer_files_hash: list[str] | None = arg(None, "[internal in open-instruct; ignored]")
     use_cache: bool | None = arg(None, "The KV cache is always off in training (accepted for compatibility).")
-    use_peft: bool = pending(False, NOT_IN_GRPO_FAST.format("LoRA"))
-    lora_r: int | None = arg(16, "LoRA rank (with --use_peft).")
-    lora_alpha: int | None = arg(32, "LoRA alpha (with --use_peft).")
-    lora_dropout: float | None = arg(0.05, "LoRA dropout (with --use_peft).")
-    lora_target_modules: list[str] | None = arg(None, "LoRA target modules (with --use_peft).")
-    lora_modules_to_save: list[str] | None = arg(None, "Modules trained fully (with --use_peft).")
-    lora_task_type: str = arg("CAUSAL_LM", "PEFT task type (with --use_peft).")
     load_in_8bit: bool = pending(False, NOT_IN_GRPO_FAST.format("quantized training"))
     load_in_4bit: bool = pending(False, NOT_IN_GRPO_FAST.format("quantized training"))
     bnb_4bit_quant_type: str | None = arg("nf4", "bitsandbytes 4-bit type (with --load_in_4bit).")

@@ -196,6 +196,12 @@ def _cross_group_checks(cfg: Config) -> list[tuple[bool, str]]:
             "--importance_sampling_mode mask_sequence needs the whole sample on one rank (use truncate or mask_token)",
         ),
         (
+            not (cfg.model.use_peft and cfg.algorithm.beta > 0 and cfg.algorithm.ref_policy_update_freq),
+            f"--ref_policy_update_freq {cfg.algorithm.ref_policy_update_freq} with --use_peft: the reference is the "
+            "base model with the adapter switched off, which cannot move toward the policy without a second copy of "
+            "the model; leave --ref_policy_update_freq unset, or train without --use_peft",
+        ),
+        (
             "checkpointing_steps" not in cfg.explicit_flags or run.checkpointing_steps >= 1,
             f"--checkpointing_steps {run.checkpointing_steps} must be >= 1",
         ),

@@ -1,4 +1,5 @@
-"""The policy and its tokenizer: where they come from, how they load, their dtype and attention."""
+"""The policy and its tokenizer: where they come from, how they load, their dtype and attention, and whether it
+trains as a LoRA adapter on a frozen base (`--use_peft`, open-instruct's flags and defaults)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,10 @@ from typing import Literal
 
 from open_instruct.config.derived import AUTO_DTYPE, DTYPES
 from open_instruct.config.fields import arg
+
+# vLLM's LoRA buffers come in these ranks (vllm/config/lora.py MaxLoRARanks); an adapter is served in the
+# smallest that is not below its rank.
+SERVED_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 
 
 @dataclass(frozen=True)
@@ -40,7 +45,59 @@ class ModelConfig:
         None, "Learner attention: torch/te = SDPA, flash_N = FlashAttention N (needs flash-attn, -3, -4); None: SDPA."
     )
 
+    use_peft: bool = arg(
+        False,
+        "Train a LoRA adapter (peft) on the frozen base model: engines serve base + adapter, a weight sync moves only "
+        "the adapter, and the --beta reference is the base (the adapter switched off).",
+    )
+    lora_r: int | None = arg(16, "LoRA rank (with --use_peft; at most 512, vLLM's largest).", bounds=">= 1")
+    lora_alpha: int | None = arg(32, "LoRA alpha: the update is scaled by alpha / r (with --use_peft).", bounds="> 0")
+    lora_dropout: float | None = arg(
+        0.05, "Dropout on the adapter's input while training (with --use_peft).", bounds="[0, 1)"
+    )
+    lora_target_modules: list[str] | None = arg(
+        None,
+        "Modules that get an adapter, by name (q_proj v_proj ...; with --use_peft). Unset: every linear layer but the "
+        "output head (peft's all-linear; open-instruct's finetune and DPO adapt all seven projections).",
+    )
+    lora_modules_to_save: list[str] | None = arg(
+        None, "Modules trained whole next to the adapter (with --use_peft): refused, see the check's message."
+    )
+    lora_task_type: str = arg("CAUSAL_LM", "peft's task type (with --use_peft): CAUSAL_LM, the policy's.")
+    save_merged_lora_model: bool = arg(
+        False,
+        "With --use_peft, each saved model (--save_freq, the final one) is also written merged (base + adapter) as "
+        "a plain HF model under <step dir>/merged, which any HF or vLLM loader reads without peft.",
+    )
+
     def problems(self) -> list[str]:
+        return self._dtype_problems() + (self._lora_problems() if self.use_peft else [])
+
+    def _lora_problems(self) -> list[str]:
+        largest = SERVED_LORA_RANKS[-1]
+        checks = [
+            (self.lora_r is not None, "--use_peft needs --lora_r"),
+            (self.lora_alpha is not None, "--use_peft needs --lora_alpha"),
+            (
+                self.lora_r is None or self.lora_r <= largest,
+                f"--lora_r {self.lora_r} is above {largest}, the largest rank vLLM serves",
+            ),
+            (
+                not self.lora_modules_to_save,
+                f"--lora_modules_to_save {' '.join(self.lora_modules_to_save or [])}: vLLM serves whole modules next "
+                "to an adapter only for a classification head (vllm/lora/model_manager.py _validate_modules_to_save), "
+                "so the engines could not generate with what the learner trains; adapt them with "
+                "--lora_target_modules instead",
+            ),
+            (
+                self.lora_task_type == "CAUSAL_LM",
+                f"--lora_task_type {self.lora_task_type}: the policy is a causal LM (CAUSAL_LM); other task types "
+                "(SEQ_CLS for reward models) do not generate",
+            ),
+        ]
+        return [message for ok, message in checks if not ok]
+
+    def _dtype_problems(self) -> list[str]:
         checks = [
             (
                 self.dtype in (None, AUTO_DTYPE, *DTYPES),

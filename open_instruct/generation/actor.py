@@ -105,6 +105,8 @@ class GenerationActor:
             )
         state.target_concurrency = self._derive_target()
         await state.engine.update_weight_version(str(state.weight_version))
+        if self.settings.model.use_peft:
+            state.adapter = await self._serve_adapter()
         from transformers import AutoTokenizer
 
         state.tokenizer = AutoTokenizer.from_pretrained(self.settings.model_path)
@@ -138,6 +140,21 @@ class GenerationActor:
 
     def _kv_block_tokens(self) -> int:
         return self.state.probe.get("block_size") or self.state.engine.vllm_config.cache_config.block_size
+
+    async def _serve_adapter(self):
+        """--use_peft: the engine serves base + one adapter from a folder of its own, zero until the first sync
+        (the learner's fresh adapter is zero too); returns the LoRARequest every request names. A weight sync
+        writes the new adapter there and vLLM loads it again under the same id (`weights.adapter_engine`)."""
+        import tempfile
+
+        from vllm.lora.request import LoRARequest
+
+        from open_instruct import adapters
+
+        directory = tempfile.mkdtemp(prefix=f"open_instruct_adapter_e{self.engine_id}_")
+        await asyncio.to_thread(adapters.write_zero_adapter, self.settings.model_path, self.settings.model, directory)
+        await self.state.engine.collective_rpc("serve_adapter", args=(directory,))
+        return LoRARequest(adapters.ADAPTER_NAME, adapters.ADAPTER_ID, lora_path=directory)
 
     def _derive_target(self) -> int:
         """Samples that fit in the KV cache at their full length, capped by the scheduler's limit."""

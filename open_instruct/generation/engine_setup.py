@@ -121,6 +121,11 @@ def engine_args(settings: EngineSettings, on_gpu: bool | None = None):
         "dtype": resolve_dtype(settings.model.dtype, settings.model.model_dtype, on_gpu),
         "distributed_executor_backend": executor_backend(settings.generation.vllm_tensor_parallel_size, on_gpu),
     }
+    if settings.model.use_peft:
+        from open_instruct.adapters import served_rank
+
+        # One adapter, the policy's, in one slot: nothing is ever evicted (it is replaced in place).
+        common.update(enable_lora=True, max_lora_rank=served_rank(settings.model.lora_r), max_loras=1, max_cpu_loras=1)
     if settings.generation.vllm_attention_backend:
         common["attention_backend"] = settings.generation.vllm_attention_backend
     # Each transport's engine-side module (`weights.<backend>_engine`) registers its vLLM engine when imported;

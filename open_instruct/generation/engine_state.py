@@ -61,6 +61,7 @@ class EngineState:
     settings: EngineSettings
     engine: Any = None  # vLLM's AsyncLLM, built by the actor's `start`
     tokenizer: Any = None  # the actor's `start`
+    adapter: Any = None  # --use_peft: the LoRARequest every request names (the actor's `start`)
     weight_version: int = 0  # WeightReceiver, after a complete receive
     target_concurrency: int = 1  # the actor's `start`, from the KV capacity
     # The scheduler probe's latest stats and counters (`engine_setup.scheduler_probe`), and the step trace.

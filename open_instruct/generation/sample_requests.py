@@ -131,7 +131,9 @@ class SampleRequests:
         prompt = tokens_input(list(prompt_ids), cache_salt=f"v{state.weight_version}")
         reported = 0
         try:
-            async for output in state.engine.generate(prompt, params, request_id=request_id):
+            async for output in state.engine.generate(
+                prompt, params, request_id=request_id, lora_request=state.adapter
+            ):
                 sample = output.outputs[0] if output.outputs else None
                 generated = len(sample.token_ids) if sample is not None else 0
                 state.progress[request_id] = offset + generated

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 
+from open_instruct import adapters
 from open_instruct.config.algorithm import AlgorithmConfig
 from open_instruct.config.derived import resolve_dtype
 from open_instruct.config.fields import groups_from_flags
@@ -31,10 +32,9 @@ from open_instruct.learner.deepspeed_setup import (
     reference_config,
     zero3_loading,
 )
-from open_instruct.learner.reference import ReferencePolicy
+from open_instruct.learner.reference import AdapterOffReference, ReferencePolicy
+from open_instruct.learner.weight_sender import WeightSender, weight_metadata
 from open_instruct.messages import LearnerReady, LearnerStepResult, TrainBatch, WeightMetadata, WeightsSent
-from open_instruct.weights.transport import WeightSyncError
-from open_instruct.weights.watchdog import SendWatchdog
 
 # ----------------------------------------------------------------------------- the learner actor
 
@@ -173,9 +173,7 @@ class LearnerActor:
         self.engine = None
         self.reference = None
         self.version = 0
-        self.send_watchdog = SendWatchdog()
-        self._transport = None  # the weight transport's module, once opened (rank 0, or every rank for ipc)
-        self._transport_group = None
+        self.sender = WeightSender(rank, settings.learner.gather_whole_model)
 
     def rendezvous_address(self) -> tuple[str, int]:
         """This node's address and a port free on it (called on rank 0)."""
@@ -214,8 +212,10 @@ class LearnerActor:
         if self.settings.learner.gradient_checkpointing:
             model.gradient_checkpointing_enable()
         model.config.use_cache = False  # packed rows need the per-document mask (see packing.py)
+        if self.lora:
+            model = adapters.wrap(model, self.settings.model, self.settings.learner.gradient_checkpointing)
         reference = None
-        if self.settings.algorithm.beta > 0:  # the reference policy costs a model copy; only load it when used
+        if self.settings.algorithm.beta > 0 and not self.lora:  # a model copy: only loaded when used
             reference = AutoModelForCausalLM.from_pretrained(self.settings.model_path, **loading).eval()
             reference.requires_grad_(False)
         del partitioned_loading
@@ -237,20 +237,39 @@ class LearnerActor:
                 model, model.config._attn_implementation, self.settings.learner.sequence_parallel_size
             )
         self.engine = initialize_engine(model, optimizer, config, lr_scheduler=scheduler, mpu=mpu)
-        if reference is not None and self.zero3:
-            # Its own ZeRO-3 engine without an optimizer: it stays partitioned, gathered layer by layer in forward.
-            wrapped = initialize_engine(reference, None, reference_config(config), mpu=mpu)
-            wrapped.eval()
-            self.reference = ReferencePolicy(wrapped, partitioned=True)
-        elif reference is not None:
-            self.reference = ReferencePolicy(reference.to(self.engine.device) if on_gpu() else reference, False)
+        self.reference = self._reference_policy(reference, config, mpu)
         cores = tuple(sorted(os.sched_getaffinity(0)))
         threads = torch.get_num_threads()
         return LearnerReady(self.rank, os.getpid(), self.engine.zero_optimization_stage(), cores, threads)
 
+    def _reference_policy(self, loaded, config: dict, mpu):
+        """The KL penalty's reference (--beta > 0): the loaded copy, or with --use_peft the policy's own base."""
+        if self.settings.algorithm.beta > 0 and self.lora:
+            return AdapterOffReference(self.engine, self.engine.module)
+        if loaded is not None and self.zero3:
+            # Its own ZeRO-3 engine without an optimizer: it stays partitioned, gathered layer by layer in forward.
+            wrapped = initialize_engine(loaded, None, reference_config(config), mpu=mpu)
+            wrapped.eval()
+            return ReferencePolicy(wrapped, partitioned=True)
+        if loaded is not None:
+            return ReferencePolicy(loaded.to(self.engine.device) if on_gpu() else loaded, False)
+        return None
+
     @property
     def zero3(self) -> bool:
         return self.settings.learner.deepspeed_stage == 3
+
+    @property
+    def lora(self) -> bool:
+        return self.settings.model.use_peft
+
+    def synced_parameters(self) -> list[tuple[str, object]]:
+        """What a weight sync sends, in order, named as the engines load it: every parameter (HF names), or with
+        --use_peft the adapter's only (peft's saved names, `adapters.wire_name`)."""
+        named = self.engine.module.named_parameters()
+        if not self.lora:
+            return list(named)
+        return [(adapters.wire_name(name), param) for name, param in named if adapters.is_adapter_parameter(name)]
 
     def parameter_storage(self) -> dict[str, int]:
         """Bytes of parameters this rank holds (its ZeRO-3 partitions, or whole tensors), against the whole
@@ -391,121 +410,45 @@ class LearnerActor:
     # -------------------------------------------------------------- weights out
 
     def weight_metadata(self, dtype_name: str) -> WeightMetadata:
-        """Names and full shapes in send order, without gathering (ZeRO-3 keeps `ds_shape`)."""
-        names, dtypes, shapes = [], [], []
-        for name, param in self.engine.module.named_parameters():
-            names.append(name)
-            dtypes.append(dtype_name if param.is_floating_point() else str(param.dtype).removeprefix("torch."))
-            shapes.append(tuple(int(d) for d in getattr(param, "ds_shape", param.shape)))
-        return WeightMetadata(tuple(names), tuple(dtypes), tuple(shapes))
+        return weight_metadata(self.synced_parameters(), dtype_name)
 
     def open_weight_transport(self, backend: str, host: str, port: int, world_size: int, timeout_s: float) -> int:
-        """Open the trainer end of the weight transport: rank 0 of the engines' transfer group, or, for a
-        staged transport, the stager (on every rank for `ipc`: each engine maps its own GPU's learner)."""
-        from open_instruct.weights.transport import transport
-
-        wire = transport(backend)
-        if self.rank != 0 and not wire.EVERY_RANK_STAGES:
-            raise RuntimeError(f"learner rank {self.rank} asked to open the {backend} transport: only rank 0 sends")
-        self._transport = wire
-        self._transport_group = wire.trainer_init(host, port, world_size, timeout_s)
-        return world_size
+        return self.sender.open(backend, host, port, world_size, timeout_s)
 
     def send_weights(self, metadata: WeightMetadata, bucket_bytes: int, version: int, timeout_s: float) -> WeightsSent:
-        """Every rank: walk the parameters (under ZeRO-3 gathered whole or one at a time, see
-        --gather_whole_model); rank 0 broadcasts them bucket by bucket, or a staged transport's ranks stage
-        them (see `release_weights`). Raises `WeightSyncError` when that takes longer than `timeout_s` (see
-        `SendWatchdog`), and at once on every call after that."""
-        import deepspeed
-        import torch
-
-        started = time.monotonic()
-        zero3 = self.engine.zero_optimization_stage() == 3
-        wire = self._transport
-        # Staged handles point into the tensors themselves; a ZeRO-3 gather frees its whole copy on exit.
-        copy = zero3 and wire is not None and wire.KEEPS_REFERENCES
-
-        named = list(self.engine.module.named_parameters())
-
-        def gathered():
-            # --gather_whole_model: one gather of every shard (fast, a whole model of extra memory); else one
-            # parameter at a time (peak extra memory: one parameter plus one bucket).
-            whole = zero3 and self.settings.learner.gather_whole_model
-            with deepspeed.zero.GatheredParameters([p for _, p in named], enabled=whole):
-                for (name, param), dtype_name in zip(named, metadata.dtype_names):
-                    with deepspeed.zero.GatheredParameters([param], enabled=zero3 and not whole):
-                        tensor = param.detach().to(getattr(torch, dtype_name))
-                        yield name, tensor.clone() if copy and tensor.data_ptr() == param.data_ptr() else tensor
-
-        def send() -> tuple[int, dict | None]:
-            tensors = gathered()
-            try:
-                if wire is None:  # not a sender: it only joins the ZeRO-3 gathers (below)
-                    return 0, None
-                if wire.STAGED:
-                    md = metadata
-                    info, staged = wire.trainer_stage(
-                        self._transport_group, tensors, md.names, md.dtype_names, md.shapes, f"v{version}"
-                    )
-                    return staged, info
-                if self._transport_group is None:
-                    raise WeightSyncError(f"learner {self.rank}: the transfer group was closed after a failed send")
-                sent = wire.trainer_send_stream(
-                    self._transport_group, tensors, metadata.dtype_names, metadata.shapes, bucket_bytes
-                )
-                return sent, None
-            finally:
-                if zero3:  # every rank walks the whole sequence of gathers, also after a failed send
-                    for _ in tensors:
-                        pass
-
-        what = f"weight sync step 'send' of version {version} on learner {self.rank}"
-        try:
-            sent, staged = self.send_watchdog.run(send, timeout_s=timeout_s, what=what)
-        except Exception as error:
-            if wire is not None and not wire.STAGED and self.send_watchdog.broken is None:
-                self._close_transfer_group(error)
-            raise
-        return WeightsSent(self.rank, sent, time.monotonic() - started, staged)
-
-    def _close_transfer_group(self, error: BaseException) -> None:
-        """After a failed send. An engine that posts its receive after rank 0's broadcast failed would wait
-        for it until the group timeout (gloo delivers nothing of a failed collective); once our end's
-        sockets are closed its receive fails at once, and it restores its weights and serves on. The group
-        is formed anew by the next connect (`WeightSync.rejoin` after an engine is replaced)."""
-        import traceback
-
-        group, self._transport_group = self._transport_group, None
-        traceback.clear_frames(error.__traceback__)  # the failed send's frames still hold the group
-        if group is not None:
-            self._transport.trainer_close(group)
+        return self.sender.send(self.synced_parameters(), self.zero3, metadata, bucket_bytes, version, timeout_s)
 
     def release_weights(self) -> None:
-        """A staged transport's sync is over (every engine loaded, or failed): free what was staged."""
-        wire = self._transport
-        if wire is not None and wire.STAGED:
-            wire.trainer_release(self._transport_group)
+        self.sender.release()
 
-    def full_state_dict(self) -> dict:
-        """HF-named CPU tensors of the current weights.
+    def full_state_dict(self, adapter_only: bool = False) -> dict:
+        """HF-named CPU tensors of the current weights (with --use_peft peft's parameter names); `adapter_only`:
+        the adapter's parameters alone.
 
         Under ZeRO-3 this gathers shards collectively: call it on every rank at once.
         """
         import deepspeed
 
-        module = self.engine.module
-        params = list(module.parameters())
-        with deepspeed.zero.GatheredParameters(params, enabled=self.engine.zero_optimization_stage() == 3):
-            return {name: p.detach().float().cpu().clone() for name, p in module.named_parameters()}
+        named = [
+            (name, p)
+            for name, p in self.engine.module.named_parameters()
+            if not adapter_only or adapters.is_adapter_parameter(name)
+        ]
+        with deepspeed.zero.GatheredParameters([p for _, p in named], enabled=self.zero3):
+            return {name: p.detach().float().cpu().clone() for name, p in named}
 
     # -------------------------------------------------------------- checkpoints (call on every rank)
 
     def save_model(self, path: str) -> str | None:
-        """HF-format weights (safetensors + config) that transformers and vLLM load; rank 0 writes."""
-        state = self.full_state_dict()
+        """HF-format weights (safetensors + config) that transformers and vLLM load; rank 0 writes. With
+        --use_peft the adapter in peft's format (adapter_config.json + adapter_model.safetensors, which peft and
+        vLLM's LoRA loader read), and with --save_merged_lora_model base + adapter merged under `merged/`."""
+        state = self.full_state_dict(adapter_only=self.lora)
         if self.rank != 0:
             return None
         self.engine.module.save_pretrained(path, state_dict=state, safe_serialization=True)
+        if self.lora and self.settings.model.save_merged_lora_model:
+            adapters.save_merged(self.settings.model_path, path, str(Path(path) / "merged"))
         return path
 
     def save_state(self, directory: str) -> None:
@@ -523,7 +466,10 @@ class LearnerActor:
         # ds_to_universal refuses a checkpoint without this entry; no tensor parallelism, so nothing else.
         universal = {UNIVERSAL_CHECKPOINT_VERSION_KEY: UNIVERSAL_CHECKPOINT_VERSION_VALUE}
         client_state = {"version": self.version, UNIVERSAL_CHECKPOINT_INFO: universal}
-        self.engine.save_checkpoint(directory, tag="learner", client_state=client_state)
+        # --use_peft: the frozen base is the model the run started from, not state; only the adapter is saved.
+        self.engine.save_checkpoint(
+            directory, tag="learner", client_state=client_state, exclude_frozen_parameters=self.lora
+        )
         rng = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
         if on_gpu():
             rng["cuda"] = torch.cuda.get_rng_state()
@@ -548,7 +494,7 @@ class LearnerActor:
                 make_universal(directory, tag)
             torch.distributed.barrier()
             tag = "learner" + UNIVERSAL_SUFFIX
-        _, client_state = self.engine.load_checkpoint(directory, tag=tag)
+        _, client_state = self.engine.load_checkpoint(directory, tag=tag, load_module_strict=not self.lora)
         if client_state is None:
             raise FileNotFoundError(f"no learner checkpoint under {directory}")
         rng_file = Path(directory) / f"rng_rank{self.rank}.pt"

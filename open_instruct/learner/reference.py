@@ -1,5 +1,5 @@
 """The reference policy of the KL penalty (`--beta > 0`): a frozen copy of the initial policy, moved toward it
-by the Polyak rule with `--ref_policy_update_freq`.
+by the Polyak rule with `--ref_policy_update_freq`; with `--use_peft`, the base model itself (`AdapterOffReference`).
 
 Under ZeRO-3 it is partitioned like the policy (loaded inside deepspeed.zero.Init, then wrapped in a DeepSpeed
 engine without an optimizer, which gathers each layer for its forward); otherwise it is a whole module on the
@@ -53,3 +53,26 @@ class ReferencePolicy:
             for name, param in self.module.named_parameters():
                 with deepspeed.zero.GatheredParameters([param], modifier_rank=0, enabled=self.partitioned):
                     param.copy_(state[name].to(param.device, param.dtype))
+
+
+class AdapterOffReference:
+    """--use_peft: the reference policy is the policy's own base model, scored with the adapter switched off
+    (peft's `disable_adapter`), so it costs no second copy of the model. It cannot move toward the policy (the
+    configuration refuses --ref_policy_update_freq with --use_peft) and has no weights of its own to save."""
+
+    partitioned = False
+
+    def __init__(self, policy: Any, peft_model: Any):
+        self.policy = policy  # what scores: the DeepSpeed engine or the module itself
+        self.peft_model = peft_model  # the PeftModel inside it, whose adapter is switched off meanwhile
+
+    @property
+    def model(self):
+        return self
+
+    def __call__(self, *args, **kwargs):
+        with self.peft_model.disable_adapter():
+            return self.policy(*args, **kwargs)
+
+    def parameters(self):
+        return iter(())  # the policy's own: counted once, there

@@ -11,6 +11,8 @@ gloo_engine.py, nccl_engine.py, shm_engine.py, ipc_engine.py
               registers (the modules above are the trainer side and import no vLLM, so the driver and
               the learners do not pay for vLLM's import)
 reload.py     engine side: a failed update restores the previous weights
+adapter_engine.py
+              engine side, --use_peft: an update replaces the served LoRA adapter instead of the weights
 watchdog.py   learner side: a send that overruns the sync timeout is abandoned
 shm_sweep.py  removing shared-memory files left by killed runs
 """

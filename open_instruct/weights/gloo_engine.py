@@ -22,6 +22,7 @@ from vllm.distributed.weight_transfer.base import (
 )
 from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
 
+from open_instruct.weights.adapter_engine import AdapterWorkerExtension
 from open_instruct.weights.gloo import BACKEND, GlooInitInfo, GlooUpdateInfo
 from open_instruct.weights.reload import RestoringReload
 from open_instruct.weights.transport import bucket_layout
@@ -113,10 +114,11 @@ def register() -> None:
 register()
 
 
-class GlooWeightTransferWorkerExtension:
-    """Worker extension whose only job is to get this module imported in the worker process.
+class GlooWeightTransferWorkerExtension(AdapterWorkerExtension):
+    """Worker extension that gets this module imported in the worker process (registering the engine), with
+    the LoRA engine's methods (`AdapterWorkerExtension`).
 
-    Pass `worker_extension_cls=WORKER_EXTENSION`; the method is a cheap health check
+    Pass `worker_extension_cls=WORKER_EXTENSION`; `gloo_weight_transfer_registered` is a cheap health check
     (`collective_rpc("gloo_weight_transfer_registered")`).
     """
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
 from vllm.distributed.weight_transfer.ipc_engine import IPCWeightTransferEngine
 
+from open_instruct.weights.adapter_engine import AdapterWorkerExtension
 from open_instruct.weights.ipc import ENGINE_BACKEND
 from open_instruct.weights.reload import RestoringReload
 
@@ -23,6 +24,6 @@ def register() -> None:
 register()
 
 
-class RestoringIPCWorkerExtension:
+class RestoringIPCWorkerExtension(AdapterWorkerExtension):
     def ipc_restoring_registered(self) -> bool:
         return isinstance(getattr(self, "weight_transfer_engine", None), RestoringIPCWeightTransferEngine)

@@ -6,6 +6,7 @@ from __future__ import annotations
 from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
 from vllm.distributed.weight_transfer.nccl_engine import NCCLWeightTransferEngine
 
+from open_instruct.weights.adapter_engine import AdapterWorkerExtension
 from open_instruct.weights.nccl import ENGINE_BACKEND
 from open_instruct.weights.reload import RestoringReload
 
@@ -24,7 +25,7 @@ def register() -> None:
 register()
 
 
-class RestoringNCCLWorkerExtension:
+class RestoringNCCLWorkerExtension(AdapterWorkerExtension):
     """`worker_extension_cls=WORKER_EXTENSION` makes vLLM import this module in the worker process (before it
     builds the transfer engine), which registers the engine there."""
 

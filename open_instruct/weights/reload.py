@@ -1,7 +1,8 @@
 """The worker half shared by our weight-transfer engines (gloo on CPU, nccl on GPU): vLLM's layerwise
 reload, finished so that a failed update leaves a working model and tied heads pick up new weights.
 
-Both engines receive checkpoint-format weights: `start_weight_update` moves every layer to the meta
+With `--use_peft` the update's target is the served adapter instead (`weights.adapter_engine`): no layer is
+reloaded. Otherwise both engines receive checkpoint-format weights: `start_weight_update` moves every layer to the meta
 device and each layer is rebuilt once all its weights have arrived. Two gaps in vLLM's own engines are
 closed here, once for both:
 
@@ -25,6 +26,8 @@ from typing import Any
 
 import torch
 
+from open_instruct.weights.adapter_engine import AdapterUpdate
+
 logger = logging.getLogger(__name__)
 
 _LAYERWISE_LOGGER = "vllm.model_executor.model_loader.reload.layerwise"
@@ -40,13 +43,21 @@ class RestoringReload:
 
     model: torch.nn.Module
     model_config: Any
+    adapter: AdapterUpdate | None = None  # --use_peft: set by the worker extension's `serve_adapter`
 
     def start_weight_update(self) -> None:
         from vllm.model_executor.model_loader.reload import initialize_layerwise_reload
 
+        if self.adapter is not None:  # --use_peft: the adapter is replaced, the base stays
+            self.set_weight_update_target(self.adapter, self.model_config)  # the worker resets it after the session
+            self.adapter.start()
+            return
         initialize_layerwise_reload(self.model)
 
     def finish_weight_update(self) -> None:
+        if isinstance(self.model, AdapterUpdate):
+            self.model.finish()
+            return
         finish_reload(self.model, self.model_config)
 
     def update_weights(self, update_info: dict[str, Any]) -> None:
@@ -61,6 +72,9 @@ class RestoringReload:
         super().update_weights(update_info)
 
     def restore_after_failed_update(self) -> None:
+        if isinstance(self.model, AdapterUpdate):  # nothing was swapped in: the previous adapter serves on
+            self.model.discard()
+            return
         finish_reload(self.model, self.model_config, failed=True)
 
 

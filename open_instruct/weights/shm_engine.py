@@ -19,6 +19,7 @@ from vllm.distributed.weight_transfer.base import (
 )
 from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
 
+from open_instruct.weights.adapter_engine import AdapterWorkerExtension
 from open_instruct.weights.reload import RestoringReload
 from open_instruct.weights.shm import ENGINE_BACKEND, SharedMemoryInit, SharedMemoryUpdate, layout
 
@@ -84,7 +85,7 @@ def register() -> None:
 register()
 
 
-class SharedMemoryWorkerExtension:
+class SharedMemoryWorkerExtension(AdapterWorkerExtension):
     """`worker_extension_cls=WORKER_EXTENSION` makes vLLM import this module in the worker before it builds
     the transfer engine."""
 

@@ -57,7 +57,14 @@ CASES = {
         "--checkpoint_state_dir",
     ),
     "token budget under a row": (lambda tmp: ["--micro_batch_token_budget", "100"], "--micro_batch_token_budget"),
-    "LoRA": (lambda tmp: ["--use_peft"], "--use_peft"),
+    "LoRA with whole modules": (
+        lambda tmp: ["--use_peft", "--lora_modules_to_save", "lm_head"],
+        "--lora_modules_to_save lm_head",
+    ),
+    "LoRA on a module the model lacks": (
+        lambda tmp: ["--use_peft", "--lora_target_modules", "q_proj", "qkv"],
+        "--lora_target_modules qkv",
+    ),
     "unknown attention backend": (lambda tmp: ["--vllm_attention_backend", "NOPE"], "--vllm_attention_backend NOPE"),
     # open-instruct's default tokenizer function keeps the tokenizer's template for an unknown name; v2_1 refuses
     "unknown chat template": (

@@ -230,10 +230,27 @@ def test_every_benchmark_writes_a_stamped_page_naming_its_staleness_policy(quick
         "window_sim/window_sim.md",
         "simulator/simulator.md",
     }
-    engines_only = {"generation.md", "weight_sync.md", "replay/replay.md"}
+    engines_only = {"generation.md", "weight_sync.md", "replay/replay.md", "lora.md"}
     for page in sorted(training | engines_only):
         text = (out / page).read_text()
         assert text.startswith("# ") and "measured " in text and " at commit " in text, page
         assert ("staleness policy" in text) == (page in training), page
     generation = json.loads((out / "generation.json").read_text())
     assert [m["mode"] for m in generation["modes"]] == ["batched", "streaming"]
+
+
+def test_lora_benchmark_measures_lora_and_full_fine_tuning_side_by_side(quick_bench):
+    out, stdout = quick_bench
+    result = json.loads((out / "lora.json").read_text())
+    full, lora = result["measured"]["full"], result["measured"]["lora"]
+    assert full["step_s"] > 0 and lora["step_s"] > 0 and lora["kept_requests"] == 2  # synced while decoding
+    assert lora["sync_mb"] < full["sync_mb"] / 5  # the adapter (r=16 on the tiny model: 17% of it)
+    assert result["lora_over_full"]["sync_mb"] == pytest.approx(lora["sync_mb"] / full["sync_mb"])
+    assert 0.004 < result["seven_b"]["fraction"] < 0.007  # r=16 all-linear on a 7B: about 0.5%
+    projection = result["projection"]
+    assert (
+        projection["lora"]["cost_model"]["weight_sync_pause_s"]
+        < projection["full"]["cost_model"]["weight_sync_pause_s"]
+    )
+    assert all(projection[mode]["learner_bound_speedup"] > 0 for mode in ("full", "lora"))
+    assert "lora / full" in stdout and "7B arithmetic" in stdout

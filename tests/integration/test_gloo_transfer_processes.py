@@ -54,11 +54,10 @@ def _transfer_party(rank: int, port: int, peer_gone, trainer_done, results) -> N
     """One process of a 3-rank transfer group: rank 0 the learner's end, 1 a live engine, 2 an engine that dies
     right after joining. Runs in a spawned process (each rank needs its own gloo sockets)."""
     from datetime import timedelta
-    from types import SimpleNamespace
 
     from vllm.distributed.utils import stateless_init_torch_distributed_process_group
 
-    from open_instruct.learner.actor import LearnerActor
+    from open_instruct.learner.weight_sender import WeightSender
 
     timeout = timedelta(seconds=120)
     if rank == 0:
@@ -75,14 +74,15 @@ def _transfer_party(rank: int, port: int, peer_gone, trainer_done, results) -> N
         except RuntimeError as error:
             results.put((rank, str(error)))
         return
-    learner = SimpleNamespace(_transport=wt, _transport_group=group)
-    del group  # as in the learner: the actor holds the only reference
+    learner = WeightSender(rank=0, gather_whole_model=False)
+    learner.wire, learner.group = wt, group
+    del group  # as in the learner: the sender holds the only reference
     assert peer_gone.wait(100), "rank 2 never exited"  # the test saw its process end
     try:
-        wt.trainer_send_stream(learner._transport_group, iter([("w", torch.ones(256))]), ["float32"], [[256]])
+        wt.trainer_send_stream(learner.group, iter([("w", torch.ones(256))]), ["float32"], [[256]])
         results.put((rank, "sent"))
     except RuntimeError as error:
-        LearnerActor._close_transfer_group(learner, error)
+        learner.close_group(error)
         results.put((rank, f"closed after: {error}"))
         reported = error  # alive, with its traceback, as while Ray reports it  # noqa: F841
     trainer_done.set()

@@ -25,6 +25,7 @@ import pytest
 import ray
 import torch
 from helpers.batches import rewarded_groups
+from helpers.greedy import continue_greedy, fresh_greedy, greedy, wait_until_running
 
 from open_instruct import batching, cluster
 from open_instruct.config.generation import GenerationConfig
@@ -32,7 +33,6 @@ from open_instruct.generation.engine_setup import engine_settings
 from open_instruct.generation.pool import EnginePool
 from open_instruct.learner.actor import learner_settings
 from open_instruct.learner.group import LearnerGroup
-from open_instruct.messages import PromptRequest, SamplingSettings
 from open_instruct.weights.sync import SyncSettings, WeightSync
 from open_instruct.weights.transport import WeightSyncError
 
@@ -46,20 +46,6 @@ def tokenizer(model_path):
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(model_path)
-
-
-def greedy(tokenizer, text: str, max_tokens: int, prompt_id: str) -> PromptRequest:
-    ids = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True)
-    return PromptRequest(
-        prompt_id=prompt_id,
-        prompt_token_ids=tuple(ids["input_ids"]),
-        ground_truths=(),
-        verifier_names=(),
-        sampling=SamplingSettings(max_tokens=max_tokens, temperature=0.0, ignore_eos=True),
-        num_samples=1,
-        seed=0,
-        admitted_version=0,
-    )
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -165,49 +151,6 @@ def hf_model(model_path, state=None):
         assert not unexpected and all("lm_head" in m for m in missing)
         model.tie_weights()
     return model
-
-
-@torch.no_grad()
-def continue_greedy(model_prefix, model_new, prompt_ids, generated, switch_at: int, count: int) -> list[int]:
-    """KV of prompt + generated[:switch_at-1] from `model_prefix`, then `count` greedy tokens from `model_new`."""
-    past = model_prefix(
-        torch.tensor([list(prompt_ids) + list(generated[: switch_at - 1])]), use_cache=True
-    ).past_key_values
-    token, out = generated[switch_at - 1], []
-    for _ in range(count):
-        logits = model_new(torch.tensor([[token]]), past_key_values=past, use_cache=True)
-        past, token = logits.past_key_values, int(logits.logits[0, -1].argmax())
-        out.append(token)
-    return out
-
-
-@torch.no_grad()
-def fresh_greedy(model, prompt_ids, count: int) -> list[int]:
-    past = None
-    ids = torch.tensor([list(prompt_ids)])
-    out = []
-    for _ in range(count):
-        result = model(ids, past_key_values=past, use_cache=True)
-        past, token = result.past_key_values, int(result.logits[0, -1].argmax())
-        out.append(token)
-        ids = torch.tensor([[token]])
-    return out
-
-
-def wait_until_running(
-    actors: list, count: int, min_tokens: int, every_engine: bool = True, timeout_s: float = 120
-) -> list[dict[str, int]]:
-    """Until every engine (or, with `every_engine` False, any one) runs `count` requests with `min_tokens`
-    each. All engines are watched together. A test that only needs something running at a sync waits for any
-    engine: on a loaded machine one engine's request may finish before another's has started (seen in CI)."""
-    deadline = time.monotonic() + timeout_s
-    reached = all if every_engine else any
-    while time.monotonic() < deadline:
-        progress = ray.get([actor.running_tokens.remote() for actor in actors])
-        if reached(len(p) == count and min(p.values()) >= min_tokens for p in progress):
-            return progress
-        time.sleep(0.05)
-    raise AssertionError(f"requests did not reach {min_tokens} tokens: {progress}")
 
 
 def test_inflight_update_from_a_real_learner_keeps_the_kv_cache(model_path, tokenizer):

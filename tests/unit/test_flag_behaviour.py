@@ -140,9 +140,9 @@ def test_the_r1_format_reward_adds_up(flags, well_formed, malformed):
 def test_features_not_built_yet_stop_the_run_with_one_line(capsys):
     from open_instruct.grpo_fast import main
 
-    assert main(["--use_peft", "--load_in_4bit"]) == 2
+    assert main(["--load_in_8bit", "--load_in_4bit"]) == 2
     err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and "--use_peft True: not supported yet" in err and "--load_in_4bit" in err
+    assert len(err.splitlines()) == 1 and "--load_in_8bit True: not supported yet" in err and "--load_in_4bit" in err
     # Their defaults, passed explicitly as scripts do, are fine.
     assert unsupported_features(parse_config(["--dataset_cache_mode", "local", "--vllm_sync_backend", "nccl"])) == []
     assert parse_config(["--loss_fn", "cispo"]).algorithm.loss_fn == "cispo"

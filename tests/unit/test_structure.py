@@ -51,6 +51,7 @@ ACTORS = {
     "learner.actor",
     "learner.deepspeed_setup",
     "learner.sequence_parallel",
+    "learner.weight_sender",
     "weights.gloo",
     "weights.gloo_engine",
     "weights.nccl",
@@ -60,6 +61,7 @@ ACTORS = {
     "weights.ipc",
     "weights.ipc_engine",
     "weights.reload",
+    "weights.adapter_engine",
     "weights.watchdog",
     "weights.shm_sweep",
 }

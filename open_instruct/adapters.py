@@ -1,0 +1,158 @@
+"""The LoRA adapter of `--use_peft`, as both sides see it: the peft configuration the learner trains, the one
+vLLM serves, and the names the adapter's tensors travel under.
+
+The learner wraps the base model with peft (only the adapter is trainable); each engine serves the base with
+one adapter, `ADAPTER_ID`, that every request names. A weight sync sends the adapter's tensors only, under
+peft's saved names (`...q_proj.lora_A.weight`, what `adapter_model.safetensors` holds), and the engine puts
+them in place of the adapter it serves (`weights.adapter_engine`). Nothing here imports vLLM.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from open_instruct.config.model import SERVED_LORA_RANKS
+
+# The one adapter every engine serves and every request names (vLLM ids start at 1).
+ADAPTER_ID = 1
+ADAPTER_NAME = "open_instruct_policy"
+# peft's name for the one adapter of a model it wraps, in parameter names (`lora_A.default.weight`) but not in
+# saved files (`lora_A.weight`).
+PEFT_ADAPTER_NAME = "default"
+ALL_LINEAR = "all-linear"
+ADAPTER_FILE = "adapter_model.safetensors"  # peft's file name, which vLLM's LoRA loader reads
+
+
+def served_rank(lora_r: int) -> int:
+    """vLLM's `max_lora_rank` for an adapter of rank `lora_r`."""
+    for rank in SERVED_LORA_RANKS:
+        if rank >= lora_r:
+            return rank
+    raise ValueError(f"LoRA rank {lora_r} is above {SERVED_LORA_RANKS[-1]}, the largest rank vLLM serves")
+
+
+def target_modules(model_cfg) -> list[str] | str:
+    """--lora_target_modules, or every linear layer but the output head when unset."""
+    return list(model_cfg.lora_target_modules) if model_cfg.lora_target_modules else ALL_LINEAR
+
+
+def peft_config(model_cfg):
+    """peft's LoraConfig for the ModelConfig's --lora_* flags."""
+    from peft import LoraConfig, TaskType
+
+    return LoraConfig(
+        r=model_cfg.lora_r,
+        lora_alpha=model_cfg.lora_alpha,
+        lora_dropout=model_cfg.lora_dropout or 0.0,
+        target_modules=target_modules(model_cfg),
+        task_type=TaskType.CAUSAL_LM,
+        bias="none",
+    )
+
+
+def served_config(model_cfg) -> dict[str, Any]:
+    """What an engine needs to read the adapter's tensors (vLLM's PEFTHelper fields): rank and alpha set each
+    module's scaling alpha / r; the modules come from the tensors' names."""
+    return {"r": model_cfg.lora_r, "lora_alpha": model_cfg.lora_alpha, "target_modules": target_modules(model_cfg)}
+
+
+def is_adapter_parameter(name: str) -> bool:
+    """A parameter of the LoRA adapter (peft names its matrices lora_A / lora_B)."""
+    return ".lora_A." in name or ".lora_B." in name
+
+
+def wire_name(parameter_name: str) -> str:
+    """The name an adapter tensor is sent under: peft's parameter name without the adapter's own name, as peft
+    saves it and vLLM reads it (`...q_proj.lora_A.default.weight` -> `...q_proj.lora_A.weight`)."""
+    for matrix in ("lora_A", "lora_B"):
+        parameter_name = parameter_name.replace(f".{matrix}.{PEFT_ADAPTER_NAME}.", f".{matrix}.")
+    return parameter_name
+
+
+def wrap(model, model_cfg, gradient_checkpointing: bool):
+    """The base model wrapped with a fresh adapter: only the adapter's parameters train. With gradient
+    checkpointing the embeddings' output must require grad, or the frozen base gives the recomputed blocks
+    nothing to differentiate."""
+    from peft import get_peft_model
+
+    if gradient_checkpointing:
+        model.enable_input_require_grads()
+    return get_peft_model(model, peft_config(model_cfg))
+
+
+def layout(model_path: str, model_cfg):
+    """(each adapter tensor's saved name -> shape, the base model's parameter count) for the model at
+    `model_path`, built on the meta device: nothing is read but its config. A --lora_target_modules name that no
+    module of the model has is a ConfigError."""
+    from transformers import AutoConfig
+
+    return layout_of(AutoConfig.from_pretrained(model_path, revision=model_cfg.model_revision), model_cfg, model_path)
+
+
+def layout_of(config, model_cfg, model_name: str = "the model"):
+    """`layout` for an HF model config (e.g. a 7B's shape, for the arithmetic of what its adapter weighs)."""
+    import torch
+    from peft import get_peft_model, get_peft_model_state_dict
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        base = AutoModelForCausalLM.from_config(config)
+    base_parameters = sum(p.numel() for p in base.parameters())
+    model = get_peft_model(base, peft_config(model_cfg))
+    shapes = {name: tuple(t.shape) for name, t in get_peft_model_state_dict(model).items()}
+    adapted = {name.rsplit(".lora_", 1)[0].rsplit(".", 1)[-1] for name in shapes}
+    unmatched = sorted(set(model_cfg.lora_target_modules or ()) - adapted)
+    if unmatched:
+        from open_instruct.config.fields import ConfigError
+
+        raise ConfigError(
+            f"--lora_target_modules {' '.join(unmatched)}: no module of {model_name} has that name "
+            f"(the others matched: {', '.join(sorted(adapted))})"
+        )
+    return shapes, base_parameters
+
+
+def parameter_count(shapes: dict[str, tuple[int, ...]]) -> int:
+    return sum(math.prod(shape) for shape in shapes.values())
+
+
+def write_zero_adapter(model_path: str, model_cfg, directory: str) -> int:
+    """A peft adapter for the model at `model_path` in `directory` whose matrices are all zero: what the learner's
+    fresh adapter generates (peft starts B at zero), so an engine serving it generates the base model's tokens.
+    Returns the tensor count."""
+    import json
+
+    import torch
+    from safetensors.torch import save_file
+
+    shapes, _ = layout(model_path, model_cfg)
+    save_file({name: torch.zeros(shape) for name, shape in shapes.items()}, f"{directory}/{ADAPTER_FILE}")
+    with open(f"{directory}/adapter_config.json", "w") as f:
+        json.dump({"peft_type": "LORA", "task_type": "CAUSAL_LM", "bias": "none", **served_config(model_cfg)}, f)
+    return len(shapes)
+
+
+def describe(model_path: str, model_cfg, bytes_per_value: int) -> str:
+    """One line on the adapter a run would train: its rank, modules, and what a weight sync moves."""
+    shapes, base_parameters = layout(model_path, model_cfg)
+    parameters = parameter_count(shapes)
+    modules = len({name.rsplit(".lora_", 1)[0] for name in shapes})
+    synced = parameters * bytes_per_value
+    return (
+        f"r={model_cfg.lora_r}, alpha {model_cfg.lora_alpha}, {modules} modules ({target_modules(model_cfg)}): "
+        f"{parameters:,} parameters, {synced / 1e6:.2f} MB per weight sync ({100 * parameters / base_parameters:.2f}% "
+        "of the model)"
+    )
+
+
+def save_merged(base_model_path: str, adapter_dir: str, out_dir: str, dtype_name: str = "float32") -> str:
+    """base + adapter merged into a plain HF model in `out_dir` (any HF or vLLM loader reads it without peft)."""
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    base = AutoModelForCausalLM.from_pretrained(base_model_path, dtype=getattr(torch, dtype_name))
+    merged = PeftModel.from_pretrained(base, adapter_dir).merge_and_unload()
+    merged.save_pretrained(out_dir, safe_serialization=True)
+    return out_dir

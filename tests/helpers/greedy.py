@@ -1,0 +1,68 @@
+"""Greedy requests and their transformers references, for the tests that prove an in-flight update token by
+token (full weights in test_weight_sync.py, the LoRA adapter in test_lora.py)."""
+
+from __future__ import annotations
+
+import time
+
+import ray
+import torch
+
+from open_instruct.messages import PromptRequest, SamplingSettings
+
+
+def greedy(tokenizer, text: str, max_tokens: int, prompt_id: str) -> PromptRequest:
+    ids = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True)
+    return PromptRequest(
+        prompt_id=prompt_id,
+        prompt_token_ids=tuple(ids["input_ids"]),
+        ground_truths=(),
+        verifier_names=(),
+        sampling=SamplingSettings(max_tokens=max_tokens, temperature=0.0, ignore_eos=True),
+        num_samples=1,
+        seed=0,
+        admitted_version=0,
+    )
+
+
+@torch.no_grad()
+def continue_greedy(model_prefix, model_new, prompt_ids, generated, switch_at: int, count: int) -> list[int]:
+    """KV of prompt + generated[:switch_at-1] from `model_prefix`, then `count` greedy tokens from `model_new`."""
+    past = model_prefix(
+        torch.tensor([list(prompt_ids) + list(generated[: switch_at - 1])]), use_cache=True
+    ).past_key_values
+    token, out = generated[switch_at - 1], []
+    for _ in range(count):
+        logits = model_new(torch.tensor([[token]]), past_key_values=past, use_cache=True)
+        past, token = logits.past_key_values, int(logits.logits[0, -1].argmax())
+        out.append(token)
+    return out
+
+
+@torch.no_grad()
+def fresh_greedy(model, prompt_ids, count: int) -> list[int]:
+    past = None
+    ids = torch.tensor([list(prompt_ids)])
+    out = []
+    for _ in range(count):
+        result = model(ids, past_key_values=past, use_cache=True)
+        past, token = result.past_key_values, int(result.logits[0, -1].argmax())
+        out.append(token)
+        ids = torch.tensor([[token]])
+    return out
+
+
+def wait_until_running(
+    actors: list, count: int, min_tokens: int, every_engine: bool = True, timeout_s: float = 120
+) -> list[dict[str, int]]:
+    """Until every engine (or, with `every_engine` False, any one) runs `count` requests with `min_tokens`
+    each. All engines are watched together. A test that only needs something running at a sync waits for any
+    engine: on a loaded machine one engine's request may finish before another's has started (seen in CI)."""
+    deadline = time.monotonic() + timeout_s
+    reached = all if every_engine else any
+    while time.monotonic() < deadline:
+        progress = ray.get([actor.running_tokens.remote() for actor in actors])
+        if reached(len(p) == count and min(p.values()) >= min_tokens for p in progress):
+            return progress
+        time.sleep(0.05)
+    raise AssertionError(f"requests did not reach {min_tokens} tokens: {progress}")
