@@ -260,8 +260,8 @@ def print_measured(result: dict, args) -> None:
     print(
         f"model {result['size']} ({'the embedded one' if result['size'] == 'embedded' else 'a random Qwen2'}, "
         f"{result['model_parameters_m']:.1f} M parameters), {result['samples']} heavy-tailed samples per step, "
-        "1 learner rank (ZeRO-2, gradient checkpointing), 1 engine with {args.running} requests decoding at each sync; "
-        f"LoRA r={result['lora_r']} alpha {2 * result['lora_r']} on every linear layer"
+        f"1 learner rank (ZeRO-2, gradient checkpointing), 1 engine with {args.running} requests decoding at each "
+        f"sync; LoRA r={result['lora_r']} alpha {2 * result['lora_r']} on every linear layer"
     )
     print(f"{'':>14} {'step s':>8} {'peak GiB':>9} {'sync MB':>9} {'pause s':>8} {'transfer s':>10} {'kept':>5}")
     for mode in MODES:

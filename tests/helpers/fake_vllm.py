@@ -20,7 +20,8 @@ class FakeVllm:
         self.pause_modes: list[str] = []
         self._cut: dict[str, asyncio.Event] = {}
 
-    async def generate(self, prompt, params, request_id: str):
+    async def generate(self, prompt, params, request_id: str, lora_request=None):
+        assert lora_request is None  # these engines serve no adapter
         self.prompts[request_id] = list(prompt)
         cut = self._cut[request_id] = asyncio.Event()
         try:

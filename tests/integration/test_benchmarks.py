@@ -253,4 +253,4 @@ def test_lora_benchmark_measures_lora_and_full_fine_tuning_side_by_side(quick_be
         < projection["full"]["cost_model"]["weight_sync_pause_s"]
     )
     assert all(projection[mode]["learner_bound_speedup"] > 0 for mode in ("full", "lora"))
-    assert "lora / full" in stdout and "7B arithmetic" in stdout
+    assert "lora / full" in stdout and "7B arithmetic" in stdout and "2 requests decoding at each sync" in stdout

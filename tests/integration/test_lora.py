@@ -210,3 +210,27 @@ def test_a_killed_engines_replacement_serves_the_current_adapter_once_it_joins(m
     [c] = ray.get(replacement.generate.remote([greedy(tokenizer, "Count from 5 onwards.", 40, "new")]), timeout=120)
     assert list(c.response_token_ids) == fresh_greedy(current, c.prompt_token_ids, 40)
     assert list(c.response_token_ids) != fresh_greedy(peft_model(model_path), c.prompt_token_ids, 40)
+
+
+def test_the_shared_memory_transport_moves_the_adapter_into_a_running_engine(model_path, tokenizer, stack):
+    """--single_gpu_mode's transport on a CPU node: the learner stages the adapter in a shared-memory file, the
+    engine loads it as its adapter while its requests keep their KV cache. (The stack's learner serves here.)"""
+    _, learners, gloo_sync = stack
+    settings = engine_settings(model_path, MAX_MODEL_LEN, vllm_kv_cache_gib=0.25, weight_transfer_backend="shm", **LORA)
+    pool = EnginePool(cluster.create_generation_actors(settings, 1), prompt_capacity=16)
+    try:
+        pool.start_engines()
+        [engine] = pool.actors
+        sync = WeightSync(learners, pool, SyncSettings("shm", "float32", GenerationConfig(), timeout_s=300))
+        sync.connect()
+        state = trained_adapter(learners, tokenizer, gloo_sync.version)
+        generating = engine.generate.remote([greedy(tokenizer, "Count from 6 onwards.", LONG, "shm")])
+        wait_until_running([engine], count=1, min_tokens=SWITCH_AFTER)
+        metrics = sync.push(1)
+        [c] = ray.get(generating, timeout=600)
+        assert metrics["weight_sync/kept_requests"] == 1 and metrics["weight_sync/bytes"] >= adapter_bytes(state)
+        assert [s.version for s in c.version_spans] == [0, 1] and len(c.response_token_ids) == LONG
+        [after] = ray.get(engine.generate.remote([greedy(tokenizer, "Count from 4 onwards.", 40, "shm_after")]))
+        assert list(after.response_token_ids) == fresh_greedy(peft_model(model_path, state), after.prompt_token_ids, 40)
+    finally:
+        pool.shutdown()

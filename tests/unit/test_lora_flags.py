@@ -110,3 +110,17 @@ def test_the_reference_with_the_adapter_off_scores_exactly_as_the_base_model(mod
     assert torch.equal(reference, plain)
     assert not torch.allclose(with_adapter, plain, atol=1e-3)  # the adapter was on the rest of the time
     assert list(AdapterOffReference(policy, policy).parameters()) == []
+
+
+def test_preflight_with_lora_flags_states_the_adapter_and_names_a_module_the_model_lacks(capsys):
+    from open_instruct import grpo_fast
+
+    assert grpo_fast.main(["--preflight", "--use_peft", "--lora_r", "8", "--lora_alpha", "16"]) == 0
+    out = capsys.readouterr().out
+    line = next(line for line in out.splitlines() if "LoRA adapter" in line)
+    assert line.startswith("  ok") and "r=8, alpha 16, 28 modules (all-linear): 94,208 parameters" in line
+    assert "(8.68% of the model)" in line and "preflight: ready to launch" in out
+    argv = ["--preflight", "--use_peft", "--lora_target_modules", "q_proj", "qkv_proj"]
+    assert grpo_fast.main(argv) == 2
+    out = capsys.readouterr().out
+    assert "FAIL LoRA adapter: --lora_target_modules qkv_proj: no module of" in out and "checks failed" in out
