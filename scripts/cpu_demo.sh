@@ -5,7 +5,7 @@
 # needed) needs PyPI and, where pip has no local CPU torch wheel, the PyTorch CPU index.
 # Output: output/cpu_demo/{metrics.jsonl,summary.json,training.png,checkpoints/}. Extra arguments
 # go to grpo_fast.py (later flags win), e.g. `bash scripts/cpu_demo.sh --total_episodes 6400`. With a LoRA adapter
-# instead of the whole model: `bash scripts/cpu_demo.sh --use_peft --lora_r 16 --lora_dropout 0 --learning_rate 1e-3`.
+# instead of the whole model: `bash scripts/cpu_demo.sh --use_peft --lora_r 16 --lora_dropout 0 --learning_rate 5e-4`.
 # --seed 1 and --clip_higher 0.2: the settings of the result docs/results/demo.md reports (open-instruct's
 # defaults, which the flags left out take, are 42 and 0.272).
 set -euo pipefail
