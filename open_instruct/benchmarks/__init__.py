@@ -11,6 +11,7 @@ result); `scripts/cpu_benchmarks.sh` runs them all. They use the core only throu
 generation.py          streaming vs fixed-batch generation on heavy-tailed lengths
 weight_sync.py         in-flight weight-sync pause vs model size, against the memory-bandwidth bound
 learner_step.py        learner step time: pi_old pass, fixed rows vs token budget, checkpointing
+lora.py                LoRA (--use_peft) vs full fine-tuning, same model and batch: sync, pause, learner; projected
 zero3_memory.py        what a learner rank holds while loading and syncing, ZeRO-2 vs ZeRO-3 (CPU or GPU ranks)
 replay.py              a run's recorded prompts replayed through engines only; response-length sweep
 e2e.py                 synchronous vs one-step-async vs streaming training on the same prompts

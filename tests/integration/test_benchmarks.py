@@ -229,6 +229,7 @@ def test_every_benchmark_writes_a_stamped_page_naming_its_staleness_policy(quick
         "window_cpu/window_cpu.md",
         "window_sim/window_sim.md",
         "simulator/simulator.md",
+        "e2e_lora/e2e.md",
     }
     engines_only = {"generation.md", "weight_sync.md", "replay/replay.md", "lora.md"}
     for page in sorted(training | engines_only):
@@ -254,3 +255,5 @@ def test_lora_benchmark_measures_lora_and_full_fine_tuning_side_by_side(quick_be
     )
     assert all(projection[mode]["learner_bound_speedup"] > 0 for mode in ("full", "lora"))
     assert "lora / full" in stdout and "7B arithmetic" in stdout and "2 requests decoding at each sync" in stdout
+    e2e = (out / "e2e_lora" / "e2e.md").read_text()  # e2e --use_peft: every mode trains an adapter
+    assert "(LoRA: every mode trains an r=16 adapter)" in e2e and "streaming / synchronous trained samples/s" in e2e
