@@ -133,17 +133,21 @@ def write_zero_adapter(model_path: str, model_cfg, directory: str) -> int:
     return len(shapes)
 
 
-def describe(model_path: str, model_cfg, bytes_per_value: int) -> str:
-    """One line on the adapter a run would train: its rank, modules, and what a weight sync moves."""
+def describe(model_path: str, model_cfg, sync_dtype: str | None = None) -> str:
+    """One line on the adapter a run would train: its rank, modules and size, and with `sync_dtype` (the engines'
+    dtype) what a weight sync moves."""
+    from open_instruct.weights.transport import nbytes
+
     shapes, base_parameters = layout(model_path, model_cfg)
     parameters = parameter_count(shapes)
     modules = len({name.rsplit(".lora_", 1)[0] for name in shapes})
-    synced = parameters * bytes_per_value
-    return (
+    line = (
         f"r={model_cfg.lora_r}, alpha {model_cfg.lora_alpha}, {modules} modules ({target_modules(model_cfg)}): "
-        f"{parameters:,} parameters, {synced / 1e6:.2f} MB per weight sync ({100 * parameters / base_parameters:.2f}% "
-        "of the model)"
+        f"{parameters:,} parameters ({100 * parameters / base_parameters:.2f}% of the model)"
     )
+    if sync_dtype is None:
+        return line
+    return f"{line}, {nbytes(sync_dtype, (parameters,)) / 1e6:.2f} MB per weight sync in {sync_dtype}"
 
 
 def save_merged(base_model_path: str, adapter_dir: str, out_dir: str, dtype_name: str = "float32") -> str:

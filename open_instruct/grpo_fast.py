@@ -182,7 +182,7 @@ def run(cfg: Config, engine_class=None, engine_args: tuple = ()) -> dict:
     if cfg.model.use_peft:  # a --lora_target_modules name the model lacks, named before anything starts
         from open_instruct import adapters
 
-        logger.info("LoRA adapter: %s", adapters.describe(model_path, cfg.model, 4))
+        logger.info("LoRA adapter: %s", adapters.describe(model_path, cfg.model))
     tokenizer = load_tokenizer(cfg.model)
     train, evaluation = load_data(cfg, tokenizer)
     if cfg.data.cache_dataset_only:

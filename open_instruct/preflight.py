@@ -83,9 +83,7 @@ def _adapter(cfg):
     from open_instruct.data.models import resolve_model_path
 
     dtype = resolve_dtype(cfg.model.dtype, cfg.model.model_dtype, on_gpu=True)  # the launch's, on GPUs
-    bytes_per_value = 4 if dtype == "float32" else 2
-    line = adapters.describe(resolve_model_path(cfg.model.model_name_or_path), cfg.model, bytes_per_value)
-    return f"{line} in {dtype}", None
+    return adapters.describe(resolve_model_path(cfg.model.model_name_or_path), cfg.model, dtype), None
 
 
 def _render(cfg, tokenizer):

@@ -74,6 +74,7 @@ from open_instruct.benchmarks.stamp import read_result, stamp
 from open_instruct.benchmarks.workloads import LatencyToolServer, ShapedGenerationActor, ShapedWorkload, run_config
 
 logger = logging.getLogger(__name__)
+LORA_R = 16  # --use_peft: the rank of the adapter every mode trains
 
 
 def parse_args(argv: list[str] | None):
@@ -108,7 +109,7 @@ def parse_args(argv: list[str] | None):
     parser.add_argument(
         "--use_peft",
         action="store_true",
-        help="every mode trains a LoRA adapter (--lora_r 16, all linear layers, 10x the learning rate)",
+        help=f"every mode trains a LoRA adapter (--lora_r {LORA_R}, all linear layers, 10x the learning rate)",
     )
     parser.add_argument("--output", default="output/bench/e2e")
     parser.add_argument(
@@ -127,7 +128,11 @@ def parse_args(argv: list[str] | None):
 def base_config(args, out: Path, tool_flags: list[str]):
     """The grpo_fast flags every mode shares; modes differ only in the flags of `MODES` (mode_config)."""
     flags = {"max_off_policy_steps": args.max_off_policy_steps, "single_gpu_mode": args.pin, "output_dir": out}
-    lora = ("--use_peft", "--lora_r", "16", "--lora_dropout", "0", "--learning_rate", "1e-4") if args.use_peft else ()
+    lora = (
+        ("--use_peft", "--lora_r", str(LORA_R), "--lora_dropout", "0", "--learning_rate", "1e-4")
+        if args.use_peft
+        else ()
+    )
     return run_config(args, args.max_tokens + CALL_HEADROOM_TOKENS, flags, (*tool_flags, *lora))
 
 
@@ -163,9 +168,8 @@ def main(argv: list[str] | None = None) -> dict:
     tokenizer = load_tokenizer(base.model)
     rows = data.load_prompt_dataset(base.train_data, base.model, tokenizer, "train", {}, seed=1).prompts
     policies = {mode: mode_config(base, mode, out).staleness_policy.describe() for mode in args.modes}
-    if args.use_peft:  # the page's title says so
-        policies = {mode: f"{policy}; LoRA r=16" for mode, policy in policies.items()}
     results: dict = {"stamp": stamp("e2e", policies), "rounds": args.rounds, "pinned": args.pin, "workloads": {}}
+    results["lora_r"] = LORA_R if args.use_peft else 0  # the adapter every mode trains (0: the whole model)
     with PeakMemory() as memory:
         stack = Stack(base, resolve_model_path(None), tokenizer.pad_token_id, ShapedGenerationActor, (None,))
         if args.pin and stack.placement.learner_cores:

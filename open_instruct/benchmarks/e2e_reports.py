@@ -46,8 +46,8 @@ def plot_timeline(timelines: dict[str, list], path: Path, title: str) -> None:
 def write_report(results: dict, out: Path) -> None:
     report = format_report(results)
     title = "Streaming vs synchronous training: measured tables"
-    if "LoRA" in str(results["stamp"].get("staleness", "")):
-        title += " (LoRA: every mode trains an r=16 adapter)"
+    if results.get("lora_r"):
+        title += f" (LoRA: every mode trains an r={results['lora_r']} adapter)"
     (out / "e2e.md").write_text(page_text(title, results["stamp"], report))
     print(report)
 

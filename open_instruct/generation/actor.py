@@ -78,6 +78,7 @@ class GenerationActor:
         self.weights = WeightReceiver(self.state)
         self.scorer = None
         self.toolbox = None
+        self._adapter_dir = None  # --use_peft: the folder the engine reads its adapter from
         self._stopping = False
         # An abort stop cuts the samples it finds; the pull loop may still launch a request it had pulled
         # (taken off the prompt queue, so it must be delivered): those are cut as they start.
@@ -151,7 +152,9 @@ class GenerationActor:
 
         from open_instruct import adapters
 
-        directory = tempfile.mkdtemp(prefix=f"open_instruct_adapter_e{self.engine_id}_")
+        # Removed at shutdown (or when the actor's process exits): a 7B's adapter is tens of MB.
+        self._adapter_dir = tempfile.TemporaryDirectory(prefix=f"open_instruct_adapter_e{self.engine_id}_")
+        directory = self._adapter_dir.name
         await asyncio.to_thread(adapters.write_zero_adapter, self.settings.model_path, self.settings.model, directory)
         await self.state.engine.collective_rpc("serve_adapter", args=(directory,))
         return LoRARequest(adapters.ADAPTER_NAME, adapters.ADAPTER_ID, lora_path=directory)
@@ -190,6 +193,9 @@ class GenerationActor:
         if self.state.engine is not None:
             self.state.engine.shutdown()
             self.state.engine = None
+        if self._adapter_dir is not None:
+            self._adapter_dir.cleanup()
+            self._adapter_dir = None
 
     # ------------------------------------------------------------------ the weight sync (WeightReceiver's)
 

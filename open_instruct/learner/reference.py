@@ -60,8 +60,6 @@ class AdapterOffReference:
     (peft's `disable_adapter`), so it costs no second copy of the model. It cannot move toward the policy (the
     configuration refuses --ref_policy_update_freq with --use_peft) and has no weights of its own to save."""
 
-    partitioned = False
-
     def __init__(self, policy: Any, peft_model: Any):
         self.policy = policy  # what scores: the DeepSpeed engine or the module itself
         self.peft_model = peft_model  # the PeftModel inside it, whose adapter is switched off meanwhile

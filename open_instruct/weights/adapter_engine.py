@@ -33,7 +33,6 @@ class AdapterUpdate:
         self.path = Path(directory) / ADAPTER_FILE
         self.writes = writes
         self.received: dict[str, torch.Tensor] = {}
-        self.updates = 0
 
     def start(self) -> None:
         self.received = {}
@@ -59,7 +58,6 @@ class AdapterUpdate:
             partial = self.path.with_name(self.path.name + ".partial")
             save_file(received, str(partial))
             os.replace(partial, self.path)  # a reader sees the old adapter or the new one, never half of one
-        self.updates += 1
 
 
 class AdapterWorkerExtension:
@@ -68,8 +66,3 @@ class AdapterWorkerExtension:
     def serve_adapter(self, directory: str) -> None:
         """Weight updates of this worker replace the adapter in `directory` (worker rank 0 writes it)."""
         self.weight_transfer_engine.adapter = AdapterUpdate(directory, writes=self.rank == 0)
-
-    def adapter_updates(self) -> int:
-        """Adapter updates this worker applied (tests)."""
-        adapter = getattr(self.weight_transfer_engine, "adapter", None)
-        return adapter.updates if adapter is not None else 0

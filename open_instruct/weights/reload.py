@@ -55,8 +55,8 @@ class RestoringReload:
         initialize_layerwise_reload(self.model)
 
     def finish_weight_update(self) -> None:
-        if isinstance(self.model, AdapterUpdate):
-            self.model.finish()
+        if self.adapter is not None:
+            self.adapter.finish()
             return
         finish_reload(self.model, self.model_config)
 
@@ -72,8 +72,8 @@ class RestoringReload:
         super().update_weights(update_info)
 
     def restore_after_failed_update(self) -> None:
-        if isinstance(self.model, AdapterUpdate):  # nothing was swapped in: the previous adapter serves on
-            self.model.discard()
+        if self.adapter is not None:  # nothing was written: the previous adapter serves on
+            self.adapter.discard()
             return
         finish_reload(self.model, self.model_config, failed=True)
 

@@ -66,3 +66,19 @@ def wait_until_running(
             return progress
         time.sleep(0.05)
     raise AssertionError(f"requests did not reach {min_tokens} tokens: {progress}")
+
+
+def assert_kept_kv_switch(completion, old, new, at_trigger: dict, switch_after: int) -> tuple[int, list[int]]:
+    """One completion of an in-flight update from version 0 to 1 that kept its KV cache: its tokens before the
+    switch are `old`'s greedy tokens, the rest are `new`'s decoding over `old`'s KV prefix. The switch came after
+    the `switch_after` tokens it had when the sync began (`at_trigger`, from `wait_until_running`). Returns the
+    switch and the kept-KV continuation."""
+    spans = [(s.version, s.start, s.end) for s in completion.version_spans]
+    assert [v for v, _, _ in spans] == [0, 1], spans
+    switch, length = spans[1][1], len(completion.response_token_ids)
+    assert switch_after <= switch < length and switch >= at_trigger[f"{completion.prompt_id}/0/e0"]
+    generated = list(completion.response_token_ids)
+    assert generated[:switch] == fresh_greedy(old, completion.prompt_token_ids, switch)
+    kept = continue_greedy(old, new, completion.prompt_token_ids, generated, switch, length - switch)
+    assert generated[switch:] == kept  # old-weight KV prefix, new-weight decoding
+    return switch, kept

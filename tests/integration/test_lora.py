@@ -20,7 +20,7 @@ import pytest
 import ray
 import torch
 from helpers.batches import rewarded_groups
-from helpers.greedy import continue_greedy, fresh_greedy, greedy, wait_until_running
+from helpers.greedy import assert_kept_kv_switch, continue_greedy, fresh_greedy, greedy, wait_until_running
 
 from open_instruct import adapters, batching, cluster
 from open_instruct.config.generation import GenerationConfig
@@ -121,14 +121,8 @@ def test_an_inflight_adapter_update_keeps_the_kv_cache_and_decodes_like_peft(mod
     assert all(c.finish_reason == "length" and len(c.response_token_ids) == LONG for c in completions)
     with_b = peft_model(model_path, state_b)
     for c in completions:
-        spans = [(s.version, s.start, s.end) for s in c.version_spans]
-        assert [v for v, _, _ in spans] == [0, 1], spans
-        switch = spans[1][1]
-        assert SWITCH_AFTER <= switch < LONG and switch >= at_trigger[f"{c.prompt_id}/0/e0"]
+        switch, kept = assert_kept_kv_switch(c, base, with_b, at_trigger, SWITCH_AFTER)  # zero-adapter KV prefix
         generated = list(c.response_token_ids)
-        assert generated[:switch] == fresh_greedy(base, c.prompt_token_ids, switch)
-        kept = continue_greedy(base, with_b, c.prompt_token_ids, generated, switch, LONG - switch)
-        assert generated[switch:] == kept  # base-adapter KV prefix, new-adapter decoding
         unchanged = continue_greedy(base, base, c.prompt_token_ids, generated, switch, LONG - switch)
         assert kept != unchanged  # the adapter B really changes what is generated
     stats = ray.get(engine.stats.remote())

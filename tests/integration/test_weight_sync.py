@@ -25,7 +25,7 @@ import pytest
 import ray
 import torch
 from helpers.batches import rewarded_groups
-from helpers.greedy import continue_greedy, fresh_greedy, greedy, wait_until_running
+from helpers.greedy import assert_kept_kv_switch, continue_greedy, fresh_greedy, greedy, wait_until_running
 
 from open_instruct import batching, cluster
 from open_instruct.config.generation import GenerationConfig
@@ -171,14 +171,8 @@ def test_inflight_update_from_a_real_learner_keeps_the_kv_cache(model_path, toke
 
     model_a, model_b = hf_model(model_path), hf_model(model_path, weights_b)
     for c in completions:
-        spans = [(s.version, s.start, s.end) for s in c.version_spans]
-        assert [v for v, _, _ in spans] == [0, 1], spans
-        switch = spans[1][1]
-        assert SWITCH_AFTER <= switch < LONG and switch >= at_trigger[f"{c.prompt_id}/0/e0"]
+        switch, kept = assert_kept_kv_switch(c, model_a, model_b, at_trigger, SWITCH_AFTER)
         generated = list(c.response_token_ids)
-        assert generated[:switch] == fresh_greedy(model_a, c.prompt_token_ids, switch)
-        kept = continue_greedy(model_a, model_b, c.prompt_token_ids, generated, switch, LONG - switch)
-        assert generated[switch:] == kept  # old-weight KV prefix, new-weight decoding
         recomputed = continue_greedy(model_b, model_b, c.prompt_token_ids, generated, switch, LONG - switch)
         print(
             f"{c.prompt_id}: switch at token {switch}; keep-KV reference matches; "
