@@ -20,7 +20,7 @@ if [[ "${QUICK:-0}" == "1" ]]; then
   e2e=(--steps 2 --rounds 2 --prompts 4 --samples 2 --median_tokens 12 --max_tokens 48 --tool_median_tokens 8
        --tool_latency_s 0.2 --calibrate 1 4)
   simulator=(--seed_steps 2 --async_sweep 1,2)
-  learner_step=(--size embedded --prompts 2 --samples 2 --pack_length 256 --steps 1 --parts seed micro_batches)
+  learner_step=(--size embedded --prompts 2 --samples 2 --pack_length 256 --steps 1 --parts request_settings micro_batches)
   # Equal lengths of 160 tokens: every sample runs for seconds, so the fault always finds some running.
   faults=(--steps 4 --fault_step 2 --prompts 2 --samples 2 --median_tokens 160 --sigma 0 --max_tokens 160
           --report_tokens 8 --scenarios sigkill_continue)

@@ -9,10 +9,10 @@ Three parts, each on the same heavy-tailed batch (lognormal response lengths, a 
 * `micro_batches`: fixed rows (--per_device_train_batch_size 1 of --pack_length) against token-budget
   micro-batches (--micro_batch_token_budget = pack length): padding fraction and rank imbalance at 2
   and 8 ranks, and the measured 2-rank step time of each.
-* `seed`: the whole change at the original request's settings (ZeRO-2, one mini-batch, one epoch, one row per
-  micro-batch, gradient checkpointing), 2 ranks: open-instruct's step (a separate no-grad pass for pi_old,
-  rows padded to --pack_length) against ours by default (pi_old from the training forward, the token budget
-  that --per_device_train_batch_size 1 now defaults to). `new_over_old` is the simulator's
+* `request_settings`: the whole change at the original request's settings (ZeRO-2, one mini-batch, one
+  epoch, one row per micro-batch, gradient checkpointing), 2 ranks: open-instruct's step (a separate no-grad
+  pass for pi_old, rows padded to --pack_length) against ours by default (pi_old from the training forward,
+  the token budget that --per_device_train_batch_size 1 now defaults to). `new_over_old` is the simulator's
   LEARNER_STEP_RATIO.
 * `checkpointing`: --gradient_checkpointing on and off on ZeRO-2 and ZeRO-3: each rank's peak memory
   (process peak RSS on CPU) and the step time.
@@ -164,7 +164,7 @@ def micro_batches(model_path, groups, batch_settings, steps: int) -> dict:
     }
 
 
-def seed(model_path, groups, batch_settings, steps: int) -> dict:
+def request_settings(model_path, groups, batch_settings, steps: int) -> dict:
     old = train_steps(model_path, groups, batch_settings, steps, stage=2, separate_old_logprob_pass=True)
     budget = with_learner_flags(batch_settings, micro_batch_token_budget=batch_settings.learner.pack_length)
     new = train_steps(model_path, groups, budget, steps, stage=2)
@@ -237,7 +237,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument(
         "--parts",
         nargs="+",
-        default=["seed", "old_logprobs", "micro_batches", "checkpointing"],
+        default=["request_settings", "old_logprobs", "micro_batches", "checkpointing"],
         help="Which parts to run.",
     )
     parser.add_argument("--output", default="")
@@ -266,7 +266,7 @@ def main(argv: list[str] | None = None) -> dict:
                 ),
             }
             parts = {
-                "seed": seed,
+                "request_settings": request_settings,
                 "old_logprobs": old_logprobs,
                 "micro_batches": micro_batches,
                 "checkpointing": checkpointing,

@@ -42,7 +42,7 @@ SEED_CLUSTER_WORKLOAD = Workload(
 #   LEARNER_STEP_RATIO, new / old learner step time at the original request's settings (ZeRO-2, one mini-batch, one row
 #   per micro-batch, gradient checkpointing; new = pi_old from the training forward and the token budget
 #   that setting now defaults to), measured side by side by `python -m open_instruct.benchmarks.learner_step
-#   --parts seed` on the 2-core CPU machine (a random 512x4 Qwen2, 2 ranks, 64 heavy-tailed samples:
+#   --parts request_settings` on the 2-core CPU machine (a random 512x4 Qwen2, 2 ranks, 64 heavy-tailed samples:
 #   14.07 s vs 18.73 s per step).
 LEARNER_STEP_RATIO = 0.751
 

@@ -409,6 +409,9 @@ class LearnerActor:
 
     # -------------------------------------------------------------- weights out
 
+    def policy_version(self) -> int:
+        return self.version
+
     def weight_metadata(self, dtype_name: str) -> WeightMetadata:
         return weight_metadata(self.synced_parameters(), dtype_name)
 

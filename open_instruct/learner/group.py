@@ -103,6 +103,12 @@ class LearnerGroup:
 
         return ray.get(self.actors[0].rendezvous_address.remote(), timeout=self.timeout_s)
 
+    def policy_version(self) -> int:
+        """How many steps the policy has taken (restored ones included): the version its weights are."""
+        import ray
+
+        return ray.get(self.actors[0].policy_version.remote(), timeout=self.timeout_s)
+
     def weight_metadata(self, dtype_name: str) -> WeightMetadata:
         import ray
 

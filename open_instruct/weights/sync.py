@@ -102,10 +102,13 @@ class WeightSync:
 
     def rejoin(self) -> dict[str, float]:
         """Replacements join now instead of at the next sync (the pool asks when no engine is generating):
-        the current weights again, which re-forms the group with them. At version 0 the new engines already
-        hold the starting weights: the group is re-formed, and nothing is sent."""
-        if self.version > 0:
-            return self.push(self.version)
+        every engine loads the learner's current weights, which re-forms the group with them. They are
+        labelled with the version the learner holds, not the last one synced: with --weight_sync_every_steps
+        above 1 the learner may have trained since, and it keeps no older weights to send. Before the first
+        step the new engines already hold the starting weights: the group is re-formed, and nothing is sent."""
+        trained = self.learners.policy_version()
+        if trained > 0:
+            return self.push(trained)
         joining = self.engines.admit_replacements()
         metrics = self.connect()
         self.engines.start_serving(joining, self.version)

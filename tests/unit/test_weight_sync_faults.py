@@ -101,6 +101,10 @@ class Learners:
     def __init__(self, waiter: VirtualWaiter, send: Call):
         self.waiter, self.send = waiter, send
         self.opened: list[int] = []  # the world size of each group rank 0 opened
+        self.trained = 0  # the policy version the learners hold
+
+    def policy_version(self) -> int:
+        return self.trained
 
     def rendezvous_address(self) -> tuple[str, int]:
         return "127.0.0.1", 29500
@@ -223,3 +227,22 @@ def test_a_replacement_whose_first_sync_fails_does_not_serve():
     with pytest.raises(WeightSyncError, match="failed on learner 0"):
         sync.push(3)
     assert engines.served == []
+
+
+def test_a_rejoin_labels_the_weights_with_the_version_the_learner_holds_not_the_last_synced():
+    """--weight_sync_every_steps 2: version 2 was synced, the learner has trained step 3 since, and every
+    engine died. The replacement's join sends the learner's weights, which are version 3, so they say 3."""
+    received = [Call(1.0, WeightsReceived(1, 3, 0.9))]
+    sync, engines = make_sync("gloo", Call(1.2, WeightsSent(0, 8, 1.1)), received, [RESUMED])
+    sync.version, sync.learners.trained = 2, 3
+    engines.members, engines.ready, engines.membership_changes = [], [1], 2
+    sync.rejoin()
+    assert sync.version == 3 and engines.served == [([1], 3)]
+
+
+def test_a_rejoin_before_the_first_step_reforms_the_group_and_sends_nothing():
+    sync, engines = make_sync("gloo", Call(NEVER), [], [])
+    engines.members, engines.ready, engines.membership_changes = [0], [1], 1
+    metrics = sync.rejoin()
+    assert engines.joins[-1].keys() == {0, 1} and sync.learners.opened == [3]
+    assert engines.served == [([1], 0)] and sync.version == 0 and "weight_sync/bytes" not in metrics
