@@ -43,7 +43,8 @@ SEED_CLUSTER_WORKLOAD = Workload(
 #   per micro-batch, gradient checkpointing; new = pi_old from the training forward and the token budget
 #   that setting now defaults to), measured side by side by `python -m open_instruct.benchmarks.learner_step
 #   --parts request_settings` on the 2-core CPU machine (a random 512x4 Qwen2, 2 ranks, 64 heavy-tailed samples:
-#   14.07 s vs 18.73 s per step).
+#   14.07 s vs 18.73 s per step). A stamped rerun at 1295c96 measured 0.775 (docs/results/learner.md); the
+#   constant stays, so that the published projections stay reproducible from it.
 LEARNER_STEP_RATIO = 0.751
 
 
