@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Every benchmark of docs/benchmarks.md on this machine, in order, writing JSON, PNGs and a stamped table (.md) each
 # under $OUT (default output/bench): generation, weight_sync, learner_step, replay/, e2e/ (+ measured.json), simulator/
-# (fitted to e2e/measured.json), faults/, staleness_learning/, window_sim/, window_cpu/, lora (LoRA vs full) and e2e_lora/ (e2e's heavy tail with --use_peft).
+# (fitted to e2e/measured.json), faults/, staleness_learning/, window_sim/, window_cpu/, lora (LoRA vs full) and
+# e2e_lora/ (e2e's heavy tail with --use_peft).
 # Hardware: a 2-core x86_64 Linux machine, no GPU: about 105 minutes (its parts, 2026-12-04); QUICK=1 shrinks every
 # benchmark to a smoke run (about 9 minutes; the tests use it). Sets up .venv first when needed.
 # PUBLISH=1 copies the stamped tables into docs/results/ (one page per benchmark, linked from docs/results/index.md).

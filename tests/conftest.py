@@ -55,3 +55,11 @@ def model_path() -> str:
     from open_instruct.data.embedded_default import ensure_embedded_model
 
     return str(ensure_embedded_model())
+
+
+@pytest.fixture(scope="session")
+def tokenizer(model_path):
+    """The embedded model's tokenizer (a unit test module may define its own `tokenizer`)."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(model_path)

@@ -66,6 +66,7 @@ class AdapterOffReference:
 
     @property
     def model(self):
+        """What scores, as `ReferencePolicy.model` is: this object, which calls the policy with the adapter off."""
         return self
 
     def __call__(self, *args, **kwargs):

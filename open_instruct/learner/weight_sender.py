@@ -74,9 +74,8 @@ class WeightSender:
                 if wire is None:  # not a sender: it only joins the ZeRO-3 gathers (below)
                     return 0, None
                 if wire.STAGED:
-                    md = metadata
                     info, staged = wire.trainer_stage(
-                        self.group, tensors, md.names, md.dtype_names, md.shapes, f"v{version}"
+                        self.group, tensors, metadata.names, metadata.dtype_names, metadata.shapes, f"v{version}"
                     )
                     return staged, info
                 if self.group is None:

@@ -82,3 +82,31 @@ def assert_kept_kv_switch(completion, old, new, at_trigger: dict, switch_after: 
     kept = continue_greedy(old, new, completion.prompt_token_ids, generated, switch, length - switch)
     assert generated[switch:] == kept  # old-weight KV prefix, new-weight decoding
     return switch, kept
+
+
+def push_mid_generation(
+    engine, sync, tokenizer, version: int, length: int, switch_after: int, label: str, starts=(1, 7)
+) -> tuple[dict[str, int], dict[str, float], list]:
+    """Greedy counting requests of `length` tokens on `engine`, one per start; once each has `switch_after`
+    tokens, `sync` pushes `version`. Returns the tokens each had at the trigger (`wait_until_running`), the
+    sync's metrics and the completions."""
+    requests = [greedy(tokenizer, f"Count from {n} onwards, please.", length, f"{label}{n}") for n in starts]
+    generating = engine.generate.remote(requests)
+    [at_trigger] = wait_until_running([engine], count=len(requests), min_tokens=switch_after)
+    metrics = sync.push(version, step_end_time=time.time())
+    return at_trigger, metrics, ray.get(generating, timeout=600)
+
+
+def assert_reprefilled_switch(completion, version: int, old, new, length: int) -> int:
+    """One completion of an in-flight update from `version` in re-prefill mode: its tokens before the switch are
+    `old`'s greedy tokens, the rest `new`'s continuation of prompt + those tokens prefilled again under `new`.
+    Returns the switch."""
+    spans = [(s.version, s.start, s.end) for s in completion.version_spans]
+    assert [v for v, _, _ in spans] == [version, version + 1], spans
+    switch = spans[1][1]
+    generated = list(completion.response_token_ids)
+    assert len(generated) == length
+    assert generated[:switch] == fresh_greedy(old, completion.prompt_token_ids, switch)
+    recomputed = continue_greedy(new, new, completion.prompt_token_ids, generated, switch, length - switch)
+    assert generated[switch:] == recomputed  # the kept tokens prefilled again under the new weights
+    return switch

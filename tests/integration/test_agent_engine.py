@@ -116,13 +116,6 @@ def pool(model_path, services):
         yield started
 
 
-@pytest.fixture(scope="module")
-def tokenizer(model_path):
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(model_path)
-
-
 _ids = iter(range(10**6))
 
 

@@ -14,13 +14,6 @@ from open_instruct import adapters, batching, cluster
 LORA = {"use_peft": True, "lora_r": 8, "lora_alpha": 16, "lora_dropout": 0.0}
 
 
-@pytest.fixture(scope="module")
-def tokenizer(model_path):
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(model_path)
-
-
 @pytest.fixture(scope="module", autouse=True)
 def ray_cluster():
     import ray

@@ -19,13 +19,6 @@ MAX_MODEL_LEN = 512
 
 
 @pytest.fixture(scope="module")
-def tokenizer(model_path):
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(model_path)
-
-
-@pytest.fixture(scope="module")
 def ray_cluster():
     import ray
 
