@@ -38,6 +38,10 @@ def main(argv: list[str] | None = None, engine_class=None) -> int:
         log.warning(line)
     if cfg.run.preflight:
         return preflight(cfg)
+    stack_problem = check_stack(log)
+    if stack_problem:
+        print(f"grpo_fast.py: {stack_problem}", file=sys.stderr)
+        return 2
     log.info(describe_sources(cfg))
     if state_dir(cfg) and not cfg.run.checkpoint_state_dir:
         log.info("resumable state: a save interval is set without --checkpoint_state_dir; saving to %s", state_dir(cfg))
@@ -91,6 +95,20 @@ def launch_problems(cfg) -> list[str]:
 
     problem = attention_backend_problem(cfg.generation.vllm_attention_backend)
     return ([problem] if problem else []) + model_option_problems(cfg.model) + registry_problems(cfg.tools)
+
+
+def check_stack(log: logging.Logger) -> str | None:
+    """A CPU torch/vLLM on a machine with GPUs, or a driver older than the torch build's CUDA: the one line
+    that stops the run before Ray starts (launch/stack_check.py), else None."""
+    from open_instruct.launch import stack_check
+
+    if stack_check.skipped():
+        return None
+    found, description = stack_check.check()
+    if found:
+        return "; ".join(found)
+    log.info("stack: %s", description)
+    return None
 
 
 def preflight(cfg) -> int:
@@ -154,7 +172,8 @@ def check_services(cfg: Config, prompts) -> None:
 
 def load_data(cfg: Config, tokenizer):
     """The training and evaluation prompts, with their reports logged; the services the training data needs
-    are checked before the evaluation data loads."""
+    are checked before the evaluation data loads. With no eval mix nothing is evaluated and no eval split is read
+    (`Config.eval_data`): one line says so."""
     from open_instruct.data.dataset import load_split
 
     train = load_split(cfg, tokenizer, "train")
@@ -162,8 +181,10 @@ def load_data(cfg: Config, tokenizer):
     note_small_dataset(cfg, len(train.prompts))
     if not cfg.data.cache_dataset_only:  # tokenizing needs no service (mason caches where none is reachable)
         check_services(cfg, train.prompts)
+    logger.info(cfg.evaluation_line)
     evaluation = load_split(cfg, tokenizer, "eval")
-    logger.info("evaluation data:\n%s", evaluation.report.summary())
+    if cfg.eval_data is not None:
+        logger.info("evaluation data:\n%s", evaluation.report.summary())
     return train, evaluation
 
 

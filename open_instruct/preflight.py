@@ -37,6 +37,7 @@ class Check:
 def run_checks(cfg) -> list[Check]:
     """Every preflight check in launch order; a failing check never hides the ones after it."""
     checks: list[Check] = []
+    _guarded(checks, "GPU stack", _stack)
     tokenizer = _guarded(checks, "model and tokenizer", lambda: _tokenizer(cfg))
     if tokenizer is not None:
         _guarded(checks, "chat template", lambda: _render(cfg, tokenizer))
@@ -65,6 +66,18 @@ def _guarded(checks: list[Check], name: str, work):
         return None
     checks.append(Check(name, True, detail))
     return value
+
+
+def _stack():
+    """The environment's torch/vLLM builds against this machine's GPUs and driver (what start-up checks)."""
+    from open_instruct.launch import stack_check
+
+    if stack_check.skipped():
+        return f"not checked ({stack_check.SKIP_ENV} is set)", None
+    found, description = stack_check.check()
+    if found:
+        raise UserError("; ".join(found))
+    return description, None
 
 
 def _tokenizer(cfg):
@@ -106,8 +119,10 @@ def _render(cfg, tokenizer):
 def _datasets(cfg, tokenizer):
     from open_instruct.data.dataset import load_split
 
-    loaded = {which: load_split(cfg, tokenizer, which) for which in ("train", "eval")}
-    lines = [loaded[which].report.summary().splitlines()[0] for which in ("train", "eval")]
+    loaded = {which: load_split(cfg, tokenizer, which) for which in ("train", "eval")}  # no eval mix: none read
+    lines = [loaded["train"].report.summary().splitlines()[0], cfg.evaluation_line]
+    if cfg.eval_data is not None:
+        lines.append(loaded["eval"].report.summary().splitlines()[0])
     return "; ".join(lines), loaded["train"].prompts + loaded["eval"].prompts
 
 

@@ -4,9 +4,11 @@
 # Hardware: 1+ NVIDIA GPUs. With one GPU only the parts that share it (--single_gpu_mode) run; the others
 # say SKIP and how many GPUs they need.
 # Usage: bash scripts/gpu_check.sh [--dry_run]   (OUT=dir keeps the runs' outputs; default: a temp dir)
-# Runs with $PYTHON (default python3). Where that lacks the GPU stack (vllm 0.33 with its CUDA torch, ray,
-# deepspeed, this package) it installs it once into .venv-gpu (GPU_VENV=dir), the only step that needs
-# the network: python3 -m venv --system-site-packages .venv-gpu && .venv-gpu/bin/pip install -e ".[gpu,dev]"
+# Runs with $PYTHON (default: the active environment's, $VIRTUAL_ENV/bin/python, else python3). Where that lacks
+# the GPU stack (vllm 0.33 with its CUDA torch, ray, deepspeed, this package; a CPU torch on a machine with GPUs,
+# such as the repository's CPU .venv, counts as lacking it) it installs the locked GPU stack once into .venv-gpu
+# (GPU_VENV=dir), the only step that needs the network: python3 -m venv --system-site-packages .venv-gpu &&
+# PYTHON=.venv-gpu/bin/python bash scripts/install_locked.sh gpu-cu13   (docs/install.md)
 # Then it builds the embedded tiny model and dataset (trained on, in bf16) before the timed parts.
 # --dry_run (or CHECK_ONLY=1): the parts that need no GPU only, the others SKIP with the GPUs they need and
 # what each asserts. Every training part asserts offpolicy/rho_mean within 0.9-1.1 at every step (the
@@ -51,7 +53,13 @@ set -euo pipefail  # each part runs under `if`, so a failing part is reported, n
 
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$repo"
-python_bin="${PYTHON:-python3}"
+if [[ -n "${PYTHON:-}" ]]; then
+  python_bin="$PYTHON"
+elif [[ -n "${VIRTUAL_ENV:-}" && -x "$VIRTUAL_ENV/bin/python" ]]; then
+  python_bin="$VIRTUAL_ENV/bin/python"
+else
+  python_bin=python3
+fi
 venv="${GPU_VENV:-$repo/.venv-gpu}"
 needs_cuda="${NEEDS_CUDA:-13.0}"
 warmup_s="${WARMUP_S:-300}"  # added to the first part that starts an engine (see `first_engine`)
@@ -124,13 +132,16 @@ has_stack() {  # interpreter: true when the GPU parts' imports work with it, the
   # `python open_instruct/grpo_fast.py` puts open_instruct/ first on sys.path, not the checkout: the package
   # must come from the interpreter's installation. So: -P (no script or working directory on sys.path), run
   # from /, and the package found must be this checkout's.
+  # A CPU torch where GPUs are visible (the repository's CPU .venv on a GPU machine) is no GPU stack either.
   (cd / && "$1" -P -c 'import sys, vllm, ray, deepspeed, open_instruct
 from pathlib import Path
-sys.exit(Path(open_instruct.__file__).resolve().parents[1] != Path(sys.argv[1]).resolve())' "$repo") >/dev/null 2>&1
+from open_instruct.launch.stack_check import installed_stack, this_machine
+cpu_build_next_to_gpus = this_machine().gpus > 0 and installed_stack().torch_cuda is None
+sys.exit(Path(open_instruct.__file__).resolve().parents[1] != Path(sys.argv[1]).resolve() or cpu_build_next_to_gpus)' "$repo") >/dev/null 2>&1
 }
 
 part_install() {  # sets python_bin to an interpreter with the stack; false when there is none
-  local command="$python_bin -m venv --system-site-packages $venv && $venv/bin/pip install -e \".[gpu,dev]\""
+  local command="$python_bin -m venv --system-site-packages $venv && PYTHON=$venv/bin/python bash scripts/install_locked.sh gpu-cu13"
   if has_stack "$python_bin"; then
     report install PASS "$python_bin -P imports vllm, ray, deepspeed and this checkout's open_instruct"
   elif [[ -x "$venv/bin/python" ]] && has_stack "$venv/bin/python"; then
@@ -139,7 +150,7 @@ part_install() {  # sets python_bin to an interpreter with the stack; false when
   elif (( check_only )); then
     report install SKIP "$python_bin lacks the GPU stack; a full run installs it: $command"
     return 1
-  elif { "$python_bin" -m venv --system-site-packages "$venv" && "$venv/bin/pip" install -e ".[gpu,dev]"; } \
+  elif { "$python_bin" -m venv --system-site-packages "$venv" && PYTHON="$venv/bin/python" bash scripts/install_locked.sh gpu-cu13; } \
       >"$out/install.log" 2>&1 && has_stack "$venv/bin/python"; then
     python_bin="$venv/bin/python"
     report install PASS "installed the GPU stack into $venv (log: $out/install.log)"

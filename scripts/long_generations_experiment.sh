@@ -5,17 +5,19 @@
 # && source code_api_setup.sh && python open_instruct/grpo_fast.py <the original request's flags>`.
 # Hardware: Beaker, 6 nodes x 8 GPUs per run (16 learner GPUs: --num_learners_per_node 8 8, and 32
 # single-GPU vLLM engines). The launching machine needs only Python with PyYAML (and the beaker CLI).
-# Usage: bash scripts/long_generations_experiment.sh [extra grpo_fast.py flags...]
+# Usage: bash scripts/long_generations_experiment.sh [IMAGE] [extra grpo_fast.py flags...]
+#   bash scripts/train/build_image_and_launch.sh scripts/long_generations_experiment.sh   # build, then launch
 #   The flags are the original request's, token for token. With 16k-token tails a group outlasts ~3 learner steps;
 #   the default --async_steps 8 (open-instruct's) covers that, and appending --async_steps auto lets the
 #   lookahead follow the measured need (about 3, so less staleness; docs/benchmarks.md, "Cluster-scale simulator").
-#   DRY_RUN=1 bash scripts/long_generations_experiment.sh   # print the Beaker specs, submit nothing
+#   DRY_RUN=1 bash scripts/long_generations_experiment.sh USER/IMAGE   # print the Beaker specs, submit nothing
 # Environment (all optional):
 #   MODELS   space-separated, from: qwen2_5 qwen3 olmo2_lc          (default: qwen2_5)
 #   MIXES    space-separated, from: integration_mix orz_only_mix    (default: orz_only_mix)
 #   DRY_RUN  1 adds --dry_run to mason.py (each spec is printed as a YAML document, after a `---` line)
 #   PYTHON   interpreter that runs mason.py (default: python)
-#   IMAGE    Beaker image whose working directory holds this repo (default: the original request's image)
+#   IMAGE    required unless given as $1: the Beaker image built from this repository's Dockerfile
+#            (docs/image.md); build_image_and_launch.sh builds it and passes it both ways
 #   CLUSTER WORKSPACE BUDGET PRIORITY   Beaker placement (defaults: the original request's values)
 #   WANDB_SECRET  name of a Beaker secret holding a W&B key; passed as --secret WANDB_API_KEY=...
 set -euo pipefail
@@ -26,7 +28,18 @@ cd "$repo"
 python_bin="${PYTHON:-python}"
 models="${MODELS:-qwen2_5}"
 mixes="${MIXES:-orz_only_mix}"
-image="${IMAGE:-hamishivi/open_instruct_hamish_update_2606}"
+# The image: the first argument when it is not a flag (how build_image_and_launch.sh and open-instruct's
+# scripts pass it), else $IMAGE. Never a default: an image of another tree would run another trainer.
+image="${IMAGE:-}"
+if [[ $# -gt 0 && "$1" != -* ]]; then
+  image="$1"
+  shift
+fi
+if [[ -z "$image" ]]; then
+  echo "long_generations_experiment.sh: no image: give the Beaker image built from this repository as the first argument or IMAGE=..." \
+    "(bash scripts/train/build_image_and_launch.sh scripts/long_generations_experiment.sh builds it and launches with it)" >&2
+  exit 2
+fi
 cluster="${CLUSTER:-ai2/jupiter-cirrascale-2}"
 workspace="${WORKSPACE:-ai2/tulu-thinker}"
 budget="${BUDGET:-ai2/oe-adapt}"

@@ -5,15 +5,17 @@
 # What: `python mason.py ... -- source ray_node_setup.sh && source code_api_setup.sh
 # && python open_instruct/grpo_fast.py ...` (one Beaker experiment).
 # Hardware: Beaker, 2 nodes x 8 GPUs. The launching machine needs only Python with PyYAML (and the beaker CLI).
-# Usage: bash scripts/multi_node.sh [extra grpo_fast.py flags...]
-#   DRY_RUN=1 bash scripts/multi_node.sh   # print the Beaker spec (a YAML document after `---`), submit nothing
+# Usage: bash scripts/multi_node.sh [IMAGE] [extra grpo_fast.py flags...]
+#   bash scripts/train/build_image_and_launch.sh scripts/multi_node.sh   # builds the image, then launches with it
+#   DRY_RUN=1 bash scripts/multi_node.sh USER/IMAGE   # print the Beaker spec (a YAML document after `---`), submit nothing
 # Environment (all optional):
 #   MODEL          hub model (default: hamishivi/qwen2_5_openthoughts2); CHAT_TEMPLATE (tulu_thinker); ADD_BOS (False)
 #   TRAIN_MIX      NAME WEIGHT pairs for --dataset_mixer_list (default: the ORZ math mix of the original request)
 #   EXP_NAME       experiment name (default: multi_node_<model>_<random>)
 #   DRY_RUN        1 adds --dry_run to mason.py
 #   PYTHON         interpreter that runs mason.py (default: python)
-#   IMAGE          Beaker image whose working directory holds this repo (default: the original request's image)
+#   IMAGE          required unless given as $1: the Beaker image built from this repository's Dockerfile
+#                  (docs/image.md); build_image_and_launch.sh builds it and passes it both ways
 #   CLUSTER WORKSPACE BUDGET PRIORITY   Beaker placement (defaults: the original request's values, priority normal)
 #   WANDB_SECRET   name of a Beaker secret holding a W&B key: adds --secret WANDB_API_KEY=... and --with_tracking
 set -euo pipefail
@@ -27,7 +29,18 @@ chat_template="${CHAT_TEMPLATE:-tulu_thinker}"
 add_bos="${ADD_BOS:-False}"
 train_mix="${TRAIN_MIX:-hamishivi/hamishivi_rlvr_orz_math_57k_collected_all_filtered_hamishivi_qwen2_5_openthoughts2 1.0}"
 exp_name="${EXP_NAME:-multi_node_$(basename "$model")_${RANDOM}}"
-image="${IMAGE:-hamishivi/open_instruct_hamish_update_2606}"
+# The image: the first argument when it is not a flag (how build_image_and_launch.sh and open-instruct's
+# scripts pass it), else $IMAGE. Never a default: an image of another tree would run another trainer.
+image="${IMAGE:-}"
+if [[ $# -gt 0 && "$1" != -* ]]; then
+  image="$1"
+  shift
+fi
+if [[ -z "$image" ]]; then
+  echo "multi_node.sh: no image: give the Beaker image built from this repository as the first argument or IMAGE=..." \
+    "(bash scripts/train/build_image_and_launch.sh scripts/multi_node.sh builds it and launches with it)" >&2
+  exit 2
+fi
 cluster="${CLUSTER:-ai2/jupiter-cirrascale-2}"
 workspace="${WORKSPACE:-ai2/tulu-thinker}"
 budget="${BUDGET:-ai2/oe-adapt}"

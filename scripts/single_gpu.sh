@@ -3,14 +3,15 @@
 # `ground_truth` and `dataset` = gsm8k, scored by the gsm8k verifier), 1 vLLM engine + 1 DeepSpeed learner.
 # What: python open_instruct/grpo_fast.py ... directly (no mason.py, no Beaker, a private local Ray cluster).
 # Hardware: one machine with 1 NVIDIA GPU (24 GB or more; engine and learner share it: --single_gpu_mode,
-# and --vllm_gpu_memory_utilization 0.4 leaves the learner the rest). Needs the GPU stack (`pip install -e ".[gpu,dev]"`, not
-# scripts/setup_env.sh, which builds the CPU stack) and network access to the HF hub.
+# and --vllm_gpu_memory_utilization 0.4 leaves the learner the rest). Needs the GPU stack active (docs/install.md;
+# not scripts/setup_env.sh's .venv, the CPU stack: the trainer stops with one line if it finds a CPU build next to
+# the GPU) and network access to the HF hub.
 # Usage: bash scripts/single_gpu.sh [extra grpo_fast.py flags, which override the ones below...]
 # Environment (all optional):
 #   MODEL       hub model or local path (default: Qwen/Qwen2.5-0.5B)
 #   DATASET     gsm8k-style hub dataset (default: ai2-adapt-dev/rlvr_gsm8k_zs; train split)
 #   OUTPUT_DIR  where metrics.jsonl and checkpoints go (default: output/single_gpu)
-#   PYTHON      interpreter with open_instruct installed (default: python)
+#   PYTHON      interpreter of the GPU environment (default: python, the active environment's)
 set -euo pipefail
 
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"

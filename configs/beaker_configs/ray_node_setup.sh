@@ -21,12 +21,16 @@
 # Local (non-Beaker) mode: without BEAKER_* variables this is rank 0 of 1, a single-node head on 127.0.0.1.
 # Two shells on one machine can form a 2-node cluster with NUM_NODES=2, RAY_HEAD_IP=127.0.0.1,
 # BEAKER_REPLICA_RANK=0/1 and a distinct RAY_TEMP_DIR each (see tests/integration/test_ray_node_setup.py).
+# Other schedulers (Slurm, plain nodes): scripts/node_launch.sh maps their variables to NODE_RANK,
+# NUM_NODES and RAY_HEAD_HOSTNAME (docs/clusters.md).
 #
 # Environment (all optional):
 #   BEAKER_REPLICA_RANK, BEAKER_REPLICA_COUNT, BEAKER_LEADER_REPLICA_HOSTNAME   set by Beaker (0, 1, unset)
+#   NODE_RANK              overrides BEAKER_REPLICA_RANK
 #   NUM_NODES              overrides BEAKER_REPLICA_COUNT
-#   RAY_HEAD_IP            head address (default: BEAKER_LEADER_REPLICA_HOSTNAME resolved to IPv4, else
-#                          127.0.0.1 for a single node)
+#   RAY_HEAD_HOSTNAME      overrides BEAKER_LEADER_REPLICA_HOSTNAME (the head's host name, resolved to IPv4)
+#   RAY_HEAD_IP            head address (default: the head's host name resolved to IPv4, else 127.0.0.1
+#                          for a single node)
 #   RAY_PORT               the head's GCS port (default 6379)
 #   RAY_NODE_IP            this node's address in Ray (default: RAY_HEAD_IP on the leader; 127.0.0.1 on
 #                          workers of a loopback head; Ray's own detection otherwise)
@@ -39,8 +43,13 @@
 #                          with Ray < 2.52), so head, workers and the trainer always agree.
 # Note on addresses: Ray's servers listen on all interfaces, and Ray replaces a loopback node address by
 # the machine's own; RAY_HEAD_IP=127.0.0.1 only chooses the address this script and the trainer dial.
-# Ray comes from the repository's .venv when it exists (.venv/bin/ray), else `ray` on PATH; with a .venv
-# its bin/ is also put first on PATH, so the trainer's `python` runs the same Ray version as the cluster.
+# Environment: Ray and the trainer's `python` come from the active environment ($VIRTUAL_ENV), else, on a
+# machine without NVIDIA GPUs only, the repository's CPU .venv, else `ray` on PATH (an image's environment:
+# /opt/venv/bin in the image built from this repository's Dockerfile). The one chosen is put first on PATH
+# when it is not on it yet, so the trainer runs the same Ray as the cluster. The CPU .venv is never used on
+# a machine with GPUs. Then `python -m open_instruct.launch.stack_check` checks that environment against
+# the machine: a CPU torch or vLLM next to GPUs, or a driver older than the torch build's CUDA, stops here
+# in one line (OPEN_INSTRUCT_SKIP_STACK_CHECK=1 skips it).
 #
 # Safe to source from shells with `set -u`, `set -e` or pipefail: it changes no shell options, uses only
 # locals and `_rns_`-prefixed functions (removed again), and leaves only RAY_ADDRESS, RAY_AUTH_MODE (and
@@ -84,28 +93,53 @@ sys.exit(0 if alive >= want else 1)
 PY
 }
 
+# True when this machine has NVIDIA GPUs: device files (nvidia0, ...) or GPUs listed by nvidia-smi.
+_rns_gpus_visible() {
+    compgen -G '/dev/nvidia[0-9]*' >/dev/null && return 0
+    command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/null | grep '^GPU ' >/dev/null  # not -q: an early exit would SIGPIPE nvidia-smi under pipefail
+}
+
+# Sets the caller's ray_bin and py (see "Environment" above); status 1 with one line when there is none.
+_rns_pick_environment() {
+    local env_bin="" gpus=0
+    _rns_gpus_visible && gpus=1
+    if [[ -n "${VIRTUAL_ENV:-}" && -x "$VIRTUAL_ENV/bin/ray" ]]; then
+        env_bin="$VIRTUAL_ENV/bin"
+    elif (( ! gpus )) && [[ -x "$repo/.venv/bin/ray" ]]; then
+        env_bin="$repo/.venv/bin"
+    elif ray_bin="$(command -v ray)"; then
+        env_bin="$(dirname "$ray_bin")"
+    elif (( gpus )) && [[ -x "$repo/.venv/bin/ray" ]]; then
+        _rns_log "error: this machine has NVIDIA GPUs and no ray on PATH: $repo/.venv is the CPU stack and is" \
+            "not used with GPUs; activate the GPU environment (docs/install.md)"
+        return 1
+    else
+        _rns_log "error: no ray: activate the environment that holds it (or put its bin/ on PATH)"
+        return 1
+    fi
+    ray_bin="$env_bin/ray"
+    py="$env_bin/python"
+    [[ -x "$py" ]] || py="$(command -v python3 || command -v python)" || { _rns_log "error: no python"; return 1; }
+    case ":${PATH:-}:" in
+        *":$env_bin:"*) ;;
+        *) export PATH="$env_bin${PATH:+:$PATH}" ;;
+    esac
+}
+
 _rns_setup() {
-    local script_dir repo ray_bin py rank count head_ip port node_ip timeout addr out alive rc
+    local script_dir repo ray_bin py rank count head_ip head_host port node_ip timeout addr out alive rc
     local -a temp_args=() extra=()
     script_dir="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)" || return 1
     repo="$(cd "$script_dir/../.." && pwd)" || return 1
 
-    if [[ -x "$repo/.venv/bin/ray" ]]; then
-        ray_bin="$repo/.venv/bin/ray"
-        py="$repo/.venv/bin/python"
-        case ":${PATH:-}:" in
-            *":$repo/.venv/bin:"*) ;;
-            *) export PATH="$repo/.venv/bin${PATH:+:$PATH}" ;;
-        esac
-    else
-        if ! ray_bin="$(command -v ray)"; then
-            _rns_log "error: no ray: neither $repo/.venv/bin/ray nor ray on PATH"
-            return 1
-        fi
-        py="$(command -v python3 || command -v python)" || { _rns_log "error: no python on PATH"; return 1; }
+    _rns_pick_environment || return 1
+    # From the repository, so the module is found even where the package is not installed.
+    if ! out="$(cd "$repo" && "$py" -m open_instruct.launch.stack_check)"; then
+        return 1  # the module printed its one line
     fi
+    _rns_log "${out#stack_check: } ($py)"
 
-    rank="${BEAKER_REPLICA_RANK:-0}"
+    rank="${NODE_RANK:-${BEAKER_REPLICA_RANK:-0}}"
     count="${NUM_NODES:-${BEAKER_REPLICA_COUNT:-1}}"
     port="${RAY_PORT:-6379}"
     timeout="${RAY_NODE_WAIT_TIMEOUT:-600}"
@@ -119,27 +153,29 @@ _rns_setup() {
     done
     if (( count < 1 || rank >= count )); then
         _rns_log "error: replica rank $rank is not in [0, $count)" \
-            "(BEAKER_REPLICA_RANK; NUM_NODES or BEAKER_REPLICA_COUNT)"
+            "(NODE_RANK or BEAKER_REPLICA_RANK; NUM_NODES or BEAKER_REPLICA_COUNT)"
         return 1
     fi
 
+    head_host="${RAY_HEAD_HOSTNAME:-${BEAKER_LEADER_REPLICA_HOSTNAME:-}}"
     if [[ -n "${RAY_HEAD_IP:-}" ]]; then
         head_ip="$RAY_HEAD_IP"
-    elif [[ -n "${BEAKER_LEADER_REPLICA_HOSTNAME:-}" ]]; then
+    elif [[ -n "$head_host" ]]; then
         # IPv4 explicitly: the head registers under one address, and workers must dial that same one.
-        head_ip="$(getent ahostsv4 "$BEAKER_LEADER_REPLICA_HOSTNAME" 2>/dev/null | awk 'NR == 1 {print $1}')"
+        head_ip="$(getent ahostsv4 "$head_host" 2>/dev/null | awk 'NR == 1 {print $1}')"
         if [[ -z "$head_ip" ]]; then
             head_ip="$("$py" -c 'import socket, sys; print(socket.gethostbyname(sys.argv[1]))' \
-                "$BEAKER_LEADER_REPLICA_HOSTNAME" 2>/dev/null)"
+                "$head_host" 2>/dev/null)"
         fi
         if [[ -z "$head_ip" ]]; then
-            _rns_log "error: cannot resolve the leader's hostname '$BEAKER_LEADER_REPLICA_HOSTNAME'"
+            _rns_log "error: cannot resolve the leader's hostname '$head_host'"
             return 1
         fi
     elif (( count == 1 )); then
         head_ip="127.0.0.1"
     else
-        _rns_log "error: $count nodes but no head address: set BEAKER_LEADER_REPLICA_HOSTNAME or RAY_HEAD_IP"
+        _rns_log "error: $count nodes but no head address: set RAY_HEAD_HOSTNAME" \
+            "(BEAKER_LEADER_REPLICA_HOSTNAME on Beaker) or RAY_HEAD_IP"
         return 1
     fi
     addr="$head_ip:$port"
@@ -217,7 +253,7 @@ if [[ "${BASH_SOURCE[0]}" != "$0" ]]; then
     # Sourced: set up, then hand the status to the caller's `&&` chain.
     _rns_status=0
     _rns_setup || _rns_status=$?
-    unset -f _rns_log _rns_wait_tcp _rns_wait_nodes _rns_setup
+    unset -f _rns_log _rns_wait_tcp _rns_wait_nodes _rns_gpus_visible _rns_pick_environment _rns_setup
     eval "unset _rns_status; return $_rns_status"
 else
     # Executed: ray_node_setup.sh [-- COMMAND ARGS...]

@@ -126,15 +126,34 @@ class Config:
         )
 
     @property
-    def eval_data(self) -> DataConfig:
-        """The eval mix, falling back to the training mix's test split (or the embedded eval split)."""
+    def eval_data(self) -> DataConfig | None:
+        """The eval mix, or None: no evaluation. As in open-instruct, only --dataset_mixer_eval_list is evaluated;
+        nothing is held out of the training mix. The embedded dataset brings its own eval split: with no
+        dataset flag at all it is evaluated, as it is trained on, by default."""
         if self.data.dataset_mixer_eval_list:
             return self.data
+        if self.data.dataset_mixer_list:
+            return None
         return replace(
-            self.data,
-            dataset_mixer_eval_list=self.data.dataset_mixer_list or [EMBEDDED_DATASET_NAME, "1.0"],
-            dataset_mixer_eval_list_splits=["test"],
+            self.data, dataset_mixer_eval_list=[EMBEDDED_DATASET_NAME, "1.0"], dataset_mixer_eval_list_splits=["test"]
         )
+
+    @property
+    def evaluation_line(self) -> str:
+        """What is evaluated and when, in one line (start-up log and --preflight)."""
+        if self.eval_data is None:
+            return "evaluation: none (no --dataset_mixer_eval_list; nothing is held out of the training mix)"
+        data = self.eval_data
+        if data.dataset_mixer_eval_list == self.data.dataset_mixer_eval_list:
+            splits = " ".join(data.dataset_mixer_eval_list_splits)
+            mix = f"--dataset_mixer_eval_list {' '.join(data.dataset_mixer_eval_list)} [{splits}]"
+        else:
+            mix = f"the eval split of {EMBEDDED_DATASET_NAME} (the embedded default)"
+        every = self.eval_every_steps
+        times = (["before the first step"] if self.run.eval_on_step_0 else []) + (
+            [f"every {every} steps and after the last"] if every > 0 else []
+        )
+        return f"evaluation: {mix}, {' and '.join(times) or 'never (--local_eval_every/--num_evals turn it off)'}"
 
     # -- the lookahead and the staleness bound
 

@@ -29,7 +29,11 @@ class DataConfig:
         "directory; WEIGHT <= 1 is a fraction of the dataset, > 1 an absolute row count.",
     )
     dataset_mixer_list_splits: list[str] = arg(["train"], "Split per training dataset (one value = all).")
-    dataset_mixer_eval_list: list[str] = arg([], "Evaluation mix, same NAME WEIGHT format.")
+    dataset_mixer_eval_list: list[str] = arg(
+        [],
+        "Evaluation mix, same NAME WEIGHT format. Not given: nothing is evaluated and no eval split is read (with "
+        "no dataset flag at all, the embedded dataset's own eval split is).",
+    )
     dataset_mixer_eval_list_splits: list[str] = arg(["test"], "Split per eval dataset (one value = all).")
     sft_messages_key: str = arg("messages", "Column holding the chat messages of the prompt.")
     ground_truths_key: str = arg("ground_truth", "Column holding the label handed to the verifier.")

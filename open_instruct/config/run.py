@@ -25,7 +25,9 @@ class RunConfig:
         "How many evaluations over the run, spread evenly over its steps (<= 0: none); given, it replaces "
         "--local_eval_every unless that is given too.",
     )
-    local_eval_every: int = arg(100, "Evaluate every N steps and after the last one (<= 0: never).")
+    local_eval_every: int = arg(
+        100, "Evaluate the eval mix (--dataset_mixer_eval_list) every N steps and after the last one (<= 0: never)."
+    )
     eval_on_step_0: bool = arg(False, "Also evaluate before the first training step.")
     save_freq: int = arg(200, "Save an HF-format model + tokenizer every N training steps (0 disables).")
     keep_last_n_checkpoints: int = arg(

@@ -138,6 +138,7 @@ class MixEntry:
     name: str
     split: str
     weight: str  # as given on the command line
+    splits_flag: str = "--dataset_mixer_list_splits"  # the flag that chose `split`
 
     @property
     def label(self) -> str:
@@ -169,7 +170,7 @@ def mixer_entries(data_cfg, which: Literal["train", "eval"]) -> list[MixEntry]:
             f"{flag}_splits has {len(splits)} values for {len(names)} datasets in {flag}; "
             "give one split for all datasets or one per dataset"
         )
-    entries = [MixEntry(n, s, w) for n, s, w in zip(names, splits, weights)]
+    entries = [MixEntry(n, s, w, f"{flag}_splits") for n, s, w in zip(names, splits, weights)]
     repeated = [label for label, count in Counter(e.label for e in entries).items() if count > 1]
     if repeated:  # the same rows twice would share prompt ids; a weight expresses the intent
         raise DatasetError(f"{flag}: {', '.join(repeated)} listed twice; give one entry with the combined weight")
@@ -331,7 +332,7 @@ def load_prompt_dataset(
     `tokenizer` must already carry the chat template (models.load_tokenizer installs it).
     `verifier_remap` is RewardConfig.verifier_remap ({old: new}); `seed` is --seed (row selection); `tools_cfg`
     (the tools flag group) says which tools rows may name and whether their schemas go into the prompt.
-    An empty eval mix gives an empty dataset; an empty train mix means the embedded dataset.
+    An empty eval mix gives an empty dataset (nothing is read); an empty train mix means the embedded dataset.
     `forced_cache_key` (--dataset_config_hash): reload the cache entries of the mix recorded under that
     key as they are; no source is read. Raises DatasetError naming the dataset, row and fix for anything
     unusable.
@@ -345,7 +346,7 @@ def load_prompt_dataset(
     entry_dirs: list[tuple[str, str, str, Path]] = []
     # Phase 1: every source is read and validated (or found in the cache) before anything is tokenized.
     for entry in mixer_entries(data_cfg, which):
-        source: Source = open_source(entry.name, entry.split)
+        source: Source = open_source(entry.name, entry.split, entry.splits_flag)
         path = None
         if data_cfg.dataset_local_cache_dir:  # "" disables the cache
             cache_inputs = {
@@ -459,20 +460,24 @@ def _tokenized(pending: _Pending, tokenizer, settings: RowSettings) -> tuple[Mix
 
 def data_inputs(cfg):
     """(model, train data, eval data) configs as the data loader sees them: --system_prompt_override_file read
-    into the system prompt, --dataset_skip_cache as a disabled cache."""
+    into the system prompt, --dataset_skip_cache as a disabled cache. The eval data is None when nothing is
+    evaluated (`Config.eval_data`)."""
     train, evaluation = cfg.train_data, cfg.eval_data
     if cfg.data.system_prompt_override_file:
         with open(cfg.data.system_prompt_override_file) as f:
             system_prompt = f.read().strip()
-        train, evaluation = (replace(d, system_prompt_override=system_prompt) for d in (train, evaluation))
+        train, evaluation = (d and replace(d, system_prompt_override=system_prompt) for d in (train, evaluation))
     if cfg.data.dataset_skip_cache:
-        train, evaluation = (replace(d, dataset_local_cache_dir="") for d in (train, evaluation))
+        train, evaluation = (d and replace(d, dataset_local_cache_dir="") for d in (train, evaluation))
     return cfg.model, train, evaluation
 
 
 def load_split(cfg, tokenizer, split: str) -> PromptDataset:
-    """The "train" or "eval" prompts of a run's configuration, as the run loads them."""
+    """The "train" or "eval" prompts of a run's configuration, as the run loads them; no eval prompts, and
+    nothing read, when the run evaluates nothing."""
     model_cfg, train_data, eval_data = data_inputs(cfg)
+    if split == "eval" and eval_data is None:
+        return PromptDataset([], DatasetReport(which="eval", sources=()))
     data_cfg, cache_key = (
         (train_data, cfg.data.dataset_config_hash)
         if split == "train"

@@ -15,9 +15,11 @@ the needed columns are ever decoded. Hub datasets go through `datasets.load_data
 
 from __future__ import annotations
 
+import ast
 import bisect
 import hashlib
 import json
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,6 +34,8 @@ SUPPORTED_SUFFIXES = (".jsonl", ".json", ".parquet")
 ROW_ERROR_KEY = "__error__"  # the row is unreadable (invalid JSON, not an object); value = why
 ROW_KEYS_KEY = "__keys__"  # a needed key is missing; value = the keys the row did have
 _EMBEDDED_SPLITS = {"train": "train", "test": "eval", "eval": "eval", "validation": "eval"}
+# How `datasets` says a loaded dataset lacks the split asked for (arrow_reader; builder when streaming).
+_MISSING_SPLIT = re.compile(r"^(?:Unknown split|Bad split)\b.*?(\[[^\]]*\])\.?$")
 
 
 class DatasetError(UserError, ValueError):
@@ -98,6 +102,7 @@ class HubSource(Source):
 
     name: str
     split: str
+    splits_flag: str = "--dataset_mixer_list_splits"  # the flag that asked for `split`, named when it is missing
     _dataset: Any = None
 
     def _load(self):
@@ -108,6 +113,11 @@ class HubSource(Source):
             try:
                 self._dataset = datasets.load_dataset(self.name, split=self.split)
             except Exception as error:  # network, missing split, unknown repo: say which entry failed
+                missing = _MISSING_SPLIT.match(str(error))
+                if missing:  # the name is right; the split is not
+                    raise DatasetError(
+                        missing_split_line(self.name, self.split, self.splits_flag, ast.literal_eval(missing[1]))
+                    ) from None
                 raise DatasetError(
                     f"{self.name} [{self.split}]: could not load it from the HF hub "
                     f"({type(error).__name__}: {error}); "
@@ -147,13 +157,22 @@ class HubSource(Source):
         return RawRows(rows=rows)
 
 
-def open_source(name: str, split: str) -> Source:
-    """Resolve a mixer NAME: the embedded set, a local file or directory, else a hub dataset."""
+def missing_split_line(name: str, split: str, splits_flag: str, present: Sequence[str]) -> str:
+    """The name is right, the split is not: the line says which split, which flag chose it, and what there is."""
+    return (
+        f"{name} has no split {split!r} (its splits: {', '.join(present) or 'none'}); {splits_flag} asked for it: "
+        "name one it has"
+    )
+
+
+def open_source(name: str, split: str, splits_flag: str = "--dataset_mixer_list_splits") -> Source:
+    """Resolve a mixer NAME: the embedded set, a local file or directory, else a hub dataset. `splits_flag`
+    (--dataset_mixer_list_splits or --dataset_mixer_eval_list_splits) asked for `split`: a missing split names it."""
     if name == EMBEDDED_DATASET_NAME:
         if split not in _EMBEDDED_SPLITS:
             raise DatasetError(
-                f"{name} [{split}]: the embedded dataset has splits {', '.join(_EMBEDDED_SPLITS)} "
-                "(test/eval/validation are the same eval rows)"
+                missing_split_line(name, split, splits_flag, list(_EMBEDDED_SPLITS))
+                + " (test/eval/validation are the same eval rows)"
             )
         return LocalFilesSource(name, split, [ensure_embedded_dataset() / f"{_EMBEDDED_SPLITS[split]}.jsonl"])
     path = Path(name).expanduser()
@@ -163,13 +182,13 @@ def open_source(name: str, split: str) -> Source:
         # A file holds a single split; the split value only labels it in reports and prompt ids.
         return LocalFilesSource(name, split, [path])
     if path.is_dir():
-        return LocalFilesSource(name, split, split_files(path, split))
+        return LocalFilesSource(name, split, split_files(path, split, splits_flag))
     if _looks_local(name):
         raise DatasetError(f"{name}: no such file or directory")
-    return HubSource(name, split)
+    return HubSource(name, split, splits_flag)
 
 
-def split_files(directory: Path, split: str) -> list[Path]:
+def split_files(directory: Path, split: str, splits_flag: str = "--dataset_mixer_list_splits") -> list[Path]:
     """Files of `split` in a directory: SPLIT.ext, SPLIT-*.ext, and the same under data/ (hub layout)."""
     found: set[Path] = set()
     for folder in (directory, directory / "data"):
@@ -179,8 +198,9 @@ def split_files(directory: Path, split: str) -> list[Path]:
     if not found:
         present = sorted(str(p.relative_to(directory)) for p in directory.rglob("*") if p.suffix in SUPPORTED_SUFFIXES)
         raise DatasetError(
-            f"{directory}: no files for split {split!r} (looked for {split}.jsonl/.json/.parquet and "
-            f"{split}-*.<ext>, also under data/); data files here: {', '.join(present) or 'none'}"
+            f"{directory} has no files for split {split!r}; {splits_flag} asked for it (looked for "
+            f"{split}.jsonl/.json/.parquet and {split}-*.<ext>, also under data/); data files here: "
+            f"{', '.join(present) or 'none'}"
         )
     return sorted(found)
 

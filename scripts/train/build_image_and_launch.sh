@@ -1,17 +1,22 @@
 #!/usr/bin/env bash
-# Builds the Beaker image of the current commit, then starts one of open-instruct's launch scripts with it:
+# Builds the Beaker image of the current commit from this repository's Dockerfile (docs/image.md), then
+# starts a launch script with it:
 #   scripts/train/build_image_and_launch.sh [--cuda-version 12|13] [--dry_run] SCRIPT [ARGS...]
-# runs `bash SCRIPT <beaker user>/<image name> ARGS...` (those scripts take the image as $1), as
-# open-instruct's script of the same name does.
+# runs `IMAGE=<beaker user>/<image name> bash SCRIPT <beaker user>/<image name> ARGS...`: open-instruct's
+# scripts take the image as $1, this repository's (scripts/multi_node.sh, long_generations_experiment.sh)
+# read it from $1 or $IMAGE; as open-instruct's script of the same name does.
 # Hardware: a workstation with git, docker (buildx) and the beaker CLI; the GPUs are Beaker's, none here.
-# The image, open-instruct-integration-test-<branch>-cuda<12|13>, is built only when no Beaker image of that
-# name already names this commit in its description. Refuses a working tree with uncommitted or untracked
-# changes: the image is the commit. --dry_run prints every step (the checks, the image name, the exact
-# docker and beaker commands, the final bash line) and runs none of them.
+# The image, open-instruct-integration-test-<branch>-cuda<12|13> (default 13: the locked GPU stack), is built
+# only when no Beaker image of that name already names this commit in its description. Refuses a working
+# tree with uncommitted or untracked changes: the image is the commit. --dry_run prints every step (the
+# checks, the image name, the exact docker and beaker commands, the final bash line) and runs none of them;
+# DRY_RUN=1 does the same. A launch script whose header documents `DRY_RUN  1 adds --dry_run to mason.py`
+# (this repository's) is then run with DRY_RUN=1, so the dry run ends with the Beaker spec it would submit.
 # Environment (optional): DOCKER_CACHE_REPO (registry cache for the build), BEAKER_WORKSPACE (default
 # ai2/<beaker user>), BEAKER_USER (the user a dry run shows when the beaker CLI is missing).
-# Unlike open-instruct's, this script installs nothing (no uv, no `uv sync`): the environment is .venv from
-# scripts/setup_env.sh, and the launched script runs with it.
+# Unlike open-instruct's, this script installs nothing (no uv, no `uv sync`): the launched script runs with
+# the active environment ($VIRTUAL_ENV), else, on a machine without NVIDIA GPUs, the CPU .venv of
+# scripts/setup_env.sh, else the python on PATH (it runs only mason.py here; the job runs the image's).
 set -euo pipefail
 
 me="build_image_and_launch.sh"
@@ -25,8 +30,9 @@ fail() {
 
 # ----------------------------------------------------------------------------- options (all before SCRIPT)
 
-cuda_version=12
+cuda_version=13
 dry_run=0
+[[ "${DRY_RUN:-0}" == "1" ]] && dry_run=1
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --cuda-version)
@@ -166,7 +172,7 @@ else
   fi
   if [[ ! -f Dockerfile ]]; then
     cannot "build the image (docker buildx build)" \
-      "no Dockerfile in $PWD to build the GPU image from (this repository has none yet: build the image elsewhere, or give an existing Beaker image to the launch script itself: bash $script <beaker image> ...)"
+      "no Dockerfile in $PWD to build the GPU image from (run this from the repository's root, or give an existing Beaker image to the launch script itself: bash $script <beaker image> ...)"
   fi
   build=(docker buildx build --platform=linux/amd64
     --build-arg "GIT_COMMIT=$git_hash" --build-arg "GIT_BRANCH=$git_branch" --build-arg "CUDA_VERSION=$cuda_version")
@@ -192,11 +198,11 @@ fi
 # ----------------------------------------------------------------------------- launch
 
 # open-instruct's launch scripts call `uv run python mason.py`; there uv runs the environment that
-# `uv sync` just made. Here that environment is .venv (scripts/setup_env.sh), and a real uv would re-sync
-# .venv from PyPI (a CUDA torch over the CPU one), so `uv run CMD` runs CMD with .venv first on PATH.
+# `uv sync` just made. Here that environment is the one chosen below, and a real uv would re-sync .venv
+# from PyPI (a CUDA torch over the CPU one), so `uv run CMD` runs CMD with that environment first on PATH.
 uv() {
   if [[ "${1:-}" != "run" ]]; then
-    echo "build_image_and_launch.sh: only 'uv run' is provided to launch scripts (it runs .venv's python), not: uv $*" >&2
+    echo "build_image_and_launch.sh: only 'uv run' is provided to launch scripts (it runs the chosen environment's python), not: uv $*" >&2
     return 2
   fi
   shift
@@ -205,16 +211,35 @@ uv() {
   "$@"
 }
 export -f uv
-if [[ -x "$repo/.venv/bin/python" ]]; then
+# The CPU .venv never goes first on PATH of a machine with NVIDIA GPUs: there the GPU environment is the
+# one to launch with, and the scripts' `python` must not silently become the CPU stack.
+gpus_visible() {
+  compgen -G '/dev/nvidia[0-9]*' >/dev/null && return 0
+  have nvidia-smi && nvidia-smi -L 2>/dev/null | grep '^GPU ' >/dev/null  # not -q: an early exit would SIGPIPE nvidia-smi under pipefail
+}
+if [[ -n "${VIRTUAL_ENV:-}" && -x "$VIRTUAL_ENV/bin/python" ]]; then
+  [[ ":$PATH:" == *":$VIRTUAL_ENV/bin:"* ]] || export PATH="$VIRTUAL_ENV/bin:$PATH"
+  say "launch scripts run with $VIRTUAL_ENV/bin/python, the active environment ('uv run' included)"
+elif [[ -x "$repo/.venv/bin/python" ]] && ! gpus_visible; then
   export PATH="$repo/.venv/bin:$PATH"
   say "launch scripts run with $repo/.venv/bin/python ('uv run' included)"
+elif [[ -x "$repo/.venv/bin/python" ]]; then
+  say "this machine has NVIDIA GPUs: $repo/.venv (the CPU stack) is not used; launch scripts run with the python on PATH"
 else
-  say "no $repo/.venv (bash scripts/setup_env.sh makes it): launch scripts run with the python on PATH"
+  say "no active environment and no $repo/.venv (bash scripts/setup_env.sh makes it): launch scripts run with the python on PATH"
 fi
 
 image="$beaker_user/$image_name"
+# open-instruct's scripts read the image from $1, this repository's from $1 or $IMAGE: both get it.
+export IMAGE="$image"
 if ((dry_run)); then
-  say "would run: $(quote bash "$script" "$image" "$@")"
+  # Only a script that documents DRY_RUN is run: any other would submit for real.
+  if grep -Eq '^#[[:space:]]+DRY_RUN[[:space:]]+1 adds --dry_run to mason\.py' "$script"; then
+    say "running (its own dry run: the spec, nothing submitted): DRY_RUN=1 IMAGE=$(quote "$image") $(quote bash "$script" "$image" "$@")"
+    DRY_RUN=1 bash "$script" "$image" "$@" || fail "the dry run of $script failed (exit $?; its output is above)"
+  else
+    say "would run: IMAGE=$(quote "$image") $(quote bash "$script" "$image" "$@")"
+  fi
   if ((${#blocked[@]})); then
     printf -v joined '%s; ' "${blocked[@]}"
     say "dry run done; a real run could not: ${joined%; }"
@@ -223,5 +248,5 @@ if ((dry_run)); then
   fi
   exit 0
 fi
-say "running: $(quote bash "$script" "$image" "$@")"
+say "running: IMAGE=$(quote "$image") $(quote bash "$script" "$image" "$@")"
 exec bash "$script" "$image" "$@"

@@ -6,12 +6,18 @@ network must change is changed here, by the tables below: the model (the embedde
 (local rows of the same kind: math, instruction following, code, environment games), the sizes (a batch
 of 4 prompts x 2 samples, short answers, one engine, two steps), the paths (into a temporary directory)
 and the endpoints (local stand-ins). Every other flag and value stays as the script wrote it.
+
+The datasets become local files (which have no splits), or with `hub_cache`, stay the hub names the script
+wrote, cached there as `datasets` caches a download (tests/helpers/hub_datasets.py) with only the splits the
+script asks for: the hub code path, splits included.
 """
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+
+from helpers.hub_datasets import cache_hub_dataset, read_rows
 
 REPO = Path(__file__).resolve().parents[2]
 DATA = json.loads((REPO / "tests" / "data" / "open_instruct_launch_commands.json").read_text())
@@ -157,27 +163,42 @@ def _tool_configs(tools: list[str], configs: list[str], endpoints: dict[str, str
     return out
 
 
-def substitute(script: str, tmp: Path, endpoints: dict[str, str], learners: int = 1) -> list[str]:
+def _hub_datasets(values: dict[str, list[str]], tmp: Path, cache: Path) -> None:
+    """Cache every dataset the mixes name under its own name, with local rows of its kind in exactly the splits
+    the script asks of it (training: --dataset_mixer_list_splits, default train; eval: its own flag, default
+    test)."""
+    wanted: dict[str, set[str]] = {}
+    for flag, default in (("dataset_mixer_list", "train"), ("dataset_mixer_eval_list", "test")):
+        names = values.get(flag, [])[::2]
+        splits = values.get(f"{flag}_splits") or [default]
+        for name, split in zip(names, splits * len(names) if len(splits) == 1 else splits):
+            wanted.setdefault(name, set()).add(split)
+    for name, splits in wanted.items():
+        rows = read_rows(write_rows(DATASET_KINDS[name], tmp / f"{DATASET_KINDS[name]}.jsonl"))
+        cache_hub_dataset(cache, name, dict.fromkeys(sorted(splits), rows))
+
+
+def substitute(
+    script: str, tmp: Path, endpoints: dict[str, str], learners: int = 1, hub_cache: Path | None = None
+) -> list[str]:
     """The recorded command of `script` with the model, data, sizes, paths and endpoints swapped for local ones.
 
     `endpoints`: "http" (the hosted tools' stand-in), "code" (the code service's base URL), "mcp" (an MCP
-    server's base URL, for the MCP scripts)."""
+    server's base URL, for the MCP scripts). `hub_cache`: keep the hub names, cached there (read it with
+    hub_datasets.offline_hub or hub_env)."""
     values = flag_values(COMMANDS[script])
-    # The embedded tiny model (its byte-level tokenizer has no BOS, which --add_bos asks of OLMo's); local
-    # files have no splits beyond "train".
-    for flag in (
-        "model_name_or_path",
-        "tokenizer_name_or_path",
-        "tokenizer_name",
-        "add_bos",
-        "dataset_mixer_list_splits",
-    ):
+    # The embedded tiny model (its byte-level tokenizer has no BOS, which --add_bos asks of OLMo's)
+    for flag in ("model_name_or_path", "tokenizer_name_or_path", "tokenizer_name", "add_bos"):
         values.pop(flag, None)
-    for flag in ("dataset_mixer_list", "dataset_mixer_eval_list"):
-        if flag in values:
-            values[flag] = _datasets(values[flag], tmp)
-    if "dataset_mixer_eval_list" in values:
-        values["dataset_mixer_eval_list_splits"] = ["train"]
+    if hub_cache is not None:
+        _hub_datasets(values, tmp, hub_cache)
+    else:  # local files have no splits beyond "train"
+        values.pop("dataset_mixer_list_splits", None)
+        for flag in ("dataset_mixer_list", "dataset_mixer_eval_list"):
+            if flag in values:
+                values[flag] = _datasets(values[flag], tmp)
+        if "dataset_mixer_eval_list" in values:
+            values["dataset_mixer_eval_list_splits"] = ["train"]
     values.update(SIZES)
     parallel = values.get("sequence_parallel_size", ["1"])
     values.update({flag: sizes for flag, sizes in SIZES_IF_GIVEN.items() if flag in values})

@@ -21,7 +21,7 @@ from helpers import fake_clis
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "scripts" / "train" / "build_image_and_launch.sh"
 BRANCH = "Feature/Long_Gens"
-IMAGE = "open-instruct-integration-test-feature-long_gens-cuda12"
+IMAGE = "open-instruct-integration-test-feature-long_gens-cuda13"
 ME = "build_image_and_launch.sh: "
 
 LAUNCH = """#!/usr/bin/env bash
@@ -45,7 +45,8 @@ def _env(tmp_path: Path, clis: tuple[str, ...]) -> dict[str, str]:
     real = ("docker", "beaker")
     folders = [d for d in os.environ["PATH"].split(os.pathsep) if not any((Path(d) / c).exists() for c in real)]
     fake_bin = fake_clis.install(tmp_path / "bin", clis)
-    drop = ("BEAKER_USER", "BEAKER_WORKSPACE", "DOCKER_CACHE_REPO", "FAKE_IMAGE_DESCRIPTION")
+    drop = ("BEAKER_USER", "BEAKER_WORKSPACE", "DOCKER_CACHE_REPO", "FAKE_IMAGE_DESCRIPTION", "VIRTUAL_ENV", "DRY_RUN")
+    drop += ("IMAGE",)
     env = {k: v for k, v in os.environ.items() if k not in drop}
     env.update(
         PATH=os.pathsep.join([str(fake_bin), *folders]),
@@ -142,9 +143,9 @@ def test_bad_cuda_version_and_missing_script_are_one_line_refusals(repo, tmp_pat
 
 def test_dry_run_prints_every_step_and_the_final_command_and_runs_nothing(repo, tmp_path):
     commit = _git(repo, "rev-parse", "--short", "HEAD").strip()
-    image = IMAGE.replace("cuda12", "cuda13")
+    image = IMAGE.replace("cuda13", "cuda12")
     # No docker, no beaker: each missing CLI is reported at its step and the dry run still completes.
-    result = launch(repo, _env(tmp_path, ()), "--cuda-version", "13", "--dry_run", "launch.sh", "--seed", "7", "a b")
+    result = launch(repo, _env(tmp_path, ()), "--cuda-version", "12", "--dry_run", "launch.sh", "--seed", "7", "a b")
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     assert all(line.startswith(ME) for line in lines), lines
@@ -154,16 +155,16 @@ def test_dry_run_prints_every_step_and_the_final_command_and_runs_nothing(repo, 
         f"commit {commit} on branch {BRANCH}; image name: {image}",
         "look up the Beaker user (beaker account whoami): the beaker CLI is not on PATH (a real run stops here)",
         "beaker user: <beaker user>",
-        f"building the CUDA 13 image for commit {commit}",
+        f"building the CUDA 12 image for commit {commit}",
         "build the image (docker buildx build): docker is not on PATH (a real run stops here)",
         f"would run: docker buildx build --platform=linux/amd64 --build-arg GIT_COMMIT={commit} "
-        f"--build-arg GIT_BRANCH={BRANCH} --build-arg CUDA_VERSION=13 --load . -t {image}",
+        f"--build-arg GIT_BRANCH={BRANCH} --build-arg CUDA_VERSION=12 --load . -t {image}",
         "upload the image (beaker image create): the beaker CLI is not on PATH (a real run stops here)",
         f"would run: beaker image rename '<beaker user>/{image}' ''",
         f"would run: beaker image create {image} -n {image} -w 'ai2/<beaker user>' "
-        f"--description 'Git commit: {commit}; CUDA: 13'",
+        f"--description 'Git commit: {commit}; CUDA: 12'",
         f"launch scripts run with {repo}/.venv/bin/python ('uv run' included)",
-        f"would run: bash launch.sh '<beaker user>/{image}' --seed 7 'a b'",
+        f"would run: IMAGE='<beaker user>/{image}' bash launch.sh '<beaker user>/{image}' --seed 7 'a b'",
         "dry run done; a real run could not: look up the Beaker user (beaker account whoami); "
         "build the image (docker buildx build); upload the image (beaker image create)",
     ]
@@ -174,7 +175,7 @@ def test_dry_run_with_the_clis_asks_beaker_who_but_builds_and_pushes_nothing(rep
     env = {**_env(tmp_path, ("docker", "beaker")), "BEAKER_USER": "ignored-when-beaker-answers"}
     result = launch(repo, env, "--dry_run", "launch.sh", "--seed", "7")
     assert result.returncode == 0, result.stderr
-    assert f"build_image_and_launch.sh: would run: bash launch.sh alice/{IMAGE} --seed 7" in result.stdout
+    assert f"would run: IMAGE=alice/{IMAGE} bash launch.sh alice/{IMAGE} --seed 7" in result.stdout
     assert last_line(result.stdout) == "build_image_and_launch.sh: dry run done"
     assert [call[:3] for call in cli_calls(tmp_path)] == [["beaker", "account", "whoami"], ["beaker", "image", "get"]]
 
@@ -192,10 +193,10 @@ def test_a_real_run_builds_uploads_then_runs_the_script_with_the_image_as_its_fi
         ["beaker", "image", "create"],
     ]
     build = calls[2]
-    assert f"GIT_COMMIT={commit}" in build and "CUDA_VERSION=12" in build and build[-3:] == [".", "-t", IMAGE]
+    assert f"GIT_COMMIT={commit}" in build and "CUDA_VERSION=13" in build and build[-3:] == [".", "-t", IMAGE]
     assert calls[3] == ["beaker", "image", "rename", f"alice/{IMAGE}", ""]
     create = ["beaker", "image", "create", IMAGE, "-n", IMAGE, "-w", "ai2/alice"]
-    assert calls[4] == [*create, "--description", f"Git commit: {commit}; CUDA: 12"]
+    assert calls[4] == [*create, "--description", f"Git commit: {commit}; CUDA: 13"]
     # The launch script ran last, the image as $1, the remaining arguments as given, `uv run` on .venv.
     out = result.stdout.splitlines()
     assert out[-3:] == [f"image=alice/{IMAGE}", "args=--seed 7 two words", "venv-python mason.py --seed 7 two words"]
@@ -203,9 +204,82 @@ def test_a_real_run_builds_uploads_then_runs_the_script_with_the_image_as_its_fi
 
 def test_an_image_that_already_holds_the_commit_is_not_built_again(repo, tmp_path):
     commit = _git(repo, "rev-parse", "--short", "HEAD").strip()
-    env = {**_env(tmp_path, ("docker", "beaker")), "FAKE_IMAGE_DESCRIPTION": f"Git commit: {commit}; CUDA: 12"}
+    env = {**_env(tmp_path, ("docker", "beaker")), "FAKE_IMAGE_DESCRIPTION": f"Git commit: {commit}; CUDA: 13"}
     result = launch(repo, env, "launch.sh")
     assert result.returncode == 0, result.stderr
     assert f"already holds commit {commit}: no build, no upload" in result.stdout
     assert [call[:3] for call in cli_calls(tmp_path)] == [["beaker", "account", "whoami"], ["beaker", "image", "get"]]
     assert f"image=alice/{IMAGE}" in result.stdout
+
+
+# ----------------------------------------------------------------------------- the environment and the image
+
+
+def test_the_launched_script_also_finds_the_image_in_IMAGE(repo, tmp_path):
+    (repo / "launch.sh").write_text('#!/usr/bin/env bash\necho "IMAGE=$IMAGE first=$1"\n')
+    _git(repo, "commit", "-qam", "print IMAGE")
+    result = launch(repo, _env(tmp_path, ("docker", "beaker")), "launch.sh")
+    assert result.returncode == 0, result.stderr
+    assert last_line(result.stdout) == f"IMAGE=alice/{IMAGE} first=alice/{IMAGE}"
+
+
+def test_dry_run_in_the_environment_is_the_same_as_the_flag(repo, tmp_path):
+    env = {**_env(tmp_path, ("docker", "beaker")), "DRY_RUN": "1"}
+    result = launch(repo, env, "launch.sh")
+    assert result.returncode == 0, result.stderr
+    assert last_line(result.stdout) == "build_image_and_launch.sh: dry run done" and "image=" not in result.stdout
+    assert [call[:3] for call in cli_calls(tmp_path)] == [["beaker", "account", "whoami"], ["beaker", "image", "get"]]
+
+
+def test_the_active_environment_runs_the_launch_script(repo, tmp_path):
+    active = tmp_path / "active"
+    (active / "bin").mkdir(parents=True)
+    (active / "bin" / "python").write_text('#!/usr/bin/env bash\necho "active-python $*"\n')
+    (active / "bin" / "python").chmod(0o755)
+    env = {**_env(tmp_path, ("docker", "beaker")), "VIRTUAL_ENV": str(active)}
+    result = launch(repo, env, "launch.sh", "--seed", "7")
+    assert result.returncode == 0, result.stderr
+    assert f"launch scripts run with {active}/bin/python, the active environment" in result.stdout
+    assert last_line(result.stdout) == "active-python mason.py --seed 7"
+
+
+def test_on_a_machine_with_gpus_the_cpu_venv_is_not_put_on_path(repo, tmp_path):
+    from helpers import fake_nvidia_smi
+
+    smi = fake_nvidia_smi.install(tmp_path / "smi")
+    env = _env(tmp_path, ("docker", "beaker"))
+    env["PATH"] = f"{smi}{os.pathsep}{env['PATH']}"
+    result = launch(repo, env, "--dry_run", "launch.sh")
+    assert result.returncode == 0, result.stderr
+    assert (
+        f"{ME}this machine has NVIDIA GPUs: {repo}/.venv (the CPU stack) is not used; "
+        "launch scripts run with the python on PATH"
+    ) in result.stdout
+    assert f"{repo}/.venv/bin/python ('uv run' included)" not in result.stdout
+
+
+def test_its_dry_run_of_multi_node_shows_the_spec_with_the_image_it_builds_and_this_repos_trainer(tmp_path):
+    """`build_image_and_launch.sh --dry_run scripts/multi_node.sh` in this checkout, with stand-in CLIs: the launch
+    script honours DRY_RUN, so it runs and mason.py prints the spec it would submit, on the image just named."""
+    import yaml
+
+    env = _env(tmp_path, ("docker", "beaker"))
+    env["PATH"] = os.pathsep.join([str(tmp_path / "bin"), "/usr/bin", "/bin"])  # .venv from the checkout
+    result = launch(REPO, env, "--dry_run", "scripts/multi_node.sh", "--seed", "3")
+    assert result.returncode == 0, result.stderr
+    image = "alice/" + result.stdout.split("; image name: ", 1)[1].split()[0]
+    assert image.endswith("-cuda13")
+    assert f"running (its own dry run: the spec, nothing submitted): DRY_RUN=1 IMAGE={image}" in result.stdout
+    after = result.stdout[result.stdout.index("# beaker experiment create") :]
+    spec = yaml.safe_load(after[: after.index(f"\n{ME}")])
+    (task,) = spec["tasks"]
+    assert task["image"] == {"beaker": image} and task["replicas"] == 2
+    (command,) = task["arguments"]
+    assert "&& python open_instruct/grpo_fast.py " in command and command.endswith("--seed 3")
+    assert "hamishivi/open_instruct" not in result.stdout  # open-instruct's image is named nowhere
+    assert "not submitting (--dry_run)" in result.stderr
+    assert [call[:3] for call in cli_calls(tmp_path)][:2] == [
+        ["beaker", "account", "whoami"],
+        ["beaker", "image", "get"],
+    ]
+    assert not [call for call in cli_calls(tmp_path) if call[:3] == ["beaker", "experiment", "create"]]

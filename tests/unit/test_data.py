@@ -170,8 +170,14 @@ def test_local_jsonl_json_parquet_and_directory_sources_agree(tmp_path, tok):
         loaded = load(tmp_path, tok, [source, "1.0"]).prompts
         assert [p.prompt_token_ids for p in loaded] == expected, source
         assert [p.ground_truths for p in loaded] == [(str(i + 1),) for i in range(5)]
-    with pytest.raises(DatasetError, match=r"no files for split 'test'.*data/train-00000-of-00002\.parquet"):
+    with pytest.raises(
+        DatasetError,
+        match=r"hub_copy has no files for split 'test'; --dataset_mixer_list_splits asked for it .*"
+        r"data/train-00000-of-00002\.parquet",
+    ):
         load(tmp_path, tok, [hub_layout, "1.0"], dataset_mixer_list_splits=["test"])
+    with pytest.raises(DatasetError, match=r"no files for split 'test'; --dataset_mixer_eval_list_splits asked"):
+        load(tmp_path, tok, [hub_layout, "1.0"], which="eval")  # the eval mix's default split
     with pytest.raises(DatasetError, match="no such file or directory"):
         load(tmp_path, tok, [tmp_path / "missing.jsonl", "1.0"])
 
@@ -408,7 +414,7 @@ def test_hub_path_runs_the_same_row_processing(tmp_path, tok, monkeypatch):
     monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "hf_cache")
     folder = tmp_path / "fake_hub_repo"
     write_jsonl(folder / "train.jsonl", [{**row(i), "output": ["huge"] * 3} for i in range(4)])
-    monkeypatch.setattr(data, "open_source", lambda name, split: data_sources.HubSource(name, split))
+    monkeypatch.setattr(data, "open_source", lambda name, split, flag: data_sources.HubSource(name, split, flag))
     via_hub = load(tmp_path, tok, [folder, "0.5"])
     assert via_hub.report.sources[0].rows_read == 4 and len(via_hub) == 2
     monkeypatch.undo()
@@ -431,3 +437,22 @@ def test_hub_path_runs_the_same_row_processing(tmp_path, tok, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # offline on purpose: straight to `datasets` and its cache
     with pytest.raises(DatasetError, match=r"no/such-repo \[train\]: could not load it from the HF hub .*no network"):
         load(tmp_path, tok, ["no/such-repo", "1.0"])
+
+
+def test_a_hub_dataset_without_the_split_asked_for_names_the_split_and_the_flag(tmp_path, tok, monkeypatch):
+    """Through `datasets.load_dataset` on a hub name (a local builder cached it, as a download would): the
+    dataset has only `train`; the name is right, so the line blames the split and the flag that chose it."""
+    from helpers.hub_datasets import cache_hub_dataset, offline_hub
+
+    hub = tmp_path / "hub"
+    cache_hub_dataset(hub, "owner/train-only", {"train": [row(i) for i in range(4)]})
+    offline_hub(monkeypatch, hub)
+    assert len(load(tmp_path, tok, ["owner/train-only", "1.0"])) == 4
+    assert len(load(tmp_path, tok, ["owner/train-only", "1.0"], which="eval", dataset_mixer_eval_list_splits=["train"]))
+    line = r"owner/train-only has no split 'test' \(its splits: train\); {} asked for it: name one it has$"
+    with pytest.raises(DatasetError, match=line.format("--dataset_mixer_eval_list_splits")):
+        load(tmp_path, tok, ["owner/train-only", "1.0"], which="eval")  # the eval mix's default split
+    with pytest.raises(DatasetError, match=line.format("--dataset_mixer_list_splits")):
+        load(tmp_path, tok, ["owner/train-only", "1.0"], dataset_mixer_list_splits=["test"])
+    with pytest.raises(DatasetError, match=r"embedded/arith has no split 'dev' \(its splits: train, test, eval"):
+        load(tmp_path, tok, [EMBEDDED_DATASET_NAME, "1.0"], dataset_mixer_list_splits=["dev"])

@@ -129,6 +129,30 @@ def test_evaluation_every_100_steps_unless_num_evals_is_given_alone():
     assert parse_config([*steps, "--local_eval_every", "-1"]).eval_every_steps == 0
 
 
+def test_only_an_eval_mix_is_evaluated_except_the_embedded_datasets_own_eval_split():
+    # open-instruct: no --dataset_mixer_eval_list, no evaluation; nothing is held out of the training mix and
+    # the schedule flags are no error then
+    for schedule in ([], ["--local_eval_every", "5"], ["--num_evals", "3", "--eval_on_step_0"]):
+        cfg = parse_config(["--dataset_mixer_list", "owner/train-only", "1.0", *schedule])
+        assert cfg.eval_data is None
+        assert cfg.evaluation_line.startswith("evaluation: none (no --dataset_mixer_eval_list")
+    given = parse_config(
+        ["--dataset_mixer_list", "a/b", "1.0", "--dataset_mixer_eval_list", "c/d", "16", "--local_eval_every", "5"]
+    )
+    assert given.eval_data.dataset_mixer_eval_list == ["c/d", "16"]
+    assert given.eval_data.dataset_mixer_eval_list_splits == ["test"]  # open-instruct's default split
+    assert (
+        given.evaluation_line == "evaluation: --dataset_mixer_eval_list c/d 16 [test], every 5 steps and after the last"
+    )
+    # the embedded default (no dataset flag) evaluates its own eval split, as scripts/cpu_demo.sh shows
+    embedded = parse_config(["--num_evals", "0", "--eval_on_step_0"])
+    assert embedded.eval_data.dataset_mixer_eval_list == ["embedded/arith", "1.0"]
+    assert embedded.evaluation_line == (
+        "evaluation: the eval split of embedded/arith (the embedded default), before the first step"
+    )
+    assert "never" in parse_config(["--local_eval_every", "0"]).evaluation_line
+
+
 @pytest.mark.parametrize("name", sorted(DEFAULTS_UNLIKE_OPEN_INSTRUCT))
 def test_the_configuration_page_gives_each_difference_its_reason(name):
     page = (Path(__file__).resolve().parents[2] / "docs" / "configuration.md").read_text()

@@ -61,6 +61,12 @@ def test_the_readme_is_a_short_front_page_whose_links_resolve():
 
 # Other programs' options the docs quote (pip, apt, pytest-xdist, accelerate, mkdocs): not ours to check.
 FOREIGN_FLAGS = {"--extra-index-url", "--no-build-isolation", "--yes", "--dist", "--num_processes", "--strict"}
+# sbatch/srun (and pyxis) and docker options that docs/clusters.md quotes.
+FOREIGN_FLAGS |= {"--nodes", "--ntasks-per-node", "--gpus-per-node", "--exclusive", "--kill-on-bad-exit"}
+FOREIGN_FLAGS |= {"--container-image", "--ipc", "--privileged", "--shm-size", "--ulimit"}
+# docker buildx / buildah (and git) options that docs/image.md quotes.
+FOREIGN_FLAGS |= {"--build-arg", "--layers", "--mount", "--secret", "--skip-unused-stages", "--volume", "--device"}
+FOREIGN_FLAGS |= {"--show-current"}
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
 
 

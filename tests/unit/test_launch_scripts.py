@@ -13,7 +13,8 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
-from helpers.launch_commands import COMMANDS, DATA, REFUSED, original, substitute
+from helpers.hub_datasets import offline_hub
+from helpers.launch_commands import COMMANDS, DATA, REFUSED, flag_values, original, substitute
 
 from open_instruct import grpo_fast
 from open_instruct.config.core import ConfigError, parse_config
@@ -59,6 +60,7 @@ def endpoints():
 
 
 RUNNABLE = sorted(set(COMMANDS) - set(REFUSED))
+NO_EVAL_LIST = sorted(script for script in RUNNABLE if "dataset_mixer_eval_list" not in flag_values(COMMANDS[script]))
 
 
 @pytest.fixture
@@ -129,3 +131,24 @@ def test_preflight_exits_0_with_a_report_and_2_naming_what_is_missing(
     assert grpo_fast.main([*dead, "--preflight"]) == 2
     out = capsys.readouterr().out
     assert "FAIL" in out and "127.0.0.1:9" in out and "checks failed" in out
+
+
+def test_seven_scripts_give_no_eval_list():
+    assert len(NO_EVAL_LIST) == 7 and all(script.startswith("scripts/train/debug/envs/") for script in NO_EVAL_LIST)
+
+
+@pytest.mark.parametrize("script", NO_EVAL_LIST)
+def test_a_script_without_an_eval_list_preflights_clean_on_train_only_hub_data_and_evaluates_nothing(
+    script, tool_environment, endpoints, tmp_path, monkeypatch
+):
+    # Its datasets keep their hub names and hold only `train`, as on the hub; asking for `test` would fail.
+    hub = tmp_path / "hub"
+    argv = substitute(script, tmp_path, endpoints, hub_cache=hub)
+    offline_hub(monkeypatch, hub)
+    cfg = parse_config(argv)
+    checks = run_checks(cfg)
+    failed = [check.line() for check in checks if not check.ok]
+    assert not failed, "\n".join(failed)
+    data = next(check.detail for check in checks if check.name == "datasets")
+    assert "evaluation: none (no --dataset_mixer_eval_list" in data and "eval prompts" not in data
+    assert cfg.eval_data is None

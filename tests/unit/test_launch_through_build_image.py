@@ -32,7 +32,7 @@ THROUGH_LAUNCHER = sorted(
     + ["scripts/benchmarking/olmo3_infra.sh", "scripts/train/debug/evolving_rubric_mini_test.sh"]
 )
 BRANCH = "main"
-IMAGE = f"alice/open-instruct-integration-test-{BRANCH}-cuda12"
+IMAGE = f"alice/open-instruct-integration-test-{BRANCH}-cuda13"
 
 
 def stand_in(script: str) -> str:
@@ -66,7 +66,7 @@ def checkout(tmp_path_factory) -> Path:
 def launch(checkout: Path, tmp_path: Path, *args: str) -> tuple[subprocess.CompletedProcess, list[list[str]]]:
     bin_dir = fake_clis.install(tmp_path / "bin", ("docker", "beaker"))
     log = tmp_path / "cli.jsonl"
-    base = {k: v for k, v in os.environ.items() if not k.startswith(("BEAKER", "WANDB_", "VIRTUAL_ENV"))}
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("BEAKER", "WANDB_", "VIRTUAL_ENV", "DRY_RUN"))}
     env = {**base, "PATH": f"{bin_dir}:/usr/bin:/bin", "CLI_LOG": str(log), "HOME": str(tmp_path)}
     run = subprocess.run(
         ["bash", "scripts/train/build_image_and_launch.sh", *args],
@@ -84,7 +84,7 @@ def launch(checkout: Path, tmp_path: Path, *args: str) -> tuple[subprocess.Compl
 def test_the_launchers_dry_run_names_the_script_and_its_image(script, checkout, tmp_path):
     run, calls = launch(checkout, tmp_path, "--dry_run", script)
     assert run.returncode == 0, run.stderr
-    assert f"would run: bash {script} {IMAGE}" in run.stdout
+    assert f"would run: IMAGE={IMAGE} bash {script} {IMAGE}" in run.stdout
     assert run.stdout.strip().endswith("dry run done")
     assert [call[:3] for call in calls] == [["beaker", "account", "whoami"], ["beaker", "image", "get"]]  # reads only
 

@@ -56,6 +56,17 @@ def test_each_step_trains_a_fixed_size_batch_of_complete_groups_in_sample_order(
     assert [h["episode"] for h in run.log.history] == [12, 24, 36, 48, 60]
 
 
+def test_a_run_without_an_eval_mix_has_no_eval_rounds_whatever_the_schedule_says():
+    cfg = fakes.config("--dataset_mixer_list", "owner/train-only", "1.0", "--local_eval_every", "1", "--eval_on_step_0")
+    assert cfg.eval_data is None  # what grpo_fast loads for it: no eval prompts
+    run = fakes.build(cfg, eval_rows=())
+    summary = run.loop.run()
+    assert summary["steps_trained"] == 4 and not run.log.evals
+    assert not [r for _, r in run.engines.submitted if r.is_eval]
+    assert not [key for h in run.log.history for key in h if key.startswith("eval/")]
+    assert summary["first_eval_reward"] is None and summary["last_eval_reward"] is None
+
+
 def test_eval_completions_go_to_the_eval_round_and_the_final_policy_is_evaluated():
     def script(request, j):
         return fakes.Script(reward=10.0 if request.is_eval else float(j % 2), latency_s=3.0 if request.is_eval else 1.0)

@@ -31,7 +31,7 @@ SCRIPTS = sorted((REPO / "scripts").glob("*.sh"))
 BEAKER_CONFIGS = sorted((REPO / "configs" / "beaker_configs").glob("*.sh"))
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 # Scripts that launch grpo_fast.py (directly or through mason.py).
-LAUNCHERS = ("long_generations_experiment.sh", "multi_node.sh", "single_gpu.sh")
+LAUNCHERS = ("long_generations_experiment.sh", "multi_node.sh", "single_gpu.sh", "single_node.sh", "slurm.sh")
 SEED_MODELS = {
     "qwen2_5": ("hamishivi/qwen2_5_openthoughts2", "False"),
     "qwen3": ("hamishivi/qwen3_openthoughts2", "False"),
@@ -77,6 +77,10 @@ SCRIPT_ENV = (
     "DATASET",
     "OUTPUT_DIR",
     "PYTHON",
+    "OPEN_INSTRUCT_DIR",
+    "SLURM_NNODES",
+    "SLURM_SUBMIT_DIR",
+    "VIRTUAL_ENV",
 )
 
 
@@ -93,8 +97,11 @@ def run_script(name: str, env: dict[str, str], *args: str) -> subprocess.Complet
     )
 
 
+TEST_IMAGE = "me/open-instruct-integration-test-main-cuda13"
+
+
 def dry_run_specs(name: str, env: dict[str, str], *args: str) -> list[dict]:
-    result = run_script(name, {"DRY_RUN": "1", "PYTHON": sys.executable, **env}, *args)
+    result = run_script(name, {"DRY_RUN": "1", "PYTHON": sys.executable, "IMAGE": TEST_IMAGE, **env}, *args)
     assert result.returncode == 0, result.stderr
     assert "not submitting (--dry_run)" in result.stderr
     return [doc for doc in yaml.safe_load_all(result.stdout) if doc is not None]
@@ -202,7 +209,9 @@ def test_long_generations_experiment_defaults_and_unknown_names():
     (spec,) = dry_run_specs("long_generations_experiment.sh", {})  # MODELS=qwen2_5, MIXES=orz_only_mix
     assert value(trainer_argv(spec), "--model_name_or_path") == "hamishivi/qwen2_5_openthoughts2"
     for env, word in (({"MODELS": "llama"}, "llama"), ({"MIXES": "logic_mix"}, "logic_mix")):
-        result = run_script("long_generations_experiment.sh", {"DRY_RUN": "1", "PYTHON": sys.executable, **env})
+        result = run_script(
+            "long_generations_experiment.sh", {"DRY_RUN": "1", "PYTHON": sys.executable, "IMAGE": TEST_IMAGE, **env}
+        )
         assert result.returncode == 2 and word in result.stderr and result.stdout.strip() in ("", "---")
 
 
@@ -225,6 +234,29 @@ def test_multi_node_prints_a_two_node_spec():
     assert "--with_tracking" in argv
     assert parse_config(argv).run.with_tracking is True
     assert value(argv, "--model_name_or_path") == "hamishivi/qwen2_5_openthoughts2"
+
+
+@pytest.mark.parametrize("name", ("multi_node.sh", "long_generations_experiment.sh"))
+def test_the_beaker_launchers_take_the_image_as_their_first_argument_or_from_IMAGE_and_have_no_default(name):
+    # As build_image_and_launch.sh passes it: the image first, then grpo_fast flags.
+    specs = dry_run_specs(name, {"IMAGE": ""}, "alice/built-here", "--seed", "5")
+    for spec in specs:
+        assert [task["image"] for task in spec["tasks"]] == [{"beaker": "alice/built-here"}]
+        assert trainer_argv(spec)[-2:] == ["--seed", "5"]
+    # $1 wins over IMAGE; IMAGE alone works.
+    (spec, *_) = dry_run_specs(name, {"IMAGE": "bob/other"}, "alice/built-here")
+    assert spec["tasks"][0]["image"] == {"beaker": "alice/built-here"}
+    (spec, *_) = dry_run_specs(name, {"IMAGE": "bob/other"}, "--seed", "5")
+    assert spec["tasks"][0]["image"] == {"beaker": "bob/other"}
+    missing = run_script(name, {"DRY_RUN": "1", "PYTHON": sys.executable})
+    assert missing.returncode == 2 and missing.stdout == ""
+    assert missing.stderr.count("\n") == 1 and missing.stderr.startswith(f"{name}: no image: give the Beaker image")
+    assert f"build_image_and_launch.sh scripts/{name}" in missing.stderr
+
+
+def test_no_launch_script_names_open_instructs_image():
+    for script in [*SCRIPTS, *sorted((REPO / "scripts" / "train").glob("*.sh")), *BEAKER_CONFIGS]:
+        assert "hamishivi/open_instruct" not in script.read_text(), script
 
 
 # ----------------------------------------------------------------------------- single GPU and benchmark
@@ -252,6 +284,39 @@ def test_single_gpu_runs_grpo_fast_with_one_engine_and_one_learner(tmp_path):
     run_script("single_gpu.sh", {"PYTHON": str(stub), "ARGV_OUT": str(out), "MODEL": "/models/mine"})
     (argv,) = [json.loads(line) for line in out.read_text().splitlines()]
     assert value(argv, "--model_name_or_path") == "/models/mine"
+
+
+def test_single_node_runs_grpo_fast_with_4_learners_and_4_engines_on_8_gpus(tmp_path):
+    from open_instruct.preflight import _resources
+
+    stub = tmp_path / "python"
+    stub.write_text(STUB_PYTHON)
+    stub.chmod(0o755)
+    out = tmp_path / "argv.jsonl"
+    result = run_script("single_node.sh", {"PYTHON": str(stub), "ARGV_OUT": str(out)}, "--seed", "3")
+    assert result.returncode == 0, result.stderr
+    (argv,) = [json.loads(line) for line in out.read_text().splitlines()]
+    assert argv[0] == "open_instruct/grpo_fast.py" and argv[-2:] == ["--seed", "3"]
+    cfg = parse_config(argv[1:])
+    assert cfg.learner.num_learners_per_node == [4] and not cfg.learner.single_gpu_mode
+    assert cfg.generation.vllm_num_engines == 4 and cfg.generation.vllm_tensor_parallel_size == 1
+    detail, _ = _resources(cfg)  # the placement rules accept it on one node of 8
+    assert detail.startswith("4 learners (4 per node) + 4 engines x tp 1 = 8 GPUs on >= 1 node(s) of 8"), detail
+    header = (REPO / "scripts" / "single_node.sh").read_text().split("set -euo pipefail")[0]
+    assert "4 DeepSpeed learners (ZeRO-2) + 4 vLLM engines" in header and "tensor parallel 1" in header
+
+
+def test_slurm_script_outside_a_job_or_the_repository_is_one_line(tmp_path):
+    outside = run_script("slurm.sh", {"SLURM_SUBMIT_DIR": str(REPO)})
+    assert outside.returncode == 2 and outside.stderr.strip() == (
+        "slurm.sh: not inside a Slurm job (no SLURM_NNODES): submit it with sbatch"
+    )
+    elsewhere = run_script("slurm.sh", {"SLURM_SUBMIT_DIR": str(tmp_path), "SLURM_NNODES": "2"})
+    assert elsewhere.returncode == 2 and "is not this repository" in elsewhere.stderr
+    # sbatch reads its options from the #SBATCH lines: one task per node, 8 GPUs each, 2 nodes.
+    text = (REPO / "scripts" / "slurm.sh").read_text()
+    for line in ("#SBATCH --nodes=2", "#SBATCH --ntasks-per-node=1", "#SBATCH --gpus-per-node=8"):
+        assert line in text.splitlines()
 
 
 def test_benchmark_script_runs_the_benchmark_module_after_setting_up_the_venv(capsys):
@@ -345,7 +410,8 @@ def test_gpu_check_dry_run_without_the_stack_says_how_a_full_run_installs_it(tmp
     result, parts = gpu_check_dry_run(tmp_path, str(base_python))
     assert result.returncode == 0, result.stdout + result.stderr
     status, detail = parts["install"]
-    assert status == "SKIP" and "-m venv --system-site-packages" in detail and 'pip install -e ".[gpu,dev]"' in detail
+    assert status == "SKIP" and "-m venv --system-site-packages" in detail
+    assert detail.endswith("/python bash scripts/install_locked.sh gpu-cu13")  # the locked GPU stack
     assert parts["model"][0] == "SKIP" and parts["single_gpu"][1].startswith("needs 1 GPU")
 
 
@@ -385,3 +451,27 @@ def test_gpu_check_stack_check_imports_the_package_the_way_the_trainer_does(tmp_
     assert result.returncode == 0, result.stdout + result.stderr
     assert parts["install"][0] == "SKIP" and "lacks the GPU stack" in parts["install"][1], parts
     assert "checks: " in parts["train_nccl"][1] and "rho_mean" in parts["train_nccl"][1]
+
+
+def test_gpu_check_does_not_take_the_cpu_venv_for_the_gpu_stack_on_a_machine_with_gpus(tmp_path):
+    """With GPUs visible (a stand-in nvidia-smi), our CPU environment imports vllm, ray and deepspeed but holds a
+    CPU torch: the install part says it lacks the GPU stack and names the locked install, instead of running
+    the GPU parts on the CPU build."""
+    from helpers import fake_nvidia_smi
+
+    smi = fake_nvidia_smi.install(tmp_path / "smi")
+    base = {k: v for k, v in os.environ.items() if k not in SCRIPT_ENV + ("CHECK_ONLY", "GPU_VENV", "WARMUP_S")}
+    result = subprocess.run(
+        ["bash", "scripts/gpu_check.sh", "--dry_run"],
+        cwd=REPO,
+        env={**base, "PYTHON": sys.executable, "OUT": str(tmp_path / "out"), "PATH": f"{smi}:{base['PATH']}"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    lines = [line.split(None, 2) for line in result.stdout.splitlines() if not line.startswith("gpu_check:")]
+    parts = {name: (status, detail) for name, status, detail in lines}
+    assert parts["driver"][0] == "PASS" and "driver 580.65.06, CUDA 13.0" in parts["driver"][1], parts
+    status, detail = parts["install"]
+    assert status == "SKIP" and "lacks the GPU stack" in detail and "install_locked.sh gpu-cu13" in detail, parts

@@ -1,12 +1,15 @@
-"""scripts/setup_env.sh on a machine whose pip reaches only what it is told to: where the pinned CPU torch
-comes from, and a failure that is one line naming the index it tried.
+"""scripts/setup_env.sh on a machine whose pip reaches only what it is told to: where the locked CPU torch
+comes from, a failure that is one line naming the index it tried, and a GPU environment it never replaces.
 
-What: a copy of the script (and pyproject.toml) in a tmp repo runs with pip's local configuration ignored
-(PIP_CONFIG_FILE=/dev/null, no PIP_* variables of the caller) and its index on a closed local port, so
-nothing is reachable unless a test serves it: a tiny stand-in wheel named torch 2.13.0+cpu, from a local
-wheel dir (pip's configured sources) or a local PEP 503 index (OPEN_INSTRUCT_TORCH_INDEX, the fallback).
-The script creates a real venv; every run stops at the first step that needs the network it lacks.
-Run: `.venv/bin/pytest tests/unit/test_setup_env.py` (about 15 s, no network).
+What: a copy of the script (with pyproject.toml, locks/cpu.txt and scripts/install_locked.sh) in a tmp repo
+runs with pip's local configuration ignored (PIP_CONFIG_FILE=/dev/null, no PIP_* variables of the caller) and
+its index on a closed local port, so nothing is reachable unless a test serves it: a tiny stand-in wheel named
+torch 2.13.0+cpu, from a local wheel dir (pip's configured sources) or a local PEP 503 index
+(OPEN_INSTRUCT_TORCH_INDEX, the fallback).
+The script creates a real venv; every run stops at the first step that needs the network it lacks (the lock's
+build tools, through install_locked.sh). A .venv holding a CUDA torch (a stand-in dist-info and torch/version.py)
+is refused before anything is installed.
+Run: `.venv/bin/pytest tests/unit/test_setup_env.py` (about 50 s on the 2-core machine, no network).
 """
 
 from __future__ import annotations
@@ -21,6 +24,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 TORCH = "torch==2.13.0+cpu"
+# The first step after torch: install_locked.sh installs the lock's build tools, which no source here serves.
+NEXT_STEP_FAILS = "setup_env.sh: FAILED during: install locks/cpu.txt (scripts/install_locked.sh)"
 WHEEL = "torch-2.13.0+cpu-py3-none-any.whl"
 
 
@@ -57,8 +62,9 @@ def _local_index(root: Path) -> str:
 def _repo_copy(tmp_path: Path) -> Path:
     repo = tmp_path / "repo"
     (repo / "scripts").mkdir(parents=True)
-    shutil.copy2(REPO / "scripts" / "setup_env.sh", repo / "scripts" / "setup_env.sh")
-    shutil.copy2(REPO / "pyproject.toml", repo / "pyproject.toml")
+    (repo / "locks").mkdir()
+    for name in ("scripts/setup_env.sh", "scripts/install_locked.sh", "pyproject.toml", "locks/cpu.txt"):
+        shutil.copy2(REPO / name, repo / name)
     return repo
 
 
@@ -98,7 +104,7 @@ def test_torch_from_pip_configured_sources_says_so_and_does_not_fall_back(tmp_pa
     assert _installed_torch(repo) == "2.13.0+cpu"
     # Nothing else is reachable: the next step fails, named.
     assert result.returncode != 0
-    assert "setup_env.sh: FAILED during: install build tools" in result.stderr
+    assert NEXT_STEP_FAILS in result.stderr
 
 
 def test_torch_missing_from_configured_sources_comes_from_the_pytorch_cpu_index(tmp_path):
@@ -113,7 +119,7 @@ def test_torch_missing_from_configured_sources_comes_from_the_pytorch_cpu_index(
     assert fallback in lines
     assert lines[lines.index(fallback) + 1] == f"setup_env.sh: {TORCH} installed from the PyTorch CPU index {index}"
     assert _installed_torch(repo) == "2.13.0+cpu"
-    assert result.returncode != 0 and "setup_env.sh: FAILED during: install build tools" in result.stderr
+    assert result.returncode != 0 and NEXT_STEP_FAILS in result.stderr
 
     # Run again: the torch already in .venv is kept, no source is asked.
     again = run_setup(repo, _closed_port_url("whl/cpu"))
@@ -133,3 +139,27 @@ def test_nothing_reachable_fails_in_one_line_naming_the_pytorch_index(tmp_path):
     assert "Traceback" not in result.stderr
     assert "FAILED during" not in result.stderr  # the one line is the last word, not the generic trap
     assert not (repo / ".venv" / ".open_instruct_setup").exists()
+
+
+def test_a_venv_holding_a_cuda_torch_is_refused_in_one_line_and_left_as_it_is(tmp_path):
+    repo = _repo_copy(tmp_path)
+    venv = repo / ".venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    (site,) = venv.glob("lib/python3*/site-packages")
+    (site / "torch").mkdir()
+    version_py = "__version__ = '2.14.0'\ncuda: Optional[str] = '13.0'\nhip: Optional[str] = None\n"
+    (site / "torch" / "version.py").write_text(version_py)
+    (site / "torch-2.14.0.dist-info").mkdir()
+    (site / "torch-2.14.0.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: torch\nVersion: 2.14.0\n")
+    before = sorted(path.relative_to(venv) for path in venv.rglob("*"))
+
+    result = run_setup(repo, _closed_port_url("whl/cpu"))
+    assert result.returncode == 1
+    assert result.stdout == ""
+    assert result.stderr.strip().splitlines() == [
+        f"setup_env.sh: {venv} holds a GPU build of torch (torch 2.14.0, CUDA 13.0): this script builds the CPU "
+        "stack and would replace it; use that environment as it is (its bin/python, or activate it), or move it "
+        "aside first (mv .venv .venv-gpu) to build the CPU stack here"
+    ]
+    assert sorted(path.relative_to(venv) for path in venv.rglob("*")) == before
+    assert (site / "torch" / "version.py").read_text() == version_py
