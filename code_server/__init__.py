@@ -8,7 +8,7 @@ server.py          HTTP API (/health, /test_program, /test_program_stdio, /execu
 protocol.py        request decoding (JSON / base64-zlib-pickle tests, globals refused), stdio comparison
 executor.py        `CodeExecutor`: probes the sandbox layers, slot pool, a supervised sandbox per test
 sandbox.py         the in-sandbox runner: namespaces, read-only mounts, uid drop, rlimits, audit-hook guard
-remote_calls.py    assert tests judged outside the program: plain-data answers over pipes, Remote handles
+remote_calls.py    assert tests judged outside the program: what the judge trusts, plain data over pipes, handles
 syscall_filter.py  the seccomp filter (namespaces, mounts, bpf, keyctl, ptrace, AF_UNIX), compiled once
 slot_cgroups.py    a cgroup per slot (v2, else v1): memory, process count and CPU bound per job
 config.py          `SandboxConfig` (limits and switches)

@@ -12,9 +12,12 @@ of fork-bombing the machine. A request's tests run in parallel.
 An assert test takes two sandboxes of its slot: the program's, which answers requests (in the slot's
 cgroup), and a judge's, which runs the test against those answers and alone reports the verdict
 (`code_server/remote_calls.py`), so no program can forge its pass. A stdio test's output is compared here.
-Time is never taken from the program: an assert test is charged the time the judge waited for the
-program's answers, a stdio run the time from the runner's "start" to the child's exit (so interpreter
-start-up is not charged). Each child's whole process group is killed `kill_margin_s` after the time limit,
+Time is never taken from the program: an assert test is charged its program process's CPU time by the
+kernel's count (reaped with `wait4`, less what the runner had used at its "start"), less the calibrated cost
+of answering each of the judge's requests, so pipe round trips are not charged; a stdio run the time from
+the runner's "start" to the child's exit (so interpreter start-up is not charged). Whatever the program
+writes or answers is a per-test verdict: only the sandbox's own failure is a `SandboxError`. Each child's
+whole process group is killed `kill_margin_s` after its time budget,
 and its output is captured up to a cap.
 """
 
@@ -26,6 +29,7 @@ import json
 import logging
 import math
 import os
+import py_compile
 import queue
 import re
 import secrets
@@ -41,7 +45,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import IO, Any
 
-from code_server import sandbox, slot_cgroups, syscall_filter
+from code_server import remote_calls, sandbox, slot_cgroups, syscall_filter
 from code_server.config import SandboxConfig
 from code_server.protocol import BadRequestError, ExecuteRequest, TestRequest, outputs_match
 from code_server.slot_cgroups import SlotLimits
@@ -51,6 +55,7 @@ logger = logging.getLogger(__name__)
 _NOBODY_UID = 65534
 # By file path, not `-m`: `-I` ignores PYTHONPATH, and the runner needs nothing from the package.
 _RUNNER = os.path.abspath(sandbox.__file__)
+_REMOTE_CALLS = os.path.abspath(remote_calls.__file__)
 _EXIT_DRAIN_S = 0.5
 _READ_CHUNK = 1 << 16
 
@@ -60,6 +65,9 @@ _READ_CHUNK = 1 << 16
 KERNEL_LAYERS = ("netns", "mountns", "readonly_fs", "pidns", "uid_drop", "no_new_privs", "seccomp")
 WEAK_ENV_VAR = "CODE_SANDBOX_ALLOW_WEAK"
 _TASK_COUNT_TTL_S = 1.0
+_CALIBRATION_CALLS = 100
+_MAX_REQUEST_CPU_S = 200e-6
+_MAX_JUDGE_SETUP_S = 5.0
 
 _SANDBOX_FRAME = re.compile(r'  File "[^"]*code_server/sandbox\.py", line \d+, in \w+\n(    .*\n)?')
 
@@ -75,6 +83,7 @@ class RunOutcome:
     stdout: bytes
     stderr: bytes
     report: dict[str, Any] = field(default_factory=dict)  # the runner's "done" message (a bash job's results)
+    cpu: float | None = None  # the program's CPU seconds after "start", by the kernel's count (None: not reaped)
 
 
 class CodeExecutor:
@@ -88,6 +97,7 @@ class CodeExecutor:
         self._work_root = os.path.realpath(tempfile.mkdtemp(prefix="oi-code-exec-", dir=self.config.work_root))
         # Children with a dropped uid must traverse it but not list or write it.
         os.chmod(self._work_root, 0o711)
+        self._runner = _compile_runner(self._work_root)
         # Where a bash job's workspace is mounted, in the job's own mount namespace: an empty directory here,
         # the same path for every job, so paths a command prints stay valid in the sample's next command.
         self.workspace_path = os.path.join(self._work_root, "testbed")
@@ -103,6 +113,7 @@ class CodeExecutor:
         self._task_count_lock = threading.Lock()
         self._task_count: tuple[float, int] = (-math.inf, 0)  # (when counted, tasks of the service's uid)
         self.layers: dict[str, Any] = {}
+        self._request_cpu_s = 0.0
         self._cgroups, self.cgroups = _slot_cgroups(self.config, f"{os.getpid()}-{id(self)}")
         bpf, self._seccomp_missing = syscall_filter.compile_filter()
         self._seccomp_bpf = base64.b64encode(bpf).decode() if bpf else None
@@ -141,13 +152,15 @@ class CodeExecutor:
         else:
             raise SandboxError("no working sandbox configuration: " + "; ".join(failures))
         self._settle_mode(failures, notes)
+        self._request_cpu_s = _calibrate(self)
+        self.layers["request_cpu_us"] = round(self._request_cpu_s * 1e6, 1)
 
     def _settle_mode(self, failures: list[str], notes: list[str]) -> None:
         """Full mode has every kernel layer; anything less is the weak mode, which must be asked for."""
         cfg = self.config
         missing = [k for k in KERNEL_LAYERS if not self.layers.get(k)]
         self.layers.update(mode="weak" if missing else "full", missing=missing)
-        self.layers["process_limit"] = self._describe_process_limit()
+        self.layers["process_limit"] = _describe_process_limit(cfg, self.layers, self._process_limit)
         self.layers["cgroups"] = self.cgroups
         if not missing:
             if failures:
@@ -172,21 +185,6 @@ class CodeExecutor:
             why,
             self.layers,
         )
-
-    def _describe_process_limit(self) -> dict[str, Any]:
-        """What RLIMIT_NPROC does here, for /health."""
-        cfg = self.config
-        uid = self.layers.get("uid")
-        if uid == "per-slot":
-            return {"binds": True, "limit": cfg.max_processes, "scope": "each slot's own uid"}
-        if uid == "nobody":
-            return {"binds": True, "limit": self._process_limit(), "scope": "uid nobody, shared by all slots"}
-        share = cfg.max_processes * cfg.max_concurrency
-        described = {"binds": True, "limit": f"tasks of uid {os.getuid()} + {share}", "scope": "the service's uid"}
-        if _exempt_from_nproc():
-            rest = "the pid namespace ends a job's processes" if self.layers.get("pidns") else "only the guard"
-            described.update(binds=False, scope=f"jobs keep root's CAP_SYS_RESOURCE/ADMIN, which ignore it; {rest}")
-        return described
 
     def _process_limit(self) -> int:
         """RLIMIT_NPROC for the next job. The kernel counts every task (thread or process) of the job's real
@@ -264,24 +262,23 @@ class CodeExecutor:
                 "run the service as root"
             )
         cfg = self.config
-        extra = {
-            "mode": "bash",
-            "workdir": self.workspace_path,
-            "bash": self._bash,
-            "command": request.code,
-            "command_timeout": request.timeout,
-            "workspace": base64.b64encode(request.workspace).decode(),
-            "shell_state": request.shell_state,
-            "workspace_bytes": cfg.max_workspace_bytes,
-            "workspace_entries": cfg.max_workspace_entries,
-        }
-        if not (self._cgroups and "memory" in self._cgroups.controllers):
-            # No cgroup to hold the job's processes to the limit together: each gets its share.
-            extra["memory_bytes"] = (cfg.memory_limit_mb << 20) // cfg.max_processes
+        shared_memory = bool(self._cgroups and "memory" in self._cgroups.controllers)
+        extra = _bash_job(cfg, request, self.workspace_path, self._bash, shared_memory)
         outcome, _ = self._run("", None, None, request.timeout + cfg.workspace_pack_s, job_extra=extra)
         return _bash_reply(outcome, request, cfg, self.workspace_path)
 
     def _judge(self, request: TestRequest, test: Any) -> tuple[str, float]:
+        """One test's (status, runtime). Only the sandbox's own failure raises: whatever the program made of
+        its output, its answers or its status pipe is this test's verdict, never the request's failure."""
+        try:
+            return self._judge_one(request, test)
+        except SandboxError:
+            raise
+        except Exception as e:
+            logger.exception("code test could not be judged")
+            return f"error:verdict:{type(e).__name__}", -1.0
+
+    def _judge_one(self, request: TestRequest, test: Any) -> tuple[str, float]:
         limit = request.max_execution_time
         if request.stdio:
             expected = test["output"].encode()
@@ -289,20 +286,7 @@ class CodeExecutor:
             outcome, _ = self._run(request.program, None, test["input"].encode(), limit, output_cap=output_cap)
         else:
             outcome = self._run_judged(request.program, test, limit)
-        status = outcome.status
-        if request.stdio and status == "exited:0":  # os._exit(0) after printing is a normal stdio exit
-            status = "ok"
-        if status == "ok" and outcome.runtime > limit:
-            status = "timeout"
-        if status == "ok":
-            if request.stdio and not outputs_match(outcome.stdout.decode(errors="replace"), test["output"]):
-                return "failed", outcome.runtime
-            return "passed", outcome.runtime
-        if status in ("error:AssertionError", "failed"):
-            return "failed", outcome.runtime
-        if status == "error:MemoryError":
-            return "memory_limit", outcome.runtime
-        return status, outcome.runtime
+        return _verdict(outcome, request, test), outcome.runtime
 
     def _run_judged(self, program: str, test: str, limit: float) -> RunOutcome:
         """An assert test: the program runs in one sandbox and answers the requests of a judge, which runs the
@@ -311,15 +295,19 @@ class CodeExecutor:
         to_program_r, to_program_w = os.pipe()
         to_judge_r, to_judge_w = os.pipe()
         served: list[RunOutcome] = []
-        serve = {"mode": "serve", "channel_in": to_program_r, "channel_out": to_judge_w}
-        # The judge stays out of the slot's cgroup: a program that fills its process or memory budget (a fork
-        # bomb) must not keep its judge from starting, which would fail the service instead of the test.
-        judge = {"mode": "judge", "channel_in": to_judge_r, "channel_out": to_program_w, "cgroup_procs": []}
-        judge_layers = {**self._expected, "cgroup": False}
+        judge_done_r, judge_done_w = os.pipe()
+        judge_cgroup = self._cgroups.procs_files(self.config.max_concurrency + slot) if self._cgroups else []
+        serve, judge = _judged_jobs(self.config, program, limit, judge_cgroup)
+        serve.update(channel_in=to_program_r, channel_out=to_judge_w, stop_fd=judge_done_r)
+        judge.update(channel_in=to_judge_r, channel_out=to_program_w)
+        judge_layers = dict(self._expected)
         cap = self.config.max_output_bytes
 
         def run_program() -> None:
-            served.append(self._run_in_slot(program, None, None, limit, slot, self._expected, cap, serve)[0])
+            try:
+                served.append(self._run_in_slot(program, None, None, limit, slot, self._expected, cap, serve)[0])
+            finally:
+                os.close(judge_done_r)
 
         # Each run owns its child's two ends and closes them once the child has them, so that either side
         # sees the end of the stream when the other ends.
@@ -328,20 +316,21 @@ class CodeExecutor:
             try:
                 thread.start()
             except BaseException:
-                for fd in (to_program_r, to_judge_w):
+                for fd in (to_program_r, to_judge_w, judge_done_r, judge_done_w):
                     os.close(fd)
                 raise
             try:
                 judged, _ = self._run_in_slot("", test, None, limit, slot, judge_layers, cap, judge)
             finally:
-                # Also when the judge's sandbox failed: the program then sees the end of its channel and ends,
-                # and the slot goes back only once both are gone.
+                # Also when the judge's sandbox failed: the program then sees the end of its channel and ends
+                # (or is stopped shortly after), and the slot goes back only once both are gone.
+                os.close(judge_done_w)
                 thread.join()
         finally:
             self._slots.put(slot)
         if not served:  # the program's sandbox failed: that run raised SandboxError in its thread
             raise SandboxError("the program's sandbox did not run")
-        return _combine(served[0], judged)
+        return _combine(served[0], judged, self._request_cpu_s)
 
     def _run(
         self,
@@ -388,6 +377,7 @@ class CodeExecutor:
         job_extra: dict[str, Any],
     ) -> tuple[RunOutcome, dict[str, Any]]:
         channels = tuple(job_extra[k] for k in ("channel_in", "channel_out") if k in job_extra)
+        stop_fd = job_extra.get("stop_fd")
         uid = self._uid_for_slot(slot)
         workdir = tempfile.mkdtemp(prefix=f"slot{slot}-", dir=self._work_root)
         token = secrets.token_hex(16)
@@ -399,21 +389,27 @@ class CodeExecutor:
                 os.chown(workdir, uid, uid)
             job = self._job(token, status_w, workdir, program, test, stdin_data is not None, uid, expected, limit)
             job["cgroup_procs"] = self._cgroups.procs_files(slot) if self._cgroups else []
-            job.update(job_extra)
-            job_path = _write_job(workdir, job)
+            supervision = ("stop_fd", "wall_budget_s", "extend_per_request_s")
+            job.update({k: v for k, v in job_extra.items() if k not in supervision})
+            job_fd = _write_job(job)
             if stdin_data is not None:
                 # A file, not a pipe: no writer thread, no deadlock if the program never reads.
                 stdin_file = tempfile.TemporaryFile(dir=workdir)  # noqa: SIM115 - closed in finally
                 stdin_file.write(stdin_data)
                 stdin_file.seek(0)
-            proc = _spawn_runner(job_path, workdir, stdin_file, (status_w, *channels))
+            try:
+                proc = _spawn_runner(self._runner, job_fd, workdir, stdin_file, (status_w, *channels))
+            finally:
+                os.close(job_fd)
             # Our copies of the write ends must go, or the pipes never reach EOF when the child ends.
             os.close(status_w)
             status_w = -1
             for fd in channels:
                 os.close(fd)
             channels = ()
-            return self._supervise(proc, status_r, token, limit, output_cap)
+            budget = job_extra.get("wall_budget_s", limit + self.config.kill_margin_s)
+            extend = job_extra.get("extend_per_request_s", 0.0)
+            return self._supervise(proc, status_r, token, budget, output_cap, stop_fd, extend)
         finally:
             if proc is not None:
                 _kill_group(proc)
@@ -456,10 +452,18 @@ class CodeExecutor:
             "max_processes": self._process_limit(),
             "max_open_files": cfg.max_open_files,
             "seccomp_bpf": self._seccomp_bpf,
+            "remote_calls_path": _REMOTE_CALLS,
         }
 
     def _supervise(
-        self, proc: subprocess.Popen[bytes], status_r: int, token: str, limit: float, output_cap: int
+        self,
+        proc: subprocess.Popen[bytes],
+        status_r: int,
+        token: str,
+        budget_s: float,
+        output_cap: int,
+        stop_fd: int | None = None,
+        extend_per_request_s: float = 0.0,
     ) -> tuple[RunOutcome, dict[str, Any]]:
         cfg = self.config
         assert proc.stdout is not None and proc.stderr is not None
@@ -469,13 +473,15 @@ class CodeExecutor:
             out_fd=proc.stdout.fileno(),
             err_fd=proc.stderr.fileno(),
             output_cap=output_cap,
-            program_budget_s=limit + cfg.kill_margin_s,
+            program_budget_s=budget_s,
             deadline=time.monotonic() + cfg.startup_timeout_s,
             status_cap=cfg.max_workspace_bytes * 4 // 3 + (1 << 20),
+            stop_fd=stop_fd,
+            extend_per_request_s=extend_per_request_s,
         )
         _watch_until_done(proc, watch)
-        _kill_group(proc)
-        return _conclude(proc, watch)
+        usage = _kill_group(proc)
+        return _conclude(proc, watch, usage)
 
 
 @dataclass
@@ -491,6 +497,9 @@ class _Watch:
     program_budget_s: float  # from the runner's "start": the time limit plus the kill margin
     deadline: float  # the set-up deadline, until the program starts
     status_cap: int = 1 << 20  # status messages are small, except a bash job's report with its workspace
+    stop_fd: int | None = None  # readable (closed) once an assert test's judge is done: its program may go
+    extend_per_request_s: float = 0.0  # a judge's budget grows by this much per request it reports
+    setup_s: float = 0.0  # and by the time its set-up took
     status_buf: bytearray = field(default_factory=bytearray)
     messages: list[dict[str, Any]] = field(default_factory=list)
     started_at: float | None = None
@@ -521,10 +530,29 @@ class _Watch:
             message = _parse_status(line, self.token)
             if message is None:
                 continue
+            # After "start" a program shares the runner's interpreter and could write anything: a set-up
+            # failure it reports is not the sandbox's (never a 500), and only the first of each kind counts.
+            if message["kind"] == "setup_error" and self.started_at is not None:
+                continue
+            if message["kind"] == "progress":
+                self._extend(message.get("requests"), message.get("setup_s"))
+                continue
+            if any(m["kind"] == message["kind"] for m in self.messages):
+                continue
             self.messages.append(message)
             if message["kind"] == "start" and self.started_at is None:
                 self.started_at = time.monotonic()
                 self.deadline = self.started_at + self.program_budget_s
+
+    def _extend(self, requests: Any, setup_s: Any) -> None:
+        """A judge's progress: its set-up (importing the modules it trusts) and the requests it has made so far
+        extend its budget. Only a judge's job asks for this; a judge runs no program code."""
+        if not self.extend_per_request_s or self.started_at is None or not isinstance(requests, int):
+            return
+        if isinstance(setup_s, (int, float)):
+            self.setup_s = min(max(float(setup_s), 0.0), _MAX_JUDGE_SETUP_S)
+        extra = min(requests * self.extend_per_request_s, remote_calls.MAX_ROUND_TRIP_ALLOWANCE_S)
+        self.deadline = self.started_at + self.program_budget_s + self.setup_s + extra
 
 
 def _watch_until_done(proc: subprocess.Popen[bytes], watch: _Watch) -> None:
@@ -532,8 +560,10 @@ def _watch_until_done(proc: subprocess.Popen[bytes], watch: _Watch) -> None:
     selector = selectors.DefaultSelector()
     for fd in (*watch.output, watch.status_r):
         selector.register(fd, selectors.EVENT_READ)
+    if watch.stop_fd is not None:
+        selector.register(watch.stop_fd, selectors.EVENT_READ)
     try:
-        while selector.get_map() and watch.verdict is None:
+        while set(selector.get_map()) - {watch.stop_fd} and watch.verdict is None:
             now = time.monotonic()
             if now >= watch.deadline:
                 watch.verdict = "timeout"
@@ -543,6 +573,11 @@ def _watch_until_done(proc: subprocess.Popen[bytes], watch: _Watch) -> None:
                 # Descendants that escaped the group may hold the pipes open: drain briefly only.
                 watch.deadline = min(watch.deadline, now + _EXIT_DRAIN_S)
             for key, _ in selector.select(timeout=min(watch.deadline - now, 0.25)):
+                if key.fd == watch.stop_fd:
+                    # The judge is done: the program has the drain time to end on its own, then it is stopped.
+                    selector.unregister(key.fd)
+                    watch.deadline = min(watch.deadline, time.monotonic() + _EXIT_DRAIN_S)
+                    continue
                 chunk = os.read(key.fd, _READ_CHUNK)
                 if not chunk:
                     selector.unregister(key.fd)
@@ -554,7 +589,7 @@ def _watch_until_done(proc: subprocess.Popen[bytes], watch: _Watch) -> None:
         selector.close()
 
 
-def _conclude(proc: subprocess.Popen[bytes], watch: _Watch) -> tuple[RunOutcome, dict[str, Any]]:
+def _conclude(proc: subprocess.Popen[bytes], watch: _Watch, usage: Any = None) -> tuple[RunOutcome, dict[str, Any]]:
     """Turn what was seen into an outcome; a sandbox that never started the program is a SandboxError."""
     ended = watch.ended_at if watch.ended_at is not None else time.monotonic()
     stdout, stderr = bytes(watch.output[watch.out_fd]), bytes(watch.output[watch.err_fd])
@@ -564,7 +599,9 @@ def _conclude(proc: subprocess.Popen[bytes], watch: _Watch) -> tuple[RunOutcome,
     if watch.started_at is None:
         what = "did not start in time" if watch.verdict == "timeout" else f"exited with code {proc.returncode}"
         raise SandboxError(f"sandbox {what}; stderr: {stderr[-1000:].decode(errors='replace')}")
-    layers = {**kinds["start"].get("layers", {}), "notes": kinds["start"].get("notes", [])}
+    start = kinds["start"]
+    layers = dict(start["layers"]) if isinstance(start.get("layers"), dict) else {}
+    layers["notes"] = start["notes"] if isinstance(start.get("notes"), list) else []
     # Measured here, from the runner's "start" to the child's end: a program cannot report its own time.
     verdict, runtime = watch.verdict, ended - watch.started_at
     if verdict is None:
@@ -575,7 +612,105 @@ def _conclude(proc: subprocess.Popen[bytes], watch: _Watch) -> tuple[RunOutcome,
         else:
             verdict = _describe_exit(proc.returncode)
     report = kinds.get("done") or kinds.get("error") or {}
-    return RunOutcome(verdict, runtime, stdout, stderr, report), layers
+    cpu = None
+    if usage is not None and isinstance(start.get("cpu"), (int, float)):
+        cpu = max(0.0, usage.ru_utime + usage.ru_stime - float(start["cpu"]))
+    return RunOutcome(verdict, runtime, stdout, stderr, report, cpu), layers
+
+
+def _verdict(outcome: RunOutcome, request: TestRequest, test: Any) -> str:
+    """A test's status from its run: "passed", "failed", "timeout", "memory_limit" or what ended it."""
+    status = outcome.status
+    if request.stdio and status == "exited:0":  # os._exit(0) after printing is a normal stdio exit
+        status = "ok"
+    if status == "ok" and outcome.runtime > request.max_execution_time:
+        status = "timeout"
+    if status == "ok":
+        if request.stdio and not outputs_match(outcome.stdout.decode(errors="replace"), test["output"]):
+            return "failed"
+        return "passed"
+    if status in ("error:AssertionError", "failed"):
+        return "failed"
+    if status == "error:MemoryError":
+        return "memory_limit"
+    return status
+
+
+def _describe_process_limit(cfg: SandboxConfig, layers: dict[str, Any], process_limit: Any) -> dict[str, Any]:
+    """What RLIMIT_NPROC does here, for /health."""
+    uid = layers.get("uid")
+    if uid == "per-slot":
+        return {"binds": True, "limit": cfg.max_processes, "scope": "each slot's own uid"}
+    if uid == "nobody":
+        return {"binds": True, "limit": process_limit(), "scope": "uid nobody, shared by all slots"}
+    share = cfg.max_processes * cfg.max_concurrency
+    described = {"binds": True, "limit": f"tasks of uid {os.getuid()} + {share}", "scope": "the service's uid"}
+    if _exempt_from_nproc():
+        rest = "the pid namespace ends a job's processes" if layers.get("pidns") else "only the guard"
+        described.update(binds=False, scope=f"jobs keep root's CAP_SYS_RESOURCE/ADMIN, which ignore it; {rest}")
+    return described
+
+
+def _calibrate(executor: CodeExecutor) -> float:
+    """The program process's CPU time per judge request (reading, decoding, encoding, writing), measured on a
+    program that does nothing: an assert test is charged its program's CPU time less this much per request the
+    judge made, so a test that calls the program 20,000 times costs about what the calls cost in-process. The
+    judge counts the requests, so a program cannot add to the allowance."""
+    test = f"for i in range({_CALIBRATION_CALLS}):\n    assert same(i) == i"
+    try:
+        outcome = executor._run_judged("def same(x):\n    return x\n", test, 10.0)
+    except SandboxError as e:  # the probe ran: a failure here only costs the allowance
+        logger.warning("code sandbox: request cost not calibrated (%s); round trips are charged", e)
+        return 0.0
+    requests = outcome.report.get("requests")
+    if outcome.status == "ok" and isinstance(requests, int) and requests > 0 and outcome.runtime > 0:
+        return min(outcome.runtime / requests, _MAX_REQUEST_CPU_S)
+    return 0.0
+
+
+def _judged_jobs(
+    cfg: SandboxConfig, program: str, limit: float, judge_cgroup: list[str]
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The job fields of an assert test's program ("serve") and judge, but for their pipes."""
+    # The program is charged its CPU time; the judge stops waiting for it after the limit plus a round-trip
+    # allowance per request (`remote_calls.Link`), and this wall-clock budget only backs that up.
+    budget = remote_calls.WALL_FACTOR * limit + cfg.kill_margin_s + remote_calls.MAX_ROUND_TRIP_ALLOWANCE_S
+    serve = {"mode": "serve", "wall_budget_s": budget}
+    # The judge stays out of the slot's cgroup: a program that fills its process or memory budget (a fork bomb)
+    # must not keep its judge from starting, which would fail the service instead of the test. It has a cgroup
+    # of its own beside the slot's (the same memory and one CPU), and its rlimits (its CPU time at twice the
+    # test's limit), so what it decodes cannot take the machine either. Its own wall clock is the test's limit,
+    # extended by the round-trip allowance of the requests it reports ("progress"), so a test that sleeps in
+    # the judge is cut as it was in-process.
+    judge = {
+        "mode": "judge",
+        "cgroup_procs": judge_cgroup,
+        "program_source": program,
+        "judge_limit": limit,
+        "cpu_seconds": math.ceil(2 * limit) + 2,
+        "wall_budget_s": remote_calls.WALL_FACTOR * limit + cfg.kill_margin_s,
+        "extend_per_request_s": remote_calls.ROUND_TRIP_ALLOWANCE_S,
+    }
+    return serve, judge
+
+
+def _bash_job(cfg: SandboxConfig, request: ExecuteRequest, workdir: str, bash: str | None, shared_memory: bool) -> dict:
+    """The job fields of a bash command."""
+    extra = {
+        "mode": "bash",
+        "workdir": workdir,
+        "bash": bash,
+        "command": request.code,
+        "command_timeout": request.timeout,
+        "workspace": base64.b64encode(request.workspace).decode(),
+        "shell_state": request.shell_state,
+        "workspace_bytes": cfg.max_workspace_bytes,
+        "workspace_entries": cfg.max_workspace_entries,
+    }
+    if not shared_memory:
+        # No cgroup to hold the job's processes to the limit together: each gets its share.
+        extra["memory_bytes"] = (cfg.memory_limit_mb << 20) // cfg.max_processes
+    return extra
 
 
 def _bash_reply(
@@ -617,22 +752,28 @@ def _bash_reply(
     }
 
 
-def _combine(program: RunOutcome, judge: RunOutcome) -> RunOutcome:
+def _combine(program: RunOutcome, judge: RunOutcome, request_cpu_s: float = 0.0) -> RunOutcome:
     """One assert test's outcome from its two processes. The judge's verdict stands, except where the program
-    process was cut (its output, memory or time) or crashed before answering; the runtime is the judge's
-    count of the time it waited for the program."""
+    process was cut (its output, memory or time) or crashed before answering; the runtime is the program
+    process's CPU time (so the pipe round trips are not charged to it), or where the kernel's count is lost
+    (the process had to be killed) the time the judge waited for it."""
     output = (program.stdout, program.stderr + judge.stderr)
-    runtime = float(judge.report.get("program_seconds", judge.runtime))
-    if program.status in ("output_limit", "timeout"):
-        return RunOutcome(program.status, runtime, *output)
+    waited, requests = judge.report.get("program_seconds"), judge.report.get("requests")
+    runtime = float(waited) if isinstance(waited, (int, float)) else judge.runtime
+    if program.cpu is not None:
+        runtime = max(0.0, program.cpu - request_cpu_s * (requests if isinstance(requests, int) else 0))
+    if judge.status == "error:ProgramTimeout":
+        return RunOutcome("timeout", runtime, *output, judge.report)
+    if program.status == "output_limit" or (program.status == "timeout" and judge.status != "ok"):
+        return RunOutcome(program.status, runtime, *output, judge.report)
     if judge.status == "error:ProgramEnded" and program.status != "ok":
-        return RunOutcome(program.status, runtime, *output)
+        return RunOutcome(program.status, runtime, *output, judge.report)
     if judge.status.startswith("error:") and judge.status not in ("error:AssertionError", "error:ProgramEnded"):
         # The test itself raised (a NameError for a name the program lacks, a TypeError for a value that is not
         # plain data): an error, as in-process; the judge's own protocol faults are a failed test.
         protocol = judge.status in ("error:ProtocolError", "error:RemoteError")
-        return RunOutcome("failed" if protocol else judge.status, runtime, *output)
-    return RunOutcome(judge.status, runtime, *output)
+        return RunOutcome("failed" if protocol else judge.status, runtime, *output, judge.report)
+    return RunOutcome(judge.status, runtime, *output, judge.report)
 
 
 def _slot_cgroups(cfg: SandboxConfig, tag: str) -> tuple[slot_cgroups.SlotCgroups | None, dict[str, Any]]:
@@ -640,7 +781,8 @@ def _slot_cgroups(cfg: SandboxConfig, tag: str) -> tuple[slot_cgroups.SlotCgroup
     limits = SlotLimits(cfg.memory_limit_mb << 20, cfg.max_processes)
     made, why = (None, "kernel_isolation is off")
     if cfg.kernel_isolation:
-        made, why = slot_cgroups.create(cfg.max_concurrency, limits, tag)
+        # One per slot for its jobs, then one per slot for its judges (slot `max_concurrency + slot`).
+        made, why = slot_cgroups.create(2 * cfg.max_concurrency, limits, tag)
     if made is not None:
         return made, made.describe(limits)
     share = cfg.memory_limit_mb // cfg.max_processes
@@ -683,16 +825,28 @@ def _tasks_of_uid(uid: int) -> int:
     return total
 
 
-def _write_job(workdir: str, job: dict[str, Any]) -> str:
-    job_path = os.path.join(workdir, "job.json")
-    fd = os.open(job_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        json.dump(job, f)
-    return job_path
+def _write_job(job: dict[str, Any]) -> int:
+    """The job in an anonymous memory file: no path on any filesystem, so no other job can list or read it (the
+    judge's holds the test). The runner reads and closes it before the program runs."""
+    fd = os.memfd_create("oi-code-job", os.MFD_CLOEXEC)
+    data = memoryview(json.dumps(job).encode())
+    while data:
+        data = data[os.write(fd, data) :]
+    os.lseek(fd, 0, os.SEEK_SET)
+    return fd
+
+
+def _compile_runner(work_root: str) -> str:
+    """The runner compiled once, into the work root: every job starts it, and compiling its source each time
+    cost about 10 ms of CPU per process (two per assert test). Tracebacks still name `code_server/sandbox.py`."""
+    path = os.path.join(work_root, "runner.pyc")
+    py_compile.compile(_RUNNER, cfile=path, dfile=_RUNNER, doraise=True)
+    os.chmod(path, 0o444)
+    return path
 
 
 def _spawn_runner(
-    job_path: str, workdir: str, stdin_file: IO[bytes] | None, pass_fds: tuple[int, ...]
+    runner: str, job_fd: int, workdir: str, stdin_file: IO[bytes] | None, pass_fds: tuple[int, ...]
 ) -> subprocess.Popen[bytes]:
     # A minimal environment: nothing of the server's (credentials, proxies) reaches the program, and one
     # thread per numeric library keeps a test from taking over the machine.
@@ -707,11 +861,11 @@ def _spawn_runner(
         "MKL_NUM_THREADS": "1",
     }
     return subprocess.Popen(
-        [sys.executable, "-I", "-X", "utf8", _RUNNER, job_path],
+        [sys.executable, "-I", "-X", "utf8", runner, f"fd:{job_fd}"],
         stdin=stdin_file if stdin_file is not None else subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
-        pass_fds=pass_fds,
+        pass_fds=(job_fd, *pass_fds),
         cwd=workdir,
         env=env,
         # Its own process group, so one killpg also reaches whatever the program started.
@@ -747,14 +901,22 @@ def _has_exited(proc: subprocess.Popen[bytes]) -> bool:
     return os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
 
 
-def _kill_group(proc: subprocess.Popen[bytes]) -> None:
+def _kill_group(proc: subprocess.Popen[bytes]) -> Any:
+    """Kill what is left of the child's group and reap it; returns the kernel's resource usage of the child and
+    the descendants it reaped (None if it was reaped already)."""
+    usage = None
     if proc.returncode is None:  # once reaped, the group id may belong to someone else
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+        try:
+            _, status, usage = os.wait4(proc.pid, 0)
+            proc.returncode = os.waitstatus_to_exitcode(status)
+        except ChildProcessError:
+            proc.wait()
     for stream in (proc.stdout, proc.stderr):
         if stream is not None and not stream.closed:
             stream.close()
+    return usage
 
 
 def _force_remove(func: Any, path: str, exc_info: Any) -> None:

@@ -256,6 +256,14 @@ def outputs_match(actual: str, expected: str) -> bool:
         if got_line == want_line:
             continue
         got_num, want_num = _decimals(got_line), _decimals(want_line)
-        if got_num is None or want_num is None or got_num != want_num:
+        if got_num is None or want_num is None or not _same_numbers(got_num, want_num):
             return False
     return True
+
+
+def _same_numbers(got: list[Decimal], want: list[Decimal]) -> bool:
+    """Equal as numbers; a NaN (quiet or signalling, which makes `==` raise) equals nothing: whatever a program
+    prints is a verdict, never an exception in the service."""
+    if len(got) != len(want) or any(number.is_nan() for number in (*got, *want)):
+        return False
+    return all(a == b for a, b in zip(got, want, strict=True))

@@ -1,10 +1,11 @@
 """The in-sandbox runner: builds one test's sandbox, then runs the program (and its assert) inside it.
 
-The executor starts it by file path as `python -I -X utf8 .../code_server/sandbox.py JOB_PATH`, in a
+The executor starts it by file path as `python -I -X utf8 .../code_server/sandbox.py fd:N`, in a
 fresh single-threaded interpreter (never preexec_fn, which is unsafe in the threaded server). So this file
 is a script: stdlib only, importing nothing from `code_server` (`-I` keeps both the package and this
 file's directory off sys.path, so a program cannot import our modules either; it loads `remote_calls.py`
-by path). It reads and deletes its job file, builds the sandbox, then reports on the status pipe (JSON
+by path). It reads its job from an anonymous memory file (no path
+a program could open), builds the sandbox, then reports on the status pipe (JSON
 lines carrying a per-job token): "start" right before the program runs (the supervisor measures time from
 it), then "done" or "error" ("setup_error" if the sandbox failed).
 
@@ -28,18 +29,20 @@ Sandbox layers, per test process (`python -I -X utf8` with a minimal environment
   (fork/exec/posix_spawn/subprocess/os.system, and `_posixsubprocess.fork_exec`, which raises no audit
   event: the runner swaps it for a refusal and the guard refuses a fresh copy of the module), subinterpreters
   (which would not see the hook), signals, ctypes foreign calls, reading any /proc/*/environ or another
-  process's /proc entry (resolved through symlinks and `..`), opening directories outside the work dir, and
-  writes/renames/removals outside the work dir. Audit hooks cannot be removed from Python, but they are
-  not a security boundary on their own (frame introspection, C extensions).
+  process's /proc entry (resolved through symlinks and `..`), opening directories outside the work dir,
+  writes/renames/removals outside the work dir, hard links with either end outside it, listing the work
+  root (other jobs' directories) and sqlite3 databases outside the work dir. Audit hooks cannot be removed
+  from Python, but they are not a security boundary on their own (frame introspection, C extensions).
 * When the service runs as root (the normal case in containers), kernel layers on top, each verified
   at start-up by a probe job and then required for every job (a job whose layers fail to come up is a
   500, never a silently weaker sandbox):
   - new network namespace: only a downed loopback exists, so nothing, not even 127.0.0.1, is reachable;
   - new mount namespace: an empty filesystem view apart from the system directories (/usr, /etc, /bin,
     /lib*, /dev, /proc, /sys), the interpreter with its packages, and the work dir: every other top-level
-    directory (/tmp, /home, /root, /run, /var, /mnt, /opt, the project's) and /dev/shm get an empty tmpfs,
-    top-level files an empty one, and the needed paths below them are bound back; every mount is then
-    re-mounted read-only except the work dir, a private size-capped tmpfs. So the project, other jobs'
+    directory (/tmp, /home, /root, /run, /var, /mnt, /opt, the project's) gets an empty tmpfs, top-level
+    files an empty one, and the needed paths below them are bound back; /dev is a minimal tmpfs of its own
+    (null, zero, full, random, urandom, the fd links: no GPU or disk device of the host); every mount is
+    then re-mounted read-only except the work dir, a private size-capped tmpfs. So the project, other jobs'
     directories, Ray's session files and host UNIX sockets are out of sight;
   - new PID and IPC namespaces: the program is PID 1 of its own namespace, so when it is killed every
     process it started dies too, even ones that escaped the process group; a fresh /proc is mounted;
@@ -122,7 +125,9 @@ GUARD_PATH_ARGS = {
     "os.mkdir": (0,),
     "os.rename": (0, 1),
     "os.symlink": (1,),
-    "os.link": (1,),
+    # Both ends: a hard link made inside the work dir to a file outside it (the service's own code, where the
+    # work dir shares its filesystem) would make that file writable through the link.
+    "os.link": (0, 1),
     "os.chmod": (0,),
     "os.chown": (0,),
     "os.truncate": (0,),
@@ -131,6 +136,8 @@ GUARD_PATH_ARGS = {
     "os.lchflags": (0,),
 }
 GUARD_DEVICES = {"/dev/null", "/dev/stdout", "/dev/stderr"}
+# Directory listings of the work root (the work dir's parent), which holds the other jobs' directories.
+GUARD_LISTING_EVENTS = ("os.listdir", "os.scandir")
 # Top-level directories a sandbox sees (read-only): the system's. The rest is hidden (`hidden_paths`).
 VISIBLE_TOP_LEVEL = frozenset({"bin", "sbin", "lib", "lib32", "lib64", "libx32", "usr", "etc", "dev", "proc", "sys"})
 LAYERS = ("cgroup", "netns", "mountns", "readonly_fs", "pidns", "uid_drop", "no_new_privs", "seccomp", "python_guard")
@@ -240,11 +247,41 @@ def build_filesystem_view(libc, workdir, notes, uid):
         os.close(fd)
 
 
+DEV_NODES = ("null", "zero", "full", "random", "urandom")
+DEV_LINKS = {
+    "fd": "/proc/self/fd",
+    "stdin": "/proc/self/fd/0",
+    "stdout": "/proc/self/fd/1",
+    "stderr": "/proc/self/fd/2",
+}
+
+
+def minimal_dev(libc):
+    """A fresh /dev holding the few character devices a program uses, bound from the host's: the host's other
+    devices (GPUs' /dev/nvidia*, disks, terminals) are not there to open."""
+    fds = {}
+    for name in DEV_NODES:
+        with contextlib.suppress(OSError):
+            fds[name] = os.open("/dev/" + name, os.O_PATH)
+    # Over the host's /dev, which with what is mounted below it (/dev/shm, /dev/pts) is out of reach under it.
+    libc.mount("tmpfs", "/dev", "tmpfs", MS_NOSUID | MS_NOEXEC, "mode=0755,size=64k")
+    for name, fd in fds.items():
+        path = "/dev/" + name
+        os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o666))
+        libc.mount(f"/proc/self/fd/{fd}", path, None, MS_BIND)
+        os.close(fd)
+    for name, target in DEV_LINKS.items():
+        os.symlink(target, "/dev/" + name)
+    os.mkdir("/dev/shm", 0o755)  # empty, and read-only like the rest
+
+
 def remount_readonly(libc, workdir, notes):
     root_ok = False
     for point, opts in mount_points():
         if point == workdir:
             continue
+        if point.startswith("/dev/") and point[len("/dev/") :] not in DEV_NODES:
+            continue  # the host's, under the sandbox's own /dev (`minimal_dev`): out of reach
         flags = MS_REMOUNT | MS_BIND | MS_RDONLY
         for opt in opts:
             flags |= KEEP_FLAGS.get(opt, 0)
@@ -254,6 +291,14 @@ def remount_readonly(libc, workdir, notes):
         except OSError as e:
             notes.append(str(e))
     return root_ok
+
+
+def cpu_seconds():
+    """This process's CPU time. The runner sends it (with its relay's) in "start", before any program code runs;
+    the supervisor subtracts it from what the kernel reports for the job when it reaps it, which leaves the
+    program's own CPU time: counted by the kernel, so no program can report its own."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
 
 
 def relay_exit(pid):
@@ -284,6 +329,7 @@ def kernel_setup(job, layers, notes):
         size = job["workdir_bytes"]
         libc.mount("tmpfs", workdir, "tmpfs", MS_NOSUID | MS_NODEV, f"size={size},mode=0700,uid={uid},gid={uid}")
         build_filesystem_view(libc, workdir, notes, job["uid"])
+        minimal_dev(libc)
         layers["readonly_fs"] = remount_readonly(libc, workdir, notes)
     try:
         libc.unshare(CLONE_NEWPID | CLONE_NEWIPC)
@@ -291,6 +337,8 @@ def kernel_setup(job, layers, notes):
     except OSError as e:
         notes.append(str(e))
     if layers["pidns"]:
+        # The relay's own CPU time so far: the supervisor's count for the job includes it (see `cpu_seconds`).
+        job["relay_cpu"] = cpu_seconds()
         pid = os.fork()
         if pid:
             relay_exit(pid)
@@ -347,14 +395,31 @@ def proc_refusal(path, own):
     return None
 
 
+def listing_and_database_checks(root, inside):
+    """(may_list(path), may_connect(database)) for the guard: the work root (the work dir's parent, which holds
+    the other jobs' directories) is not listed, and sqlite3, which opens its files in C past the open hook,
+    only opens an in-memory database or one in the work dir."""
+    realpath, fsdecode, path_like = os.path.realpath, os.fsdecode, os.PathLike
+    work_root = os.path.dirname(root) + "/"
+
+    def may_list(path):
+        if isinstance(path, int) or inside(path):
+            return True
+        return not (realpath(fsdecode(path)) + "/").startswith(work_root)
+
+    def may_connect(database):
+        if isinstance(database, (str, bytes)) and fsdecode(database) in (":memory:", ""):
+            return True
+        if not isinstance(database, (str, bytes, path_like)):
+            return False
+        return not fsdecode(database).startswith("file:") and inside(database)
+
+    return may_list, may_connect
+
+
 def install_guard(workdir):
-    realpath, normpath, abspath, fsdecode, isdir = (
-        os.path.realpath,
-        os.path.normpath,
-        os.path.abspath,
-        os.fsdecode,
-        os.path.isdir,
-    )
+    realpath, normpath, abspath, isdir = os.path.realpath, os.path.normpath, os.path.abspath, os.path.isdir
+    fsdecode = os.fsdecode
     root = realpath(workdir)
     own = str(os.getpid())  # the program cannot fork, so this stays its pid
     write_flags = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
@@ -362,6 +427,7 @@ def install_guard(workdir):
     # module, so a hook reading module globals could be switched off by rebinding them.
     blocked, path_args, devices = GUARD_BLOCKED_EVENTS, dict(GUARD_PATH_ARGS), frozenset(GUARD_DEVICES)
     blocked_modules, refusal = frozenset(GUARD_BLOCKED_MODULES), proc_refusal
+    listing_events = frozenset(GUARD_LISTING_EVENTS)
 
     def inside(path):
         if isinstance(path, int):
@@ -386,6 +452,8 @@ def install_guard(workdir):
         if (writing or (mode is None and isdir(path))) and not inside(path):
             raise PermissionError(f"sandbox: no writes outside the work directory: {path!r}")
 
+    may_list, may_connect = listing_and_database_checks(root, inside)
+
     def hook(event, args):
         if event == "open":
             if args[0] is not None and not isinstance(args[0], int):
@@ -397,6 +465,12 @@ def install_guard(workdir):
             for i in path_args[event]:
                 if not inside(args[i]):
                     raise PermissionError(f"sandbox: {event} outside the work directory: {args[i]!r}")
+        elif event in listing_events:
+            if args and args[0] is not None and not may_list(args[0]):
+                raise PermissionError(f"sandbox: {event} outside the work directory: {args[0]!r}")
+        elif event == "sqlite3.connect":
+            if not may_connect(args[0]):
+                raise PermissionError(f"sandbox: sqlite3 outside the work directory: {args[0]!r}")
         elif event.startswith(blocked):
             raise PermissionError(f"sandbox: {event} is not allowed")
 
@@ -416,12 +490,12 @@ def status_sender(fd, token):
     return send
 
 
-def read_job(job_path):
-    with open(job_path, encoding="utf-8") as f:
-        job = json.load(f)
-    # Gone before the program runs, so it cannot read the token from the work dir.
-    os.unlink(job_path)
-    return job
+def read_job(source):
+    """The job from the anonymous memory file the executor passed (`fd:N`), closed before any program code
+    runs: no file anywhere holds the token or the test for a program to read."""
+    fd = int(source.removeprefix("fd:"))
+    with os.fdopen(fd, "rb") as f:
+        return json.loads(f.read())
 
 
 def build_sandbox(job, layers, notes):
@@ -507,11 +581,12 @@ def run_program(module, program, test, mode):
     return error
 
 
-def load_remote_calls():
-    """`remote_calls.py` from this file's directory, which `-I` keeps off sys.path (and out of sys.modules)."""
+def load_remote_calls(job):
+    """`remote_calls.py` from the package's directory (the job names it: this runner may run from a compiled
+    copy elsewhere), which `-I` keeps off sys.path (and out of sys.modules)."""
     import importlib.util
 
-    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "remote_calls.py")
+    path = job.get("remote_calls_path") or os.path.join(os.path.dirname(os.path.abspath(__file__)), "remote_calls.py")
     spec = importlib.util.spec_from_file_location("_oi_remote_calls", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -522,11 +597,13 @@ def judge_test(remote, job, test, send):
     """The judge: run the test against the program process's answers, report the verdict and the time the
     program took to answer, and exit. No program code ever runs in this process."""
     link = remote.Link(remote.Channel(job["channel_in"], job["channel_out"]))
+    # The supervisor gives the judge a round-trip allowance per request on top of the test's time.
+    link.progress = lambda requests, setup_s: send("progress", requests=requests, setup_s=setup_s)
     error = None
     try:
         if link.channel.receive() is None:  # the program process's hello, sent before its program runs
             raise remote.ProgramEnded("the program process ended before starting")
-        remote.judge(test, link)
+        remote.judge(test, link, job.get("program_source") or "", job.get("judge_limit"))
     except BaseException as e:
         error = type(e).__name__
         with contextlib.suppress(BaseException):
@@ -535,9 +612,9 @@ def judge_test(remote, job, test, send):
         with contextlib.suppress(BaseException):
             stream.flush()
     if error is None:
-        send("done", program_seconds=link.waited)
+        send("done", program_seconds=link.waited, requests=link.requests)
     else:
-        send("error", error=error, program_seconds=link.waited)
+        send("error", error=error, program_seconds=link.waited, requests=link.requests)
     os._exit(0 if error is None else 1)
 
 
@@ -698,7 +775,7 @@ def main():
     notes = []
     mode = job["mode"]
     # Loaded before the sandbox hides this file's directory, and before any program code runs.
-    remote = load_remote_calls() if mode in ("serve", "judge") else None
+    remote = load_remote_calls(job) if mode in ("serve", "judge") else None
     try:
         build_sandbox(job, layers, notes)
     except Exception as e:
@@ -725,7 +802,7 @@ def main():
     if missing:
         send("setup_error", error="sandbox layers failed: " + ", ".join(missing), layers=layers, notes=notes)
         os._exit(SETUP_FAILED)
-    send("start", layers=layers, notes=notes)
+    send("start", layers=layers, notes=notes, cpu=job.get("relay_cpu", 0.0) + cpu_seconds())
     if mode == "judge":
         judge_test(remote, job, test, send)
     if mode == "serve":

@@ -32,8 +32,9 @@ HTTP API (compatible with open-instruct's `code_utils/api.py`):
   `error` names the problem). Unlike open-instruct, which scores undecodable tests as 0, a bad row
   therefore surfaces as a verifier error instead of a silent zero.
 * `max_execution_time` (default 1.0 s, at most `max_execution_time_cap`) bounds the program's own run
-  time, measured from just before the program starts, so interpreter start-up is not charged to it.
-  A passing test must finish within it; the process is killed `kill_margin_s` later.
+  time, measured from just before the program starts, so interpreter start-up is not charged to it: a
+  stdio program's wall time (the process is killed `kill_margin_s` later), an assert test's program CPU
+  time less its round trips with the judge (which waits the limit plus 2 ms per request on the wall clock).
 * `POST /execute` `{"code", "timeout"}` -> `{"output", "error", "success", "status", "runtime"}`: the
   `python` tool's endpoint (open-instruct's tool-server contract). The snippet runs as `__main__` in the
   same sandbox, with empty stdin; nothing is echoed, so code must `print`.

@@ -4,7 +4,8 @@ rlimits bind one process each: 16 processes of one bash job could hold 16 x 2 Gi
 kernel lets the service make cgroups (it runs as root, and the hierarchy is writable), each slot gets one:
 `memory_limit_mb` for the whole job (swap included), `max_processes` tasks, and one CPU's worth of time. A
 job's runner joins its slot's cgroup first thing, before it builds the rest of its sandbox, so everything the
-job starts is counted there; an assert test's program and judge share their slot's.
+job starts is counted there. The executor asks for two per slot: one for the slot's jobs (an assert
+test's program among them), one beside it for the slot's judges.
 
 cgroup v2 is used where this service's cgroup can delegate the three controllers to children (on a pure v2
 host its own cgroup must not hold processes, the kernel's "no internal processes" rule, which is the case under

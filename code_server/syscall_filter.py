@@ -13,6 +13,8 @@ library falls back to `clone`) and allows everything else:
 * reaching into another process (`ptrace`, `process_vm_readv/writev`, `pidfd_getfd`, `kcmp`);
 * `socket(AF_UNIX, ...)`: nothing to connect a host socket with (`socketpair`, which asyncio needs and
   which reaches no one, stays allowed);
+* device files and FIFOs (`mknod`, `mknodat`, behind `os.mkfifo` too): a FIFO where another job reads
+  would block it, and a test has no use for one;
 * modules, kexec, swap, reboot, `acct`, `quotactl`, `syslog`, `iopl`/`ioperm`, handle-based opens.
 """
 
@@ -46,6 +48,8 @@ DENIED_SYSCALLS = (
     "add_key",
     "request_key",
     "ptrace",
+    "mknod",
+    "mknodat",
     "process_vm_readv",
     "process_vm_writev",
     "pidfd_getfd",

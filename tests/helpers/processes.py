@@ -1,6 +1,8 @@
 """Process bookkeeping for tests that start daemons in their own session (Ray, the code service)."""
 
 import importlib.util
+import os
+import socket
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -53,3 +55,24 @@ def kill_actor_when(proc, ready, actor_class: str, log_path: Path, timeout_s: fl
     assert actors, log_path.read_text()[-3000:]
     os.kill(actors[0], signal.SIGKILL)
     return actors
+
+
+def free_port() -> int:
+    """A TCP port nothing on this machine listens on right now (the OS picks it)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def pids_mentioning(text: str) -> list[int]:
+    """Processes whose command line mentions `text` (a test's unique temp dir), in case one left its session."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            if text.encode() in (entry / "cmdline").read_bytes():
+                pids.append(int(entry.name))
+        except OSError:
+            continue
+    return pids

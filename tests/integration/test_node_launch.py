@@ -27,7 +27,6 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -35,6 +34,7 @@ from pathlib import Path
 
 import pytest
 from helpers import fake_slurm
+from helpers.processes import free_port, pids_mentioning
 
 from open_instruct.config.core import parse_config
 from open_instruct.preflight import _resources
@@ -53,25 +53,6 @@ print("NCCL", json.dumps({k: v for k, v in os.environ.items() if k.startswith("N
 print("AT", os.environ["RAY_ADDRESS"])
 ray.shutdown()
 """
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def pids_mentioning(text: str) -> list[int]:
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            if text.encode() in (entry / "cmdline").read_bytes():
-                pids.append(int(entry.name))
-        except OSError:
-            continue
-    return pids
 
 
 def kill_mentioning(markers: list[str]) -> None:

@@ -26,7 +26,6 @@ import re
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -34,7 +33,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers.processes import session_pids
+from helpers.processes import free_port, pids_mentioning, session_pids
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "configs" / "beaker_configs" / "ray_node_setup.sh"
@@ -63,26 +62,6 @@ TINY_RUN = [
     "--vllm_kv_cache_gib",
     "0.1",
 ]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def pids_mentioning(text: str) -> list[int]:
-    """Processes whose command line mentions `text` (our unique temp dirs), in case one left the session."""
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            if text.encode() in (entry / "cmdline").read_bytes():
-                pids.append(int(entry.name))
-        except OSError:
-            continue
-    return pids
 
 
 def kill_ours(sids: list[int], markers: list[str]) -> list[int]:

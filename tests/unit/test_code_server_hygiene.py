@@ -239,8 +239,14 @@ def test_pickled_tests_within_the_limits_still_decode() -> None:
 # Stalled clients: cut after request_timeout_s, their threads freed, others served meanwhile.
 
 
-def handler_threads() -> int:
-    return sum("process_request_thread" in t.name for t in threading.enumerate())
+def handler_threads() -> set[threading.Thread]:
+    """The HTTP handler threads of every service in this process (earlier modules' kept-alive connections
+    among them, which end only at their own timeout): a test watches those that came after it started."""
+    return {t for t in threading.enumerate() if "process_request_thread" in t.name}
+
+
+def freed(threads: set[threading.Thread]) -> bool:
+    return not any(t.is_alive() for t in threads)
 
 
 def wait_for(condition, bound_s: float = 60.0) -> bool:
@@ -273,18 +279,19 @@ def read_to_eof(sock: socket.socket) -> bytes:
     ids=["mid-headers", "mid-body"],
 )
 def test_a_stalled_client_is_cut_and_others_are_served(url: str, sent: bytes, expect_reply: bool) -> None:
-    assert wait_for(lambda: handler_threads() == 0)
+    before = handler_threads()
     parts = urlsplit(url)
     with socket.create_connection((parts.hostname, parts.port), timeout=30) as stalled:
         stalled.sendall(sent)
-        assert wait_for(lambda: handler_threads() >= 1)
+        assert wait_for(lambda: handler_threads() - before)
+        stalled_threads = handler_threads() - before
         assert_still_serves(url)  # while the stalled one holds its thread
         data = read_to_eof(stalled)  # EOF: the server closed the connection
     if expect_reply:
         assert data.startswith(b"HTTP/1.1 408") and b"not received within 1 s" in data
     else:
         assert data == b""
-    assert wait_for(lambda: handler_threads() == 0), "the stalled client's thread was not freed"
+    assert wait_for(lambda: freed(stalled_threads)), "the stalled client's thread was not freed"
     assert_still_serves(url)
 
 
@@ -293,8 +300,11 @@ def test_a_client_trickling_its_request_is_cut_at_the_deadline(url: str, head: b
     # A byte every 0.2 s resets a per-read timeout forever; the deadline on the headers, or the body's, cuts it.
     parts = urlsplit(url)
     stop = threading.Event()
+    before = handler_threads()
     with socket.create_connection((parts.hostname, parts.port), timeout=30) as sock:
         sock.sendall(head if head is not None else post_raw("/test_program", b"", length=10_000))
+        assert wait_for(lambda: handler_threads() - before)
+        trickling_threads = handler_threads() - before
 
         def trickle() -> None:
             while not stop.wait(0.2):
@@ -312,7 +322,7 @@ def test_a_client_trickling_its_request_is_cut_at_the_deadline(url: str, head: b
             sender.join(10)
     # Its unread bytes may turn the server's close into a reset that overtakes the 408.
     assert data == b"" or data.startswith(b"HTTP/1.1 408"), data[:200]
-    assert wait_for(lambda: handler_threads() == 0), "the trickling client's thread was not freed"
+    assert wait_for(lambda: freed(trickling_threads)), "the trickling client's thread was not freed"
     assert_still_serves(url)
 
 

@@ -271,30 +271,38 @@ def report_zero():
 """
 
 
+BUSY = (
+    "def busy(seconds):\n    end = time.process_time() + seconds\n    while time.process_time() < end:\n        pass\n"
+)
+
+
 def test_the_runtime_is_measured_outside_the_program(base: str) -> None:
     """A slow program that reports runtime 0 (through the runner's own report, found by walking frames) is
-    still charged its time, in assert and stdio mode."""
-    forge = RUNTIME_FORGER
-    assert_program = forge + "def add(a, b):\n    time.sleep(0.4)\n    report_zero()\n    return a + b\n"
+    still charged its time, in assert and stdio mode: an assert test's program its CPU time (the kernel's
+    count, less the calibrated cost of answering the judge), a stdio program its wall time."""
+    forge = RUNTIME_FORGER + BUSY
+    assert_program = forge + "def add(a, b):\n    busy(0.4)\n    report_zero()\n    return a + b\n"
     reply = judge(base, assert_program, ["assert add(1, 2) == 3"])
-    assert reply["results"] == [1] and reply["runtimes"][0] >= 0.4, reply
+    assert reply["results"] == [1] and reply["runtimes"][0] >= 0.35, reply
     stdio_program = forge + "a, b = map(int, input().split())\nprint(a + b)\ntime.sleep(0.4)\nreport_zero()\n"
     reply = judge(base, stdio_program, [{"input": "1 2\n", "output": "3\n"}], stdio=True)
-    assert reply["results"] == [1] and reply["runtimes"][0] >= 0.4, reply
+    # The supervisor reads the start message a little after the runner sent it.
+    assert reply["results"] == [1] and reply["runtimes"][0] >= 0.35, reply
     over = judge(base, assert_program, ["assert add(1, 2) == 3"], limit=0.2)
     assert over["results"] == [0] and over["statuses"] == ["timeout"], over
 
 
 def test_the_perf_penalty_charges_a_forged_runtime(base: str) -> None:
-    """Through the `code` verifier with --code_apply_perf_penalty: a correct program that sleeps half its time
-    limit and reports runtime 0 scores about half, as an honest one does."""
+    """Through the `code` verifier with --code_apply_perf_penalty: a correct program that computes for a fifth of
+    its time limit and reports runtime 0 scores about 80%, as an honest one does."""
     from open_instruct.config.rewards import RewardConfig
     from open_instruct.rewards import RewardSettings, VerifierInput, get_verifier
 
-    slow = RUNTIME_FORGER + "def add(a, b):\n    time.sleep(0.5)\n    report_zero()\n    return a + b\n"
+    slow = RUNTIME_FORGER + BUSY + "def add(a, b):\n    busy(0.6)\n    report_zero()\n    return a + b\n"
     config = RewardConfig(code_api_url=base + "/test_program", code_apply_perf_penalty=True)
-    config = dataclasses.replace(config, code_max_execution_time=1.0)
+    # A limit with room on the wall clock: 0.6 s of CPU on a loaded machine takes longer.
+    config = dataclasses.replace(config, code_max_execution_time=3.0)
     result = get_verifier("code")(
         VerifierInput(f"```python\n{slow}```", ["assert add(1, 2) == 3"]), RewardSettings(config)
     )
-    assert result.details["pass_rate"] == 1.0 and result.score <= 0.5, result
+    assert result.details["pass_rate"] == 1.0 and result.score <= 0.85, result

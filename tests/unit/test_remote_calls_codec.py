@@ -8,14 +8,15 @@ import decimal
 import fractions
 import json
 import math
-from collections import Counter, OrderedDict, namedtuple
+import sys
+from collections import Counter, OrderedDict, defaultdict, deque, namedtuple
 
 import pytest
 
-from code_server.remote_calls import ProtocolError, Remote, _sync, decode, encode
+from code_server.remote_calls import MAX_DEPTH, ProtocolError, Remote, _sync, decode, encode
 
 
-def no_handles(value: object) -> int:
+def no_handles(*value: object) -> list:
     raise AssertionError(f"{value!r} should have been plain data")
 
 
@@ -60,9 +61,14 @@ def test_plain_values_cross_exactly(value: object) -> None:
 def test_nan_stays_nan_and_subclasses_arrive_as_their_plain_values() -> None:
     assert math.isnan(round_trip(math.nan))
     Point = namedtuple("Point", "x y")
-    assert round_trip(Point(1, 2)) == (1, 2) and type(round_trip(Point(1, 2))) is tuple
-    assert round_trip(Counter("aab")) == {"a": 2, "b": 1}
-    assert type(round_trip(OrderedDict(a=1))) is dict
+    point = round_trip(Point(1, 2))
+    assert point == (1, 2) and point.x == 1 and point._fields == ("x", "y") and type(point) is not Point
+    assert round_trip(Counter("aab")) == Counter("aab") and type(round_trip(Counter("aab"))) is Counter
+    assert type(round_trip(OrderedDict(a=1))) is OrderedDict
+    table = round_trip(defaultdict(list, a=[1]))
+    assert type(table) is defaultdict and table.default_factory is list and table["b"] == []
+    queue = round_trip(deque([1, 2], maxlen=3))
+    assert type(queue) is deque and queue == deque([1, 2]) and queue.maxlen == 3
 
     class Sly(int):
         def __eq__(self, other: object) -> bool:
@@ -74,9 +80,61 @@ def test_nan_stays_nan_and_subclasses_arrive_as_their_plain_values() -> None:
 
 
 def test_other_objects_become_handles_and_modules_names() -> None:
-    registered = []
-    assert encode(object, registered.append) == ["h", None] and registered == [object]
+    class Mine:
+        pass
+
+    mine, registered = Mine(), []
+    assert encode(mine, lambda obj: registered.append(obj) or ["h", 7]) == ["h", 7] and registered == [mine]
     assert encode(math, no_handles) == ["m", "math"]
+    # What a trusted module holds travels by name, and the judge takes its own copy.
+    assert encode(math.isclose, no_handles) == ["o", "math", "isclose"]
+    assert encode(fractions.Fraction, no_handles) == ["o", "fractions", "Fraction"]
+    assert decode(["o", "math", "isclose"], no_handles) is math.isclose
+
+
+def test_exceptions_arrive_as_classes_of_their_built_in_base() -> None:
+    class InvalidInput(ValueError):
+        pass
+
+    wire = json.loads(json.dumps(encode(InvalidInput, no_handles)))
+    assert wire == ["E", "InvalidInput", "ValueError"]
+    classes: dict = {}
+    judged = decode(wire, no_handles, classes)
+    assert issubclass(judged, ValueError) and judged.__name__ == "InvalidInput"
+    assert decode(wire, no_handles, classes) is judged  # one class per test: `except InvalidInput` catches it
+    assert decode(["E", "KeyError", "KeyError"], no_handles) is KeyError
+
+
+def test_numpy_arrays_keep_dtype_and_shape() -> None:
+    numpy = pytest.importorskip("numpy")
+    array = numpy.arange(6, dtype=numpy.int32).reshape(2, 3)
+    back = round_trip(array)
+    assert type(back) is numpy.ndarray and back.dtype == numpy.int32 and back.shape == (2, 3)
+    assert (back == array).all()
+    with pytest.raises(ProtocolError):
+        decode(["A", "<i8", [2, 2], ["L", "[1, 2, 3]"]], no_handles)
+    with pytest.raises(ProtocolError):
+        decode(["A", "|O", [1], ["L", "[1]"]], no_handles)
+
+
+@pytest.mark.parametrize(
+    "wire",
+    [
+        ["i", "0x" + "f" * (1 << 17)],  # an int past the judge's bound
+        ["q", "0x" + "f" * (1 << 15), "0x3"],  # a fraction whose gcd would burn the judge's CPU
+        ["D", "1" * (1 << 15)],
+        ["o", "os", "system.__call__"],
+        ["o", "not_a_module_xyz", "f"],
+        ["o", "antigravity", "fly"],
+        ["E", "Mine", "NotABuiltin"],
+        ["E", "not an identifier", "ValueError"],
+        ["N", "P", ["_x"], [["n"]]],
+        ["DD", "print", []],
+    ],
+)
+def test_values_past_the_judges_bounds_are_protocol_errors(wire: object) -> None:
+    with pytest.raises(ProtocolError):
+        decode(wire, no_handles)
 
 
 @pytest.mark.parametrize(
@@ -103,20 +161,29 @@ def test_other_objects_become_handles_and_modules_names() -> None:
 )
 def test_malformed_wire_values_are_protocol_errors(wire: object) -> None:
     with pytest.raises(ProtocolError):
-        decode(wire, lambda handle: handle)
+        decode(wire, lambda tag, handle: handle)
 
 
 def test_values_nested_too_deeply_are_refused_both_ways() -> None:
-    deep: list = []
-    for _ in range(500):
-        deep = [deep]
-    with pytest.raises(ValueError, match="nested deeper"):
-        encode(deep, no_handles)
-    wire: list = ["n"]
-    for _ in range(500):
-        wire = ["l", [wire]]
-    with pytest.raises(ProtocolError):
-        decode(wire, no_handles)
+    # Both processes raise their recursion limit to carry MAX_DEPTH (a linked list as nested lists).
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(4 * MAX_DEPTH + 500)
+    try:
+        deep: list = []
+        for _ in range(MAX_DEPTH - 10):
+            deep = [deep]
+        assert round_trip(deep) == deep
+        for _ in range(20):
+            deep = [deep]
+        with pytest.raises(ValueError, match="nested deeper"):
+            encode(deep, no_handles)
+        wire: list = ["n"]
+        for _ in range(MAX_DEPTH + 10):
+            wire = ["l", [wire]]
+        with pytest.raises(ProtocolError):
+            decode(wire, no_handles)
+    finally:
+        sys.setrecursionlimit(limit)
 
 
 def test_an_argument_changed_in_place_is_changed_in_place_in_the_judge() -> None:
@@ -133,9 +200,13 @@ def test_an_argument_changed_in_place_is_changed_in_place_in_the_judge() -> None
     assert table == {"b": 2} and seen == {2, 3}
 
 
-def test_a_handle_refuses_comparison_with_plain_data() -> None:
+def test_a_handle_refuses_comparison_hash_and_ordering() -> None:
     handle = Remote(link=None, handle=1)
     with pytest.raises(TypeError, match="not plain data"):
         _ = handle == 3
     with pytest.raises(TypeError, match="not plain data"):
         _ = [handle] == [3]
+    with pytest.raises(TypeError, match="no hash"):
+        _ = handle in {None, -1}
+    with pytest.raises(TypeError):
+        _ = handle < 3

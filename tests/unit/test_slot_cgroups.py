@@ -39,9 +39,12 @@ def test_health_says_which_cgroups_bind_and_every_job_joins_its_slots(service) -
     assert health["cgroups"] == described and health["cgroup"] is True
     assert described["controllers"] == ["memory", "pids", "cpu"] and described["memory_mb"] == 512
     program = "def own_cgroups():\n    return open('/proc/self/cgroup').read()\n"
-    # The program (asked through own_cgroups) is in its slot's cgroup; the judge, which runs this test, is not:
-    # a program that fills the slot's budget cannot keep its judge from starting.
-    tests = ["assert 'oi-code-' in own_cgroups() and 'oi-code-' not in open('/proc/self/cgroup').read()"]
+    # The program (asked through own_cgroups) is in its slot's cgroup; the judge, which runs this test, is in one
+    # of its own beside it: a program that fills the slot's budget cannot keep its judge from starting.
+    tests = [
+        "judge = open('/proc/self/cgroup').read()\nassert 'oi-code-' in own_cgroups() and 'oi-code-' in judge\n"
+        "assert own_cgroups() != judge"
+    ]
     assert requests.post(url + "/test_program", json={"program": program, "tests": tests}, timeout=60).json()[
         "results"
     ] == [1]
