@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # The long tier, which CI does not run: a 3,000-step soak of the real stack (memory and queue gauges must
-# level off) and every benchmark at full size (docs/benchmarks.md). Hardware: the 2-core CPU machine is
-# enough; about 12 minutes for the soak and 80 for the benchmarks (the sum of their parts measured on
-# 2026-12-04; not timed as a whole). Sets up .venv first when needed.
+# level off), every benchmark at full size (docs/benchmarks.md), and the container image built from the
+# Dockerfile's CPU variant and run (scripts/image_check.sh, docs/image.md). Hardware: the 2-core CPU machine
+# is enough; about 12 minutes for the soak, 80 for the benchmarks (the sum of their parts measured on
+# 2026-12-04; not timed as a whole) and 13 for the image (2026-12-06); the image check needs root. Sets up
+# .venv first when needed.
 # Usage: bash scripts/nightly.sh    (outputs under output/nightly/)
 set -euo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -10,3 +12,5 @@ cd "$repo"
 bash scripts/setup_env.sh
 .venv/bin/python scripts/soak.py --steps 3000 --output_dir output/nightly/soak
 OUT=output/nightly/bench bash scripts/cpu_benchmarks.sh
+# Reuses its Debian base and image store under output/image_check/ between nights.
+bash scripts/image_check.sh

@@ -174,6 +174,11 @@ else
     cannot "build the image (docker buildx build)" \
       "no Dockerfile in $PWD to build the GPU image from (run this from the repository's root, or give an existing Beaker image to the launch script itself: bash $script <beaker image> ...)"
   fi
+  # The Dockerfile installs locks/gpu-cu<N>.txt; without that lock the build would fail minutes in.
+  if [[ -f Dockerfile && ! -f "locks/gpu-cu$cuda_version.txt" ]]; then
+    cannot "build the image (docker buildx build)" \
+      "no lock for CUDA $cuda_version (locks/gpu-cu$cuda_version.txt): only the CUDA 13 stack is locked (docs/install.md says why); use --cuda-version 13"
+  fi
   build=(docker buildx build --platform=linux/amd64
     --build-arg "GIT_COMMIT=$git_hash" --build-arg "GIT_BRANCH=$git_branch" --build-arg "CUDA_VERSION=$cuda_version")
   if [[ -n "${DOCKER_CACHE_REPO:-}" ]]; then

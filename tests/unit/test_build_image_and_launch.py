@@ -67,6 +67,8 @@ def repo(tmp_path) -> Path:
     shutil.copy2(SCRIPT, root / "scripts" / "train" / SCRIPT.name)
     (root / "launch.sh").write_text(LAUNCH)
     (root / "Dockerfile").write_text("FROM scratch\n")
+    (root / "locks").mkdir()
+    (root / "locks" / "gpu-cu13.txt").write_text("torch==2.14.0\n")
     (root / ".gitignore").write_text(".venv\n")
     (root / ".venv" / "bin").mkdir(parents=True)
     (root / ".venv" / "bin" / "python").write_text(VENV_PYTHON)
@@ -157,6 +159,8 @@ def test_dry_run_prints_every_step_and_the_final_command_and_runs_nothing(repo, 
         "beaker user: <beaker user>",
         f"building the CUDA 12 image for commit {commit}",
         "build the image (docker buildx build): docker is not on PATH (a real run stops here)",
+        "build the image (docker buildx build): no lock for CUDA 12 (locks/gpu-cu12.txt): only the CUDA 13 stack "
+        "is locked (docs/install.md says why); use --cuda-version 13 (a real run stops here)",
         f"would run: docker buildx build --platform=linux/amd64 --build-arg GIT_COMMIT={commit} "
         f"--build-arg GIT_BRANCH={BRANCH} --build-arg CUDA_VERSION=12 --load . -t {image}",
         "upload the image (beaker image create): the beaker CLI is not on PATH (a real run stops here)",

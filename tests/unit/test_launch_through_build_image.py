@@ -47,7 +47,12 @@ def stand_in(script: str) -> str:
 @pytest.fixture(scope="module")
 def checkout(tmp_path_factory) -> Path:
     repo = tmp_path_factory.mktemp("checkout")
-    for path in ("mason.py", "open_instruct/__init__.py", "scripts/train/build_image_and_launch.sh"):
+    for path in (
+        "mason.py",
+        "open_instruct/__init__.py",
+        "scripts/train/build_image_and_launch.sh",
+        "locks/gpu-cu13.txt",
+    ):
         (repo / path).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(REPO / path, repo / path)
     shutil.copytree(REPO / "open_instruct" / "launch", repo / "open_instruct" / "launch")
