@@ -18,8 +18,10 @@ What the judge trusts (`docs/rewards.md`, "What the judge trusts") is decided he
 * `Remote` handles for anything else. A handle answers calls, attributes, items, iteration, `len`, `str`;
   it yields no hash, no ordering, no equality with the test's data, no membership answer of the program's
   (`x in h` iterates `h` and compares in the judge) and no truth but the default one (an object that
-  defines `__bool__` or `__len__` is refused): where a verdict would hang on the program's word, the test
-  fails. `StopIteration` from the program ends only a `next()`.
+  defines `__bool__` or `__len__` is refused). Two handles compare here on their data (`state`: their
+  attributes, walked as far as they reach), never by the program's `__eq__`; their order is `Undecidable`.
+  Where a verdict would hang on the program's word, the test fails. `StopIteration` from the program ends
+  only a `next()`.
 
 A test may pass its own functions and objects to the program (a key function, a callback, its own
 `ListNode`s): they stay in the judge, and the program calls them back through the same pipes, for calls,
@@ -44,6 +46,7 @@ MAX_INT_HEX_DIGITS = 1 << 16  # an int of 262,144 bits; 10**5000 needs 4,153 dig
 MAX_FRACTION_HEX_DIGITS = 1 << 13  # normalising a Fraction costs a gcd, quadratic in its size
 MAX_DECIMAL_CHARS = 1 << 13
 MAX_SYNTHETIC_CLASSES = 256  # namedtuple and exception classes the judge makes for one test
+MAX_COMPARED_OBJECTS = 1 << 17  # program objects one comparison of two program objects may walk
 # A pipe round trip on a loaded machine: the judge gives the program this much wall time per request on top
 # of the test's limit before it calls the test a timeout (the program's charged time is its CPU time).
 ROUND_TRIP_ALLOWANCE_S = 0.002
@@ -93,6 +96,12 @@ class ProgramTimeout(Exception):
 
 class RemoteError(Exception):
     """The program raised an exception that is not a built-in one (its class stays in the program)."""
+
+
+class Undecidable(BaseException):
+    """A comparison the judge cannot decide on plain data (the order of two program objects, the equality of
+    objects whose state no attribute shows): the test fails with status `error:Undecidable`. Not an `Exception`,
+    so neither a test's `except Exception` nor `pytest.raises(TypeError)` turns the refusal into a pass."""
 
 
 def trusted_module(name):
@@ -713,6 +722,85 @@ def _no_private(name):
     return name
 
 
+def _state(peer, message):
+    """Two program objects the judge compares, and every program object their attributes reach, as data:
+    [handle, class id, class name, "identity" | "data" | "opaque", [[attribute, value], ...] or None]. The judge
+    compares them; the program's `__eq__` never runs. An object whose class keeps object's equality compares by
+    identity, as in-process; one whose state lies past its attributes (a class derived from `datetime.date`)
+    is opaque."""
+    todo = [peer.target(message), peer.target(message, "other")]
+    seen, states = set(), []
+
+    def handle_of(obj):
+        tagged = peer._handle_of_program(obj)
+        if tagged[0] == "h" and tagged[1] not in seen:
+            todo.append(obj)
+        return tagged
+
+    while todo:
+        obj = todo.pop()
+        handle = peer.handle_of(obj)[1]
+        if handle in seen:
+            continue
+        if len(states) >= MAX_COMPARED_OBJECTS:
+            return {"states": states}  # the judge refuses a comparison that needs one left out
+        seen.add(handle)
+        kind = type(obj)
+        row = [handle, id(kind), str(type.__getattribute__(kind, "__qualname__"))[:200]]
+        if kind.__eq__ is object.__eq__:
+            states.append([*row, "identity", None])
+            continue
+        attributes = _attributes(obj)
+        if attributes is None:
+            states.append([*row, "opaque", None])
+        else:
+            states.append([*row, "data", [[name, encode(v, handle_of)] for name, v in attributes.items()]])
+    return {"states": states}
+
+
+def _attributes(obj):
+    """{name: value} of the object's `__dict__` and `__slots__`, or None where it keeps state elsewhere."""
+    kind = type(obj)
+    if not _python_layout(kind):
+        return None
+    found = {}
+    try:
+        own = object.__getattribute__(obj, "__dict__")
+    except AttributeError:
+        own = {}
+    if type(own) is not dict:
+        return None
+    found.update((name, value) for name, value in own.items() if type(name) is str)
+    for klass in kind.__mro__:
+        slots = vars(klass).get("__slots__", ())
+        for name in (slots,) if isinstance(slots, str) else slots:
+            if type(name) is not str or name in ("__dict__", "__weakref__"):
+                continue
+            if name.startswith("__") and not name.endswith("__"):
+                name = f"_{klass.__name__.lstrip('_')}{name}"  # the mangled name the slot is stored under
+            try:
+                found[name] = object.__getattribute__(obj, name)
+            except AttributeError:  # a slot never set
+                continue
+    return found
+
+
+def _python_layout(kind):
+    """Whether every field of an instance is a Python attribute (its `__dict__` or `__slots__`): walking the
+    layout's bases, each adds nothing but slots, a dict or weak references to the one below, down to object."""
+    while kind is not object:
+        base = kind.__base__
+        if base is None or kind.__itemsize__:
+            return False
+        if kind.__basicsize__ != base.__basicsize__ and "__slots__" not in vars(kind):
+            adds_dict = kind.__dictoffset__ and not base.__dictoffset__
+            adds_weakref = kind.__weakrefoffset__ and not base.__weakrefoffset__
+            if not (adds_dict or adds_weakref):
+                return False  # a C type's own fields (date's year, month, day)
+        kind = base
+    return True
+
+
 PROGRAM_OPS = {
     "resolve": lambda p, m: {"values": {n: p.encode(p.namespace[n]) for n in m["names"] if n in p.namespace}},
     "call": _call,
@@ -726,7 +814,7 @@ PROGRAM_OPS = {
     "truth": _truth,
     "str": _value_op(lambda p, m: str(p.target(m))),
     "repr": _value_op(lambda p, m: repr(p.target(m))),
-    "eq": _value_op(lambda p, m: bool(p.target(m) == p.target(m, "other"))),
+    "state": _state,
     "read_file": _read_file,
 }
 
@@ -835,7 +923,8 @@ _NOT_PLAIN = (
 
 class Remote:
     """A program object seen from the judge. It never decides a verdict on the program's word: comparing it
-    with plain data, hashing it, ordering it and a truth of its own are refused (`TypeError`)."""
+    with plain data, hashing it, ordering it and a truth of its own are `Undecidable` (no `except` in a test turns
+    the refusal into a pass), and two program objects compare on their data, here (`_same_program_objects`)."""
 
     __slots__ = ("_handle", "_link")
 
@@ -902,8 +991,12 @@ class Remote:
         return self._plain("len", int)
 
     def __bool__(self):
-        if self._ask("truth") is not True:
-            raise TypeError("the truth of a program object is the program's own")
+        try:
+            truth = self._ask("truth")
+        except TypeError as error:  # the object's truth is its own __bool__/__len__
+            raise Undecidable(str(error)) from None
+        if truth is not True:
+            raise Undecidable("the truth of a program object is the program's own")
         return True
 
     def __str__(self):
@@ -915,26 +1008,119 @@ class Remote:
     def __contains__(self, item):
         # Membership is decided here, on what iterating the object gives: never by the program's __contains__.
         for element in self:
-            if type(element) is Remote:
-                raise TypeError(_NOT_PLAIN)
+            if type(element) is Remote and type(item) is not Remote:
+                raise Undecidable(_NOT_PLAIN)
             if element is item or element == item:
                 return True
         return False
 
     def __eq__(self, other):
         if type(other) is not Remote:
-            raise TypeError(_NOT_PLAIN)
-        # Two program objects: the program's own comparison, as the test asked (docs/rewards.md).
-        reply = object.__getattribute__(self, "_link").request(
-            "eq", target=object.__getattribute__(self, "_handle"), other=object.__getattribute__(other, "_handle")
-        )
-        return object.__getattribute__(self, "_link").value(reply["value"]) is True
+            raise Undecidable(_NOT_PLAIN)
+        return _same_program_objects(self, other)
 
     def __ne__(self, other):
         return not self.__eq__(other)
 
+    def _unordered(self, other):
+        raise Undecidable("the order of program objects is their own __lt__: the judge cannot decide it")
+
+    __lt__ = __le__ = __gt__ = __ge__ = _unordered
+
     def __hash__(self):
-        raise TypeError("a program object has no hash the judge can use")
+        raise Undecidable("a program object has no hash the judge can use")
+
+
+def _handle(remote):
+    return object.__getattribute__(remote, "_handle")
+
+
+class _State:
+    __slots__ = ("attributes", "equality", "kind", "name")
+
+    def __init__(self, kind, name, equality, attributes):
+        self.kind, self.name, self.equality, self.attributes = kind, name, equality, attributes
+
+
+def _same_program_objects(left, right):
+    """`left == right` for two program objects, decided here on their data (the program's `__eq__` never
+    runs): objects of one class that defines `__eq__` are equal where their attributes are, compared as plain
+    data, or, for program objects among them, the same way (a linked list, a tree; cycles end as equal);
+    objects of a class that keeps object's equality only where they are the same object. Where the state is
+    not all in attributes, or the objects are too many, the test fails (`Undecidable`), never passes."""
+    if _handle(left) == _handle(right):
+        return True
+    link = object.__getattribute__(left, "_link")
+    states = _decode_states(link, link.request("state", target=_handle(left), other=_handle(right)))
+    pairs, assumed = [(left, right)], set()
+    while pairs:
+        a, b = pairs.pop()
+        if type(a) is Remote or type(b) is Remote:
+            if type(a) is not Remote or type(b) is not Remote:
+                return False  # a program object is no plain value: both come from the program here
+            key = (_handle(a), _handle(b))
+            if key[0] == key[1] or key in assumed:
+                continue
+            assumed.add(key)
+            first, second = states.get(key[0]), states.get(key[1])
+            if first is None or second is None:
+                raise Undecidable(f"program objects too many to compare (over {MAX_COMPARED_OBJECTS})")
+            if first.kind != second.kind or "identity" in (first.equality, second.equality):
+                return False
+            if first.attributes is None or second.attributes is None:
+                raise Undecidable(f"a {first.name} keeps its state past its attributes: only its own __eq__ sees it")
+            if first.attributes.keys() != second.attributes.keys():
+                return False
+            pairs.extend((first.attributes[k], second.attributes[k]) for k in first.attributes)
+        elif type(a) is type(b) and isinstance(a, _sequences()):
+            if len(a) != len(b):
+                return False
+            pairs.extend(zip(a, b))
+        elif type(a) is type(b) and isinstance(a, dict):
+            if a.keys() != b.keys():
+                return False
+            pairs.extend((a[k], b[k]) for k in a)
+        elif not _plain_equal(a, b):
+            return False
+    return True
+
+
+def _sequences():
+    collections = sys.modules.get("collections")
+    return (list, tuple) if collections is None else (list, tuple, collections.deque)
+
+
+def _plain_equal(a, b):
+    numpy = sys.modules.get("numpy")
+    if numpy is not None and (isinstance(a, numpy.ndarray) or isinstance(b, numpy.ndarray)):
+        return bool(numpy.array_equal(a, b))
+    return bool(a == b)
+
+
+def _decode_states(link, reply):
+    """{handle: _State} from the program's `state` answer; malformed rows are a `ProtocolError`."""
+    rows = reply.get("states")
+    if type(rows) is not list:
+        raise ProtocolError("malformed state answer")
+    states = {}
+    for row in rows:
+        if type(row) is not list or len(row) != 5:
+            raise ProtocolError("malformed state answer")
+        handle, kind, name, equality, attributes = row
+        if type(handle) is not int or type(kind) is not int or type(name) is not str:
+            raise ProtocolError("malformed state answer")
+        if equality not in ("identity", "data", "opaque") or (equality == "data") != (attributes is not None):
+            raise ProtocolError("malformed state answer")
+        if attributes is not None:
+            attributes = {_text(pair[0]): link.value(pair[1]) for pair in map(_pair, _items(attributes))}
+        states[handle] = _State(kind, name[:200], equality, attributes)
+    return states
+
+
+def _pair(item):
+    if type(item) is not list or len(item) != 2:
+        raise ProtocolError("malformed value")
+    return item
 
 
 # --------------------------------------------------------------------------------------------------

@@ -23,21 +23,10 @@ from pathlib import Path
 
 SKIP_ENV = "OPEN_INSTRUCT_SKIP_STACK_CHECK"
 INSTALL_PAGE = "docs/install.md"
-# The oldest Linux driver branch released with each CUDA toolkit (NVIDIA's CUDA release notes, table 3).
-# A CUDA build needs at least its toolkit's driver; 13.x builds cannot run on a 12.x driver at all.
-DRIVER_FOR_CUDA = {
-    (11, 8): 520,
-    (12, 0): 525,
-    (12, 1): 530,
-    (12, 2): 535,
-    (12, 3): 545,
-    (12, 4): 550,
-    (12, 5): 555,
-    (12, 6): 560,
-    (12, 8): 570,
-    (12, 9): 575,
-    (13, 0): 580,
-}
+# The oldest Linux driver branch that runs builds of each CUDA major version. Under NVIDIA's minor version
+# compatibility a 12.x build (PyTorch's cu126/cu128) runs on any 12.x driver from 525 on, so refusing, say, a
+# 12.8 torch on a 550 driver would stop runs that work; a 13.x build cannot run on a 12.x driver at all.
+DRIVER_FOR_CUDA_MAJOR = {11: 450, 12: 525, 13: 580}
 
 
 @dataclass(frozen=True)
@@ -58,14 +47,10 @@ class Machine:
 
 
 def required_driver(cuda: str) -> int | None:
-    """The oldest driver branch for a CUDA version ("12.8" -> 570); a newer minor version than the table
-    knows needs at least the newest branch the table has for its major version."""
-    match = re.match(r"(\d+)\.(\d+)", cuda)
-    if not match:
-        return None
-    wanted = (int(match.group(1)), int(match.group(2)))
-    known = [version for version in DRIVER_FOR_CUDA if version[0] == wanted[0] and version <= wanted]
-    return DRIVER_FOR_CUDA[max(known)] if known else None
+    """The oldest driver branch that runs a build for this CUDA version ("13.0" -> 580, "12.8" -> 525); None for
+    a version the table does not know."""
+    match = re.match(r"(\d+)\.\d+", cuda)
+    return DRIVER_FOR_CUDA_MAJOR.get(int(match.group(1))) if match else None
 
 
 def driver_branch(driver: str) -> int | None:

@@ -23,15 +23,16 @@ import pytest
 import requests
 
 from code_server import SandboxConfig, code_server
-from tests.helpers.openinstruct_harness import run_like_openinstruct
+from tests.helpers.openinstruct_harness import run_like_openinstruct, run_stdio_like_openinstruct
 
 
 @dataclass(frozen=True)
 class Form:
-    tests: list[str]
+    tests: list  # assert tests (str), or stdio tests ({"input", "output"})
     correct: str
     wrong: str
     hacks: dict[str, str] = field(default_factory=dict)
+    theirs: dict[str, list[int]] = field(default_factory=dict)  # a stdio form's verdicts in open-instruct's harness
 
 
 ALWAYS_EQUAL = """
@@ -224,13 +225,55 @@ FORMS: dict[str, Form] = {
     ),
 }
 
-STDIO = {
-    "tests": [{"input": "3\n1 2 3\n", "output": "2.0\n"}, {"input": "2\n1 2\n", "output": "1.5\n"}],
-    "correct": "n = int(input())\nxs = list(map(int, input().split()))\nprint(sum(xs) / n)\n",
-    "correct_integer_print": "n = int(input())\nxs = list(map(int, input().split()))\nm = sum(xs) / n\n"
-    "print(int(m) if m == int(m) else m)\n",
-    "wrong": "n = int(input())\nprint(n)\n",
-    "hacks": {"prints NaN": "print(float('nan'))\n", "prints sNaN": "print('sNaN')\n"},
+# A stdio hack that reads the expected output from the grader's own frames, where the grader runs in the
+# program's interpreter (open-instruct's `grade_stdio` keeps it in its local `gt_out`).
+FROM_THE_GRADERS_FRAMES = """import sys
+frame = sys._getframe()
+while frame is not None:
+    if "gt_out" in frame.f_locals:
+        print(frame.f_locals["gt_out"])
+        break
+    frame = frame.f_back
+"""
+READ_LIST = "n = int(input())\nxs = list(map(int, input().split()))\n"
+
+# The stdio rows of the code_stdio sets: numbers on one or several lines, as the problem prints them. `theirs`
+# is what open-instruct's stdio harness gives each program, as the table in docs/rewards.md says.
+STDIO_FORMS: dict[str, Form] = {
+    "integers on several lines": Form(
+        tests=[{"input": "3\n3 1 2\n", "output": "6\n1 2 3\n"}, {"input": "2\n4 -1\n", "output": "3\n-1 4\n"}],
+        correct=READ_LIST + "print(sum(xs))\nprint(*sorted(xs))\n",
+        wrong=READ_LIST + "print(max(xs))\nprint(*xs)\n",
+        hacks={"the expected output read from the grader's frames": FROM_THE_GRADERS_FRAMES},
+        theirs={"correct": [1, 1], "wrong": [0, 0], "the expected output read from the grader's frames": [1, 1]},
+    ),
+    "trailing spaces, blank lines and CRLF line ends": Form(
+        tests=[{"input": "3\n1 2 3\n", "output": "2 \n4\n6\n\n"}, {"input": "1\n-4\n", "output": "-8\n"}],
+        correct=READ_LIST + "import sys\nfor x in xs:\n    sys.stdout.write(f'{2 * x} \\r\\n')\nprint('\\n')\n",
+        wrong=READ_LIST + "for x in xs:\n    print(x)\n",
+        theirs={"correct": [1, 1], "wrong": [0, 0]},
+    ),
+    "floats printed with another precision (2.500000 for 2.5, 2.000000 for 2)": Form(
+        tests=[{"input": "2\n2 3\n", "output": "2.5\n6.5\n"}, {"input": "4\n1 2 3 2\n", "output": "2\n4.5\n"}],
+        correct=READ_LIST + "print(f'{sum(xs) / n:.6f}')\nprint(f'{sum(x * x for x in xs) / n:.6f}')\n",
+        wrong=READ_LIST + "print(round(sum(xs) / n))\nprint(round(sum(x * x for x in xs) / n))\n",
+        hacks={"prints NaN": "print('NaN')\nprint('nan')\n", "prints sNaN": "print('sNaN')\nprint('sNaN')\n"},
+        theirs={"correct": [1, 1], "wrong": [0, 0], "prints NaN": [0, 0], "prints sNaN": [0, 0]},
+    ),
+    "if __name__ == '__main__' reading sys.stdin.read()": Form(
+        tests=[{"input": "1 2\n3\n", "output": "6\n"}, {"input": "10\n", "output": "10\n"}],
+        correct="import sys\ndef main():\n    print(sum(map(int, sys.stdin.read().split())))\n"
+        "if __name__ == '__main__':\n    main()\n",
+        wrong="import sys\nprint(len(sys.stdin.read().split()))\n",
+        hacks={"the expected output read from the grader's frames": FROM_THE_GRADERS_FRAMES},
+        theirs={"correct": [1, 1], "wrong": [0, 0], "the expected output read from the grader's frames": [1, 1]},
+    ),
+    "for line in sys.stdin": Form(
+        tests=[{"input": "1 2\n3 4\n", "output": "3\n7\n"}, {"input": "5\n", "output": "5\n"}],
+        correct="import sys\nfor line in sys.stdin:\n    print(sum(map(int, line.split())))\n",
+        wrong="import sys\nfor line in sys.stdin:\n    print(len(line.split()))\n",
+        theirs={"correct": [0, 0], "wrong": [0, 0]},  # its stand-in for sys.stdin cannot be iterated
+    ),
 }
 
 
@@ -266,10 +309,17 @@ def test_each_form_side_by_side(base: str, name: str, tmp_path) -> None:
             assert future.result() == [0] * len(form.tests), (name, what)
 
 
-def test_stdio_with_numeric_output(base: str) -> None:
-    tests = STDIO["tests"]
-    assert service(base, STDIO["correct"], tests, stdio=True) == [1, 1]
-    assert service(base, STDIO["correct_integer_print"], tests, stdio=True) == [1, 1]  # `2` equals `2.0`
-    assert service(base, STDIO["wrong"], tests, stdio=True) == [0, 0]
-    for program in STDIO["hacks"].values():
-        assert service(base, program, tests, stdio=True) == [0, 0]
+@pytest.mark.parametrize("name", list(STDIO_FORMS))
+def test_each_stdio_form_side_by_side(base: str, name: str) -> None:
+    form = STDIO_FORMS[name]
+    programs = {"correct": form.correct, "wrong": form.wrong, **form.hacks}
+    with ThreadPoolExecutor(max_workers=2 * len(programs)) as pool:
+        ours_futures = {what: pool.submit(service, base, p, form.tests, True) for what, p in programs.items()}
+        theirs_futures = {what: pool.submit(run_stdio_like_openinstruct, p, form.tests) for what, p in programs.items()}
+        ours = {what: future.result() for what, future in ours_futures.items()}
+        theirs = {what: future.result() for what, future in theirs_futures.items()}
+    assert theirs == form.theirs, (name, theirs)  # open-instruct's harness grades them as the docs' table says
+    assert ours["correct"] == [1] * len(form.tests), (name, ours)
+    assert all(o >= t for o, t in zip(ours["correct"], theirs["correct"], strict=True)), (name, ours, theirs)
+    for what in programs.keys() - {"correct"}:  # the wrong program and each hack
+        assert ours[what] == [0] * len(form.tests), (name, what, ours[what])

@@ -184,6 +184,97 @@ def test_correct_programs_pass_where_handles_were_refused(base: str) -> None:
     assert reply["results"] == [1] * len(tests), reply
 
 
+SAYS_EQUAL = "    def __eq__(self, other):\n        return True\n    def __ne__(self, other):\n        return False\n"
+SAYS_EQUAL += "    __hash__ = None\n"
+MONEY_TESTS = [
+    "assert add(Money(1), Money(2)) == Money(3)",
+    "assert not add(Money(1), Money(2)) != Money(3)",
+    "assert [add(Money(2), Money(2))] == [Money(4)]",
+    "assert add(Money(0), Money(1)) in [Money(1)]",
+]
+LIST_NODE = "class ListNode:\n    def __init__(self, val=0, next=None):\n        self.val, self.next = val, next\n"
+REVERSE = "def reverse(head):\n    prev = None\n    while head:\n"
+REVERSE += "        head.next, prev, head = prev, head, head.next\n    return prev\n"
+
+# Two program objects compared with each other: their `__eq__` and `__lt__` say whatever wins.
+OBJECT_PAIRS = {
+    "objects whose __eq__ says equal": (
+        "class Money:\n    def __init__(self, cents):\n        self.cents = cents\n"
+        + SAYS_EQUAL
+        + "def add(a, b):\n    return Money(0)\n",
+        MONEY_TESTS,
+    ),
+    "a linked list whose nodes say equal": (
+        LIST_NODE + SAYS_EQUAL + "def reverse(head):\n    return head\n",
+        ["assert reverse(ListNode(1, ListNode(2))) == ListNode(2, ListNode(1))"],
+    ),
+    "a date whose fields no attribute shows": (
+        "import datetime\nclass Day(datetime.date):\n" + SAYS_EQUAL + "def next_day(d):\n    return Day(1999, 1, 1)\n",
+        ["assert next_day(Day(2020, 1, 1)) == Day(2020, 1, 2)"],
+    ),
+    "an order the program's __lt__ says": (
+        "class Version:\n    def __init__(self, text):\n        self.parts = [int(p) for p in text.split('.')]\n"
+        "    def __lt__(self, other):\n        return True\n    __gt__ = __le__ = __ge__ = __lt__\n",
+        [
+            "assert Version('1.10') > Version('1.2')",
+            "assert sorted([Version('1.10'), Version('1.2')])[0].parts == [1, 2]",
+            "import pytest\nwith pytest.raises(TypeError):\n    Version('1.2') < Version('1.10')",
+        ],
+    ),
+}
+
+
+def test_program_objects_compared_with_each_other_decide_no_verdict(base: str) -> None:
+    """The judge compares two program objects on their data (attributes, walked as far as they reach); it never
+    asks their `__eq__`. Where it cannot (an order, a state past the attributes) the test fails with
+    `error:Undecidable`, whatever the test catches."""
+    replies = judge_all(base, OBJECT_PAIRS)
+    for attack, reply in replies.items():
+        assert reply["results"] == [0] * len(OBJECT_PAIRS[attack][1]), (attack, reply)
+    for attack in ("a date whose fields no attribute shows", "an order the program's __lt__ says"):
+        assert set(replies[attack]["statuses"]) == {"error:Undecidable"}, replies[attack]
+
+
+def test_correct_program_objects_compare_on_their_data(base: str) -> None:
+    controls = {
+        "a dataclass, compared with another and as plain data": (
+            "from dataclasses import dataclass\n@dataclass(slots=True)\nclass Money:\n    cents: int\n"
+            "def add(a, b):\n    return Money(a.cents + b.cents)\n",
+            [*MONEY_TESTS, "assert add(Money(1), Money(2)).cents == 3 and add(Money(1), Money(2)) != Money(4)"],
+        ),
+        "a linked list that defines __eq__, and a cycle": (
+            LIST_NODE + "    def __eq__(self, other):\n        return isinstance(other, ListNode) and "
+            "(self.val, self.next) == (other.val, other.next)\n"
+            + REVERSE
+            + "def ring():\n    node = ListNode(1)\n    node.next = node\n    return node\n",
+            [
+                "assert reverse(ListNode(1, ListNode(2))) == ListNode(2, ListNode(1))",
+                "assert reverse(ListNode(1, ListNode(2))) != ListNode(1, ListNode(2))",
+                "assert ring() == ring()",
+            ],
+        ),
+        "ListNode and TreeNode without __eq__, walked by the test's helpers": (
+            LIST_NODE + REVERSE + "class TreeNode:\n    def __init__(self, val, left=None, right=None):\n"
+            "        self.val, self.left, self.right = val, left, right\n"
+            "def insert(root, val):\n    if root is None:\n        return TreeNode(val)\n"
+            "    if val < root.val:\n        root.left = insert(root.left, val)\n    else:\n"
+            "        root.right = insert(root.right, val)\n    return root\n",
+            [
+                "def build(values):\n    head = None\n    for v in reversed(values):\n"
+                "        head = ListNode(v, head)\n    return head\n"
+                "def walk(node):\n    out = []\n    while node:\n        out.append(node.val)\n"
+                "        node = node.next\n    return out\nassert walk(reverse(build([1, 2, 3]))) == [3, 2, 1]",
+                "def inorder(node):\n    return inorder(node.left) + [node.val] + inorder(node.right) if node else []\n"
+                "root = None\nfor v in [5, 2, 8, 1]:\n    root = insert(root, v)\n"
+                "assert inorder(root) == [1, 2, 5, 8]\n"
+                "node = ListNode(7)\nassert node == node and node != ListNode(7)",  # no __eq__: identity
+            ],
+        ),
+    }
+    for name, reply in judge_all(base, controls).items():
+        assert reply["results"] == [1] * len(controls[name][1]), (name, reply)
+
+
 # Finds the runner's status report (through its closure, as round 1's forgeries did) and writes a set-up
 # failure after the start, hoping to turn a wrong answer into HTTP 500.
 FORGED_SETUP_ERROR = """

@@ -61,8 +61,10 @@ def test_a_driver_older_than_the_torch_builds_cuda_names_both_versions():
     assert line.startswith(
         "NVIDIA driver 570.172.08 is older than torch 2.14.0 needs: its CUDA 13.0 needs driver >= 580"
     )
-    (line,) = stack_check.problems(CUDA12_STACK, Machine(8, "550.90.07"))
-    assert "driver 550.90.07" in line and "CUDA 12.8 needs driver >= 570" in line
+    (line,) = stack_check.problems(CUDA12_STACK, Machine(8, "470.256.02"))
+    assert "driver 470.256.02" in line and "CUDA 12.8 needs driver >= 525" in line
+    # Minor version compatibility: a 12.8 build runs on any 12.x driver, and 13.0 on no 12.x driver.
+    assert stack_check.problems(CUDA12_STACK, Machine(8, "550.90.07")) == []
     # New enough, or newer than needed: nothing to say.
     assert stack_check.problems(CUDA13_STACK, Machine(8, "580.65.06")) == []
     assert stack_check.problems(CUDA12_STACK, Machine(8, "580.65.06")) == []
@@ -70,12 +72,11 @@ def test_a_driver_older_than_the_torch_builds_cuda_names_both_versions():
     assert stack_check.problems(CUDA13_STACK, Machine(8, None)) == []
 
 
-def test_required_driver_follows_the_cuda_release_table():
+def test_required_driver_is_the_first_driver_of_the_cuda_major_version():
     assert stack_check.required_driver("13.0") == 580
-    assert stack_check.required_driver("12.8") == 570
-    assert stack_check.required_driver("12.6") == 560
-    assert stack_check.required_driver("13.2") == 580  # a newer minor: at least its major's newest known branch
-    assert stack_check.required_driver("12.7") == 560
+    assert stack_check.required_driver("13.2") == 580
+    assert stack_check.required_driver("12.8") == 525
+    assert stack_check.required_driver("12.0") == 525
     assert stack_check.required_driver("10.2") is None and stack_check.required_driver("rocm") is None
 
 
