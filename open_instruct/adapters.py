@@ -9,7 +9,14 @@ them in place of the adapter it serves (`weights.adapter_engine`). Nothing here 
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import logging
 import math
+import os
+import shutil
+import tempfile
+import time
 from typing import Any
 
 from open_instruct.config.model import SERVED_LORA_RANKS
@@ -22,6 +29,14 @@ ADAPTER_NAME = "open_instruct_policy"
 PEFT_ADAPTER_NAME = "default"
 ALL_LINEAR = "all-linear"
 ADAPTER_FILE = "adapter_model.safetensors"  # peft's file name, which vLLM's LoRA loader reads
+# An engine's adapter folder (--lora_adapter_dir): FOLDER_PREFIX + engine + random, holding LOCK_FILE locked
+# for as long as the engine lives.
+FOLDER_PREFIX = "open_instruct_adapter_"
+LOCK_FILE = ".in_use"
+# A folder younger than this is never swept: its engine may be between creating it and locking it.
+SWEEP_MARGIN_S = 60.0
+
+logger = logging.getLogger(__name__)
 
 
 def served_rank(lora_r: int) -> int:
@@ -160,3 +175,63 @@ def save_merged(base_model_path: str, adapter_dir: str, out_dir: str, dtype_name
     merged = PeftModel.from_pretrained(base, adapter_dir).merge_and_unload()
     merged.save_pretrained(out_dir, safe_serialization=True)
     return out_dir
+
+
+class AdapterFolder:
+    """The folder an engine serves its adapter from, under `root` (--lora_adapter_dir, default the temp folder).
+
+    The engine's process holds an flock on LOCK_FILE inside it for as long as it lives. The kernel drops the lock
+    when the process dies, SIGKILL included, which is how `sweep_folders` tells a leftover from a live engine's
+    folder, whatever PID namespace that engine runs in (the lock is on the file, not on a PID)."""
+
+    def __init__(self, root: str | None, engine_id: int):
+        root = root or tempfile.gettempdir()
+        os.makedirs(root, exist_ok=True)
+        self.path = tempfile.mkdtemp(prefix=f"{FOLDER_PREFIX}e{engine_id}_", dir=root)
+        self._lock = open(os.path.join(self.path, LOCK_FILE), "w")  # noqa: SIM115 -- held until close()
+        fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+
+    def close(self) -> None:
+        if self._lock is None:
+            return
+        shutil.rmtree(self.path, ignore_errors=True)
+        self._lock.close()
+        self._lock = None
+
+
+def sweep_folders(root: str | None, margin_s: float = SWEEP_MARGIN_S, now: float | None = None) -> list[str]:
+    """Removes the adapter folders under `root` that no live engine holds: this user's, older than `margin_s`,
+    whose lock file is free (its engine was killed) or missing (a folder never locked). Returns what it removed;
+    never raises: what it cannot read or remove stays."""
+    root = root or tempfile.gettempdir()
+    now = time.time() if now is None else now
+    try:
+        entries = [e for e in os.scandir(root) if e.name.startswith(FOLDER_PREFIX)]
+    except OSError:
+        return []
+    removed = []
+    for entry in entries:
+        with contextlib.suppress(OSError):
+            info = entry.stat(follow_symlinks=False)
+            if not entry.is_dir(follow_symlinks=False) or info.st_uid != os.getuid() or now - info.st_mtime < margin_s:
+                continue
+            if _unheld(os.path.join(entry.path, LOCK_FILE)):
+                shutil.rmtree(entry.path)
+                removed.append(entry.path)
+    if removed:
+        logger.warning("removed %d adapter folder(s) left by killed engines: %s", len(removed), removed)
+    return removed
+
+
+def _unheld(lock_path: str) -> bool:
+    """Whether no process holds the lock file (True when it is missing)."""
+    try:
+        lock = open(lock_path)  # noqa: SIM115 -- closed below, which releases the lock taken
+    except FileNotFoundError:
+        return True
+    with lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False
+        return True

@@ -256,7 +256,7 @@ class Stack:
         from open_instruct.generation.engine_setup import EngineSettings
         from open_instruct.generation.pool import EnginePool
         from open_instruct.learner.actor import LearnerSettings
-        from open_instruct.learner.group import LearnerGroup
+        from open_instruct.learner.group import LearnerGroup, learner_timeout_s, model_bytes
         from open_instruct.placement import plan_placement
         from open_instruct.weights.sync import SyncSettings, WeightSync
 
@@ -292,7 +292,8 @@ class Stack:
             LearnerSettings.from_config(cfg, model_path), cpu_cores=placement.learner_cores
         )
         actors = create_learner_actors(learner_settings, cfg.learner.num_learners_per_node, placement, learner_groups)
-        self.learners = LearnerGroup(actors, BatchSettings.from_config(cfg, pad_token_id))
+        timeout_s = learner_timeout_s(model_bytes(model_path))
+        self.learners = LearnerGroup(actors, BatchSettings.from_config(cfg, pad_token_id), timeout_s)
         if placement.engines_start_first:
             engine_info = self.pool.start_engines()
             learner_info = self.learners.setup()

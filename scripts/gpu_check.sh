@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # GPU check: short real runs of the whole stack on this machine's GPU(s), each part printed PASS or FAIL
-# with what it measured (the in-flight weight-sync pause and the learner step time). About 10 minutes.
-# Hardware: 1+ NVIDIA GPUs. With one GPU only the parts that share it (--single_gpu_mode) run; the others
-# say SKIP and how many GPUs they need.
+# with what it measured (the in-flight weight-sync pause and the learner step time). About 15 minutes on 1 GPU
+# (an estimate: it has not run on a GPU yet).
+# Hardware: 1+ NVIDIA GPUs. With one GPU the training parts share it (--single_gpu_mode: CUDA IPC); with 2+
+# they take a GPU each (NCCL); parts that need more GPUs than there are say SKIP and how many.
 # Usage: bash scripts/gpu_check.sh [--dry_run]   (OUT=dir keeps the runs' outputs; default: a temp dir)
 # Runs with $PYTHON (default: the active environment's, $VIRTUAL_ENV/bin/python, else python3). Where that lacks
 # the GPU stack (vllm 0.33 with its CUDA torch, ray, deepspeed, this package; a CPU torch on a machine with GPUs,
@@ -10,45 +11,30 @@
 # (GPU_VENV=dir), the only step that needs the network: python3 -m venv --system-site-packages .venv-gpu &&
 # PYTHON=.venv-gpu/bin/python bash scripts/install_locked.sh gpu-cu13   (docs/install.md)
 # Then it builds the embedded tiny model and dataset (trained on, in bf16) before the timed parts.
-# --dry_run (or CHECK_ONLY=1): the parts that need no GPU only, the others SKIP with the GPUs they need and
-# what each asserts. Every training part asserts offpolicy/rho_mean within 0.9-1.1 at every step (the
-# engines generated with the learner's weights), not only its exit status.
+# --dry_run (or CHECK_ONLY=1): the parts that need no GPU only; every GPU part says SKIP with the GPUs it needs,
+# which of a 1-, 2- and 8-GPU machine run it, and what it asserts. Every training part asserts
+# offpolicy/rho_mean within 0.9-1.1 at every step (the engines generated with the learner's weights), not only
+# its exit status.
 # Timeouts: each part its own (below); the first part that starts an engine WARMUP_S (300) more, for vLLM's
 # cold compile and CUDA-graph capture, cached for the later parts. Each is SIGTERM then, 30 s later, SIGKILL
 # (SIGTERM only asks grpo_fast to finish its step, so a hung step would hang the check).
-# Parts:
-#   python       the interpreter and its version
-#   driver       the GPU name and count, the driver and its CUDA version (nvidia-smi): NEEDS_CUDA (13.0,
-#                vllm 0.33's torch) or newer
-#   compiler     a C compiler (cc or gcc): Triton builds its launchers with it
-#   install      vllm, ray, deepspeed and this checkout's open_instruct import as the trainer imports them
-#                (`python -P`, from /; installed into .venv-gpu when they do not)
-#   model        the embedded model and dataset are built (once; cached in ~/.cache/open_instruct)
-#   env          CUDA visible to torch; vllm 0.33.0 and deepspeed 0.19.8 (asserted), ray; the versions
-#   optimizer    torch's fused AdamW steps on the GPU (--fused_optimizer; no DeepSpeed JIT build)
-#   single_gpu   3 training steps with --single_gpu_mode on GPU 0: engine and learner share it, weights by CUDA
-#                IPC (no group; the engine profiles its memory before the learner starts)
-#   single_gpu_gloo  the same with --vllm_sync_backend gloo, the fallback over a group (1 GPU; with 2+,
-#                train_gloo covers gloo)
-#   train_nccl   3 training steps: 1 vLLM engine, 1 DeepSpeed learner (ZeRO-2), NCCL in-flight sync, bf16 (2+ GPUs)
-#   train_gloo   the same with --vllm_sync_backend gloo (2+ GPUs)
-#   transfer_failure  one forced failed weight push (scripts/transfer_failure_check.py): the error names its
-#                step, the engine keeps serving its previous weights, the next push loads; over NCCL with
-#                2+ GPUs, else on the shared GPU over CUDA IPC
-#   two_learners 2 learner ranks (ZeRO-3) in one STRICT_PACK placement group (3+ GPUs)
-#   tensor_parallel  3 training steps: 1 engine with --vllm_tensor_parallel_size 2 (one 2-GPU bundle, vLLM's mp
-#                workers inside the engine actor) + 1 learner, NCCL sync to both engine ranks (3+ GPUs)
-#   default_stage    3 training steps with the default learner stage, ZeRO-0 (2+ GPUs)
-#   reprefill    3 training steps with --inflight_update_kv reprefill (2+ GPUs)
-#   two_engines  3 training steps with 2 engines (3+ GPUs)
-#   save_resume  3 steps saving the resumable state; the same command again resumes from it (2+ GPUs)
-#   weights_loaded  2 steps with in-flight syncs, then every engine's greedy tokens checked against a
-#                transformers model holding the learner's weights (scripts/weights_loaded_check.py, float32;
-#                1 GPU shared with --single_gpu_mode, NCCL with 2+)
-#   engine_killed  8 steps with 2 engines; one engine's actor is SIGKILLed after 2 steps: replaced in the
-#                background (its EngineCore confirmed gone first), the run finishes (3+ GPUs)
-#   zero3_memory  ZeRO-2 against ZeRO-3 loads and sync gathers, one rank per GPU (up to 2), GPU memory per
-#                rank (benchmarks/zero3_memory.py: torch, DeepSpeed and transformers only) (1+ GPUs)
+# Parts before the GPU ones: python (the interpreter), driver (nvidia-smi: NEEDS_CUDA, 13.0, or newer),
+# compiler (cc or gcc, for Triton's launchers), install (vllm, ray, deepspeed and this checkout's open_instruct
+# import as the trainer imports them, `python -P` from /), model (the embedded model and dataset, cached).
+# GPU parts (PARTS, MIN_GPUS and CHECKS below say what each asserts; `--dry_run` prints them):
+#   env, optimizer    CUDA and the pinned versions; torch's fused AdamW (no DeepSpeed JIT build)
+#   single_gpu(_gloo) 3 steps sharing GPU 0 (CUDA IPC; gloo on a 1-GPU machine)
+#   train_nccl/gloo   3 steps, an engine and a ZeRO-2 learner on a GPU each (2+ GPUs)
+#   transfer_failure  a forced failed push (scripts/transfer_failure_check.py): NCCL with 2+ GPUs, else CUDA IPC
+#   zero3_train, lora, default_stage, reprefill   ZeRO-3 with the reference; LoRA at the default stage
+#                     (BF16_Optimizer, frozen base); ZeRO-0; --inflight_update_kv reprefill (1 GPU shared, 2+ NCCL)
+#   save_resume       ZeRO-3 saving state and model each step; the model loads whole; the same command resumes
+#   two_learners, tensor_parallel, two_engines   (3+ GPUs)
+#   weights_loaded    engines' greedy tokens against a float32 transformers model holding the learner's weights,
+#                     TF32 off on both sides (scripts/weights_loaded_check.py)
+#   engine_killed     an engine SIGKILLed with samples held (tests/helpers/grpo_holding.py) until its replacement
+#                     is ready; its join at the next sync asserted (3+ GPUs)
+#   zero3_memory      benchmarks/zero3_memory.py (torch, DeepSpeed and transformers only): 2 ranks with 2+ GPUs
 set -euo pipefail  # each part runs under `if`, so a failing part is reported, not fatal
 
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -211,7 +197,7 @@ train_flags=(--dtype bfloat16 --total_episodes 48 --num_unique_prompts_rollout 4
   --response_length 64 --vllm_num_engines 1 --vllm_gpu_memory_utilization 0.3 --num_evals 0 --save_freq 0
   --inflight_updates True)
 
-train() {  # name, timeout, extra flags...
+train() {  # name, timeout, extra flags... ($require: metrics that every step must log, space-separated)
   local name="$1" limit="$(( $2 + warmup_s ))"  # the first part that starts an engine pays its cold start
   warmup_s=0
   shift 2
@@ -220,7 +206,7 @@ train() {  # name, timeout, extra flags...
   if timeout -k 30 "$limit" "$python_bin" open_instruct/grpo_fast.py --output_dir "$dir" --exp_name "$name" \
       "${train_flags[@]}" "$@" >"$dir.log" 2>&1; then
     local detail
-    detail="$("$python_bin" - "$dir/metrics.jsonl" <<'PY'
+    detail="$("$python_bin" - "$dir/metrics.jsonl" ${require:-} <<'PY'
 import json, statistics, sys
 rows = [json.loads(line) for line in open(sys.argv[1])]
 pause = [r["time/weight_sync_pause_s"] for r in rows if "time/weight_sync_pause_s" in r]
@@ -232,13 +218,22 @@ off = [f"{x:.3f}" for x in rho if not 0.9 <= x <= 1.1]
 if not rho or off:
     print(f"offpolicy/rho_mean outside 0.9-1.1 ({off or 'not logged'}): engine and learner weights differ; {summary}")
     sys.exit(1)
-print(f"{summary}; rho_mean {min(rho):.3f}-{max(rho):.3f}")
+missing = [name for name in sys.argv[2:] if not all(name in r for r in rows)]
+if missing:
+    print(f"not logged at every step: {missing}; {summary}")
+    sys.exit(1)
+print(f"{summary}; rho_mean {min(rho):.3f}-{max(rho):.3f}" + "".join(
+    f"; {name} {statistics.median(r[name] for r in rows):.4g}" for name in sys.argv[2:]))
 PY
 )" || { report "$name" FAIL "$(tail -1 <<<"$detail")"; return 0; }
     report "$name" PASS "$detail"
   else
     report "$name" FAIL "exit $? (log: $dir.log): $(grep -v '^\s*$' "$dir.log" | tail -1)"
   fi
+}
+
+placement() {  # the flags that place engine and learner: one shared GPU (CUDA IPC), or a GPU each (NCCL)
+  if (( gpus < 2 )); then echo --single_gpu_mode; else echo --vllm_sync_backend nccl; fi
 }
 
 part_transfer_failure() {  # extra flags...
@@ -252,14 +247,34 @@ part_transfer_failure() {  # extra flags...
   fi
 }
 
-part_save_resume() {  # 3 steps saving the state after each; the same command again resumes from the last one
-  local state="$out/save_resume/state" before="$failures"
-  local flags=(--vllm_sync_backend nccl --num_learners_per_node 1 --deepspeed_stage 2 --checkpoint_state_freq 1
-    --checkpoint_state_dir "$state")
-  train save_resume 150 "${flags[@]}"
+part_save_resume() {  # ZeRO-3 with the reference: 3 steps saving the state and the model after each; again: resumes
+  local dir="$out/save_resume" state="$out/save_resume/state" before="$failures" detail
+  local flags=($(placement) --num_learners_per_node 1 --deepspeed_stage 3 --checkpoint_state_freq 1
+    --checkpoint_state_dir "$state" --save_freq 1)
+  train save_resume 200 "${flags[@]}"
   (( failures == before )) || return 0  # (train reports a failure and returns 0: `set -e` must not end the check)
+  # The saved model is whole (no empty ZeRO-3 partitions): it loads in transformers with every tensor of the
+  # model it started from, in shape, and training moved it.
+  if detail="$("$python_bin" - "$dir/checkpoints" 2>&1 <<'PY'
+import sys
+from pathlib import Path
+import torch
+from transformers import AutoModelForCausalLM
+from open_instruct.data.models import resolve_model_path
+steps = sorted(Path(sys.argv[1]).glob("step_*"), key=lambda p: int(p.name.split("_")[1]))
+assert steps, f"no model saved under {sys.argv[1]}"
+saved = AutoModelForCausalLM.from_pretrained(steps[-1], dtype=torch.float32).state_dict()
+start = AutoModelForCausalLM.from_pretrained(resolve_model_path(None), dtype=torch.float32).state_dict()
+assert saved.keys() == start.keys(), f"tensors differ: {sorted(saved.keys() ^ start.keys())[:5]}"
+shapes = [k for k in saved if saved[k].shape != start[k].shape]
+assert not shapes, f"wrong shapes (partitions saved?): {shapes[:5]}"
+moved = sum(not torch.equal(saved[k], start[k]) for k in saved)
+assert moved, "the saved model equals the initial one"
+print(f"{len(steps)} model saves; {steps[-1].name} loads whole in transformers, {moved}/{len(saved)} tensors trained")
+PY
+)"; then report saved_model PASS "$(tail -1 <<<"$detail")"; else report saved_model FAIL "$(tail -1 <<<"$detail")"; fi
   local log="$out/save_resume_again.log"
-  if timeout -k 30 150 "$python_bin" open_instruct/grpo_fast.py --output_dir "$out/save_resume" \
+  if timeout -k 30 200 "$python_bin" open_instruct/grpo_fast.py --output_dir "$dir" \
       --exp_name save_resume "${train_flags[@]}" "${flags[@]}" >"$log" 2>&1 \
       && grep -Eq "resumed from .*: step [1-9]" "$log"; then
     report resumed PASS "the same command again $(grep -Eo 'resumed from .*: step [0-9]+' "$log" | tail -1)"
@@ -271,6 +286,9 @@ part_save_resume() {  # 3 steps saving the state after each; the same command ag
 part_weights_loaded() {  # extra flags...
   local log="$out/weights_loaded.log" limit="$(( 300 + warmup_s ))"
   warmup_s=0
+  # float32 with TF32 off everywhere (scripts/weights_loaded_check.py sets NVIDIA_TF32_OVERRIDE=0 for cuBLAS
+  # and TRITON_F32_DEFAULT=ieee for vLLM's Triton attention before any engine starts): its tie tolerance
+  # is a float32 one, which TF32's 10-bit mantissa would exceed.
   if timeout -k 30 "$limit" "$python_bin" scripts/weights_loaded_check.py --dtype float32 \
       --vllm_gpu_memory_utilization 0.3 --num_learners_per_node 1 --output_dir "$out/weights_loaded" "$@" \
       >"$log" 2>&1; then
@@ -280,39 +298,57 @@ part_weights_loaded() {  # extra flags...
   fi
 }
 
-part_engine_killed() {  # 2 engines; after 2 steps one engine actor is SIGKILLed; the run must finish
-  local dir="$out/engine_killed" limit="$(( 400 + warmup_s ))" pid victim
+part_engine_killed() {
+  # 2 engines whose samples admitted from version 2 on wait after a few tokens until a release file exists
+  # (tests/helpers/grpo_holding.py, as the CPU test does): the engine killed is one holding samples, no step
+  # can finish before the release, and the release comes only once the replacement is ready. So the
+  # replacement always joins at the next weight sync, and the join is asserted, never a race with the run's end.
+  local dir="$out/engine_killed" limit="$(( 600 + warmup_s ))" pid victim deadline
+  local held="$out/engine_killed_held" release="$out/engine_killed_release"
   warmup_s=0
-  mkdir -p "$dir"
-  setsid timeout -k 30 "$limit" "$python_bin" open_instruct/grpo_fast.py --output_dir "$dir" --exp_name engine_killed \
+  mkdir -p "$dir" "$held"
+  rm -f "$release" "$held"/*
+  HOLD_FROM_VERSION=2 HOLD_MARK_DIR="$held" HOLD_RELEASE_FILE="$release" setsid timeout -k 30 "$limit" \
+    "$python_bin" tests/helpers/grpo_holding.py --output_dir "$dir" --exp_name engine_killed \
     "${train_flags[@]}" --total_episodes 128 --vllm_num_engines 2 --max_engine_restarts 1 --vllm_sync_backend nccl \
     --num_learners_per_node 1 --deepspeed_stage 2 >"$dir.log" 2>&1 &
   pid=$!
-  until [[ "$(wc -l <"$dir/metrics.jsonl" 2>/dev/null || echo 0)" -ge 2 ]] || ! kill -0 "$pid" 2>/dev/null; do
-    sleep 1
-  done
-  victim="$(pgrep -s "$(ps -o sid= -p "$pid" | tr -d ' ')" -f 'GenerationActor' | head -1 || true)"
-  if [[ -z "$victim" ]]; then
+  deadline=$(( SECONDS + limit ))
+  until [[ -n "$(ls "$held")" ]] || ! kill -0 "$pid" 2>/dev/null || (( SECONDS > deadline )); do sleep 1; done
+  victim="$(ls "$held" | head -1)"
+  if [[ -z "$victim" ]] || ! kill -9 "$victim" 2>/dev/null; then
+    touch "$release"
     wait "$pid" || true
-    report engine_killed FAIL "no engine actor to kill after 2 steps (log: $dir.log): $(tail -1 "$dir.log")"
+    report engine_killed FAIL "no engine held a sample to kill (log: $dir.log): $(tail -1 "$dir.log")"
     return 0
   fi
-  kill -9 "$victim"
+  until grep -q "'s replacement is ready" "$dir.log" || ! kill -0 "$pid" 2>/dev/null || (( SECONDS > deadline )); do
+    sleep 1
+  done
+  touch "$release"
   if wait "$pid"; then
     local detail
-    detail="$("$python_bin" - "$dir/metrics.jsonl" "$dir.log" <<'PY'
+    detail="$("$python_bin" - "$dir/metrics.jsonl" "$dir.log" "$victim" <<'PY'
 import json, re, sys
 rows = [json.loads(line) for line in open(sys.argv[1])]
 log = open(sys.argv[2]).read()
 restarts = rows[-1].get("engines/restarts_total")
-gone = re.search(r"old processes gone: exited \[[^]]*\], killed \[[^]]*\]", log)
+gone = re.search(r"old processes gone: exited \[([\d, ]*)\], killed \[([\d, ]*)\]", log)
+victim_gone = bool(gone) and sys.argv[3] in re.findall(r"\d+", gone.group(1) + " " + gone.group(2))
+joined = re.search(r"engine (\d) replaced \(.*\); it joined at weight version (\d+), ([\d.]+) s after the failure", log)
 rho = [r["offpolicy/rho_mean"] for r in rows if "offpolicy/rho_mean" in r]
-if restarts != 1 or not gone or not rho or not all(0.9 <= x <= 1.1 for x in rho):
-    print(f"engines/restarts_total {restarts}; old processes confirmed gone: {bool(gone)}; rho_mean {rho}")
+stopped = joined and re.search(rf"engine {joined.group(1)} stopped \(\w+\): .* at weight version (\d+)", log)
+final = rows[-1].get("policy/version")
+problems = [f"engines/restarts_total {restarts} (expected 1)"] if restarts != 1 else []
+problems += [] if victim_gone else [f"the killed actor {sys.argv[3]} not confirmed gone"]
+problems += [] if joined and int(joined.group(2)) >= 1 else ["the replacement did not join at a trained version"]
+problems += [] if stopped and int(stopped.group(1)) == final else [f"the replacement did not serve to the end (version {final})"]
+problems += [] if rho and all(0.9 <= x <= 1.1 for x in rho) else [f"rho_mean {rho}"]
+if problems:
+    print("; ".join(problems))
     sys.exit(1)
-joined = re.search(r"joined at weight version (\d+), ([\d.]+) s after the failure", log)
-print(f"{len(rows)} steps; 1 engine replaced ({gone.group(0)}); "
-      + (f"serving at version {joined.group(1)}, {joined.group(2)} s after the kill" if joined else "not yet serving at the end"))
+print(f"{len(rows)} steps; engine {joined.group(1)} replaced ({gone.group(0)}), joined at version "
+      f"{joined.group(2)} {joined.group(3)} s after the kill and served to version {final}")
 PY
 )" || { report engine_killed FAIL "$(tail -1 <<<"$detail") (log: $dir.log)"; return 0; }
     report engine_killed PASS "$detail"
@@ -321,9 +357,9 @@ PY
   fi
 }
 
-part_zero3_memory() {  # ranks: one per GPU
-  local log="$out/zero3_memory.log" detail
-  if detail="$(timeout -k 30 600 "$python_bin" - "$1" 2>"$log" <<'PY'
+part_zero3_memory() {  # ranks: one per GPU, 2 where there are 2+ (with 1 rank nothing is partitioned to check)
+  local log="$out/zero3_memory.log" detail world="$(( gpus >= 2 ? 2 : 1 ))"
+  if detail="$(timeout -k 30 600 "$python_bin" - "$world" 2>"$log" <<'PY'
 import sys
 from open_instruct.benchmarks.zero3_memory import main
 world = int(sys.argv[1])
@@ -332,47 +368,115 @@ whole = rows[0]["whole_model_bytes"]
 zero3 = [r for r in rows if r["stage"] == 3]
 held = max(r["held_parameter_bytes"] for r in zero3) / whole  # policy + reference partitions
 gather = max(r["sync, one parameter at a time_peak_bytes"] for r in zero3) / whole
-if held > 2 / world + 0.1 or gather > 0.5:
-    print(f"ZeRO-3 rank holds {held:.2f} copies (expected ~{2 / world:.2f}), per-parameter sync peak {gather:.2f}")
+# A save, where the benchmark measures one: it gathers as the sync does, never a whole model per rank.
+saves = {k: max(r[k] for r in zero3) / whole for k in zero3[0] if k.startswith("save") and k.endswith("_peak_bytes")}
+bad = [f"{k} {v:.2f}" for k, v in saves.items() if v > 0.5]
+if held > 2 / world + 0.1 or gather > 0.5 or bad:
+    print(f"ZeRO-3 rank holds {held:.2f} copies (expected ~{2 / world:.2f}), per-parameter sync peak {gather:.2f}"
+          + (f"; save peaks over 0.5 copies: {bad}" if bad else ""))
     sys.exit(1)
+note = "" if world > 1 else " (1 rank: the partitioning itself needs 2 GPUs to check)"
 print(f"{world} GPU rank(s): ZeRO-3 holds {held:.2f} fp32 copies per GPU (policy + reference), "
-      f"per-parameter sync peak {gather:.2f} copies")
+      f"per-parameter sync peak {gather:.2f} copies" + "".join(f", {k} {v:.2f}" for k, v in saves.items()) + note)
 PY
 )"; then report zero3_memory PASS "$(tail -1 <<<"$detail")"; else report zero3_memory FAIL "$(tail -1 <<<"$detail") (log: $log)"; fi
+}
+
+# Each GPU part: the fewest GPUs it needs, the most it runs on (0: any), and what it asserts beyond its exit
+# status. The run and the dry run both read them (`runs_on`), so the dry run lists what a machine would check.
+PARTS=(env optimizer single_gpu single_gpu_gloo train_nccl train_gloo transfer_failure zero3_train lora
+  default_stage reprefill save_resume two_learners tensor_parallel two_engines weights_loaded engine_killed zero3_memory)
+declare -A MIN_GPUS=([env]=1 [optimizer]=1 [single_gpu]=1 [single_gpu_gloo]=1 [train_nccl]=2 [train_gloo]=2
+  [transfer_failure]=1 [zero3_train]=1 [lora]=1 [default_stage]=1 [reprefill]=1 [save_resume]=1 [two_learners]=3
+  [tensor_parallel]=3 [two_engines]=3 [weights_loaded]=1 [engine_killed]=3 [zero3_memory]=1)
+declare -A MAX_GPUS=([single_gpu_gloo]=1)  # with 2+, train_gloo covers gloo
+rho="offpolicy/rho_mean within 0.9-1.1 at every step (the engines generated with the learner's weights)"
+declare -A CHECKS=(
+  [env]="CUDA visible to torch; vllm 0.33.0 and deepspeed 0.19.8, imported as the trainer imports them"
+  [optimizer]="the weights move after 10 fused AdamW steps on the GPU"
+  [single_gpu]="3 steps with --single_gpu_mode (CUDA IPC, ZeRO-2); $rho"
+  [single_gpu_gloo]="3 steps with --single_gpu_mode --vllm_sync_backend gloo; $rho"
+  [train_nccl]="3 steps, 1 engine + 1 ZeRO-2 learner, in-flight NCCL syncs; $rho"
+  [train_gloo]="3 steps over --vllm_sync_backend gloo; $rho"
+  [transfer_failure]="a forced failed push names its step, the engine keeps its weights, the next push loads"
+  [zero3_train]="3 steps with ZeRO-3 and the reference (KL, --beta 0.05); $rho; objective/kl_avg logged every step"
+  [lora]="3 steps with --use_peft at the default stage (ZeRO-0 in bf16: DeepSpeed's BF16_Optimizer, frozen base); $rho"
+  [default_stage]="3 steps with the default learner stage (ZeRO-0, bf16); $rho"
+  [reprefill]="3 steps with --inflight_update_kv reprefill (vLLM's abort pause); $rho"
+  [save_resume]="3 ZeRO-3 steps (reference on) saving the state and the model after each, $rho; the last saved model loads whole in transformers, trained; the same command again resumes from the last state"
+  [two_learners]="3 steps with 2 ZeRO-3 ranks in one STRICT_PACK placement group; $rho"
+  [tensor_parallel]="3 steps, 1 engine with --vllm_tensor_parallel_size 2, both ranks synced; $rho"
+  [two_engines]="3 steps, 2 engines synced in flight; $rho"
+  [weights_loaded]="after in-flight syncs every engine's greedy token is the argmax (ties within 1e-3) of a float32 model holding the learner's weights, TF32 off in cuBLAS and Triton on both sides"
+  [engine_killed]="an engine holding samples SIGKILLed after 2 steps, the run held until its replacement is ready: the old processes confirmed gone, engines/restarts_total 1, the replacement joined at a trained version and served to the end; $rho"
+  [zero3_memory]="ZeRO-3 holds ~2/ranks fp32 copies per GPU (policy + reference), a per-parameter sync (and a save, where measured) peaks under 0.5 copies; 2 ranks where 2+ GPUs"
+)
+
+runs_on() {  # part, GPUs: true when a machine with that many GPUs runs the part
+  (( $2 >= ${MIN_GPUS[$1]} )) && { [[ -z "${MAX_GPUS[$1]:-}" ]] || (( $2 <= ${MAX_GPUS[$1]} )); }
+}
+
+gpu_counts() {  # part: which of 1, 2 and 8 GPUs run it, and how where it differs
+  local n counts=()
+  for n in 1 2 8; do
+    runs_on "$1" "$n" || continue
+    case "$1:$n" in
+      zero3_memory:1) counts+=("1 (1 rank)") ;;
+      zero3_memory:*) counts+=("$n (2 ranks)") ;;
+      single_gpu*:*) counts+=("$n") ;;
+      transfer_failure:1 | zero3_train:1 | lora:1 | default_stage:1 | reprefill:1 | save_resume:1 | weights_loaded:1)
+        counts+=("1 (shared, --single_gpu_mode)") ;;
+      *) counts+=("$n") ;;
+    esac
+  done
+  local joined="${counts[0]}" count
+  for count in "${counts[@]:1}"; do joined+=", $count"; done
+  echo "$joined"
+}
+
+gate() {  # part: true when this machine runs it (and this is no dry run), else reports SKIP
+  if (( ! check_only )) && runs_on "$1" "$gpus"; then return 0; fi
+  local need="${MIN_GPUS[$1]}" plural="s" why="this machine has $gpus"
+  (( need == 1 )) && plural=""
+  (( check_only )) && why="dry run (this machine has $gpus)"
+  [[ -n "${MAX_GPUS[$1]:-}" ]] && why="at most ${MAX_GPUS[$1]}; $why"
+  report "$1" SKIP "needs $need GPU$plural; $why; GPU counts (of 1, 2, 8) that run it: $(gpu_counts "$1"); checks: ${CHECKS[$1]}"
+  return 1
+}
+
+run_part() {  # part: run it on this machine
+  case "$1" in
+    env) part_env ;;
+    optimizer) part_optimizer ;;
+    single_gpu) CUDA_VISIBLE_DEVICES=0 train single_gpu 150 --single_gpu_mode --num_learners_per_node 1 --deepspeed_stage 2 ;;
+    single_gpu_gloo) CUDA_VISIBLE_DEVICES=0 train single_gpu_gloo 150 --single_gpu_mode --vllm_sync_backend gloo \
+      --num_learners_per_node 1 --deepspeed_stage 2 ;;
+    train_nccl) train train_nccl 150 --vllm_sync_backend nccl --num_learners_per_node 1 --deepspeed_stage 2 ;;
+    train_gloo) train train_gloo 150 --vllm_sync_backend gloo --num_learners_per_node 1 --deepspeed_stage 2 ;;
+    transfer_failure)
+      if (( gpus >= 2 )); then part_transfer_failure --vllm_sync_backend nccl
+      else CUDA_VISIBLE_DEVICES=0 part_transfer_failure --single_gpu_mode; fi ;;
+    zero3_train) require="objective/kl_avg" train zero3_train 200 $(placement) --num_learners_per_node 1 \
+      --deepspeed_stage 3 --beta 0.05 ;;
+    lora) train lora 200 $(placement) --num_learners_per_node 1 --use_peft --lora_r 8 ;;
+    default_stage) train default_stage 150 $(placement) --num_learners_per_node 1 ;;
+    reprefill) train reprefill 150 $(placement) --num_learners_per_node 1 --deepspeed_stage 2 --inflight_update_kv reprefill ;;
+    save_resume) part_save_resume ;;
+    two_learners) train two_learners 150 --vllm_sync_backend nccl --num_learners_per_node 2 --deepspeed_stage 3 ;;
+    tensor_parallel) part_tensor_parallel ;;
+    two_engines) train two_engines 150 --vllm_sync_backend nccl --num_learners_per_node 1 --deepspeed_stage 2 \
+      --vllm_num_engines 2 ;;
+    weights_loaded)
+      if (( gpus >= 2 )); then part_weights_loaded --vllm_sync_backend nccl --deepspeed_stage 2
+      else CUDA_VISIBLE_DEVICES=0 part_weights_loaded --single_gpu_mode --deepspeed_stage 2; fi ;;
+    engine_killed) part_engine_killed ;;
+    zero3_memory) part_zero3_memory ;;
+  esac
 }
 
 part_tensor_parallel() {  # the engine actor holds 2 GPUs; vLLM's mp executor runs a worker on each
   train tensor_parallel 180 --vllm_tensor_parallel_size 2 --vllm_sync_backend nccl --num_learners_per_node 1 \
     --deepspeed_stage 2
-}
-
-# What each GPU part asserts beyond its exit status (a dry run lists them).
-declare -A CHECKS=(
-  [env]="CUDA visible to torch; vllm 0.33.0 and deepspeed 0.19.8, imported as the trainer imports them"
-  [optimizer]="the weights move after 10 fused AdamW steps on the GPU"
-  [single_gpu]="3 steps; offpolicy/rho_mean within 0.9-1.1 (the engine generated with the learner's weights)"
-  [single_gpu_gloo]="3 steps; offpolicy/rho_mean within 0.9-1.1"
-  [train_nccl]="3 steps; offpolicy/rho_mean within 0.9-1.1 after each in-flight NCCL sync"
-  [train_gloo]="3 steps; offpolicy/rho_mean within 0.9-1.1"
-  [transfer_failure]="the failure names its step, the engine keeps its weights, the next push loads"
-  [two_learners]="3 steps with 2 ZeRO-3 ranks; offpolicy/rho_mean within 0.9-1.1"
-  [tensor_parallel]="3 steps, both tensor-parallel ranks synced; offpolicy/rho_mean within 0.9-1.1"
-  [default_stage]="3 steps with the default learner stage (ZeRO-0); offpolicy/rho_mean within 0.9-1.1"
-  [reprefill]="3 steps with --inflight_update_kv reprefill (vLLM's abort pause); offpolicy/rho_mean within 0.9-1.1"
-  [two_engines]="3 steps, 2 engines synced in flight; offpolicy/rho_mean within 0.9-1.1"
-  [save_resume]="3 steps saving the state after each (rho_mean as above); the same command again resumes from the last saved state"
-  [weights_loaded]="after an in-flight sync every engine's greedy token is the argmax of a model holding the learner's weights"
-  [engine_killed]="an engine SIGKILLed after 2 steps: its old processes confirmed gone, engines/restarts_total 1, rho_mean within 0.9-1.1, the run finishes"
-  [zero3_memory]="ZeRO-3 holds ~2/ranks fp32 copies per GPU (policy + reference) and a per-parameter sync peaks under 0.5 copies"
-)
-
-needs() {  # part, GPUs it needs: true when this machine has them (and this is no dry run), else reports SKIP
-  if (( ! check_only && gpus >= $2 )); then return 0; fi
-  local plural="s" why="this machine has $gpus"
-  (( $2 == 1 )) && plural=""
-  (( check_only )) && why="dry run (this machine has $gpus)"
-  report "$1" SKIP "needs $2 GPU$plural; $why; checks: ${CHECKS[$1]}"
-  return 1
 }
 
 echo "gpu_check: outputs in $out$( (( check_only )) && echo '; dry run: only the parts that need no GPU')"
@@ -389,55 +493,8 @@ else
   echo "gpu_check: stopped: no GPU stack to run with"
   exit 1
 fi
-if needs env 1; then part_env; fi
-if needs optimizer 1; then part_optimizer; fi
-if needs single_gpu 1; then
-  CUDA_VISIBLE_DEVICES=0 train single_gpu 150 --single_gpu_mode --num_learners_per_node 1 --deepspeed_stage 2
-fi
-if (( gpus < 2 )) && needs single_gpu_gloo 1; then
-  CUDA_VISIBLE_DEVICES=0 train single_gpu_gloo 150 --single_gpu_mode --vllm_sync_backend gloo \
-    --num_learners_per_node 1 --deepspeed_stage 2
-fi
-if needs train_nccl 2; then
-  train train_nccl 150 --vllm_sync_backend nccl --num_learners_per_node 1 --deepspeed_stage 2
-fi
-if needs train_gloo 2; then
-  train train_gloo 150 --vllm_sync_backend gloo --num_learners_per_node 1 --deepspeed_stage 2
-fi
-if (( gpus >= 2 && ! check_only )); then
-  part_transfer_failure --vllm_sync_backend nccl
-elif needs transfer_failure 1; then
-  CUDA_VISIBLE_DEVICES=0 part_transfer_failure --single_gpu_mode
-fi
-if needs two_learners 3; then
-  train two_learners 150 --vllm_sync_backend nccl --num_learners_per_node 2 --deepspeed_stage 3
-fi
-if needs tensor_parallel 3; then
-  part_tensor_parallel
-fi
-if needs default_stage 2; then
-  train default_stage 150 --vllm_sync_backend nccl --num_learners_per_node 1
-fi
-if needs reprefill 2; then
-  train reprefill 150 --vllm_sync_backend nccl --num_learners_per_node 1 --deepspeed_stage 2 \
-    --inflight_update_kv reprefill
-fi
-if needs two_engines 3; then
-  train two_engines 150 --vllm_sync_backend nccl --num_learners_per_node 1 --deepspeed_stage 2 --vllm_num_engines 2
-fi
-if needs save_resume 2; then
-  part_save_resume
-fi
-if (( gpus >= 2 && ! check_only )); then
-  part_weights_loaded --vllm_sync_backend nccl --deepspeed_stage 2
-elif needs weights_loaded 1; then
-  CUDA_VISIBLE_DEVICES=0 part_weights_loaded --single_gpu_mode --deepspeed_stage 2
-fi
-if needs engine_killed 3; then
-  part_engine_killed
-fi
-if needs zero3_memory 1; then
-  part_zero3_memory "$(( gpus >= 2 ? 2 : 1 ))"
-fi
+for part in "${PARTS[@]}"; do
+  if gate "$part"; then run_part "$part"; fi
+done
 echo "gpu_check: $failures part(s) failed"
 exit $(( failures > 0 ))

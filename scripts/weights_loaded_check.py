@@ -5,7 +5,10 @@ syncs) is followed by one more push of the learner's current weights into the ru
 engine decodes a few prompts greedily, and a transformers model holding the learner's weights (its full state
 dict, gathered under ZeRO-3) predicts each next token from the same prefix, in float32: each engine token must
 be that model's argmax, or within TIE of it (two logits that close are a tie that kernel order may break
-either way). Run by `gpu_check.sh` (part weights_loaded) and, on the CPU stack, by the test suite.
+either way). TIE is a float32 tolerance, so TF32 is off on both sides (TF32_OFF, set before Ray or any engine
+starts, so every engine process inherits it: cuBLAS by NVIDIA_TF32_OVERRIDE=0, and the fp32 dots of vLLM's
+Triton attention, which default to TF32 on sm80+, by TRITON_F32_DEFAULT=ieee; the reference by torch's own
+switches). Run by `gpu_check.sh` (part weights_loaded) and, on the CPU stack, by the test suite.
 
     python scripts/weights_loaded_check.py [grpo_fast flags]    # PASS/FAIL lines; exit 1 on a FAIL
 """
@@ -13,9 +16,11 @@ either way). Run by `gpu_check.sh` (part weights_loaded) and, on the CPU stack, 
 from __future__ import annotations
 
 import logging
+import os
 import sys
 
-TIE = 1e-3  # logits closer than this are a tie
+TIE = 1e-3  # logits closer than this are a tie: float32 kernel-order noise, far below TF32's (10-bit mantissa)
+TF32_OFF = {"NVIDIA_TF32_OVERRIDE": "0", "TRITON_F32_DEFAULT": "ieee"}
 PROMPTS = ("Count from 1 onwards, please.", "What is 17 + 25?", "Name three colours.", "Spell 'weight'.")
 TOKENS = 24  # greedy tokens per prompt
 DEFAULTS = ["--total_episodes", "32", "--num_unique_prompts_rollout", "4", "--num_samples_per_prompt_rollout", "4"]
@@ -45,6 +50,7 @@ def reference_model(model_path: str, state: dict):
     model.tie_weights()
     if torch.cuda.is_available():
         torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
         model = model.cuda()
     return model
 
@@ -70,6 +76,7 @@ def disagreements(model, prompt_ids: tuple, response_ids: tuple) -> tuple[list[i
 
 
 def main(argv: list[str]) -> int:
+    os.environ.update(TF32_OFF)  # before anything starts an engine process: they inherit it
     from open_instruct.cluster import Stack
     from open_instruct.config.core import parse_config
     from open_instruct.data.models import load_tokenizer, packing_pad_id, resolve_model_path
@@ -108,7 +115,8 @@ def main(argv: list[str]) -> int:
         verdict = "each the learner's argmax" if not wrong_prompts else f"{wrong_prompts} prompt(s) not the learner's"
         print(
             f"{'PASS' if not wrong_prompts else 'FAIL'} engine {engine_id}: {checked} greedy tokens after "
-            f"{summary['steps_trained']} steps, {verdict} ({ties} ties within {TIE:g}), at weight version {version}"
+            f"{summary['steps_trained']} steps, {verdict} ({ties} ties within {TIE:g}, TF32 off), "
+            f"at weight version {version}"
         )
     return 1 if failed else 0
 

@@ -8,13 +8,16 @@ On GPUs (torch, DeepSpeed and transformers only: no vLLM, no Ray; gpu_check.sh's
 rank's GPU memory is measured instead: allocated tensor bytes, with torch's own peak counter.
 
 For each stage every rank loads the policy and the reference as the learner does, then walks the sync's
-gathers (one parameter at a time, and the whole model at once). A thread samples the rank's anonymous
+gathers (one parameter at a time, and the whole model at once), then saves the policy as the learner does
+(`learner/gathered.py`: one parameter at a time, rank 0 writes) and, for comparison, gathers it whole with an
+fp32 CPU copy on every rank (what a save did before). A thread samples the rank's anonymous
 resident memory (RssAnon, so the checkpoint's memory-mapped file pages do not count) every few milliseconds;
 the table gives, in units of one whole fp32 copy of the model: the parameter bytes the rank keeps (its
 partitions), the peak while both models load (`from_pretrained`) and what stays after, the peak while
 DeepSpeed builds its engines (fp32 master partitions, gradient buffers: the optimizer's own state), and the
-peak above that of each way of gathering for a sync. Sampled peaks can miss a spike shorter
-than the interval: read them as lower bounds.
+peak above that of each way of gathering for a sync or a save. Sampled peaks can miss a spike shorter
+than the interval: read them as lower bounds. The save columns come from the kernel's high-water mark (VmHWM,
+reset before each save), which misses nothing.
 """
 
 from __future__ import annotations
@@ -61,6 +64,63 @@ def gpu_allocated_bytes() -> int:
     return torch.cuda.memory_allocated()
 
 
+class HighWater:
+    """The peak resident memory between start and stop, from the kernel's own high-water mark (VmHWM, reset at
+    start through /proc/self/clear_refs): no spike is missed. It counts all resident pages, but between start
+    and stop only anonymous memory grows here (the files a save writes are page cache, not the process's)."""
+
+    def __enter__(self) -> HighWater:
+        Path("/proc/self/clear_refs").write_text("5")
+        self.start = _status("VmRSS")
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.peak = rss_anon_bytes() + max(0, _status("VmHWM") - self.start)
+
+
+def _status(field: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def sync_peaks(params: list, stage: int, Peak) -> dict[str, int]:
+    """Peak memory of a weight sync's gathers (absolute): one parameter at a time, and the whole model at once."""
+    import deepspeed
+    import torch
+
+    peaks = {}
+    for name, whole in (("sync, one parameter at a time", False), ("sync, whole model", True)):
+        with Peak() as sync, deepspeed.zero.GatheredParameters(params, enabled=stage == 3 and whole):
+            for param in params:
+                with deepspeed.zero.GatheredParameters([param], enabled=stage == 3 and not whole):
+                    param.detach().to(torch.float32).sum()  # what the transport reads
+        peaks[name] = sync.peak
+    return peaks
+
+
+def save_peaks(engine, stage: int, rank: int, Peak, workdir: str) -> dict[str, int]:
+    """Peak memory of a model save (absolute, as the other phases' peaks): the learner's
+    (`gathered.save_hf_model`: one parameter gathered at a time, rank 0 copies and writes it) and, for
+    comparison, one gather of the whole model with an fp32 CPU copy on every rank (what a save did before)."""
+    import deepspeed
+    import torch
+
+    from open_instruct.learner.gathered import save_hf_model
+
+    params = list(engine.module.named_parameters())
+    with Peak() as streamed:
+        save_hf_model(engine.module, Path(workdir) / f"saved_zero{stage}", stage == 3, write=rank == 0)
+    torch.distributed.barrier()
+    with Peak() as whole:
+        with deepspeed.zero.GatheredParameters([p for _, p in params], enabled=stage == 3):
+            copy = {n: p.detach().float().cpu().clone() for n, p in params}
+        del copy
+    return {"save, one parameter at a time": streamed.peak, "whole-gather save, fp32 copy per rank": whole.peak}
+
+
 class PeakSampler:
     """The highest RssAnon seen between start and stop."""
 
@@ -88,7 +148,6 @@ def measure_rank(rank: int, world_size: int, port: int, model_path: str, stage: 
     """One rank: load policy + reference as the learner does, then the sync's gathers; writes its numbers."""
     if device == "cuda":  # one GPU per rank, as a learner actor sees it (before CUDA starts in this process)
         os.environ["CUDA_VISIBLE_DEVICES"] = str(rank)
-    import deepspeed
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -121,13 +180,10 @@ def measure_rank(rank: int, world_size: int, port: int, model_path: str, stage: 
     params = list(engine.module.parameters())
     whole_bytes = sum(getattr(p, "ds_numel", p.numel()) * 4 for p in params)
     held = sum((p.ds_tensor if stage == 3 else p).numel() * 4 for p in (*params, *reference.parameters()))
-    phases = {}
-    for name, whole in (("sync, one parameter at a time", False), ("sync, whole model", True)):
-        with Peak() as sync, deepspeed.zero.GatheredParameters(params, enabled=stage == 3 and whole):
-            for param in params:
-                with deepspeed.zero.GatheredParameters([param], enabled=stage == 3 and not whole):
-                    param.detach().to(torch.float32).sum()  # what the transport reads
-        phases[name] = sync.peak - settled
+    peaks = sync_peaks(params, stage, Peak)
+    peaks.update(save_peaks(engine, stage, rank, GpuPeak if device == "cuda" else HighWater, str(Path(out).parent)))
+    phases = {name: peak - settled for name, peak in peaks.items()}
+    largest = max(getattr(p, "ds_numel", p.numel()) * 4 for p in params)
     result = {
         "device": device,
         "stage": stage,
@@ -137,6 +193,7 @@ def measure_rank(rank: int, world_size: int, port: int, model_path: str, stage: 
         "load_peak_bytes": load.peak - before,
         "after_load_bytes": loaded - before,
         "engine_init_peak_bytes": engines.peak - loaded,
+        "largest_parameter_bytes": largest,
         **{f"{k}_peak_bytes": v for k, v in phases.items()},
     }
     Path(out).write_text(json.dumps(result))
@@ -196,6 +253,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     )
     columns = ["held_parameter_bytes", "load_peak_bytes", "after_load_bytes", "engine_init_peak_bytes"]
     columns += ["sync, one parameter at a time_peak_bytes", "sync, whole model_peak_bytes"]
+    columns += ["save, one parameter at a time_peak_bytes", "whole-gather save, fp32 copy per rank_peak_bytes"]
     print("stage rank " + " | ".join(c.removesuffix("_bytes") for c in columns) + "   (whole copies)")
     for row in results:
         print(f"ZeRO-{row['stage']} {row['rank']}    " + " | ".join(f"{row[c] / whole:.2f}" for c in columns))

@@ -64,6 +64,11 @@ class ModelConfig:
         None, "Modules trained whole next to the adapter (with --use_peft): refused, see the check's message."
     )
     lora_task_type: str = arg("CAUSAL_LM", "peft's task type (with --use_peft): CAUSAL_LM, the policy's.")
+    lora_adapter_dir: str | None = arg(
+        None,
+        "Where each engine keeps the adapter it serves (with --use_peft; a folder per engine, removed when it stops, "
+        "and folders left by killed runs are removed when an engine starts). Default: the system's temp folder.",
+    )
     save_merged_lora_model: bool = arg(
         False,
         "With --use_peft, each saved model (--save_freq, the final one) is also written merged (base + adapter) as "

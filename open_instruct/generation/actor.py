@@ -146,15 +146,16 @@ class GenerationActor:
         """--use_peft: the engine serves base + one adapter from a folder of its own, zero until the first sync
         (the learner's fresh adapter is zero too); returns the LoRARequest every request names. A weight sync
         writes the new adapter there and vLLM loads it again under the same id (`weights.adapter_engine`)."""
-        import tempfile
-
         from vllm.lora.request import LoRARequest
 
         from open_instruct import adapters
 
-        # Removed at shutdown (or when the actor's process exits): a 7B's adapter is tens of MB.
-        self._adapter_dir = tempfile.TemporaryDirectory(prefix=f"open_instruct_adapter_e{self.engine_id}_")
-        directory = self._adapter_dir.name
+        # Removed at shutdown; a SIGKILLed engine's folder (a 7B's adapter is tens of MB) is removed by the next
+        # engine to start on this node.
+        root = self.settings.model.lora_adapter_dir
+        await asyncio.to_thread(adapters.sweep_folders, root)
+        self._adapter_dir = adapters.AdapterFolder(root, self.engine_id)
+        directory = self._adapter_dir.path
         await asyncio.to_thread(adapters.write_zero_adapter, self.settings.model_path, self.settings.model, directory)
         await self.state.engine.collective_rpc("serve_adapter", args=(directory,))
         return LoRARequest(adapters.ADAPTER_NAME, adapters.ADAPTER_ID, lora_path=directory)
@@ -194,7 +195,7 @@ class GenerationActor:
             self.state.engine.shutdown()
             self.state.engine = None
         if self._adapter_dir is not None:
-            self._adapter_dir.cleanup()
+            self._adapter_dir.close()
             self._adapter_dir = None
 
     # ------------------------------------------------------------------ the weight sync (WeightReceiver's)

@@ -200,6 +200,11 @@ class EnginePool:
             if self.hangs.probe_due(engine_id, now):
                 self.hangs.probe_sent(engine_id, self.actors[engine_id].stats.remote(), now)
 
+    def replace_stuck(self, engine_ids: list[int], why: str) -> None:
+        """Members stuck in a weight receive that cannot end (NCCL's has no timeout): replaced like hung ones."""
+        for engine_id in sorted(set(engine_ids) & self.members):  # counted in `restarts`, not `hung_engines`
+            self._engine_failed(engine_id, TimeoutError(f"engine {engine_id} stuck in a weight receive: {why}"))
+
     def notice_dead(self, wait_s: float = 3.0) -> int:
         """After a weight sync failed (was an engine lost, or is it a real sync failure?): wait up to `wait_s`
         for Ray to report members that died; they leave the members, their replacement begins. Returns how many."""

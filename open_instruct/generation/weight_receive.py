@@ -5,15 +5,19 @@ protocol with its own failure rules (see `weights.sync`)."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 
 from open_instruct.generation.engine_state import EngineState
 from open_instruct.messages import EnginePaused, WeightsReceived
 
+logger = logging.getLogger(__name__)
+
 
 class WeightReceiver:
     def __init__(self, state: EngineState):
         self.state = state
+        self.joined = False  # in a weight-transfer group (left before joining the next one)
 
     async def pause(self, mode: str = "keep") -> EnginePaused:
         """Stop admitting requests and freeze the engine for a weight sync.
@@ -39,11 +43,22 @@ class WeightReceiver:
         return EnginePaused(state.engine_id, time.monotonic() - started, running, len(state.progress))
 
     async def init_weight_transfer(self, init_info: dict) -> dict:
-        """Join the trainer's weight-transfer group (concurrently with the trainer's own init)."""
+        """Join the trainer's weight-transfer group (concurrently with the trainer's own init), leaving the one
+        it was in first: the group is formed anew whenever the pool's members change, and vLLM's init would
+        otherwise overwrite the old group without freeing it (an NCCL communicator has no `__del__`)."""
         from vllm.distributed.weight_transfer.base import WeightTransferInitRequest
 
         started = time.monotonic()
+        if self.joined:
+            self.joined = False
+            try:
+                await self.state.engine.shutdown_weight_transfer_engine()
+            except RuntimeError as error:
+                # vLLM refuses while an update it never finished is open (its driver-side wait timed out); our
+                # engines' own init leaves the old group too (`weights.*_engine`), so the join goes on.
+                logger.warning("engine %s: leaving the old weight-transfer group: %s", self.state.engine_id, error)
         await self.state.engine.init_weight_transfer_engine(WeightTransferInitRequest(init_info=init_info))
+        self.joined = True
         return {"engine_id": self.state.engine_id, "init_s": time.monotonic() - started}
 
     async def receive_weights(self, update_info: dict, version: int, timeout_s: float = 600.0) -> WeightsReceived:

@@ -5,6 +5,7 @@ weight_sender.py      `WeightSender`: the learner's end of a weight sync (transp
 group.py              `LearnerGroup` (driver handle): splits a batch over ranks, gathers step results
 deepspeed_setup.py    DeepSpeed configs and engine construction
 sequence_parallel.py  Ulysses sequence parallelism: sharding a packed batch over ranks
+gathered.py           saves and the reference's checkpoint, one parameter gathered at a time, written by rank 0
 reference.py          the KL penalty's reference: a frozen copy (ZeRO-3: partitioned), or the base, adapter off
 logprobs.py           token log-probabilities and entropies of packed rows: chunked, with its own backward (pure)
 """

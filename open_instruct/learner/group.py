@@ -42,11 +42,58 @@ def rank_mean(results: list[LearnerStepResult]) -> dict[str, float]:
     return out
 
 
+# Learner setup, saves and resume: a floor, plus time per GiB of weights (one copy read or written at ~35 MB/s,
+# a slow network disk's rate), so that a 70B model gets its hour instead of failing at a small model's limit.
+LEARNER_TIMEOUT_FLOOR_S = 900.0
+LEARNER_TIMEOUT_S_PER_GIB = 30.0
+WEIGHT_FILES = ("*.safetensors", "*.bin", "*.pt")
+
+
+def learner_timeout_s(model_bytes: int) -> float:
+    """How long learner setup, a model save, a state save or a resume may take (`LearnerGroup.timeout_s`)."""
+    return LEARNER_TIMEOUT_FLOOR_S + LEARNER_TIMEOUT_S_PER_GIB * model_bytes / 2**30
+
+
+def model_bytes(model_path: str) -> int:
+    """The size of a model's weights: its weight files' bytes where they are on disk (a local folder, or a hub
+    name already in the hub's cache), else 2 bytes (bf16) per parameter estimated from its config."""
+    from pathlib import Path
+
+    folder = Path(model_path).expanduser()
+    if not folder.is_dir():
+        try:
+            from huggingface_hub import snapshot_download
+
+            folder = Path(snapshot_download(model_path, local_files_only=True))
+        except Exception:  # not cached (or not a hub name): the config's estimate
+            return 2 * estimated_parameters(model_path)
+    files = {f for pattern in WEIGHT_FILES for f in folder.glob(pattern)}
+    total = sum(f.stat().st_size for f in files)
+    return total or 2 * estimated_parameters(model_path)
+
+
+def estimated_parameters(model_path: str) -> int:
+    """A decoder's parameter count from its config (embeddings, attention, MLP or experts); 0 when it cannot
+    be read."""
+    try:
+        from transformers import AutoConfig
+
+        config = AutoConfig.from_pretrained(model_path)
+        config = getattr(config, "text_config", None) or config
+        hidden, layers, vocab = config.hidden_size, config.num_hidden_layers, config.vocab_size
+    except Exception:
+        return 0
+    experts = getattr(config, "num_experts", None) or getattr(config, "num_local_experts", None) or 1
+    intermediate = getattr(config, "moe_intermediate_size", None) if experts > 1 else None
+    intermediate = intermediate or getattr(config, "intermediate_size", 4 * hidden)
+    return 2 * vocab * hidden + layers * (4 * hidden * hidden + 3 * hidden * intermediate * experts)
+
+
 class LearnerGroup:
-    def __init__(self, actors: list, batch_settings: BatchSettings, timeout_s: float = 900):
+    def __init__(self, actors: list, batch_settings: BatchSettings, timeout_s: float = LEARNER_TIMEOUT_FLOOR_S):
         self.actors = actors  # in rank order
         self.batch_settings = batch_settings
-        self.timeout_s = timeout_s
+        self.timeout_s = timeout_s  # setup, saves, resume: `learner_timeout_s` of the model's size
 
     def _all(self, method: str, *args, timeout_s: float | None = None) -> list:
         refs = [getattr(actor, method).remote(*args) for actor in self.actors]

@@ -38,21 +38,32 @@ class ReferencePolicy:
                 with deepspeed.zero.GatheredParameters(pair, modifier_rank=0, enabled=self.partitioned):
                     ref_param.mul_(1.0 - alpha).add_(param.detach().to(ref_param.device, ref_param.dtype), alpha=alpha)
 
-    def state_dict(self) -> dict:
-        """Its weights on CPU (gathered: a collective under ZeRO-3)."""
-        import deepspeed
+    def state_dict(self, keep: bool) -> dict:
+        """Its weights on CPU in their dtype, gathered one at a time under ZeRO-3 (a collective); a rank whose
+        `keep` is false only joins the gathers and gets {}."""
+        from open_instruct.learner.gathered import gathered
 
-        with deepspeed.zero.GatheredParameters(list(self.module.parameters()), enabled=self.partitioned):
-            return {k: v.detach().cpu().clone() for k, v in self.module.state_dict().items()}
+        named = list(self.module.named_parameters())
+        return {name: t for name, t in gathered(named, self.partitioned, keep) if t is not None}
 
-    def load(self, state: dict) -> None:
+    def save(self, directory: str, write: bool) -> None:
+        """Its weights as safetensors under `directory`, one parameter at a time (a collective under ZeRO-3);
+        the rank whose `write` is true writes."""
+        from open_instruct.learner.gathered import save_parameters
+
+        save_parameters(directory, list(self.module.named_parameters()), self.partitioned, write)
+
+    def load(self, read) -> None:
+        """Set its weights from `read` (name -> tensor, see `gathered.reader`), one parameter at a time. Under
+        ZeRO-3 only rank 0 reads (the others pass None and get rank 0's values through the gather)."""
         import deepspeed
         import torch
 
         with torch.no_grad():
             for name, param in self.module.named_parameters():
                 with deepspeed.zero.GatheredParameters([param], modifier_rank=0, enabled=self.partitioned):
-                    param.copy_(state[name].to(param.device, param.dtype))
+                    if read is not None:
+                        param.copy_(read(name).to(param.device, param.dtype))
 
 
 class AdapterOffReference:

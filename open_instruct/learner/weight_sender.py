@@ -13,14 +13,41 @@ from open_instruct.weights.transport import WeightSyncError
 from open_instruct.weights.watchdog import SendWatchdog
 
 
-def weight_metadata(named: list, dtype_name: str) -> WeightMetadata:
-    """Names and full shapes in send order, without gathering (ZeRO-3 keeps `ds_shape`)."""
+def weight_metadata(named: list, dtype_name: str, checkpoint_names=None) -> WeightMetadata:
+    """Names and full shapes in send order, without gathering (ZeRO-3 keeps `ds_shape`); with `checkpoint_names`
+    (a `weights.checkpoint_names.CheckpointNames`) the checkpoint's names and shapes each parameter is sent as."""
     names, dtypes, shapes = [], [], []
     for name, param in named:
-        names.append(name)
-        dtypes.append(dtype_name if param.is_floating_point() else str(param.dtype).removeprefix("torch."))
-        shapes.append(tuple(int(d) for d in getattr(param, "ds_shape", param.shape)))
+        shape = tuple(int(d) for d in getattr(param, "ds_shape", param.shape))
+        dtype = dtype_name if param.is_floating_point() else str(param.dtype).removeprefix("torch.")
+        for sent_name, sent_shape in checkpoint_names.entries(name, shape) if checkpoint_names else [(name, shape)]:
+            names.append(sent_name)
+            dtypes.append(dtype)
+            shapes.append(sent_shape)
     return WeightMetadata(tuple(names), tuple(dtypes), tuple(shapes))
+
+
+def _gathered(named: list, metadata: WeightMetadata, zero3: bool, whole: bool, copy: bool, checkpoint_names):
+    """(name, tensor) in send order, in the metadata's dtypes: each parameter whole (under ZeRO-3 gathered: all at
+    once with `whole`, --gather_whole_model, fast but a whole model of extra memory; else one parameter at a time,
+    peak extra memory one parameter plus one bucket), as its checkpoint's tensors with `checkpoint_names`; `copy`:
+    tensors that share a gathered parameter's memory are copied (the gather frees it on exit)."""
+    import deepspeed
+    import torch
+
+    dtype_names = iter(metadata.dtype_names)  # one per tensor sent, as `weight_metadata` listed them
+    with deepspeed.zero.GatheredParameters([p for _, p in named], enabled=whole):
+        for name, param in named:
+            with deepspeed.zero.GatheredParameters([param], enabled=zero3 and not whole):
+                pieces = checkpoint_names.tensors(name, param.detach()) if checkpoint_names else None
+                for sent_name, piece in pieces or [(name, param.detach())]:
+                    tensor = piece.to(getattr(torch, next(dtype_names)))
+                    shared = tensor.untyped_storage().data_ptr() == param.untyped_storage().data_ptr()
+                    yield sent_name, tensor.clone() if copy and shared else tensor
+
+
+def _rank_0_aborts() -> None:
+    """A non-sending rank's abort: nothing of its own to abort (see `WeightSender.send`)."""
 
 
 class WeightSender:
@@ -39,37 +66,38 @@ class WeightSender:
         wire = transport(backend)
         if self.rank != 0 and not wire.EVERY_RANK_STAGES:
             raise RuntimeError(f"learner rank {self.rank} asked to open the {backend} transport: only rank 0 sends")
+        self.close()  # a re-form (the members changed): the old group's resources go before the new one's come
         self.wire = wire
         self.group = wire.trainer_init(host, port, world_size, timeout_s)
         return world_size
 
+    def close(self) -> None:
+        """Free the transport's trainer end (a communicator, a process group, a staged file or handles)."""
+        group, self.group = self.group, None
+        if group is not None:
+            self.wire.trainer_close(group)
+
     def send(
-        self, named: list, zero3: bool, metadata: WeightMetadata, bucket_bytes: int, version: int, timeout_s: float
+        self,
+        named: list,
+        zero3: bool,
+        metadata: WeightMetadata,
+        bucket_bytes: int,
+        version: int,
+        timeout_s: float,
+        checkpoint_names=None,
     ) -> WeightsSent:
         """Every rank: walk `named` (under ZeRO-3 gathered whole or one at a time, see --gather_whole_model);
         rank 0 broadcasts them bucket by bucket, or a staged transport's ranks stage them (see `release`).
         Raises `WeightSyncError` when that takes longer than `timeout_s` (see `SendWatchdog`), and at once on
         every call after that."""
-        import deepspeed
-        import torch
-
         started = time.monotonic()
         wire = self.wire
         # Staged handles point into the tensors themselves; a ZeRO-3 gather frees its whole copy on exit.
         copy = zero3 and wire is not None and wire.KEEPS_REFERENCES
 
-        def gathered():
-            # --gather_whole_model: one gather of every shard (fast, a whole model of extra memory); else one
-            # parameter at a time (peak extra memory: one parameter plus one bucket).
-            whole = zero3 and self.gather_whole_model
-            with deepspeed.zero.GatheredParameters([p for _, p in named], enabled=whole):
-                for (name, param), dtype_name in zip(named, metadata.dtype_names):
-                    with deepspeed.zero.GatheredParameters([param], enabled=zero3 and not whole):
-                        tensor = param.detach().to(getattr(torch, dtype_name))
-                        yield name, tensor.clone() if copy and tensor.data_ptr() == param.data_ptr() else tensor
-
         def send() -> tuple[int, dict | None]:
-            tensors = gathered()
+            tensors = _gathered(named, metadata, zero3, zero3 and self.gather_whole_model, copy, checkpoint_names)
             try:
                 if wire is None:  # not a sender: it only joins the ZeRO-3 gathers (below)
                     return 0, None
@@ -91,7 +119,10 @@ class WeightSender:
 
         what = f"weight sync step 'send' of version {version} on learner {self.rank}"
         try:
-            sent, staged = self.watchdog.run(send, timeout_s=timeout_s, what=what)
+            # Over a group, an overrun send is freed by aborting the group (NCCL's receive has no timeout). The
+            # other ranks wait in ZeRO-3 gathers behind rank 0's send: its abort frees them too, so they wait for it.
+            abort = self.close if wire is not None and not wire.STAGED else _rank_0_aborts if zero3 else None
+            sent, staged = self.watchdog.run(send, timeout_s=timeout_s, what=what, abort=abort)
         except Exception as error:
             if wire is not None and not wire.STAGED and self.watchdog.broken is None:
                 self.close_group(error)

@@ -13,6 +13,9 @@ gloo_engine.py, nccl_engine.py, shm_engine.py, ipc_engine.py
 reload.py     engine side: a failed update restores the previous weights
 adapter_engine.py
               engine side, --use_peft: an update replaces the served LoRA adapter instead of the weights
-watchdog.py   learner side: a send that overruns the sync timeout is abandoned
+checkpoint_names.py
+              learner side: a converted model's weights (transformers' stacked MoE experts) under its
+              checkpoint's names and shapes, which the engines load
+watchdog.py   learner side: a send that overruns the sync timeout aborts its group (else it is abandoned)
 shm_sweep.py  removing shared-memory files left by killed runs
 """

@@ -27,32 +27,37 @@ from open_instruct.adapters import ADAPTER_FILE
 
 class AdapterUpdate:
     """The weight-update target of a LoRA engine: collects the adapter's tensors, then writes them where the
-    engine reads its adapter. Only one worker of an engine writes (`writes`); every worker reads."""
+    engine reads its adapter. Only one worker of an engine writes (`writes`); every worker reads the file, so
+    the others (tensor-parallel ranks > 0) only count what they receive and keep no copy of the adapter."""
 
     def __init__(self, directory: str, writes: bool):
         self.path = Path(directory) / ADAPTER_FILE
         self.writes = writes
         self.received: dict[str, torch.Tensor] = {}
+        self.tensors = 0  # received in this update, by every worker (a non-writing one keeps none of them)
 
     def start(self) -> None:
-        self.received = {}
+        self.received, self.tensors = {}, 0
 
     def load_weights(self, weights) -> set[str]:
-        """Keeps a copy of each tensor: a transport reuses its receive buffer for the next bucket."""
+        """The writer keeps a copy of each tensor: a transport reuses its receive buffer for the next bucket."""
         names = set()
         for name, tensor in weights:
-            self.received[name] = tensor.detach().to("cpu", copy=True).contiguous()
+            if self.writes:
+                self.received[name] = tensor.detach().to("cpu", copy=True).contiguous()
             names.add(name)
+            self.tensors += 1
         return names
 
     def discard(self) -> None:
-        self.received = {}
+        self.received, self.tensors = {}, 0
 
     def finish(self) -> None:
         from safetensors.torch import save_file
 
-        received, self.received = self.received, {}
-        if not received:
+        received, tensors = self.received, self.tensors
+        self.received, self.tensors = {}, 0
+        if not tensors:
             raise ValueError("the adapter update carried no tensors")
         if self.writes:
             partial = self.path.with_name(self.path.name + ".partial")

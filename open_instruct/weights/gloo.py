@@ -94,8 +94,9 @@ def trainer_init(host: str, port: int, world_size: int = 2, timeout_s: float = D
 
 
 def trainer_close(group) -> None:
-    """Close the trainer end after a failed send. gloo has no abort: peers see the group end only when its
-    sockets close, which happens when the last reference to `group` goes (the caller drops its own)."""
+    """Close the trainer end: before the group is formed anew (the members changed) and after a failed send.
+    gloo has no abort: peers see the group end only when its sockets close, which happens when the last
+    reference to `group` goes (the caller drops its own)."""
     from vllm.distributed.utils import stateless_destroy_torch_distributed_process_group
 
     stateless_destroy_torch_distributed_process_group(group)

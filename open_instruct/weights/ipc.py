@@ -109,3 +109,9 @@ def trainer_release(stager: Stager) -> None:
 
         stager.staged.clear()
         torch.cuda.ipc_collect()
+
+
+def trainer_close(group: Stager) -> None:
+    """Close the trainer end (`group`, the name every transport's close takes, is the stager) before a
+    re-form opens a new one: its staged copies and their handles go."""
+    trainer_release(group)

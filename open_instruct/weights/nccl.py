@@ -8,8 +8,9 @@ module level. Tensors go one by one (vLLM's unpacked mode), in
 metadata order, straight from GPU memory.
 
 The transfer itself is not exercised on the CPU machines the test suite runs on (no CUDA there); the call
-sequence around it (`weight_sync.WeightSync`) is shared with the tested gloo backend, and the engine's
-failure path runs on CPU in the tests.
+sequence around it (`weight_sync.WeightSync`) is shared with the tested gloo backend, the engine's failure
+path runs on CPU in the tests, and the teardown (the calls on the communicator, in order) on a stand-in of
+vLLM's communicator (tests/unit/test_weight_group_teardown.py).
 """
 
 from __future__ import annotations
@@ -57,9 +58,16 @@ def trainer_init(host: str, port: int, world_size: int, timeout_s: float):
 
 
 def trainer_close(group) -> None:
-    """Nothing to do: NCCL cannot wake a peer waiting in a broadcast (vLLM's receive has no timeout), so an
-    engine left waiting is found only by the sync's step timeout. The communicator goes with `group`."""
-    del group
+    """Abort learner rank 0's communicator: before the group is formed anew (the members changed), after a
+    failed send, and when a send overran its watchdog. vLLM's `PyNcclCommunicator` has no `__del__`: dropping
+    it would leave the NCCL communicator (its buffers and proxy thread, outside any memory budget) alive for
+    the process's life, one per re-form. `destroy()` is `ncclCommAbort`, which also ends a broadcast of this
+    communicator still blocked on a peer that is gone (the watchdog's send thread then returns). The
+    rendezvous store it was formed through (rank 0 is the TCPStore master: a listening socket) goes with the
+    last reference, dropped here so that a send thread that never returns does not keep it open."""
+    group.destroy()
+    if getattr(group, "group", None) is not None:
+        group.group = None
 
 
 def trainer_send_stream(

@@ -12,7 +12,16 @@ from open_instruct.weights.reload import RestoringReload
 
 
 class RestoringNCCLWeightTransferEngine(RestoringReload, NCCLWeightTransferEngine):
-    """vLLM's NCCL engine; a failed update leaves the previous weights in place instead of meta tensors."""
+    """vLLM's NCCL engine; a failed update leaves the previous weights in place instead of meta tensors, and
+    joining a new group leaves the old one first."""
+
+    def init_transfer_engine(self, init_info) -> None:
+        # vLLM's init overwrites `model_update_group`, and its communicator has no `__del__`: without this,
+        # every re-form (each replacement forms the group twice) would leak an NCCL communicator per worker,
+        # outside vLLM's memory budget. The driver asks for `shutdown_weight_transfer_engine` first anyway
+        # (`generation.weight_receive`); this covers any other caller.
+        self.shutdown()
+        super().init_transfer_engine(init_info)
 
 
 def register() -> None:

@@ -184,6 +184,12 @@ def trainer_release(stager: Stager) -> None:
             os.unlink(path)
 
 
+def trainer_close(group: Stager) -> None:
+    """Close the trainer end (`group`, the name every transport's close takes, is the stager) before a
+    re-form opens a new one: a file staged and never released goes."""
+    trainer_release(group)
+
+
 async def push_weights(engine, stager: Stager, named_tensors, version: int | str, *, dtype=None) -> dict:
     """The whole in-flight update for an AsyncLLM in this event loop, like `weights.gloo.push_weights`:
     stage (the engine still generating) → pause(keep, KV kept) → start → update(file) → finish(version) →

@@ -12,12 +12,13 @@ running requests first finish with the old weights ("wait"), then the update hap
 Every step has a timeout; a failure names the step and the engine or learner, and `resume`
 is always attempted, so no engine is left paused. The first failure is the sync's error: a resume
 that then times out is its consequence, noted after it (see `WeightSync._resume_after`). The
-parties bound their own part too: a learner's send by the same timeout (`SendWatchdog`), and an
-engine whose update failed keeps its previous weights (`weights.reload`) and serves on. Which
-transport recovers from which failure: `WeightSync.push`. Tensors travel through the transfer
-group (`weights.gloo` on CPU, `weights.nccl` on GPU: the same five calls; see `weights.transport`),
-metadata through Ray. `WeightSync` is a driver-side handle like `EnginePool` and
-`LearnerGroup`: it starts their calls and waits on both sides at once.
+parties bound their own part too: a learner's send by the same timeout (`SendWatchdog`, which aborts
+its group), and an engine whose update failed keeps its previous weights (`weights.reload`) and serves
+on. Each re-form of the group frees the last one on both ends first (`WeightSender.open`,
+`WeightReceiver.init_weight_transfer`). Which transport recovers from which failure: `WeightSync.push`.
+Tensors travel through the transfer group (`weights.gloo` on CPU, `weights.nccl` on GPU: the same five
+calls; see `weights.transport`), metadata through Ray. `WeightSync` is a driver-side handle like
+`EnginePool` and `LearnerGroup`: it starts their calls and waits on both sides at once.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from dataclasses import dataclass, field
 from open_instruct.config.generation import GenerationConfig
 from open_instruct.messages import EnginePaused, WeightMetadata, WeightsReceived, WeightsSent
 from open_instruct.weights.transport import WeightSyncError, transport
+from open_instruct.weights.watchdog import ABORT_GRACE_S, FREED
 
 # The driver waits this much longer than each party's own timeout, so that the party's error (which names
 # the cause) arrives before the driver's own "timed out waiting for ..." does.
@@ -92,6 +94,7 @@ class WeightSync:
         self.version = 0  # the last version every engine loaded
         self.members: list[int] = []  # the engines in the transfer group as last connected
         self.membership_seen = -1  # the pool's `membership_changes` at that connect
+        self._sending: dict = {}  # the learners' send calls of the broadcast in progress, by learner name
 
     def with_settings(self, **changes) -> WeightSync:
         """The same connected group with other settings (e.g. a benchmark switching `inflight` per mode)."""
@@ -158,22 +161,29 @@ class WeightSync:
                             error; engines resume    at once)                     which resume)
         shm (CPU), ipc      ends the sync at once    left out, synced again       ends the sync; engines
         (GPU)               (nothing in flight)      (the others finish loading)  resume
-        nccl (GPU)          ends the sync at once    ends the run with the        ends the run with the
-                            with the learner's       engine's error: the others   first error: engines stay
-                            error; engines stay in   stay in the receive, the     in the receive; restart
-                            the receive: restart     learner's send in its        (from a checkpoint)
-                            (from a checkpoint)      watchdog
+        nccl (GPU)          ends the sync at once    left out; the engines left   the engines left in the
+                            with the learner's       in the receive are replaced  receive are replaced once
+                            error; engines stay in   once the learner's watchdog  the learner's watchdog
+                            the receive: restart     aborted its group (after     aborted its group; the
+                            (from a checkpoint)      the sync timeout); synced    others synced again
+                                                     again
         ==================  =======================  ===========================  ==========================
 
         "Ends" means a `WeightSyncError` naming the first failure (step, actor, cause) within
         `FAILURE_SETTLE_S` + `RESUME_AFTER_FAILURE_S` of it over NCCL or after a learner's failure, never
-        a later resume timeout. A learner whose send ran past its watchdog refuses every later send."""
+        a later resume timeout. A learner whose send runs past its watchdog aborts its end of the group
+        (`weights.watchdog`), which ends the send; only a send the abort does not end makes it refuse every
+        later send. The engines' ends cannot be aborted from outside (their worker is inside the receive):
+        over NCCL the engines left in it are killed and replaced like hung ones (`_resume_after`), once every
+        learner's send is known to have ended; otherwise (a learner's own failure, a send the abort did not
+        end) the run ends, naming them."""
         self.engines.check_engines()
         joining = self.engines.admit_replacements()
         try:
             metrics = self._push(version, step_end_time)
         except WeightSyncError as error:
-            if not error.retry or not self.engines.notice_dead():
+            # `notice_dead` first: the engine whose death caused the failure leaves the members too.
+            if not error.retry or not (self.engines.notice_dead() or error.replaced):
                 raise
             metrics = self._push(version, step_end_time)
         self.engines.start_serving(joining, version)
@@ -182,6 +192,8 @@ class WeightSync:
     def _push(self, version: int, step_end_time: float | None) -> dict[str, float]:
         if self.metadata is None:
             raise WeightSyncError("weight sync not connected: call connect() first")
+        if not self.engines.member_ids():  # every engine is being replaced: they join when built (`rejoin`)
+            return {}
         reconnected = {}
         if self.engines.membership_changes != self.membership_seen:  # an engine left, or a replacement joins
             reconnected = self.connect()
@@ -250,8 +262,10 @@ class WeightSync:
         After a failed transfer over gloo an engine may sit in the group's collective until the group
         timeout, then finishes the reload and resumes: waited for (`2 x timeout + 60`). A transfer that failed
         on a learner first, or any over NCCL (whose receive has no timeout), gets `RESUME_AFTER_FAILURE_S`:
-        engines still receiving then are named in the error. A transfer that failed over NCCL is not retried
-        (`retry`): the learner's broadcast cannot finish either, and its watchdog refuses later sends."""
+        engines still receiving then are named in the error. Over NCCL those engines cannot leave the receive:
+        once every learner's send has ended, freed by its watchdog's abort (waited for: at most the sync
+        timeout and `ABORT_GRACE_S` after it began), they are replaced and the sync may run again (`replaced`);
+        otherwise it is not retried (`retry`)."""
         in_transfer = getattr(failure, "step", None) == "transfer"
         sender_failed = in_transfer and (getattr(failure, "party", None) or "").startswith("learner")
         receive_can_hang = in_transfer and transport(self.settings.backend).RECEIVE_CAN_HANG
@@ -264,11 +278,36 @@ class WeightSync:
         where += ", which has no timeout over NCCL)" if receive_can_hang else ")" if in_transfer else ""
         note = f"; then {', '.join(late)} did not resume within {timeout_s:.0f}s{where}: restart the run"
         if isinstance(failure, WeightSyncError):
+            if receive_can_hang and late and self._learners_freed():
+                # The learners' sends ended (their watchdog aborted the group): only the engines are stuck,
+                # and a stuck engine is replaced like a hung one. The sync then runs again without them.
+                self.engines.replace_stuck([int(name.split()[-1]) for name in late], f"{failure}")
+                failure.replaced = tuple(late)
+                failure.args = (f"{failure}; then {', '.join(late)} stayed in the transfer's receive: replaced",)
+                return
             failure.retry = failure.retry and not late and not receive_can_hang
             if late:
                 failure.args = (f"{failure}{note}",)
         elif late:
             failure.add_note(note[2:])
+
+    def _learners_freed(self) -> bool:
+        """Whether every learner's send of the failed broadcast has ended, none by a failure of its own: done,
+        or freed by its watchdog's abort (`weights.watchdog.FREED`). Waits for their watchdogs, which answer
+        within the sync timeout and the abort's grace of the send's start."""
+        refs = list(self._sending.values())
+        if not refs:
+            return False
+        _, pending = self.waiter.wait(refs, num_returns=len(refs), timeout=self.settings.timeout_s + ABORT_GRACE_S)
+        if pending:
+            return False
+        for ref in refs:
+            try:
+                self.waiter.get(ref)
+            except Exception as error:
+                if FREED not in str(error):
+                    return False
+        return True
 
     def _start_send(self, version: int) -> dict:
         return self.learners.start_send_weights(
@@ -280,13 +319,13 @@ class WeightSync:
         info of what the learners staged (`staged`: their reports). Returns the learners' and engines' reports."""
         md = self.metadata
         wire = transport(self.settings.backend)
+        self._sending = {}
         if staged is None:
             info = wire.update_info(
                 list(md.names), list(md.dtype_names), [list(x) for x in md.shapes], self.settings.bucket_bytes
             )
-            refs = self.engines.start_receive_weights(info, version, self.settings.timeout_s) | self._start_send(
-                version
-            )
+            self._sending = self._start_send(version)
+            refs = self.engines.start_receive_weights(info, version, self.settings.timeout_s) | self._sending
             return self._get("transfer", refs, timeout_s=self.settings.timeout_s + REPORT_GRACE_S)
         info = wire.merge_staged([report.staged for report in staged])
         loading = self.engines.start_receive_weights(info, version, self.settings.timeout_s)

@@ -38,6 +38,7 @@ class WeightTransport(Protocol):
         self, host: str, port: int, world_size: int, timeout_s: float, rank_offset: int = 1
     ) -> dict: ...
     def trainer_init(self, host: str, port: int, world_size: int, timeout_s: float) -> Any: ...
+    def trainer_close(self, group: Any) -> None: ...  # free what `trainer_init` returned (before a re-form too)
 
 
 class BroadcastTransport(WeightTransport, Protocol):
@@ -52,7 +53,6 @@ class BroadcastTransport(WeightTransport, Protocol):
         shapes: Sequence[Sequence[int]],
         bucket_bytes: int,
     ) -> int: ...
-    def trainer_close(self, group: Any) -> None: ...
 
 
 class StagedTransport(WeightTransport, Protocol):
@@ -81,6 +81,7 @@ class WeightSyncError(RuntimeError):
     step: str | None = None
     party: str | None = None
     retry: bool = True
+    replaced: tuple[str, ...] = ()  # engines left in a receive that were replaced (the sync may run again)
 
     @classmethod
     def of(cls, message: str, step: str, party: str | None = None) -> WeightSyncError:

@@ -6,6 +6,7 @@ shared-memory file, and its weights-loaded check finds the engines decoding with
 from __future__ import annotations
 
 import json
+import os
 import re
 import socket
 import subprocess
@@ -72,3 +73,22 @@ def test_the_weights_loaded_check_finds_every_engine_token_to_be_the_learners_ar
     assert result.returncode == 0, "\n".join(checks) + result.stderr[-3000:]
     assert len(checks) == 2 and all(line.startswith("PASS") for line in checks), checks
     assert all(f"{4 * 24} greedy tokens after 2 steps" in line for line in checks), checks
+
+
+def test_the_gpu_kit_runs_its_cpu_checks_and_prints_its_table():
+    """scripts/gpu_kit/run.sh on the CPU stack, its fast parts: the CUDA IPC check says SKIP, and the LoRA
+    learner trains in bf16 through DeepSpeed's BF16_Optimizer with the frozen base untouched."""
+    result = subprocess.run(
+        ["bash", str(REPO / "scripts" / "gpu_kit" / "run.sh"), "--only", "cuda_ipc,lora_bf16"],
+        env={**{k: v for k, v in os.environ.items() if k != "KIT_VENV"}, "PYTHON": sys.executable},
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr[-3000:]
+    rows = {line.split()[0]: line.split(None, 3) for line in result.stdout.splitlines() if line[:1].islower()}
+    assert rows["check"][1:3] == ["status", "time"]
+    assert rows["cuda_ipc"][1] == "SKIP" and "no CUDA device" in rows["cuda_ipc"][3]
+    assert rows["lora_bf16"][1] == "PASS" and rows["lora_bf16"][3].startswith("BF16_Optimizer on cpu")
+    assert "0 check(s) failed" in result.stdout

@@ -5,11 +5,19 @@ peft adapter and, when asked, the merged model."""
 
 from __future__ import annotations
 
+import json
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 from helpers.batches import rewarded_groups
 
 from open_instruct import adapters, batching, cluster
+
+REPO = Path(__file__).resolve().parents[2]
 
 LORA = {"use_peft": True, "lora_r": 8, "lora_alpha": 16, "lora_dropout": 0.0}
 
@@ -103,16 +111,38 @@ def test_the_kl_reference_is_the_base_model_with_the_adapter_off(model_path, tok
     assert second["objective/kl_avg"] > 0.0
 
 
-def test_a_lora_checkpoint_holds_the_adapter_and_resumes_exactly(model_path, tokenizer, tmp_path):
+def test_pi_old_has_no_dropout_so_rho_is_exactly_1_when_nothing_is_stale(model_path):
+    """With --lora_dropout 0.05 and one mini-batch, pi_old comes from an eval-mode pass, not the training
+    forward: against behaviour logprobs that are the current policy's own, rho is exactly 1. The helper also
+    shows the training-mode forward differs (a training-mode pi_old would put dropout noise into rho)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    result = subprocess.run(
+        [sys.executable, str(REPO / "tests" / "helpers" / "lora_pi_old.py"), model_path, str(port)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    assert report["train_mode_differs"]
+    assert report["rho_mean"] == report["rho_max"] == report["rho_sq_mean"] == 1.0, report
+
+
+@pytest.mark.parametrize("stage, universal", [(2, False), (3, False), (3, True)], ids=["zero2", "zero3", "universal"])
+def test_a_lora_checkpoint_holds_the_adapter_and_resumes_exactly(model_path, tokenizer, tmp_path, stage, universal):
     """The state after one step (adapter, Adam moments, RNG; not the frozen base) loads into a fresh group,
-    whose next step equals the uninterrupted one. The saved model is a peft adapter; merged on request, it
-    scores like base + adapter."""
+    whose next step equals the uninterrupted one, at ZeRO-2 and ZeRO-3 (partitioned adapter and base), and
+    through DeepSpeed's universal checkpoint (--deepspeed_checkpoint_load_universal). The saved model is a
+    peft adapter; merged on request, it scores like base + adapter."""
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
     groups = rewarded_groups(tokenizer, 2)
     state_dir, model_dir = tmp_path / "state", tmp_path / "model"
-    with lora_learners(model_path, tokenizer, 2, 2, save_merged_lora_model=True) as learners:
+    with lora_learners(model_path, tokenizer, 2, stage, save_merged_lora_model=True) as learners:
         learners.setup()
         learners.train_step(groups, 0)
         learners.save_state(str(state_dir))
@@ -124,7 +154,7 @@ def test_a_lora_checkpoint_holds_the_adapter_and_resumes_exactly(model_path, tok
     base_bytes = sum(v.numel() * 4 for k, v in split(saved)[1].items())
     assert stored < base_bytes / 2  # the adapter and its optimizer state, not the base model
 
-    with lora_learners(model_path, tokenizer, 2, 2) as fresh:
+    with lora_learners(model_path, tokenizer, 2, stage, deepspeed_checkpoint_load_universal=universal) as fresh:
         fresh.setup()
         assert fresh.load_state(str(state_dir)) == 1
         restored = fresh.full_state_dict()

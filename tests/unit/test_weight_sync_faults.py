@@ -56,6 +56,8 @@ class Engines:
         self.asked_for_dead = 0
         self.joins: list[dict] = []  # each connect's init infos, by engine id
         self.served: list[tuple[list[int], int]] = []
+        self.dead: list[int] = []  # members that died: `notice_dead` finds them
+        self.stuck: list[int] = []  # members replaced because they stayed in a receive
 
     def _started(self, calls: list[Call]) -> dict[str, Call]:
         now = self.waiter.clock
@@ -81,7 +83,17 @@ class Engines:
 
     def notice_dead(self) -> int:
         self.asked_for_dead += 1
-        return 0
+        gone = [i for i in self.members if i in self.dead]
+        self._leave(gone)
+        return len(gone)
+
+    def replace_stuck(self, engine_ids: list[int], why: str) -> None:
+        self.stuck += engine_ids
+        self._leave(engine_ids)
+
+    def _leave(self, engine_ids: list[int]) -> None:
+        self.members = [i for i in self.members if i not in engine_ids]
+        self.membership_changes += len(engine_ids)
 
     def start_join_weight_transfer(self, init_infos: dict[int, dict]) -> dict[str, Call]:
         self.joins.append(init_infos)
@@ -117,11 +129,14 @@ class Learners:
         return WeightMetadata(names=("w",), dtype_names=(dtype_name,), shapes=((2,),))
 
     def start_send_weights(self, metadata, bucket_bytes: int, version: int, timeout_s: float) -> dict[str, Call]:
-        at = None if self.send.at is None else self.waiter.clock + self.send.at
-        return {"learner 0": Call(at, self.send.value, self.send.error)}
+        send = self.send.pop(0) if isinstance(self.send, list) else self.send  # a list: one call per sync
+        at = None if send.at is None else self.waiter.clock + send.at
+        return {"learner 0": Call(at, send.value, send.error)}
 
 
-def make_sync(backend: str, send: Call, receive: list[Call], resume: list[Call]) -> tuple[WeightSync, Engines]:
+def make_sync(
+    backend: str, send: Call | list[Call], receive: list[Call], resume: list[Call]
+) -> tuple[WeightSync, Engines]:
     waiter = VirtualWaiter()
     engines = Engines(waiter, receive, resume)
     sync = WeightSync(Learners(waiter, send), engines, SyncSettings(backend, "float32", timeout_s=TIMEOUT_S), waiter)
@@ -167,10 +182,12 @@ def test_over_gloo_a_learner_failure_wins_over_the_engines_lost_connections_and_
 
 
 def test_an_engine_failure_then_a_resume_timeout_ends_with_the_engine_failure():
-    """Engine 1 dies mid-receive; engine 0 never leaves the receive (its resume never answers). Over gloo
-    the driver waits the long resume bound, then still reports the engine's death first; over NCCL it
-    waits only the short margin and does not retry (the learner's broadcast cannot finish either)."""
-    for backend, bound in (("gloo", 2 * TIMEOUT_S + 60), ("nccl", weight_sync.RESUME_AFTER_FAILURE_S)):
+    """Engine 1 dies mid-receive; engine 0 never leaves the receive (its resume never answers), and neither
+    does the learner's send (its actor lost). Over gloo the driver waits the long resume bound, then still
+    reports the engine's death first; over NCCL it waits the short margin, then for the learner's watchdog,
+    and does not retry (with the learner not freed, replacing engine 0 could not help)."""
+    nccl_bound = weight_sync.RESUME_AFTER_FAILURE_S
+    for backend, bound in (("gloo", 2 * TIMEOUT_S + 60), ("nccl", nccl_bound)):
         receive = [Call(NEVER), Call(2.0, error=DIED)]
         sync, _ = make_sync(backend, Call(NEVER), receive, [Call(NEVER), Call(0.1, error=DIED)])
         with pytest.raises(WeightSyncError) as raised:
@@ -179,12 +196,13 @@ def test_an_engine_failure_then_a_resume_timeout_ends_with_the_engine_failure():
         assert message.startswith("weight sync step 'transfer' failed on engine 1: RuntimeError: ActorDiedError")
         assert f"engine 0 did not resume within {bound:.0f}s" in message, message
         assert raised.value.retry is False
-        assert sync.waiter.clock <= 2.1 + weight_sync.FAILURE_SETTLE_S + bound
+        waited_for_the_learner = TIMEOUT_S + weight_sync.ABORT_GRACE_S if backend == "nccl" else 0
+        assert sync.waiter.clock <= 2.1 + weight_sync.FAILURE_SETTLE_S + bound + waited_for_the_learner
 
 
 def test_a_dead_engine_over_nccl_is_not_replaced_and_synced_again():
-    """The only engine dies mid-receive over NCCL: every engine resumed or died, but the learner's broadcast
-    is stuck in its watchdog, so replacing the engine and syncing again cannot succeed."""
+    """Both engines die mid-receive over NCCL: none is left in the receive, but no learner's send answers, so
+    the group is not known to be free and syncing again cannot succeed."""
     sync, engines = make_sync("nccl", Call(NEVER), [Call(2.0, error=DIED)] * 2, [Call(0.1, error=DIED)] * 2)
     with pytest.raises(WeightSyncError, match="failed on engine 0") as raised:
         sync.push(1)
@@ -246,3 +264,44 @@ def test_a_rejoin_before_the_first_step_reforms_the_group_and_sends_nothing():
     metrics = sync.rejoin()
     assert engines.joins[-1].keys() == {0, 1} and sync.learners.opened == [3]
     assert engines.served == [([1], 0)] and sync.version == 0 and "weight_sync/bytes" not in metrics
+
+
+FREED = WeightSyncError(
+    f"weight sync step 'send' of version 1 on learner 0 did not finish within 600s; {weight_sync.FREED}: the next "
+    "sync forms a new group"
+)
+
+
+def test_an_engine_left_in_the_nccl_receive_is_replaced_once_the_learners_watchdog_freed_its_send():
+    """Engine 1 dies mid-receive; engine 0 stays in the receive. The learner's watchdog aborts its group at the
+    sync timeout, which frees its send: engine 0 is replaced (not the run restarted), engine 1 leaves as dead,
+    and the sync ends with no member left to load (the replacements join when built, `rejoin`)."""
+    receive = [Call(NEVER), Call(2.0, error=DIED)]
+    sync, engines = make_sync("nccl", Call(TIMEOUT_S + 2, error=FREED), receive, [Call(NEVER), Call(0.1, error=DIED)])
+    engines.dead = [1]
+    assert sync.push(1)["weight_sync/engines"] == 2.0  # as last connected: nothing was re-formed since
+    assert engines.stuck == [0] and engines.members == [] and engines.asked_for_dead == 1
+    assert sync.version == 0 and sync.learners.opened == []
+    assert sync.waiter.clock <= TIMEOUT_S + 2 + 0.1
+
+
+def test_engines_left_in_the_nccl_receive_by_a_timeout_are_replaced_and_the_survivor_synced_again():
+    """Engine 1 hangs in the receive; the learner's watchdog frees its send at the timeout; engine 1 is
+    replaced, and the sync runs again with engine 0 alone, in a group formed anew."""
+    receive = [Call(1.0, WeightsReceived(0, 1, 0.9)), Call(NEVER)]
+    sends = [Call(TIMEOUT_S + 2, error=FREED), Call(1.0, WeightsSent(0, 8, 1.0))]  # the second sync's goes through
+    sync, engines = make_sync("nccl", sends, receive, [RESUMED, Call(NEVER)])
+    metrics = sync.push(1)
+    assert engines.stuck == [1] and engines.members == [0] and sync.learners.opened == [2]
+    assert sync.version == 1 and metrics["weight_sync/engines"] == 1.0
+
+
+def test_engines_are_not_replaced_when_the_learners_send_failed_by_itself_or_stays_blocked():
+    """A refused weight (the learner's own failure) would fail again in any group; a send its abort did not
+    free leaves the learner refusing sends: either way the run ends as before, naming the engines."""
+    broken = WeightSyncError("weight sync step 'send' ... is still blocked in a collective; ... restart the run")
+    for send in (Call(3.0, error=REFUSED), Call(TIMEOUT_S + 2, error=broken)):
+        sync, engines = make_sync("nccl", send, [Call(NEVER)] * 2, [Call(NEVER)] * 2)
+        with pytest.raises(WeightSyncError, match=r"engine 0, engine 1 did not resume .* restart the run") as raised:
+            sync.push(1)
+        assert raised.value.retry is False and engines.stuck == [] and raised.value.replaced == ()
