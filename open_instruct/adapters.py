@@ -165,18 +165,6 @@ def describe(model_path: str, model_cfg, sync_dtype: str | None = None) -> str:
     return f"{line}, {nbytes(sync_dtype, (parameters,)) / 1e6:.2f} MB per weight sync in {sync_dtype}"
 
 
-def save_merged(base_model_path: str, adapter_dir: str, out_dir: str, dtype_name: str = "float32") -> str:
-    """base + adapter merged into a plain HF model in `out_dir` (any HF or vLLM loader reads it without peft)."""
-    import torch
-    from peft import PeftModel
-    from transformers import AutoModelForCausalLM
-
-    base = AutoModelForCausalLM.from_pretrained(base_model_path, dtype=getattr(torch, dtype_name))
-    merged = PeftModel.from_pretrained(base, adapter_dir).merge_and_unload()
-    merged.save_pretrained(out_dir, safe_serialization=True)
-    return out_dir
-
-
 class AdapterFolder:
     """The folder an engine serves its adapter from, under `root` (--lora_adapter_dir, default the temp folder).
 
