@@ -14,6 +14,7 @@ from __future__ import annotations
 import importlib.metadata
 import importlib.util
 import sys
+import sysconfig
 import tomllib
 from pathlib import Path
 
@@ -113,7 +114,13 @@ def test_the_running_environment_is_exactly_the_cpu_lock():
     if Path(sys.prefix).resolve() != venv:
         pytest.skip(f"runs in the repo's .venv (setup_env.sh's, as CI's), not {sys.prefix}")
     locked = pins("cpu", environments(LOCK.STACKS["cpu"])[0])
-    installed = {canonicalize_name(dist.metadata["Name"]): dist.version for dist in importlib.metadata.distributions()}
+    # Only site-packages: setuptools puts its own _vendor folder on sys.path once imported, and the copies of
+    # packaging, wheel and the like vendored there carry dist-info that distributions() would report too.
+    site_packages = sysconfig.get_paths()["purelib"]
+    installed = {
+        canonicalize_name(dist.metadata["Name"]): dist.version
+        for dist in importlib.metadata.distributions(path=[site_packages])
+    }
     differ = {
         name: (installed.get(name), version)
         for name, version in locked.items()
