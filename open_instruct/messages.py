@@ -182,6 +182,24 @@ class Completion:
     # The sampling temperature it was drawn at: the learner scores its tokens under the same tempered policy.
     temperature: float = 1.0
 
+    @classmethod
+    def of_request(cls, request: PromptRequest, sample_index: int, engine_id: int, **outcome) -> Completion:
+        """Sample `sample_index` of `request`, as engine `engine_id` delivers it: the request's identity,
+        prompt, admission, queueing and temperature carried over; `outcome` the rest (tokens, logprobs, spans,
+        finish reason, timings). With no outcome: an empty sample, finish reason "error"."""
+        empty = {"response_token_ids": (), "behaviour_logprobs": (), "finish_reason": "error", "version_spans": ()}
+        return cls(
+            prompt_id=request.prompt_id,
+            sample_index=sample_index,
+            prompt_token_ids=request.prompt_token_ids,
+            admitted_version=request.admitted_version,
+            engine_id=engine_id,
+            is_eval=request.is_eval,
+            queued_at=request.queued_at,
+            temperature=request.sampling.temperature,
+            **{**empty, **outcome},
+        )
+
     @property
     def model_token_count(self) -> int:
         """Response tokens the model sampled (tool and environment output excluded)."""

@@ -105,7 +105,7 @@ class Learners(Protocol):
 
 
 class WeightPush(Protocol):
-    """Loads a learner version into every engine (`weight_sync.WeightSync`); returns its metrics."""
+    """Loads a learner version into every engine (`weights.sync.WeightSync`); returns its metrics."""
 
     def push(self, version: int, step_end_time: float | None = None) -> dict[str, float]: ...
 
@@ -174,12 +174,14 @@ class ZeroSpreadWatch:
         self._warnings = warnings_due
 
 
-def buffer_config(cfg: Config) -> dict:
-    """The replay buffer's rules and caps for this run (`ReplayBuffer(**buffer_config(cfg))`)."""
+def buffer_config(cfg: Config, pacing: Pacing) -> dict:
+    """The replay buffer's rules and caps for this run (`ReplayBuffer(**buffer_config(cfg, pacing))`); the
+    staleness bound is the pacing window's, read live."""
     return {
         "samples_per_prompt": cfg.generation.num_samples_per_prompt_rollout,
         "max_samples": cfg.replay_buffer_max_samples,
         "max_age": cfg.staleness_policy.age_rule(),
+        "bound": lambda: pacing.window.current,
         "drop_zero_std": cfg.algorithm.active_sampling,
     }
 
@@ -216,11 +218,10 @@ class TrainingLoop:
         self.sampling = SamplingSettings.from_config(cfg)
         self.step, self.version, self.episodes = 0, 0, 0
         self.outcomes = PromptOutcomes()
-        self.buffer = ReplayBuffer(**buffer_config(self.cfg))
+        self.pacing = Pacing.from_config(cfg)
+        self.buffer = ReplayBuffer(**buffer_config(self.cfg, self.pacing))
         self._resumed_rubrics = None  # set by _resume when the saved state has evolving rubrics
         feeder_state, requeue = self._resume()
-        self.pacing = Pacing.from_config(cfg)
-        self.buffer.set_max_age(self.pacing.window.current)
         self.feeder = PromptFeeder(
             train_rows,
             prompts_per_step=self.per_step,
@@ -266,7 +267,7 @@ class TrainingLoop:
             raise RuntimeError(f"{path}: learner version {self.version} != driver version {state.version}")
         self.step, self.episodes = state.next_step, state.episodes
         self.outcomes = PromptOutcomes(**state.outcomes)  # {} in states saved before outcomes existed (migrate)
-        self.buffer = ReplayBuffer.from_state(state.buffer, **buffer_config(self.cfg))
+        self.buffer = ReplayBuffer.from_state(state.buffer, **buffer_config(self.cfg, self.pacing))
         logger.info(
             "resumed from %s: step %d, %d prompts re-queued, %d groups in the buffer",
             path,
@@ -468,7 +469,6 @@ class TrainingLoop:
         needed = async_steps_needed(group_latency_s, step_s - waited)
         self.pacing.advise(self.step, needed, waited / step_s if step_s > 0 else 0.0)
         pacing = self.pacing.update(group_latency_s, step_s - waited, waited, metrics)
-        self.buffer.set_max_age(self.pacing.window.current)
         return {
             **window,
             **pacing,

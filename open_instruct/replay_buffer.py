@@ -12,7 +12,8 @@ is trained once. Two rules can keep a complete group out of training:
   is dropped, or, with `action="downweight"`, trained at weight `0.5 ** (age - max_age)`. With
   `action="mask"` a group is trained whole unless every token of it is over the bound: the tokens
   older than the bound stay in the sample as context and only the younger ones are trained
-  (`Group.trained_from_version`).
+  (`Group.trained_from_version`). The bound is read live from `bound` when given (a self-tuning window's
+  current K, which the pacing holds): a window that moves applies at the next `evict`.
 
 Every dropped group is reported once through `pop_dropped()`, with its reason, so the caller can
 replace it (admit the prompt again, or another one) and account for it: nothing disappears silently.
@@ -44,7 +45,7 @@ import dataclasses
 import enum
 import math
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -226,6 +227,7 @@ class ReplayBuffer:
         max_tokens: int | None = None,
         max_sample_tokens: int | None = None,
         max_age: MaxAge | None = None,
+        bound: Callable[[], int] | None = None,
         drop_zero_std: bool = False,
         length_window: int = 10_000,
     ):
@@ -245,7 +247,8 @@ class ReplayBuffer:
         self.max_samples = max_samples
         self.max_tokens = max_tokens
         self.max_sample_tokens = max_sample_tokens
-        self.max_age = max_age
+        self._age_rule = max_age  # the rule as of the last bound read (`max_age`)
+        self._bound = bound
         self.drop_zero_std = drop_zero_std
         self._open: dict[str, _Entry] = {}  # opening order
         self._complete: dict[int, _Entry] = {}  # keyed and ordered by completion seq
@@ -253,7 +256,7 @@ class ReplayBuffer:
         self._dropped: list[DroppedGroup] = []  # not yet collected by `pop_dropped`
         self._next_seq = 0
         self._learner_version = 0
-        self._judged: tuple[int, int] | None = None  # (version, next_seq) of the last `evict` pass
+        self._judged: tuple[int, int, int] | None = None  # (version, next_seq, bound) of the last `evict` pass
         self._size_samples = 0
         self._size_tokens = 0
         self._reserved_tokens = 0  # actual tokens + max_sample_tokens per missing sample of open groups
@@ -400,11 +403,14 @@ class ReplayBuffer:
         self._check_batch_size(num_groups)
         return len(self._complete) >= num_groups
 
-    def set_max_age(self, max_age: int) -> None:
-        """A new staleness bound (a self-tuning window moved): the next `evict` judges every group by it."""
-        if self.max_age is not None and max_age != self.max_age.max_age:
-            self.max_age = dataclasses.replace(self.max_age, max_age=max_age)
-            self._judged = None
+    @property
+    def max_age(self) -> MaxAge | None:
+        """The age rule at the live bound: a bound that moved re-judges every complete group at the next
+        `evict`, as its version is part of what `evict` remembers having judged."""
+        rule = self._age_rule
+        if rule is not None and self._bound is not None and self._bound() != rule.max_age:
+            self._age_rule = rule = dataclasses.replace(rule, max_age=self._bound())
+        return rule
 
     def evict(self, learner_version: int) -> int:
         """Apply the age rule to complete groups; return how many groups were dropped.
@@ -415,9 +421,10 @@ class ReplayBuffer:
         work unless the version changed or a group completed since the last call.
         """
         self._learner_version = learner_version
-        if self.max_age is None or self._judged == (learner_version, self._next_seq):
+        rule = self.max_age
+        if rule is None or self._judged == (learner_version, self._next_seq, rule.max_age):
             return 0
-        self._judged = (learner_version, self._next_seq)
+        self._judged = (learner_version, self._next_seq, rule.max_age)
         stale = [e for e in self._complete.values() if self._is_stale(e)]
         for entry in stale:
             self._drop(entry, "stale")
@@ -443,9 +450,10 @@ class ReplayBuffer:
         for seq in list(self._complete)[:num_groups]:
             entry = self._complete[seq]
             age = self._age(entry)
-            weight = self.max_age.weight(age) if self.max_age is not None else 1.0
+            rule = self.max_age
+            weight = rule.weight(age) if rule is not None else 1.0
             assert weight is not None, "evict() just removed every group the age rule drops"
-            trained_from = self.max_age.trained_from(learner_version) if self.max_age is not None else 0
+            trained_from = rule.trained_from(learner_version) if rule is not None else 0
             completions = entry.ordered()
             batch.append(Group(entry.prompt_id, completions, (weight,) * len(completions), age, trained_from))
             self._count_trained(completions, weight, trained_from)
@@ -476,7 +484,8 @@ class ReplayBuffer:
     def _is_stale(self, entry: _Entry) -> bool:
         """A complete group the age rule takes out of training."""
         newest_age = max(0, self._learner_version - entry.newest_version)
-        return self.max_age is not None and self.max_age.drops(self._age(entry), newest_age)
+        rule = self.max_age
+        return rule is not None and rule.drops(self._age(entry), newest_age)
 
     # ---- metrics
 

@@ -399,17 +399,13 @@ class SimEngines:
 
     def _deliver(self, e: _Engine, sample: _Sample, length: int, reason: str, t: float) -> None:
         request = sample.request
-        completion = Completion(
-            prompt_id=request.prompt_id,
-            sample_index=sample.index,
-            prompt_token_ids=request.prompt_token_ids,
-            response_token_ids=range(length),  # type: ignore[arg-type]
-            behaviour_logprobs=(),
-            finish_reason=reason,  # type: ignore[arg-type]
+        completion = Completion.of_request(
+            request,
+            sample.index,
+            e.id,
+            response_token_ids=range(length),
+            finish_reason=reason,
             version_spans=tuple(sample.spans),
-            admitted_version=request.admitted_version,
-            engine_id=e.id,
-            queued_at=request.queued_at,
             started_at=sample.started_at,
             first_token_at=sample.started_at,
             finished_at=t,

@@ -136,11 +136,11 @@ class GenerationActor:
         return self.state.tokenizer
 
     def _kv_tokens(self) -> int:
-        blocks = self.state.probe.get("num_blocks") or self.state.engine.vllm_config.cache_config.num_gpu_blocks or 0
+        blocks = self.state.probe.num_blocks or self.state.engine.vllm_config.cache_config.num_gpu_blocks or 0
         return blocks * self._kv_block_tokens()
 
     def _kv_block_tokens(self) -> int:
-        return self.state.probe.get("block_size") or self.state.engine.vllm_config.cache_config.block_size
+        return self.state.probe.block_size or self.state.engine.vllm_config.cache_config.block_size
 
     async def _serve_adapter(self):
         """--use_peft: the engine serves base + one adapter from a folder of its own, zero until the first sync
@@ -269,21 +269,7 @@ class GenerationActor:
 
     def empty_sample(self, request: PromptRequest, sample_index: int, reason: str, error: str) -> Completion:
         """A sample that ended without a vLLM result: still delivered, so its group completes."""
-        return Completion(
-            prompt_id=request.prompt_id,
-            sample_index=sample_index,
-            prompt_token_ids=request.prompt_token_ids,
-            response_token_ids=(),
-            behaviour_logprobs=(),
-            finish_reason=reason,
-            version_spans=(),  # type: ignore[arg-type]
-            admitted_version=request.admitted_version,
-            engine_id=self.engine_id,
-            error=error,
-            is_eval=request.is_eval,
-            queued_at=request.queued_at,
-            temperature=request.sampling.temperature,
-        )
+        return Completion.of_request(request, sample_index, self.engine_id, finish_reason=reason, error=error)
 
     async def abort_stale(self, min_version: int, prompt_ids: list[str]) -> int:
         """Abort samples the staleness bound dooms: those whose first token is older than `min_version`, and
@@ -360,16 +346,17 @@ class GenerationActor:
 
     def start_step_trace(self) -> None:
         """Record every engine step from now on, until `take_step_trace` (the benchmarks' cost data)."""
-        self.state.probe["step_trace"] = []
+        self.state.probe.step_trace = []
 
     def take_step_trace(self) -> list[EngineStep]:
         """The engine steps recorded since `start_step_trace`; recording stops."""
-        return self.state.probe.pop("step_trace", None) or []
+        trace, self.state.probe.step_trace = self.state.probe.step_trace, None
+        return trace or []
 
     def stats(self) -> EngineStats:
         state = self.state
         state.account()
-        scheduler, occupancy, counters = state.probe.get("stats"), state.occupancy, state.counters
+        scheduler, occupancy, counters = state.probe.stats, state.occupancy, state.counters
         return EngineStats(
             engine_id=self.engine_id,
             target_concurrency=state.target_concurrency,
@@ -388,10 +375,10 @@ class GenerationActor:
             pauses=counters.pauses,
             weight_version=state.weight_version,
             weight_updates=counters.weight_updates,
-            preempted_requests=state.probe.get("preempted", 0),
-            prefill_tokens=state.probe.get("prefill_tokens", 0),
+            preempted_requests=state.probe.preempted,
+            prefill_tokens=state.probe.prefill_tokens,
             submitted_prompt_tokens=counters.submitted_prompt_tokens,
-            prefix_cache_hit_tokens=state.probe.get("cache_hit_tokens", 0),
+            prefix_cache_hit_tokens=state.probe.cache_hit_tokens,
             token_outputs=counters.token_outputs,
             parked_samples=state.parked,
             reprefilled_samples=counters.reprefilled_samples,
@@ -401,5 +388,4 @@ class GenerationActor:
     def reset_stats(self) -> None:
         self.state.occupancy = Occupancy()
         self.state.counters = EngineCounters()
-        for key in ("preempted", "prefill_tokens", "cache_hit_tokens"):
-            self.state.probe.pop(key, None)
+        self.state.probe.reset_counters()

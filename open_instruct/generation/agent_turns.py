@@ -58,21 +58,16 @@ async def agent_sample(actor: TurnEngine, request: PromptRequest, sample_index: 
     except EnvConfigError as error:  # any other error is the sample's own, reported as it is
         return actor.empty_sample(request, sample_index, "error", f"env_config of {request.prompt_id}: {error}")
     first = out.first_turn
-    return Completion(
-        prompt_id=request.prompt_id,
-        sample_index=sample_index,
-        prompt_token_ids=request.prompt_token_ids,
+    return Completion.of_request(
+        request,
+        sample_index,
+        actor.engine_id,
         response_token_ids=tuple(out.response_ids),
         behaviour_logprobs=tuple(out.logprobs),
         finish_reason=out.finish_reason,
-        version_spans=tuple(out.version_spans),  # type: ignore[arg-type]
-        admitted_version=request.admitted_version,
-        engine_id=actor.engine_id,
+        version_spans=tuple(out.version_spans),
         response_text=actor.tokenizer.decode(out.response_ids, skip_special_tokens=True),
         error=out.error,
-        is_eval=request.is_eval,
-        queued_at=request.queued_at,
-        temperature=request.sampling.temperature,
         started_at=first.started_at if first else time.time(),
         first_token_at=first.first_token_at if first else 0.0,
         agent=trace,

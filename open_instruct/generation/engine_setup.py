@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import os
 from dataclasses import dataclass, field
+from typing import Any
 
 from open_instruct.agents.settings import AgentSettings
 from open_instruct.config.fields import groups_from_flags
@@ -167,31 +168,49 @@ def attention_backend_problem(name: str | None) -> str | None:
     )
 
 
-def scheduler_probe(holder: dict):
-    """A vLLM stat logger that keeps the latest scheduler stats (running/waiting, KV usage), and appends an
-    `EngineStep` per engine step to holder["step_trace"] while that is a list (holder["pause_transitions"]: the
-    actor's count of pauses and resumes)."""
+@dataclass
+class SchedulerProbe:
+    """What vLLM's stat logger (`scheduler_probe`) reports to the engine actor. The logger writes every field
+    but `pause_transitions` (EngineState.set_paused's) and `step_trace`'s start and end (the actor's
+    `start_step_trace`/`take_step_trace`); the actor's `reset_stats` zeroes the counters."""
+
+    stats: Any = None  # vLLM's latest SchedulerStats (running/waiting requests, KV usage)
+    # Counters that prove an update kept every running request: a preempted or recomputed request shows up
+    # as preemptions and as prefill beyond its prompt.
+    preempted: int = 0
+    prefill_tokens: int = 0
+    cache_hit_tokens: int = 0
+    num_blocks: int = 0  # the KV cache, once the engine is initialised (0 before)
+    block_size: int = 0
+    pause_transitions: int = 0  # pauses and resumes so far: a step that straddles one is told apart
+    step_trace: list | None = None  # an `EngineStep` per engine step while a list (the benchmarks' cost data)
+
+    def reset_counters(self) -> None:
+        self.preempted = self.prefill_tokens = self.cache_hit_tokens = 0
+
+
+def scheduler_probe(probe: SchedulerProbe):
+    """A vLLM stat logger class that reports into `probe`: the latest scheduler stats, the preemption and
+    prefill counters, the KV cache's size, and an `EngineStep` per engine step while a trace is recorded."""
     from vllm.v1.metrics.loggers import StatLoggerBase
 
     from open_instruct.messages import EngineStep
 
-    class SchedulerProbe(StatLoggerBase):
+    class ProbeLogger(StatLoggerBase):
         def __init__(self, vllm_config, engine_index: int = 0):
             self.vllm_config = vllm_config
 
         def record(self, scheduler_stats, iteration_stats, mm_cache_stats=None, engine_idx: int = 0):
             if scheduler_stats is not None:
-                holder["stats"] = scheduler_stats
+                probe.stats = scheduler_stats
             if iteration_stats is not None:
-                # Counters that prove an update kept every running request: a preempted or
-                # recomputed request shows up as preemptions and as prefill beyond its prompt.
                 prompt = iteration_stats.prompt_token_stats
-                holder["preempted"] = holder.get("preempted", 0) + iteration_stats.num_preempted_reqs
-                holder["prefill_tokens"] = holder.get("prefill_tokens", 0) + prompt.total
-                holder["cache_hit_tokens"] = holder.get("cache_hit_tokens", 0) + prompt.local_cache_hit
-            trace = holder.get("step_trace")
+                probe.preempted += iteration_stats.num_preempted_reqs
+                probe.prefill_tokens += prompt.total
+                probe.cache_hit_tokens += prompt.local_cache_hit
+            trace = probe.step_trace
             if trace is not None and scheduler_stats is not None and iteration_stats is not None:
-                kv_capacity = (holder.get("num_blocks") or 0) * (holder.get("block_size") or 0)
+                kv_capacity = probe.num_blocks * probe.block_size
                 trace.append(
                     EngineStep(
                         arrived_s=iteration_stats.iteration_timestamp,
@@ -201,15 +220,15 @@ def scheduler_probe(holder: dict):
                         started_requests=len(iteration_stats.time_to_first_tokens_iter),
                         queued_requests=scheduler_stats.num_running_reqs + scheduler_stats.num_waiting_reqs,
                         kv_tokens=round(scheduler_stats.kv_cache_usage * kv_capacity),
-                        pause_transitions=holder.get("pause_transitions", 0),
+                        pause_transitions=probe.pause_transitions,
                     )
                 )
 
         def log_engine_initialized(self):
-            holder["num_blocks"] = self.vllm_config.cache_config.num_gpu_blocks
-            holder["block_size"] = self.vllm_config.cache_config.block_size
+            probe.num_blocks = self.vllm_config.cache_config.num_gpu_blocks or 0
+            probe.block_size = self.vllm_config.cache_config.block_size or 0
 
-    return SchedulerProbe
+    return ProbeLogger
 
 
 @contextlib.contextmanager

@@ -11,7 +11,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from open_instruct.generation.engine_setup import EngineSettings
+from open_instruct.generation.engine_setup import EngineSettings, SchedulerProbe
 
 
 class Occupancy:
@@ -64,8 +64,8 @@ class EngineState:
     adapter: Any = None  # --use_peft: the LoRARequest every request names (the actor's `start`)
     weight_version: int = 0  # WeightReceiver, after a complete receive
     target_concurrency: int = 1  # the actor's `start`, from the KV capacity
-    # The scheduler probe's latest stats and counters (`engine_setup.scheduler_probe`), and the step trace.
-    probe: dict = field(default_factory=dict)
+    # vLLM's stat logger reports here (`engine_setup.scheduler_probe`; its writers named on the class).
+    probe: SchedulerProbe = field(default_factory=SchedulerProbe)
     counters: EngineCounters = field(default_factory=EngineCounters)
     occupancy: Occupancy = field(default_factory=Occupancy)
     running: int = 0  # samples started and not yet delivered
@@ -103,7 +103,7 @@ class EngineState:
         self.account()
         self.counters.pauses += paused and not self.paused
         if paused != self.paused:  # both edges: a step computed before a pause may arrive after it began
-            self.probe["pause_transitions"] = self.probe.get("pause_transitions", 0) + 1
+            self.probe.pause_transitions += 1
         self.paused = paused
 
     @contextlib.asynccontextmanager

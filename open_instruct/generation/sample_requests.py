@@ -39,21 +39,7 @@ class SampleRequests:
 
         state = self.state
         kept = request.partial_of(sample_index) if not part else None
-        base = Completion(
-            prompt_id=request.prompt_id,
-            sample_index=sample_index,
-            prompt_token_ids=request.prompt_token_ids,
-            response_token_ids=(),
-            behaviour_logprobs=(),
-            finish_reason="error",
-            version_spans=(),
-            admitted_version=request.admitted_version,
-            engine_id=state.engine_id,
-            is_eval=request.is_eval,
-            queued_at=request.queued_at,
-            started_at=time.time(),
-            temperature=request.sampling.temperature,
-        )
+        base = Completion.of_request(request, sample_index, state.engine_id, started_at=time.time())
         if kept is not None:
             versions = [s.version for s in kept.version_spans] or [request.admitted_version]
             state.first_version[(request.prompt_id, sample_index)] = min(versions)

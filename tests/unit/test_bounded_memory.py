@@ -123,7 +123,7 @@ def test_a_long_run_keeps_every_driver_container_bounded(tmp_path, monkeypatch, 
     run = fakes.build(cfg, eval_rows=fakes.rows(4, "test"), script=_script, step_s=1.0, on_step=measure)
     run.log = run.loop.log = RunLog(cfg)
     # Windows of a few hundred samples instead of 10k: full early, and not sorted at 10k every step.
-    run.loop.buffer = ReplayBuffer(**buffer_config(run.loop.cfg), length_window=256)
+    run.loop.buffer = ReplayBuffer(**buffer_config(run.loop.cfg, run.loop.pacing), length_window=256)
     summary = run.loop.run()
 
     assert summary["steps_trained"] == STEPS and len(run.log.evals) == STEPS // 100

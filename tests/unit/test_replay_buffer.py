@@ -204,18 +204,20 @@ def test_the_oldest_full_weight_token_counts_only_groups_trained_at_full_weight(
 
 
 def test_a_new_bound_rejudges_the_groups_already_waiting():
-    """A self-tuning window that narrows applies at once to complete groups judged under the wider bound."""
-    buf = buffer(max_age=MaxAge(max_age=3, action="mask"))
+    """A self-tuning window that narrows applies at once to complete groups judged under the wider bound: the
+    buffer reads the bound live from its one holder (the pacing window in a run; a list here)."""
+    window = [3]
+    buf = buffer(max_age=MaxAge(max_age=3, action="mask"), bound=lambda: window[0])
     spans = (VersionSpan(0, 0, 2), VersionSpan(2, 2, 4))
     add_all(buf, group_of("old", version=1) + [completion("long", j, spans=spans) for j in range(N)])
     assert buf.evict(learner_version=4) == 0  # both within 3 versions of 4 somewhere
-    buf.set_max_age(2)
+    window[0] = 2
+    assert buf.max_age == MaxAge(max_age=2, action="mask")
     assert buf.evict(learner_version=4) == 1  # "old" has no token within 2 versions; "long" has its version-2 half
     assert [d.prompt_id for d in buf.pop_dropped()] == ["old"]
     [long] = buf.take(1, learner_version=4)
     assert long.trained_from_version == 2
-    buf.set_max_age(2)  # the same bound: nothing to judge again
-    assert buf.evict(learner_version=4) == 0
+    assert buf.evict(learner_version=4) == 0  # the same bound: nothing to judge again
 
 
 # ---- zero reward spread
