@@ -90,10 +90,6 @@ class Lookahead:
             self._lower_for = 0
         return self.current
 
-    @property
-    def smoothed_need(self) -> float:
-        return self._need or 0.0
-
 
 class Pacing:
     """The lookahead and the staleness window of a run, updated together once per step."""

@@ -4,10 +4,11 @@
 keeps its per-step and per-eval records on disk only (`JsonlRecords`), so a 100k-step run holds none of
 them in memory; the summary and the plot read them back.
 
-`metrics.jsonl` holds one JSON object per training step (keys in ARCHITECTURE.md's contract);
-evaluation rows are merged into the step at which the round finished. On resume, lines past the
-resumed step are dropped so the file reads as one run. wandb runs offline when no API key is
-configured, so tracking works on machines without network (sync later with `wandb sync`).
+`metrics.jsonl` holds one JSON object per training step (its contract keys are `CONTRACT_KEYS` of
+tests/integration/test_training_loop.py, checked on every step); evaluation rows are merged into the
+step at which the round finished. On resume, lines past the resumed step are dropped so the file reads
+as one run. wandb runs offline when no API key is configured, so tracking works on machines without
+network (sync later with `wandb sync`).
 """
 
 from __future__ import annotations

@@ -9,8 +9,8 @@ Each flag is one of three kinds, said first in its help (`fields.rendered_help`)
 * `[not supported yet: <reason>]`: a feature not built yet. The default parses (scripts pass `--push_to_hub
   false` all the time); any other value stops the run before anything starts, instead of being ignored.
 
-Flags without a kind are open-instruct internals (`--world_size`), informational (`--num_nodes`), its queue
-dashboard's, or companions of a refused flag (`--bnb_4bit_quant_type` with `--load_in_4bit`).
+Flags without a kind are open-instruct internals (`--world_size`), informational (`--num_nodes`) or its queue
+dashboard's. The companions of a refused flag (`--bnb_4bit_quant_type` with `--load_in_4bit`) have no effect.
 A flag leaves this group for the group of its concern when its feature lands.
 
 A script relies on every flag it leaves out, so every default equals open-instruct's, except the few in
@@ -19,10 +19,10 @@ A script relies on every flag it leaves out, so every default equals open-instru
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any, Literal
 
-from open_instruct.config.fields import BEAKER_ONLY, NO_EFFECT, PENDING, arg
+from open_instruct.config.fields import BEAKER_ONLY, NO_EFFECT, PENDING, arg, moved_flags, refused_flags, shown
 
 # Flag -> why its default differs from open-instruct's grpo_fast; the configuration page prints each reason.
 DEFAULTS_UNLIKE_OPEN_INSTRUCT = {
@@ -43,6 +43,8 @@ DEFAULTS_UNLIKE_OPEN_INSTRUCT = {
 # Quantization flags are no-ops in open-instruct's grpo_fast; training a full-precision model when a user
 # asked for a quantized one would be a silent surprise, so they are refused instead.
 NOT_IN_GRPO_FAST = "{} is not wired into open-instruct's grpo_fast either (its flags are ignored there)"
+# Their companions do nothing without them, here as there: accepted, and a value other than the default is warned about.
+QUANTIZATION_COMPANION = "{} of --load_in_4bit, which is refused (grpo_fast does not read it either)"
 
 
 def pending(default: Any, reason: str, help: str = "", **kwargs) -> Any:
@@ -113,8 +115,8 @@ class CompatConfig:
     use_cache: bool | None = arg(None, "The KV cache is always off in training (accepted for compatibility).")
     load_in_8bit: bool = pending(False, NOT_IN_GRPO_FAST.format("quantized training"))
     load_in_4bit: bool = pending(False, NOT_IN_GRPO_FAST.format("quantized training"))
-    bnb_4bit_quant_type: str | None = arg("nf4", "bitsandbytes 4-bit type (with --load_in_4bit).")
-    use_bnb_nested_quant: bool = arg(False, "bitsandbytes nested quantization (with --load_in_4bit).")
+    bnb_4bit_quant_type: str | None = no_effect("nf4", QUANTIZATION_COMPANION.format("bitsandbytes 4-bit type"))
+    use_bnb_nested_quant: bool = no_effect(False, QUANTIZATION_COMPANION.format("bitsandbytes nested quantization"))
     dataset_cache_mode: Literal["hf", "local"] = pending(
         "local", "the Hub dataset cache needs Hub write access (Ai2 infrastructure); the local cache works"
     )
@@ -126,24 +128,9 @@ class CompatConfig:
 
     def refused(self) -> list[str]:
         """A flag of a feature not built yet, given a value other than its default: one line each."""
-        return [f"--{name} {_show(value)}: not supported yet: {reason}" for name, value, reason in self._moved(PENDING)]
+        return refused_flags(self)
 
     def ignored(self) -> list[str]:
         """Warnings for no-effect flags given a value other than their default: one line each."""
-        return [f"--{name} {_show(value)} has no effect: {reason}" for name, value, reason in self._moved(NO_EFFECT)]
-
-    def _moved(self, kind: str) -> list[tuple[str, Any, str]]:
-        """(flag, value, reason) of every flag of `kind` whose value is not its default."""
-        found = []
-        for flag in fields(self):
-            if flag.metadata.get("kind") != kind:
-                continue
-            default = flag.default_factory() if callable(flag.default_factory) else flag.default  # type: ignore[misc]
-            value = getattr(self, flag.name)
-            if value != default:
-                found.append((flag.name, value, flag.metadata["reason"]))
-        return found
-
-
-def _show(value: Any) -> str:
-    return " ".join(map(str, value)) if isinstance(value, list) else str(value)
+        moved = moved_flags(self, NO_EFFECT)
+        return [f"--{name} {shown(value)} has no effect: {reason}" for name, value, reason in moved]

@@ -73,6 +73,31 @@ def flag_kind(flag: Field) -> str:
     return KIND_LABELS[kind] if kind else "works"
 
 
+def moved_flags(group, kind: str) -> list[tuple[str, Any, str]]:
+    """(flag, value, reason) of every flag of `group` of `kind` whose value is not its default."""
+    found = []
+    for flag in fields(group):
+        if flag.metadata.get("kind") != kind:
+            continue
+        default = flag.default_factory() if callable(flag.default_factory) else flag.default  # type: ignore[misc]
+        value = getattr(group, flag.name)
+        if value != default:
+            found.append((flag.name, value, flag.metadata["reason"]))
+    return found
+
+
+def refused_flags(group) -> list[str]:
+    """The flags of `group` marked not supported yet (PENDING) given a value other than their default: one line
+    each. Any group may hold such a flag (`core.unsupported_features` asks every group)."""
+    moved = moved_flags(group, PENDING)
+    return [f"--{name} {shown(value)}: not supported yet: {reason}" for name, value, reason in moved]
+
+
+def shown(value: Any) -> str:
+    """A flag's value as it is written on the command line."""
+    return " ".join(map(str, value)) if isinstance(value, list) else str(value)
+
+
 def rendered_help(flag: Field) -> str:
     """The help --help prints: the kind and its reason first, then what the flag does and the values it takes."""
     kind = flag.metadata.get("kind")

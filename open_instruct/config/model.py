@@ -7,11 +7,16 @@ from dataclasses import dataclass
 from typing import Literal
 
 from open_instruct.config.derived import AUTO_DTYPE, DTYPES
-from open_instruct.config.fields import arg
+from open_instruct.config.fields import PENDING, arg, refused_flags
 
 # vLLM's LoRA buffers come in these ranks (vllm/config/lora.py MaxLoRARanks); an adapter is served in the
 # smallest that is not below its rank.
 SERVED_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+MODULES_TO_SAVE_REFUSED = (
+    "vLLM serves whole modules next to an adapter only for a classification head (vllm/lora/model_manager.py "
+    "_validate_modules_to_save), so the engines could not generate with what the learner trains; adapt them with "
+    "--lora_target_modules instead"
+)
 
 
 @dataclass(frozen=True)
@@ -61,7 +66,10 @@ class ModelConfig:
         "output head (peft's all-linear; open-instruct's finetune and DPO adapt all seven projections).",
     )
     lora_modules_to_save: list[str] | None = arg(
-        None, "Modules trained whole next to the adapter (with --use_peft): refused, see the check's message."
+        None,
+        "Modules trained whole next to the adapter (with --use_peft).",
+        kind=PENDING,
+        reason=MODULES_TO_SAVE_REFUSED,
     )
     lora_task_type: str = arg("CAUSAL_LM", "peft's task type (with --use_peft): CAUSAL_LM, the policy's.")
     lora_adapter_dir: str | None = arg(
@@ -88,19 +96,14 @@ class ModelConfig:
                 f"--lora_r {self.lora_r} is above {largest}, the largest rank vLLM serves",
             ),
             (
-                not self.lora_modules_to_save,
-                f"--lora_modules_to_save {' '.join(self.lora_modules_to_save or [])}: vLLM serves whole modules next "
-                "to an adapter only for a classification head (vllm/lora/model_manager.py _validate_modules_to_save), "
-                "so the engines could not generate with what the learner trains; adapt them with "
-                "--lora_target_modules instead",
-            ),
-            (
                 self.lora_task_type == "CAUSAL_LM",
                 f"--lora_task_type {self.lora_task_type}: the policy is a causal LM (CAUSAL_LM); other task types "
                 "(SEQ_CLS for reward models) do not generate",
             ),
         ]
-        return [message for ok, message in checks if not ok]
+        # --lora_modules_to_save by its mark: refused here at parse time with --use_peft, by
+        # `core.unsupported_features` without it.
+        return [message for ok, message in checks if not ok] + refused_flags(self)
 
     def _dtype_problems(self) -> list[str]:
         checks = [

@@ -397,14 +397,14 @@ def _row_settings(data_cfg, model_cfg, tokenizer, verifier_remap: dict[str, str]
     from open_instruct.agents.settings import tool_specs
     from open_instruct.agents.tools import TOOLS, make_tool
     from open_instruct.config.tools import ToolsConfig
-    from open_instruct.rewards import available_verifiers
+    from open_instruct.rewards import available_verifiers, verifier_key
 
     tools_cfg = tools_cfg or ToolsConfig()
     specs = tool_specs(tools_cfg)
     schemas = tuple((s.call_name, make_tool(s).definition.to_json()) for s in specs if s.kind in TOOLS)
 
     known = tuple(available_verifiers())
-    remap = tuple(sorted((k.lower(), v.lower()) for k, v in (verifier_remap or {}).items()))
+    remap = tuple(sorted((verifier_key(k), verifier_key(v)) for k, v in (verifier_remap or {}).items()))
     for old, new in remap:
         if new not in known:
             raise DatasetError(f"--remap_verifier {old}={new}: {new!r} is not a known verifier ({', '.join(known)})")

@@ -17,6 +17,7 @@ from typing import Any
 
 from open_instruct.data.sources import ROW_ERROR_KEY, ROW_KEYS_KEY
 from open_instruct.messages import AgentRequest, EnvSpec
+from open_instruct.rewards import verifier_key
 
 VERIFIER_KEY = "dataset"  # fixed by the RLVR format: the verifier name(s) of the row
 # Malformed-row reasons; the report counts skipped rows per reason.
@@ -99,9 +100,9 @@ def parse_row(
         )
     remap = dict(settings.remap)
     for name in verifiers:
-        resolved = remap.get(name.lower(), name.lower())
+        resolved = remap.get(verifier_key(name), verifier_key(name))
         if resolved not in settings.known_verifiers:
-            via = f" (remapped to {resolved!r} by --remap_verifier)" if resolved != name.lower() else ""
+            via = f" (remapped to {resolved!r} by --remap_verifier)" if resolved != verifier_key(name) else ""
             close = difflib.get_close_matches(resolved, settings.known_verifiers, n=1, cutoff=0.3)
             raise BadRow(
                 UNKNOWN_VERIFIER,

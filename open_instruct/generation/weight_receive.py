@@ -65,7 +65,7 @@ class WeightReceiver:
         """start → update (concurrently with the trainer's broadcast) → finish(version), engine paused.
 
         Each step has its own timeout and a failure names it; after a failed transfer the engine
-        keeps serving its previous weights (see `weight_reload.RestoringReload`).
+        keeps serving its previous weights (see `weights.reload.RestoringReload`).
         """
         from vllm.distributed.weight_transfer.base import WeightTransferUpdateRequest
 

@@ -2,7 +2,7 @@
 
 Target-aligned like every per-token tensor of a packed row (`packing`): out[:, t] is the log-probability
 of `input_ids[t]` predicted from the logits at t-1, 0 at each document's first position. Computed in
-chunks with a hand-written backward (`_TokenLogprobs`), so no [B, T, V] fp32 copy of the logits is ever
+chunks with a hand-written backward (`TokenLogprobs`), so no [B, T, V] fp32 copy of the logits is ever
 made. Pure torch, tested on CPU (`tests/unit/test_packing.py`).
 """
 
@@ -28,7 +28,7 @@ def to_prediction_positions(target_aligned_BT: torch.Tensor, fill_value: float =
     return torch.cat([target_aligned_BT[:, 1:], fill_B1], dim=1)
 
 
-class _TokenLogprobs(torch.autograd.Function):
+class TokenLogprobs(torch.autograd.Function):
     """log softmax(logits / T)[target] per row of a [N, V] matrix, in chunks, with a chunked backward.
 
     Autograd of the plain expression saves one fp32 copy of the logits per chunk for backward,
@@ -43,7 +43,7 @@ class _TokenLogprobs(torch.autograd.Function):
         logsumexp_N = torch.empty_like(logprobs_N)
         for start in range(0, logits_NV.shape[0], chunk_tokens):
             chunk = slice(start, start + chunk_tokens)
-            scaled_CV = _scaled_fp32(logits_NV[chunk], temperature)
+            scaled_CV = scaled_fp32(logits_NV[chunk], temperature)
             logsumexp_N[chunk] = torch.logsumexp(scaled_CV, dim=-1)
             picked_C = scaled_CV.gather(-1, targets_N[chunk, None]).squeeze(-1)
             logprobs_N[chunk] = picked_C - logsumexp_N[chunk]
@@ -58,7 +58,7 @@ class _TokenLogprobs(torch.autograd.Function):
         grad_logits_NV = torch.empty_like(logits_NV)
         for start in range(0, logits_NV.shape[0], ctx.chunk_tokens):
             chunk = slice(start, start + ctx.chunk_tokens)
-            scaled_CV = _scaled_fp32(logits_NV[chunk], ctx.temperature)
+            scaled_CV = scaled_fp32(logits_NV[chunk], ctx.temperature)
             grad_C1 = grad_N[chunk, None].float()
             # softmax * (-grad), then + grad at the target: (onehot - softmax) * grad, over T below.
             grad_CV = (scaled_CV - logsumexp_N[chunk, None]).exp_().mul_(-grad_C1)
@@ -67,7 +67,7 @@ class _TokenLogprobs(torch.autograd.Function):
         return grad_logits_NV, None, None, None
 
 
-def _scaled_fp32(logits_CV: torch.Tensor, temperature: float) -> torch.Tensor:
+def scaled_fp32(logits_CV: torch.Tensor, temperature: float) -> torch.Tensor:
     # Fresh fp32 copy of one chunk (in-place scaling never touches the caller's logits).
     scaled_CV = logits_CV.to(torch.float32, copy=True)
     return scaled_CV.div_(temperature) if temperature != 1.0 else scaled_CV
@@ -89,7 +89,7 @@ def logprobs_from_logits(
 
     Memory: computed as logit[target] - logsumexp over flattened chunks of `chunk_tokens`
     positions, so no [B, T, V] fp32 log_softmax (nor fp32 copy of bf16 logits) is ever
-    materialised, in forward or backward (`_TokenLogprobs`); peak extra memory is one
+    materialised, in forward or backward (`TokenLogprobs`); peak extra memory is one
     [chunk_tokens, V] fp32 block. Differentiable w.r.t. the logits.
     """
     if temperature <= 0:
@@ -98,7 +98,7 @@ def logprobs_from_logits(
     # Predict with every position (the last one's target is a dummy 0, dropped below) rather than
     # slicing logits[:, :-1], whose reshape would copy the whole logits tensor.
     next_ids_BT = F.pad(input_ids_BT[:, 1:], (0, 1), value=0)
-    predicted_N = _TokenLogprobs.apply(
+    predicted_N = TokenLogprobs.apply(
         logits_BTV.reshape(batch * time, vocab), next_ids_BT.reshape(-1), float(temperature), chunk_tokens
     )
     logprobs_BT = F.pad(predicted_N.view(batch, time)[:, :-1], (1, 0), value=0.0)
@@ -117,7 +117,7 @@ def token_entropy_from_logits(
     flat_NV = logits_BTV.reshape(batch * time, vocab)
     entropy_N = torch.empty(batch * time, dtype=torch.float32, device=logits_BTV.device)
     for start in range(0, flat_NV.shape[0], chunk_tokens):
-        scaled_CV = _scaled_fp32(flat_NV[start : start + chunk_tokens], float(temperature))
+        scaled_CV = scaled_fp32(flat_NV[start : start + chunk_tokens], float(temperature))
         logp_CV = torch.log_softmax(scaled_CV, dim=-1)
         entropy_N[start : start + chunk_tokens] = -(logp_CV.exp() * logp_CV).sum(-1)
     return F.pad(entropy_N.view(batch, time)[:, :-1], (1, 0), value=0.0)

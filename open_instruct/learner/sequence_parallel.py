@@ -69,7 +69,7 @@ def window_logprobs(model, shard_batch: dict[str, torch.Tensor], temperature: fl
     """Log-probabilities (and entropies) of a shard's target window: the logits at local position i
     predict `shard_batch["input_ids"][:, i]`; targets that start a document (position 0) or lie past the
     row are 0, as in `logprobs.logprobs_from_logits`."""
-    from open_instruct.learner.logprobs import DEFAULT_LOGPROB_CHUNK_TOKENS, _scaled_fp32, _TokenLogprobs
+    from open_instruct.learner.logprobs import DEFAULT_LOGPROB_CHUNK_TOKENS, TokenLogprobs, scaled_fp32
 
     output = model(
         input_ids=shard_batch[FORWARD_INPUT_IDS],
@@ -80,7 +80,7 @@ def window_logprobs(model, shard_batch: dict[str, torch.Tensor], temperature: fl
     logits_BTV = output.logits
     batch, time, vocab = logits_BTV.shape
     targets_BT = shard_batch["input_ids"]
-    logprobs_N = _TokenLogprobs.apply(
+    logprobs_N = TokenLogprobs.apply(
         logits_BTV.reshape(batch * time, vocab),
         targets_BT.reshape(-1),
         float(temperature),
@@ -91,6 +91,6 @@ def window_logprobs(model, shard_batch: dict[str, torch.Tensor], temperature: fl
     if not with_entropy:
         return logprobs_BT
     with torch.no_grad():
-        logp_NV = torch.log_softmax(_scaled_fp32(logits_BTV.detach().reshape(batch * time, vocab), temperature), -1)
+        logp_NV = torch.log_softmax(scaled_fp32(logits_BTV.detach().reshape(batch * time, vocab), temperature), -1)
         entropy_BT = -(logp_NV.exp() * logp_NV).sum(-1).view(batch, time)
     return logprobs_BT, entropy_BT.masked_fill(no_target_BT, 0.0)

@@ -114,9 +114,17 @@ BUILTIN_MODULES = (
 _builtins_loaded = False
 
 
+def verifier_key(name: str) -> str:
+    """The registry's form of a verifier name: lower-case, as a dataset row's name is looked up."""
+    return name.lower()
+
+
 def register(*names: str) -> Callable[[Verifier], Verifier]:
+    """Register `fn` under `names`, normalised (`verifier_key`): one registered as "MyCheck" is the
+    verifier of a row naming "mycheck" or "MyCheck"."""
+
     def decorate(fn: Verifier) -> Verifier:
-        for name in names:
+        for name in map(verifier_key, names):
             if name in _REGISTRY and _REGISTRY[name] is not fn:
                 raise ValueError(f"verifier {name!r} registered twice")
             _REGISTRY[name] = fn
@@ -142,6 +150,6 @@ def get_verifier(name: str) -> Verifier:
     """Look a verifier up by name, case-insensitively (datasets write both `MATH` and `math`)."""
     _load_builtins()
     try:
-        return _REGISTRY[name.lower()]
+        return _REGISTRY[verifier_key(name)]
     except KeyError:
         raise UnknownVerifierError(name, sorted(_REGISTRY)) from None

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from open_instruct.prompt_feeder import row_id
-from open_instruct.rewards import RewardSettings
+from open_instruct.rewards import RewardSettings, verifier_key
 from open_instruct.rewards.llm_judge import ask_judge
 from open_instruct.rewards.rubric import parse_rubric_truth
 
@@ -220,7 +220,7 @@ def rubric_groups(groups, requests: dict) -> list[RubricGroup]:
     picked = []
     for group in groups:
         request = requests.get(group.prompt_id)
-        names = [name.lower() for name in (request.verifier_names if request else ())]
+        names = [verifier_key(name) for name in (request.verifier_names if request else ())]
         if RUBRIC_VERIFIER not in names:
             continue
         picked.append(

@@ -59,7 +59,7 @@ from dataclasses import dataclass
 from typing import Any, Self
 
 from open_instruct import rewards
-from open_instruct.rewards import RewardSettings, Verifier, VerifierInput, get_verifier
+from open_instruct.rewards import RewardSettings, Verifier, VerifierInput, get_verifier, verifier_key
 
 logger = logging.getLogger(__name__)
 
@@ -271,7 +271,7 @@ class RewardScorer:
             return Counter(self._error_counts)
 
     def resolve_name(self, name: str) -> str:
-        name = name.lower()
+        name = verifier_key(name)
         return self._remap.get(name, name)
 
     def _call(self, fn: Verifier, inp: VerifierInput) -> Any:

@@ -116,21 +116,4 @@ register()
 
 class GlooWeightTransferWorkerExtension(AdapterWorkerExtension):
     """Worker extension that gets this module imported in the worker process (registering the engine), with
-    the LoRA engine's methods (`AdapterWorkerExtension`).
-
-    Pass `worker_extension_cls=WORKER_EXTENSION`; `gloo_weight_transfer_registered` is a cheap health check
-    (`collective_rpc("gloo_weight_transfer_registered")`).
-    """
-
-    def gloo_weight_transfer_registered(self) -> bool:
-        return BACKEND in WeightTransferEngineFactory._registry and isinstance(
-            getattr(self, "weight_transfer_engine", None), GlooWeightTransferEngine
-        )
-
-    def gloo_weight_checksums(self) -> dict[str, list[float]]:
-        """{vLLM parameter name: [sum, abs-sum, data_ptr]} of the live model, for debugging/tests."""
-        model = self.model_runner.get_model()
-        return {
-            n: [float(p.detach().double().sum()), float(p.detach().double().abs().sum()), float(p.data_ptr())]
-            for n, p in model.named_parameters(remove_duplicate=False)
-        }
+    the LoRA engine's methods (`AdapterWorkerExtension`). Pass `worker_extension_cls=WORKER_EXTENSION`."""

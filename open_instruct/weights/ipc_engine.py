@@ -25,5 +25,5 @@ register()
 
 
 class RestoringIPCWorkerExtension(AdapterWorkerExtension):
-    def ipc_restoring_registered(self) -> bool:
-        return isinstance(getattr(self, "weight_transfer_engine", None), RestoringIPCWeightTransferEngine)
+    """`worker_extension_cls=WORKER_EXTENSION` makes vLLM import this module in the worker process (before it
+    builds the transfer engine), which registers the engine there."""

@@ -8,7 +8,7 @@ module level. Tensors go one by one (vLLM's unpacked mode), in
 metadata order, straight from GPU memory.
 
 The transfer itself is not exercised on the CPU machines the test suite runs on (no CUDA there); the call
-sequence around it (`weight_sync.WeightSync`) is shared with the tested gloo backend, the engine's failure
+sequence around it (`weights.sync.WeightSync`) is shared with the tested gloo backend, the engine's failure
 path runs on CPU in the tests, and the teardown (the calls on the communicator, in order) on a stand-in of
 vLLM's communicator (tests/unit/test_weight_group_teardown.py).
 """

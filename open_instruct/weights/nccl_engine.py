@@ -37,6 +37,3 @@ register()
 class RestoringNCCLWorkerExtension(AdapterWorkerExtension):
     """`worker_extension_cls=WORKER_EXTENSION` makes vLLM import this module in the worker process (before it
     builds the transfer engine), which registers the engine there."""
-
-    def nccl_restoring_registered(self) -> bool:
-        return isinstance(getattr(self, "weight_transfer_engine", None), RestoringNCCLWeightTransferEngine)

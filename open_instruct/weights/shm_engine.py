@@ -88,6 +88,3 @@ register()
 class SharedMemoryWorkerExtension(AdapterWorkerExtension):
     """`worker_extension_cls=WORKER_EXTENSION` makes vLLM import this module in the worker before it builds
     the transfer engine."""
-
-    def shm_weight_transfer_registered(self) -> bool:
-        return isinstance(getattr(self, "weight_transfer_engine", None), SharedMemoryWeightTransferEngine)

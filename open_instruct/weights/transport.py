@@ -56,7 +56,15 @@ class BroadcastTransport(WeightTransport, Protocol):
 
 
 class StagedTransport(WeightTransport, Protocol):
-    def trainer_stage(self, *args: Any, **kwargs: Any) -> tuple[dict, Any]: ...
+    def trainer_stage(
+        self,
+        stager: Any,
+        named_tensors: Iterator[tuple[str, torch.Tensor]],
+        names: Sequence[str],
+        dtype_names: Sequence[str],
+        shapes: Sequence[Sequence[int]],
+        tag: str = "",
+    ) -> tuple[dict, int]: ...  # (this rank's update info, bytes staged); `stager` is what `trainer_init` returned
     def merge_staged(self, parts: Sequence[dict | None]) -> dict: ...
     def trainer_release(self, stager: Any) -> None: ...
 

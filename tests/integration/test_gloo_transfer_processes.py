@@ -1,53 +1,14 @@
-"""gloo weight transfers between real processes: the in-flight update prototype (scripts/prototype_weight_sync.py,
-a vLLM engine keeping its KV cache across an update) and a send that fails in a 3-process group closing the
-learner's end, so a receiver that comes late fails at once instead of waiting for the group's timeout."""
+"""gloo weight transfers between real processes: a send that fails in a 3-process group closes the learner's end,
+so a receiver that comes late fails at once instead of waiting for the group's timeout. (An in-flight gloo update
+that keeps the KV cache, between a real learner and a real engine, is proven token by token in
+tests/integration/test_weight_sync.py.)"""
 
-import json
 import os
-import subprocess
-import sys
 import time
-from pathlib import Path
 
 import torch
 
 from open_instruct.weights import gloo as wt
-
-REPO = Path(__file__).resolve().parents[2]
-
-
-def test_inflight_update_keeps_kv(tmp_path):
-    out = tmp_path / "wsync.json"
-    proc = subprocess.run(
-        [
-            sys.executable,
-            str(REPO / "scripts" / "prototype_weight_sync.py"),
-            "--json",
-            str(out),
-            "--port",
-            "29591",
-        ],
-        check=False,
-        cwd=REPO,
-        env={**os.environ, "VLLM_WORKER_MULTIPROC_METHOD": "spawn"},
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    assert out.exists(), proc.stdout[-3000:] + proc.stderr[-3000:]
-    res = json.loads(out.read_text())
-    assert res["worker_registered"] == [True]
-    assert res["mixed_len"] == 150 and res["switch_at"] >= 40
-    assert res["mixed_versions"][0][0] == "0" and res["mixed_versions"][-1][0] == "1"
-    for key in (
-        "prefix_equals_A",
-        "suffix_equals_hf_mixed",
-        "suffix_differs_from_hf_recompute_B",
-        "suffix_differs_from_fresh_B",
-        "round2_equals_A",
-    ):
-        assert res[key], (key, res)
-    assert res["ok"], res
 
 
 def _transfer_party(rank: int, port: int, peer_gone, trainer_done, results) -> None:

@@ -78,3 +78,25 @@ for register, name in ((register_tool, "python"), (register_verifier, "gsm8k")):
     lines = result.stdout.strip().splitlines()
     assert lines[0].startswith("ExtensionError 'python' is already a tool or environment")
     assert lines[1] == "ExtensionError verifier 'gsm8k' registered twice", lines
+
+
+def test_a_verifier_registered_with_capitals_is_found_by_a_row_in_any_case():
+    """Rows' verifier names are looked up lower-cased; the name is normalised at registration the same way."""
+    code = """
+from open_instruct.data.rows import RowSettings, parse_row
+from open_instruct.extensions import register_verifier
+from open_instruct.rewards import available_verifiers, get_verifier
+
+@register_verifier("MyCheck")
+def my_check(inp, settings):
+    return 1.0
+
+settings = RowSettings("messages", "ground_truth", 64, False, False, None, (), tuple(available_verifiers()))
+for name in ("mycheck", "MyCheck"):
+    row = {"messages": [{"role": "user", "content": "hi"}], "ground_truth": "x", "dataset": name}
+    print(parse_row(row, settings)[2] == [name], get_verifier(name) is my_check)
+print("mycheck" in available_verifiers(), "MyCheck" in available_verifiers())
+"""
+    result = run_python(code)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.split() == ["True", "True", "True", "True", "True", "False"]

@@ -32,7 +32,7 @@ def test_open_instructs_lora_flags_parse_with_its_defaults_into_the_model_group(
 @pytest.mark.parametrize(
     "flags, named",
     [
-        (["--lora_modules_to_save", "lm_head"], "--lora_modules_to_save lm_head: vLLM serves whole modules"),
+        (["--lora_modules_to_save", "lm_head"], "--lora_modules_to_save lm_head: not supported yet: vLLM serves whole"),
         (["--lora_task_type", "SEQ_CLS"], "--lora_task_type SEQ_CLS: the policy is a causal LM"),
         (["--lora_r", "600"], "--lora_r 600 is above 512"),
         (["--lora_r", "0"], "--lora_r"),

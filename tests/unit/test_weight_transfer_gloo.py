@@ -1,6 +1,6 @@
-"""gloo weight-transfer backend: the wire format, the streamed send and which failure is reported. The in-flight
-update prototype and a failed send in a real 3-process group are in
-tests/integration/test_gloo_transfer_processes.py."""
+"""gloo weight-transfer backend: the wire format, the streamed send and which failure is reported. A failed send
+in a real 3-process group is in tests/integration/test_gloo_transfer_processes.py, an in-flight update between
+real processes in tests/integration/test_weight_sync.py."""
 
 import pytest
 import torch

@@ -30,10 +30,12 @@ def test_each_transport_module_implements_its_protocol(backend):
     protocol = transports.StagedTransport if module.STAGED else transports.BroadcastTransport
     for name, declared in _members(protocol).items():
         assert hasattr(module, name), f"weights.{backend} lacks {name} ({protocol.__name__})"
-        if callable(declared):
-            wanted = [p for p in inspect.signature(declared).parameters if p not in ("self", "args", "kwargs")]
-            given = list(inspect.signature(getattr(module, name)).parameters)
-            assert given[: len(wanted)] == wanted, f"weights.{backend}.{name}{given} does not take {wanted}"
+        if callable(declared):  # the Protocol is the signature's one home: the same parameters and defaults
+            wanted = {p.name: p.default for p in inspect.signature(declared).parameters.values() if p.name != "self"}
+            given = {p.name: p.default for p in inspect.signature(getattr(module, name)).parameters.values()}
+            assert list(given) == list(wanted), f"weights.{backend}.{name}{list(given)} does not take {list(wanted)}"
+            defaults = {p: d for p, d in wanted.items() if d is not inspect.Parameter.empty}
+            assert {p: given[p] for p in defaults} == defaults, f"weights.{backend}.{name}: defaults differ"
     assert backend == module.BACKEND
     engine_module, extension = module.WORKER_EXTENSION.rsplit(".", 1)
     assert engine_module == f"{module.__name__}_engine"
