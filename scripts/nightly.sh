@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The long tier, which CI does not run: a 3,000-step soak of the real stack (memory and queue gauges must
+# The long tier, which CI does not run: tests/nightly (every benchmark in smoke mode, its JSON contract and
+# pages checked; about 15 minutes), a 3,000-step soak of the real stack (memory and queue gauges must
 # level off), every benchmark at full size (docs/benchmarks.md), and the container image built from the
 # Dockerfile's CPU variant and run (scripts/image_check.sh, docs/image.md). Hardware: the 2-core CPU machine
 # is enough; about 12 minutes for the soak, 80 for the benchmarks (the sum of their parts measured on
@@ -10,6 +11,7 @@ set -euo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$repo"
 bash scripts/setup_env.sh
+bash scripts/test.sh tests/nightly
 .venv/bin/python scripts/soak.py --steps 3000 --output_dir output/nightly/soak
 OUT=output/nightly/bench bash scripts/cpu_benchmarks.sh
 # Reuses its Debian base and image store under output/image_check/ between nights.

@@ -3,7 +3,8 @@
 # tests with real vLLM, Ray and DeepSpeed) on CPU.
 # Hardware: a 2-core x86_64 Linux machine is enough. Sets up .venv first when needed.
 # Extra arguments go to pytest, e.g. `bash scripts/test.sh tests/unit` (or `-m "not slow"`) for the unit tier;
-# a path among them replaces the default `tests`.
+# a path among them replaces the default `tests/unit tests/integration` (CI's two tiers; `tests/nightly`, the
+# benchmarks' smoke runs, is run by name, by scripts/nightly.sh).
 set -euo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$repo"
@@ -20,9 +21,9 @@ parallel=()
 # --no-loadscope-reorder: keep tests/conftest.py's longest-first order (xdist would start the files with the
 # most tests first, which leaves the few-but-long fault and training files for the end).
 if [[ "$workers" != "1" ]]; then parallel=(-n "$workers" --dist loadfile --no-loadscope-reorder); fi
-# The whole suite unless a path (tests/unit, a file, a node id) is among the arguments; an option's value is
-# not one (--deselect tests/unit/test_loss.py::test_x still runs the rest of the suite).
-paths=(tests)
+# CI's tiers unless a path (tests/unit, a file, a node id) is among the arguments; an option's value is not
+# one (--deselect tests/unit/test_loss.py::test_x still runs the rest of the suite).
+paths=(tests/unit tests/integration)
 previous=""
 for arg in "$@"; do
   case "$previous" in

@@ -1,11 +1,12 @@
-"""The two tiers (every test under tests/integration is `slow`), shared fixtures (the embedded tiny model, built
-once per machine, cached) and the order test files start in.
+"""The three tiers (every test under tests/integration is `slow`; under tests/nightly, `slow` and `nightly`),
+shared fixtures (the embedded tiny model, built once per machine, cached) and the order test files start in.
 
 tests/unit holds pure code and the training loop on in-process fakes; tests/integration the tests that start
-the real stack (vLLM engines, Ray, DeepSpeed). A test's folder is its tier: `-m slow` selects
-tests/integration and `-m "not slow"` tests/unit, and no test file marks itself (tests/unit/test_structure.py
-checks both). This file stays at tests/ so that pytest puts tests/ on sys.path: `from helpers.x import ...`
-works from either folder.
+the real stack (vLLM engines, Ray, DeepSpeed); tests/nightly the real-stack runs too long for CI (every
+benchmark in smoke mode), which scripts/nightly.sh runs by name. A test's folder is its tier: `-m slow`
+selects tests/integration and `-m "not slow"` tests/unit, and no test file marks itself
+(tests/unit/test_structure.py checks both). This file stays at tests/ so that pytest puts tests/ on sys.path:
+`from helpers.x import ...` works from any folder.
 """
 
 import os
@@ -18,28 +19,32 @@ import pytest
 os.environ.setdefault("OPEN_INSTRUCT_SKIP_STACK_CHECK", "1")
 
 INTEGRATION = Path(__file__).resolve().parent / "integration"
+NIGHTLY = Path(__file__).resolve().parent / "nightly"
 
-# The longest files (real runs, fault injection, benchmarks in smoke mode), longest first: scripts/test.sh
-# runs two files at a time and hands them out in collection order, so starting these first keeps both
-# workers busy to the end instead of leaving one long file alone at the tail. Only the order depends on
-# this list; tests/unit/test_structure.py checks that every name is a file of tests/integration.
+# The longest files (real runs, fault injection), longest first by their totals measured on 2026-12-06:
+# scripts/test.sh runs two files at a time and hands them out in collection order, so starting these first
+# keeps both workers busy to the end instead of leaving one long file alone at the tail. Only the order
+# depends on this list; tests/unit/test_structure.py checks that every name is a file of tests/integration.
 LONGEST_FIRST = (
     "test_training_loop.py",
     "test_engine_faults.py",
-    "test_benchmarks.py",
-    "test_weight_sync.py",
     "test_learner.py",
-    "test_launch_scripts_e2e.py",
+    "test_weight_sync.py",
     "test_gpu_path_on_cpu.py",
-    "test_cpu_scripts.py",
-    "test_bad_input.py",
-    "test_streaming_generation.py",
+    "test_launch_scripts_e2e.py",
+    "test_lora_learner.py",
+    "test_lora.py",
     "test_staleness_bound.py",
-    "test_agent_training.py",
     "test_sequence_parallel_training.py",
+    "test_bad_input.py",
     "test_ray_node_setup.py",
     "test_hub_evaluation.py",
-    "test_node_launch.py",
+    "test_streaming_generation.py",
+    "test_lora_run.py",
+    "test_cpu_scripts.py",
+    "test_agent_training.py",
+    "test_moe_weight_sync.py",
+    "test_benchmarks.py",
 )
 
 
@@ -48,11 +53,18 @@ def is_integration(path: Path) -> bool:
     return Path(path).resolve().is_relative_to(INTEGRATION)
 
 
+def is_nightly(path: Path) -> bool:
+    """Whether the test file at `path` is in the nightly tier (under tests/nightly)."""
+    return Path(path).resolve().is_relative_to(NIGHTLY)
+
+
 @pytest.hookimpl(tryfirst=True)  # before pytest's own hook deselects by -m
 def pytest_collection_modifyitems(config, items):
     for item in items:
-        if is_integration(item.path):
+        if is_integration(item.path) or is_nightly(item.path):
             item.add_marker(pytest.mark.slow)
+        if is_nightly(item.path):
+            item.add_marker(pytest.mark.nightly)
     rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: file order kept
 

@@ -1,6 +1,6 @@
 """The benchmarks' pure parts: the learner-step cost fit and its calibration on the embedded model, MFU/MBU
 from a model's dimensions, and the regexes a forced-turn engine gives each sample. (The benchmarks themselves
-run in smoke mode in tests/integration/test_benchmarks.py.)"""
+run in smoke mode in tests/nightly/test_benchmarks_quick.py.)"""
 
 from __future__ import annotations
 

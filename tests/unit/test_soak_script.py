@@ -1,5 +1,5 @@
 """scripts/soak.py: its pure parts (RSS parsing, roles, the slope fit, the growth check) in-process. One
-short soak end to end against the real stack is in tests/integration/test_soak_run.py.
+short soak end to end against the real stack is in tests/nightly/test_soak_run.py (the nightly tier).
 
 Run: `.venv/bin/pytest tests/unit/test_soak_script.py` (under 2 s).
 """

@@ -345,18 +345,21 @@ def _slow_marks(path: Path) -> list[int]:
 
 def test_a_test_files_folder_is_its_tier():
     """tests/unit: pure code and the loop on in-process fakes; tests/integration: the real stack, every test of
-    it `slow` by tests/conftest.py. So each test file sits in one of the two folders, both hold test files only
-    (shared code is in tests/helpers), no file marks itself slow, and module names are unique (pytest imports
-    a test file by its basename)."""
-    from conftest import is_integration
+    it `slow` by tests/conftest.py; tests/nightly: real-stack runs too long for CI, `slow` and `nightly`. So each
+    test file sits in one of the three folders, they hold test files only (shared code is in tests/helpers), no
+    file marks itself slow, and module names are unique (pytest imports a test file by its basename)."""
+    from conftest import is_integration, is_nightly
 
     tests = REPO / "tests"
-    unit, integration = tests / "unit", tests / "integration"
+    unit, integration, nightly = tests / "unit", tests / "integration", tests / "nightly"
     test_files = sorted(tests.rglob("test_*.py"))
-    stray = set(test_files) ^ {*unit.rglob("*.py"), *integration.rglob("*.py")}
-    assert not stray, f"test files belong in tests/unit or tests/integration, and only they: {sorted(stray)}"
-    assert {path.parent for path in test_files} == {unit, integration}  # no subfolders
+    stray = set(test_files) ^ {*unit.rglob("*.py"), *integration.rglob("*.py"), *nightly.rglob("*.py")}
+    assert not stray, (
+        f"test files belong in tests/unit, tests/integration or tests/nightly, and only they: {sorted(stray)}"
+    )
+    assert {path.parent for path in test_files} == {unit, integration, nightly}  # no subfolders
     assert all(is_integration(path) == (path.parent == integration) for path in test_files)
+    assert all(is_nightly(path) == (path.parent == nightly) for path in test_files)
     names = [path.name for path in test_files]
     assert len(set(names)) == len(names), sorted(name for name in names if names.count(name) > 1)
     marked = []
@@ -388,15 +391,25 @@ def _names_defined(tree: ast.AST) -> set[str]:
     return defined
 
 
+def _is_private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
 def test_no_module_reads_a_private_name_defined_in_another_file():
     """A class spread over files (mixins reading each other's `self._x`) or a module reaching into another's
-    `_PRIVATE` hides a dependency: what is shared is declared and public (the engine actor's `EngineState`)."""
+    `_PRIVATE` (as `module._PRIVATE` or `from module import _PRIVATE`) hides a dependency: what is shared is
+    declared and public (the engine actor's `EngineState`)."""
     found = []
     for path in sorted(PACKAGE.rglob("*.py")):
         tree = ast.parse(path.read_text())
         defined = _names_defined(tree)
         for node in ast.walk(tree):
-            private = isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__")
+            if isinstance(node, ast.ImportFrom):
+                module = "." * node.level + (node.module or "")
+                for alias in node.names:
+                    if _is_private(alias.name) and f"{module}.{alias.name}" not in THIRD_PARTY_PRIVATES:
+                        found.append(f"{path.relative_to(REPO)}:{node.lineno} from {module} import {alias.name}")
+            private = isinstance(node, ast.Attribute) and _is_private(node.attr)
             if private and node.attr not in defined and ast.unparse(node) not in THIRD_PARTY_PRIVATES:
                 found.append(f"{path.relative_to(REPO)}:{node.lineno} {ast.unparse(node)}")
     assert not found, "\n".join(found)

@@ -1,6 +1,6 @@
 """One short soak (scripts/soak.py) end to end against the real stack: it passes, measures the RSS slope of
-every process role and the gauges, and finds nothing leaked. About 2 minutes on the 2-core CPU machine; the
-soak's pure parts are in tests/unit/test_soak_script.py."""
+every process role and the gauges, and finds nothing leaked. About 2 minutes on the 2-core CPU machine, so the
+nightly tier's (which also soaks 3,000 steps); the soak's pure parts are in tests/unit/test_soak_script.py."""
 
 from __future__ import annotations
 
