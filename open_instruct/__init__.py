@@ -17,7 +17,7 @@ batching.py        groups -> advantages, filters, packing, an even per-rank spli
 advantages.py      group-relative advantages and zero-std filtering (pure)
 loss.py            DAPO clipped loss, KL estimators, truncated importance weights (pure)
 packing.py         query+response packing with per-document positions, rank splits (pure)
-scheduling.py      pacing: the lookahead (--async_steps N or auto) moved with the staleness window
+pacing.py          `Pacing`: the lookahead (--async_steps N or auto) moved with the staleness window
 metrics.py         per-step rollout metrics, engine occupancy, async_steps_needed
 evaluation.py      eval rounds on the eval mix through the same engines, without stopping training
 adapters.py        --use_peft: the LoRA adapter's peft config, served rank, wire names, zero adapter, merge

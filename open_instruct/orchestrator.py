@@ -41,9 +41,9 @@ from open_instruct.metrics import (
     rollout_metrics,
     sample_error,
 )
+from open_instruct.pacing import Pacing
 from open_instruct.prompt_feeder import FeederState, PromptFeeder, record_prompts
 from open_instruct.replay_buffer import AddResult, Group, ReplayBuffer
-from open_instruct.scheduling import Pacing
 
 logger = logging.getLogger(__name__)
 

@@ -12,8 +12,8 @@ from collections.abc import Callable
 
 from open_instruct.benchmarks.simulated_world import TIME_EPS, CostModel, SimWorld, Workload
 from open_instruct.benchmarks.workloads import capped_lognormal
+from open_instruct.generation.channels import LocalChannel
 from open_instruct.generation.ledger import DeliveryLedger
-from open_instruct.generation.queues import LocalChannel
 from open_instruct.messages import Completion, EngineStats, PromptRequest, VersionSpan
 
 

@@ -174,7 +174,7 @@ def loop_config(
 def _loop_warnings_silenced():
     """The loop's one-time lookahead advice and the window's moves are for a user's run; a sweep prints the
     same numbers."""
-    loggers = [logging.getLogger(name) for name in ("open_instruct.orchestrator", "open_instruct.scheduling")]
+    loggers = [logging.getLogger(name) for name in ("open_instruct.orchestrator", "open_instruct.pacing")]
     levels = [each.level for each in loggers]
     for each in loggers:
         each.setLevel(logging.ERROR)

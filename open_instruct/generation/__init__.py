@@ -8,7 +8,7 @@ agent_turns.py     a multi-turn sample (tools, environments): one engine request
 scoring.py         a finished sample's reward, computed in the actor off its event loop
 engine_setup.py    vLLM engine arguments from the configuration, the step probe, the cores its process runs on
 outputs.py         vLLM outputs -> Completions and progress reports (partial samples)
-queues.py          the shared prompt and result channels
+channels.py        the shared prompt and result channels
 pool.py            `EnginePool` (driver handle): start, poll, pause/resume, a dead engine's samples resubmitted
 replacement.py     a dead engine replaced in the background; it joins at the next weight sync (driver handle)
 process_reaper.py  an engine's processes recorded at start, confirmed gone (killed by pid) before a replacement

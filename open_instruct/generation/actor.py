@@ -21,6 +21,7 @@ import time
 from collections.abc import AsyncIterator
 
 from open_instruct.generation.agent_turns import agent_sample
+from open_instruct.generation.channels import ChannelTimeout
 from open_instruct.generation.engine_setup import (
     EngineSettings,
     engine_args,
@@ -31,7 +32,6 @@ from open_instruct.generation.engine_setup import (
 from open_instruct.generation.engine_state import EngineCounters, EngineState, Occupancy
 from open_instruct.generation.outputs import sampling_params
 from open_instruct.generation.process_reaper import engine_processes
-from open_instruct.generation.queues import ChannelTimeout
 from open_instruct.generation.sample_requests import SampleRequests
 from open_instruct.generation.scoring import scored
 from open_instruct.generation.weight_receive import WeightReceiver

@@ -25,9 +25,9 @@ import logging
 import time
 from collections.abc import Callable
 
+from open_instruct.generation.channels import RayChannel
 from open_instruct.generation.faults import HangWatch, PartialSamples, Resubmission
 from open_instruct.generation.ledger import DeliveryLedger
-from open_instruct.generation.queues import RayChannel
 from open_instruct.generation.replacement import Replacement, Replacements
 from open_instruct.messages import (
     Completion,

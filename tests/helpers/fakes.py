@@ -20,8 +20,8 @@ from pathlib import Path
 
 from open_instruct.config.core import parse_config
 from open_instruct.data.dataset import PromptRow
+from open_instruct.generation.channels import LocalChannel
 from open_instruct.generation.ledger import DeliveryLedger
-from open_instruct.generation.queues import LocalChannel
 from open_instruct.messages import Completion, EngineStats, PartialSample, PromptRequest, StepReport, VersionSpan
 from open_instruct.staleness import oldest_trained_version
 

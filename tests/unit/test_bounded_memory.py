@@ -27,8 +27,8 @@ from helpers import fakes
 from helpers.fake_vllm import fake_generation_actor
 
 from open_instruct import tracking
+from open_instruct.generation.channels import ChannelTimeout, LocalChannel
 from open_instruct.generation.ledger import DeliveryLedger
-from open_instruct.generation.queues import ChannelTimeout, LocalChannel
 from open_instruct.messages import Completion, PromptStarted, SamplingSettings
 from open_instruct.orchestrator import buffer_config
 from open_instruct.prompt_feeder import PromptFeeder

@@ -8,7 +8,7 @@ import asyncio
 
 from helpers.fake_vllm import FakeVllm, fake_generation_actor
 
-from open_instruct.generation.queues import LocalChannel
+from open_instruct.generation.channels import LocalChannel
 from open_instruct.messages import Completion, PromptRequest, PromptStarted, SamplingSettings
 
 

@@ -142,8 +142,8 @@ def test_an_engine_paused_for_a_weight_sync_is_not_hung_however_long_the_pause()
 def test_a_failed_engines_prompts_and_the_one_it_pulled_unannounced_go_back_but_not_a_living_engines():
     """Engine 0 dies: the prompt it announced goes back at once; of the prompts started nowhere and not
     queued, the one engine 1 announces within the settle stays with engine 1, the other is resubmitted."""
+    from open_instruct.generation.channels import LocalChannel
     from open_instruct.generation.faults import Resubmission
-    from open_instruct.generation.queues import LocalChannel
 
     prompts, ledger = LocalChannel(), DeliveryLedger()
     resubmission = Resubmission(prompts, ledger, PartialSamples(), settle_s=0.0)

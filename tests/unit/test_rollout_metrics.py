@@ -86,7 +86,7 @@ def test_async_steps_needed_is_littles_law(latency, step, needed):
 
 
 def advisor(async_steps: int | str):
-    from open_instruct.scheduling import Lookahead, Pacing
+    from open_instruct.pacing import Lookahead, Pacing
     from open_instruct.staleness import OffPolicyWindow
 
     lookahead = Lookahead.adaptive(8) if async_steps == "auto" else Lookahead.fixed(async_steps)
@@ -95,7 +95,7 @@ def advisor(async_steps: int | str):
 
 def test_a_starving_learner_gets_the_advice_once(caplog):
     pacing = advisor(async_steps=1)
-    with caplog.at_level("WARNING", logger="open_instruct.scheduling"):
+    with caplog.at_level("WARNING", logger="open_instruct.pacing"):
         pacing.advise(5, needed=3, wait_frac=0.4)
         pacing.advise(5, needed=3, wait_frac=0.4)
     (record,) = caplog.records
@@ -113,7 +113,7 @@ def test_a_starving_learner_gets_the_advice_once(caplog):
     ],
 )
 def test_no_advice_when_it_would_not_help(caplog, async_steps, step, needed, wait_frac):
-    with caplog.at_level("WARNING", logger="open_instruct.scheduling"):
+    with caplog.at_level("WARNING", logger="open_instruct.pacing"):
         advisor(async_steps).advise(step, needed=needed, wait_frac=wait_frac)
     assert not caplog.records
 

@@ -9,7 +9,7 @@ import random
 
 import pytest
 
-from open_instruct.scheduling import Lookahead, Pacing
+from open_instruct.pacing import Lookahead, Pacing
 from open_instruct.staleness import OffPolicyWindow
 
 
