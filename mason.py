@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import shlex
 import shutil
 import subprocess
@@ -46,11 +45,17 @@ from open_instruct.launch.commands import (
     parse_cache_keys,
     rewrite_training,
 )
-from open_instruct.launch.settings import INTERCONNECT_CLUSTERS, TRAINING_ENTRY, Account, LaunchIds, MasonArgs, Mount
+from open_instruct.launch.settings import (
+    INTERCONNECT_CLUSTERS,
+    TRAINING_ENTRY,
+    Account,
+    LaunchIds,
+    MasonArgs,
+    add_options,
+    from_namespace,
+)
 
 REPO = Path(__file__).resolve().parent
-PRIORITIES = ("low", "normal", "high", "urgent")
-MAX_GPUS_PER_NODE = 8
 # Options open-instruct's mason.py accepted once and now ignores.
 DEPRECATED_NO_OPS = {
     "no_hf_cache_env": "open-instruct marks it deprecated; it does nothing",
@@ -59,85 +64,6 @@ DEPRECATED_NO_OPS = {
 }
 # W&B settings of the launching shell that the job inherits.
 PASSED_THROUGH_ENV = ("WANDB_ENTITY", "WANDB_PROJECT", "WANDB_TAGS")
-
-_ORG_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_SECRET_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
-_TASK_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
-_DURATION = re.compile(r"^(\d+(\.\d+)?(ns|us|µs|ms|s|m|h))+$")
-_MEMORY = re.compile(r"^\d+(\.\d+)?\s*([KMGT]i?B?|B)?$", re.IGNORECASE)
-
-
-# ---------------------------------------------------------------------------------------------------------
-# Argument parsing. Value checks live in argparse `type=` callables, so every error names its option and
-# exits with status 2.
-
-
-def _org_name(value: str) -> str:
-    if not _ORG_NAME.match(value):
-        raise argparse.ArgumentTypeError(f"{value!r} is not of the form org/name (e.g. ai2/jupiter)")
-    return value
-
-
-def _int_in_range(low: int, high: int | None):
-    def check(value: str) -> int:
-        try:
-            number = int(value)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{value!r} is not an integer") from None
-        if number < low or (high is not None and number > high):
-            bound = f"between {low} and {high}" if high is not None else f">= {low}"
-            raise argparse.ArgumentTypeError(f"{number} is out of range: must be {bound}")
-        return number
-
-    return check
-
-
-def _matching(pattern: re.Pattern, example: str):
-    def check(value: str) -> str:
-        if not pattern.match(value.strip()):
-            raise argparse.ArgumentTypeError(f"{value!r} is not like {example}")
-        return value.strip()
-
-    return check
-
-
-def _env_pair(value: str) -> tuple[str, str]:
-    name, sep, val = value.partition("=")
-    if not sep:
-        raise argparse.ArgumentTypeError(f"{value!r} is not KEY=VALUE (no '=')")
-    if not _ENV_NAME.match(name):
-        raise argparse.ArgumentTypeError(f"{value!r}: {name!r} is not a valid environment variable name")
-    return name, val
-
-
-def _secret_pair(value: str) -> tuple[str, str]:
-    name, sep, secret = value.partition("=")
-    if not sep or not _ENV_NAME.match(name) or not _SECRET_NAME.match(secret):
-        raise argparse.ArgumentTypeError(
-            f"{value!r} is not ENV_VAR=SECRET_NAME (the name of a secret stored in the Beaker workspace)"
-        )
-    return name, secret
-
-
-def _beaker_dataset(value: str) -> Mount:
-    mount_path, sep, dataset = value.partition(":")
-    if not sep or not mount_path.startswith("/") or not dataset or ":" in dataset:
-        raise argparse.ArgumentTypeError(f"{value!r} is not MOUNT_PATH:DATASET_ID (e.g. /models:01HQXGAYGCS6D4)")
-    return Mount(mount_path, ("beaker", dataset))
-
-
-def _task_name(value: str) -> str:
-    if not _TASK_NAME.match(value):
-        raise argparse.ArgumentTypeError(f"{value!r} may only contain letters, digits, '.', '_' and '-'")
-    return value
-
-
-def _non_empty(value: str) -> str:
-    if not value.strip():
-        raise argparse.ArgumentTypeError("must not be empty")
-    return value
-
 
 HELP_EPILOG = f"""\
 the commands after `--`:
@@ -181,148 +107,8 @@ def _build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
         allow_abbrev=False,  # an abbreviation silently matching another option is worse than an error
     )
-    _add_placement_options(parser)
-    _add_environment_options(parser)
-    _add_training_options(parser)
-    return parser
-
-
-def _add_placement_options(parser: argparse.ArgumentParser) -> None:
-    """Where and how the tasks run."""
-    parser.add_argument(
-        "--cluster",
-        dest="clusters",
-        type=_org_name,
-        nargs="+",
-        action="extend",
-        required=True,
-        metavar="ORG/NAME",
-        help="Beaker cluster(s) the task may run on; repeat the option or list several after it.",
-    )
-    parser.add_argument(
-        "--hostname",
-        dest="hostnames",
-        type=_non_empty,
-        nargs="+",
-        action="extend",
-        default=[],
-        help="Beaker host(s) the task may run on; when given they constrain the task instead of --cluster.",
-    )
-    parser.add_argument(
-        "--image",
-        type=_non_empty,
-        default=MasonArgs.image,
-        help="Image to run (default: %(default)s). A Beaker image (`user/name`) unless it looks like a Docker "
-        "reference (a ':' tag or a registry host); force either with a `beaker://` or `docker://` prefix.",
-    )
-    parser.add_argument(
-        "--pure_docker_mode",
-        action="store_true",
-        help="Run from the image's working directory with the code baked into it. Without it the command first "
-        "does `cd` into this directory and gets this shell's PATH (both must be on a filesystem the cluster "
-        "mounts at the same path, e.g. Weka).",
-    )
-    parser.add_argument(
-        "--workspace", type=_org_name, default=None, metavar="ORG/NAME", help="Beaker workspace (default: yours)."
-    )
-    parser.add_argument(
-        "--budget",
-        type=_org_name,
-        default=None,
-        metavar="ORG/NAME",
-        help="Beaker budget (default: the workspace's default budget).",
-    )
-    parser.add_argument("--priority", choices=PRIORITIES, default="normal", help="Job priority (default: normal).")
-    parser.add_argument("--preemptible", action="store_true", help="Allow Beaker to preempt the job.")
-    parser.add_argument(
-        "--num_nodes",
-        type=_int_in_range(1, None),
-        default=1,
-        metavar="N",
-        help="Number of nodes (Beaker replicas of each task); >= 1, default 1.",
-    )
-    parser.add_argument(
-        "--max_retries",
-        type=_int_in_range(0, None),
-        default=0,
-        metavar="N",
-        help="How often Beaker may retry a failed task (retry.allowedTaskRetries); >= 0, default 0.",
-    )
-    parser.add_argument(
-        "--gpus",
-        type=_int_in_range(0, MAX_GPUS_PER_NODE),
-        default=0,
-        metavar="N",
-        help=f"GPUs per node, 0..{MAX_GPUS_PER_NODE} (default 0).",
-    )
-    parser.add_argument(
-        "--shared_memory",
-        type=_matching(_MEMORY, "10.24gb or 64GiB"),
-        default=MasonArgs.shared_memory,
-        help="Size of /dev/shm (Ray's object store, NCCL buffers); default %(default)s.",
-    )
-    parser.add_argument(
-        "--timeout",
-        type=_matching(_DURATION, "15m, 2h or 2h30m"),
-        default=None,
-        help="Beaker stops the task after this long (e.g. 15m, 2h30m); default: no limit.",
-    )
-    parser.add_argument(
-        "--no-host-networking",
-        dest="host_networking",
-        action="store_false",
-        help="Give the task its own network namespace (multi-node jobs need host networking).",
-    )
-    parser.add_argument(
-        "--description",
-        default=os.environ.get("RUN_NAME", MasonArgs.description),
-        help="Experiment description (default: $RUN_NAME, else %(default)r).",
-    )
-    parser.add_argument(
-        "--task_name",
-        type=_task_name,
-        default=MasonArgs.task_name,
-        help="Base name of the Beaker tasks (NAME__0, NAME__1, ...); default %(default)s.",
-    )
-    parser.add_argument(
-        "--dry_run",
-        action="store_true",
-        help="Print the spec and every step mason would take (dataset caching, submission), taking none.",
-    )
-
-
-def _add_environment_options(parser: argparse.ArgumentParser) -> None:
-    """What the tasks see: mounts, variables, secrets."""
-    parser.add_argument(
-        "--mount_docker_socket",
-        action="store_true",
-        help="Mount the host's /var/run/docker.sock (Docker in Docker, e.g. a code-execution sandbox).",
-    )
-    parser.add_argument(
-        "--beaker_datasets",
-        type=_beaker_dataset,
-        nargs="*",
-        default=[],
-        metavar="MOUNT:ID",
-        help="Beaker datasets to mount, each MOUNT_PATH:DATASET_ID (e.g. /models:01HQXGAYGCS6D4ZK51K83CM49Y).",
-    )
-    parser.add_argument(
-        "--env",
-        type=_env_pair,
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="Environment variable for the task; repeatable.",
-    )
-    parser.add_argument(
-        "--secret",
-        dest="secrets",
-        type=_secret_pair,
-        action="append",
-        default=[],
-        metavar="ENV=SECRET_NAME",
-        help="Expose the workspace secret SECRET_NAME as ENV; repeatable. Only its name enters the spec.",
-    )
+    # The one default that depends on where mason runs.
+    add_options(parser, {"description": os.environ.get("RUN_NAME", MasonArgs.description)})
     for name in DEPRECATED_NO_OPS:
         takes_value = name == "gs_model_name"
         parser.add_argument(
@@ -331,35 +117,7 @@ def _add_environment_options(parser: argparse.ArgumentParser) -> None:
             default=None if takes_value else False,
             help=f"Accepted and ignored: {DEPRECATED_NO_OPS[name]}.",
         )
-
-
-def _add_training_options(parser: argparse.ArgumentParser) -> None:
-    """What mason does to a grpo_fast.py command (open-instruct's resumable mode and dataset caching)."""
-    parser.add_argument(
-        "--non_resumable",
-        action="store_true",
-        help="No automatic resumable state directory and no W&B resume for grpo_fast.py commands.",
-    )
-    parser.add_argument(
-        "--no_auto_dataset_cache", action="store_true", help="Do not tokenize the datasets here before submitting."
-    )
-    parser.add_argument(
-        "--auto_output_dir_path",
-        default=MasonArgs.auto_output_dir_path,
-        help="On Weka clusters --output_dir becomes PATH/USER/ ('' keeps yours); default %(default)s.",
-    )
-    parser.add_argument(
-        "--auto_checkpoint_state_dir",
-        default=MasonArgs.auto_checkpoint_state_dir,
-        help="Resumable state goes to PATH/USER/<time>_<n> ('' keeps --checkpoint_state_dir); default %(default)s.",
-    )
-    parser.add_argument(
-        "--artifact_ttl",
-        type=_non_empty,
-        default=None,
-        metavar="TTL",
-        help="Append tmp-TTL (e.g. 1d) to the automatic output and state directories (a retention class).",
-    )
+    return parser
 
 
 def split_commands(tokens: list[str]) -> list[list[str]]:
@@ -390,34 +148,9 @@ def parse_args(argv: list[str], environ: dict[str, str] | None = None) -> MasonA
         except ValueError as e:
             parser.error(f"command after `--`: {e}")
     _check_unique_names(parser, ns.env, ns.secrets)
-    return MasonArgs(
-        clusters=tuple(dict.fromkeys(ns.clusters)),  # de-duplicated, order kept
+    return from_namespace(
+        ns,
         commands=tuple(commands),
-        image=ns.image,
-        workspace=ns.workspace,
-        budget=ns.budget,
-        hostnames=tuple(dict.fromkeys(ns.hostnames)),
-        pure_docker_mode=ns.pure_docker_mode,
-        priority=ns.priority,
-        preemptible=ns.preemptible,
-        num_nodes=ns.num_nodes,
-        max_retries=ns.max_retries,
-        gpus=ns.gpus,
-        shared_memory=ns.shared_memory,
-        timeout=ns.timeout,
-        host_networking=ns.host_networking,
-        mount_docker_socket=ns.mount_docker_socket,
-        beaker_datasets=tuple(ns.beaker_datasets),
-        env=tuple(ns.env),
-        secrets=tuple(ns.secrets),
-        description=ns.description,
-        task_name=ns.task_name,
-        resumable=not ns.non_resumable,
-        auto_dataset_cache=not ns.no_auto_dataset_cache,
-        auto_output_dir_path=ns.auto_output_dir_path,
-        auto_checkpoint_state_dir=ns.auto_checkpoint_state_dir,
-        artifact_ttl=ns.artifact_ttl,
-        dry_run=ns.dry_run,
         ignored=tuple(name for name in DEPRECATED_NO_OPS if getattr(ns, name)),
         local_workdir=os.getcwd(),
         local_path=environ.get("PATH", ""),

@@ -4,6 +4,7 @@ The package's map. Its top-level modules (the loop, its pure logic, the entry po
 
 grpo_fast.py       CLI entry: parse flags, load data, build the Ray-backed collaborators, run the loop
 preflight.py       --preflight: tokenizer, template, datasets, tools, endpoints, GPU arithmetic, without Ray
+stack_check.py     the environment's torch/vLLM builds against the GPUs and driver: one line, at start-up
 orchestrator.py    `TrainingLoop`: admit -> stream -> buffer -> train -> sync -> eval/checkpoint/log
 cluster.py         Ray init, placement groups (the only `ray.remote`), `Stack`: a run's Ray-backed collaborators
 placement.py       where engines and learners go and which transport joins them (pure)

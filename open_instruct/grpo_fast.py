@@ -99,8 +99,8 @@ def launch_problems(cfg) -> list[str]:
 
 def check_stack(log: logging.Logger) -> str | None:
     """A CPU torch/vLLM on a machine with GPUs, or a driver older than the torch build's CUDA: the one line
-    that stops the run before Ray starts (launch/stack_check.py), else None."""
-    from open_instruct.launch import stack_check
+    that stops the run before Ray starts (stack_check.py), else None."""
+    from open_instruct import stack_check
 
     if stack_check.skipped():
         return None

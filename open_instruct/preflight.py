@@ -70,7 +70,7 @@ def _guarded(checks: list[Check], name: str, work):
 
 def _stack():
     """The environment's torch/vLLM builds against this machine's GPUs and driver (what start-up checks)."""
-    from open_instruct.launch import stack_check
+    from open_instruct import stack_check
 
     if stack_check.skipped():
         return f"not checked ({stack_check.SKIP_ENV} is set)", None

@@ -121,7 +121,7 @@ has_stack() {  # interpreter: true when the GPU parts' imports work with it, the
   # A CPU torch where GPUs are visible (the repository's CPU .venv on a GPU machine) is no GPU stack either.
   (cd / && "$1" -P -c 'import sys, vllm, ray, deepspeed, open_instruct
 from pathlib import Path
-from open_instruct.launch.stack_check import installed_stack, this_machine
+from open_instruct.stack_check import installed_stack, this_machine
 cpu_build_next_to_gpus = this_machine().gpus > 0 and installed_stack().torch_cuda is None
 sys.exit(Path(open_instruct.__file__).resolve().parents[1] != Path(sys.argv[1]).resolve() or cpu_build_next_to_gpus)' "$repo") >/dev/null 2>&1
 }

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 # The suite runs the CPU stack by design; on a developer machine that also has GPUs the trainer's start-up check
-# (open_instruct/launch/stack_check.py) would stop every run it starts. tests/unit/test_stack_check.py clears it.
+# (open_instruct/stack_check.py) would stop every run it starts. tests/unit/test_stack_check.py clears it.
 os.environ.setdefault("OPEN_INSTRUCT_SKIP_STACK_CHECK", "1")
 
 INTEGRATION = Path(__file__).resolve().parent / "integration"

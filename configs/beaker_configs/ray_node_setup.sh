@@ -47,7 +47,7 @@
 # machine without NVIDIA GPUs only, the repository's CPU .venv, else `ray` on PATH (an image's environment:
 # /opt/venv/bin in the image built from this repository's Dockerfile). The one chosen is put first on PATH
 # when it is not on it yet, so the trainer runs the same Ray as the cluster. The CPU .venv is never used on
-# a machine with GPUs. Then `python -m open_instruct.launch.stack_check` checks that environment against
+# a machine with GPUs. Then `python -m open_instruct.stack_check` checks that environment against
 # the machine: a CPU torch or vLLM next to GPUs, or a driver older than the torch build's CUDA, stops here
 # in one line (OPEN_INSTRUCT_SKIP_STACK_CHECK=1 skips it).
 #
@@ -134,7 +134,7 @@ _rns_setup() {
 
     _rns_pick_environment || return 1
     # From the repository, so the module is found even where the package is not installed.
-    if ! out="$(cd "$repo" && "$py" -m open_instruct.launch.stack_check)"; then
+    if ! out="$(cd "$repo" && "$py" -m open_instruct.stack_check)"; then
         return 1  # the module printed its one line
     fi
     _rns_log "${out#stack_check: } ($py)"

@@ -4,7 +4,6 @@ launcher runs outside the training environment).
 - `commands`: a command's argv as one `bash -c` string; the flags mason adds to a grpo_fast.py command
   (resumable state, outputs on Weka, entities, the dataset cache key) and its local caching run.
 - `beaker_spec`: the Beaker v2 experiment spec: tasks, environment, secrets, mounts.
-- `settings`: the launch's options (`MasonArgs`, parsed once), the account, Ai2's Weka clusters.
-- `stack_check`: the environment's torch/vLLM builds against the machine's GPUs and driver (a CPU build next
-  to GPUs, a driver older than the build's CUDA): one line, at start-up, in `--preflight` and on the nodes.
+- `settings`: the launch's options (`MasonArgs`, each declared once, parsed once), the account, Ai2's Weka
+  clusters.
 """

