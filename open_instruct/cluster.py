@@ -256,7 +256,8 @@ class Stack:
         from open_instruct.generation.engine_setup import EngineSettings
         from open_instruct.generation.pool import EnginePool
         from open_instruct.learner.actor import LearnerSettings
-        from open_instruct.learner.group import LearnerGroup, learner_timeout_s, model_bytes
+        from open_instruct.learner.deepspeed_setup import learner_timeout_s
+        from open_instruct.learner.group import LearnerGroup, model_bytes
         from open_instruct.placement import plan_placement
         from open_instruct.weights.sync import SyncSettings, WeightSync
 

@@ -184,12 +184,30 @@ def make_optimizer(
 
 
 UNIVERSAL_SUFFIX = "_universal"
+# Learner setup, saves and resume: a floor, plus time per GiB of weights (one copy read or written at ~35 MB/s,
+# a slow network disk's rate), so that a 70B model gets its hour instead of failing at a small model's limit.
+LEARNER_TIMEOUT_FLOOR_S = 900.0
+LEARNER_TIMEOUT_S_PER_GIB = 30.0
 
 
-def make_universal(checkpoint_dir: str, tag: str, timeout_s: float = 3600) -> str:
+def learner_timeout_s(model_bytes: int) -> float:
+    """How long learner setup, a model save, a state save or a resume may take (`LearnerGroup.timeout_s`), and
+    a universal conversion of a checkpoint of that many bytes."""
+    return LEARNER_TIMEOUT_FLOOR_S + LEARNER_TIMEOUT_S_PER_GIB * model_bytes / 2**30
+
+
+def folder_bytes(folder) -> int:
+    """The bytes of the files under `folder` (a checkpoint's size)."""
+    from pathlib import Path
+
+    return sum(f.stat().st_size for f in Path(folder).rglob("*") if f.is_file())
+
+
+def make_universal(checkpoint_dir: str, tag: str, timeout_s: float | None = None) -> str:
     """The universal copy of DeepSpeed checkpoint `checkpoint_dir/tag`, built by DeepSpeed's `ds_to_universal`
     (in a subprocess: it runs worker pools) unless it exists; returns its tag. A universal checkpoint stores
-    each parameter's fp32 weights and optimizer moments whole, so it loads into any number of ranks."""
+    each parameter's fp32 weights and optimizer moments whole, so it loads into any number of ranks. The
+    conversion reads and writes the whole checkpoint: by default its limit is `learner_timeout_s` of its size."""
     import shutil
     import subprocess
     import sys
@@ -199,6 +217,8 @@ def make_universal(checkpoint_dir: str, tag: str, timeout_s: float = 3600) -> st
     target = Path(checkpoint_dir) / universal
     if target.exists():
         return universal
+    if timeout_s is None:
+        timeout_s = learner_timeout_s(folder_bytes(Path(checkpoint_dir) / tag))
     partial = target.with_name(universal + ".partial")  # renamed when complete: a crash leaves no half copy
     shutil.rmtree(partial, ignore_errors=True)
     command = [

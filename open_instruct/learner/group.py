@@ -16,6 +16,7 @@ import contextlib
 import time
 
 from open_instruct.batching import BatchSettings, assemble
+from open_instruct.learner.deepspeed_setup import LEARNER_TIMEOUT_FLOOR_S
 from open_instruct.loss import effective_sample_fraction
 from open_instruct.messages import LearnerReady, LearnerStepResult, StepReport, WeightMetadata
 
@@ -42,16 +43,7 @@ def rank_mean(results: list[LearnerStepResult]) -> dict[str, float]:
     return out
 
 
-# Learner setup, saves and resume: a floor, plus time per GiB of weights (one copy read or written at ~35 MB/s,
-# a slow network disk's rate), so that a 70B model gets its hour instead of failing at a small model's limit.
-LEARNER_TIMEOUT_FLOOR_S = 900.0
-LEARNER_TIMEOUT_S_PER_GIB = 30.0
 WEIGHT_FILES = ("*.safetensors", "*.bin", "*.pt")
-
-
-def learner_timeout_s(model_bytes: int) -> float:
-    """How long learner setup, a model save, a state save or a resume may take (`LearnerGroup.timeout_s`)."""
-    return LEARNER_TIMEOUT_FLOOR_S + LEARNER_TIMEOUT_S_PER_GIB * model_bytes / 2**30
 
 
 def model_bytes(model_path: str) -> int:

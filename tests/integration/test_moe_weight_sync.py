@@ -149,5 +149,7 @@ def test_a_fused_moe_trains_syncs_and_saves_under_the_checkpoints_names(moe_path
 
     saved = load_file(str(tmp_path / "saved" / "model.safetensors"))
     assert set(saved) == set(checkpoint) and "model.layers.1.mlp.experts.3.gate_proj.weight" in saved
+    # The format of the checkpoint vLLM loaded at start-up, tensor for tensor: vLLM loads the saved model too.
+    assert all(saved[n].shape == checkpoint[n].shape and saved[n].dtype == checkpoint[n].dtype for n in saved)
     back = dict(hf_model(str(tmp_path / "saved")).named_parameters())
     assert all(torch.equal(back[n], weights_b[n]) for n in weights_b)

@@ -5,8 +5,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from open_instruct.learner.deepspeed_setup import cgroup_cpu_limit
-from open_instruct.learner.group import LEARNER_TIMEOUT_FLOOR_S, estimated_parameters, learner_timeout_s, model_bytes
+from open_instruct.learner.deepspeed_setup import (
+    LEARNER_TIMEOUT_FLOOR_S,
+    cgroup_cpu_limit,
+    folder_bytes,
+    learner_timeout_s,
+)
+from open_instruct.learner.group import estimated_parameters, model_bytes
 
 
 def cgroup(tmp_path: Path, membership: str, files: dict[str, str]) -> tuple[str, str]:
@@ -63,3 +68,15 @@ def test_a_model_not_on_disk_is_sized_from_its_config(model_path):
     """Where no weight files are there yet, the config's parameter count stands in (the embedded model: fp32)."""
     estimated, stored = estimated_parameters(model_path), model_bytes(model_path) / 4
     assert 0.9 * stored < estimated < 1.1 * stored
+
+
+def test_a_universal_conversion_gets_the_limit_of_its_checkpoints_size(tmp_path):
+    """ds_to_universal reads and writes the whole checkpoint (fp32 weights and two moments: 12 bytes a
+    parameter): a 70B model's ~780 GiB get far more than the fixed hour it once had."""
+    state = tmp_path / "learner"
+    state.mkdir()
+    with open(state / "zero_pp_rank_0_mp_rank_00_optim_states.pt", "wb") as shard:
+        shard.truncate(780 * 2**30)  # sparse: the size is what counts, nothing is written
+    (state / "mp_rank_00_model_states.pt").write_bytes(b"x" * 1024)
+    assert folder_bytes(state) == 780 * 2**30 + 1024
+    assert learner_timeout_s(folder_bytes(state)) > 6 * 3600
