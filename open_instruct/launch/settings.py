@@ -133,8 +133,9 @@ def add_options(parser: argparse.ArgumentParser, defaults: dict[str, Any]) -> No
         kwargs = dict(setting.metadata["argparse"])
         if setting.default is MISSING:
             kwargs["required"] = True
-        else:  # a list, as argparse appends to it
+        else:
             default = defaults.get(setting.name, setting.default)
+            # A list option's tuple default as a list: argparse's append and extend actions add to it.
             kwargs["default"] = list(default) if isinstance(default, tuple) else default
         flag = setting.metadata["flag"] or f"--{setting.name}"
         groups[setting.metadata["group"]].add_argument(flag, dest=setting.name, **kwargs)
