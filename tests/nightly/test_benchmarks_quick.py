@@ -1,7 +1,7 @@
 """Smoke runs of every benchmark with the real stack: each mode produces the JSON contract and its plots.
 
 The numbers themselves are measured by the benchmarks, not asserted here (see docs/benchmarks.md). Shrunk as they
-are, the runs take about 15 minutes together, too long for CI: the nightly tier runs them (scripts/nightly.sh),
+are, the runs take about 12 minutes together, too long for CI: the nightly tier runs them (scripts/nightly.sh),
 and CI runs one shared tiny e2e run (tests/integration/test_benchmarks.py).
 Run: `bash scripts/test.sh tests/nightly`.
 """
