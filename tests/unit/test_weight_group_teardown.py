@@ -2,17 +2,22 @@
 anew, and each re-form must free what the last one held on both ends (learner rank 0's `WeightSender`, the
 engine's `WeightReceiver` and transfer engine). On CPU: the real gloo group re-formed N times with the file
 descriptors (sockets) and live process groups of both sides counted, the shm stager re-opened N times with the
-staged files counted. NCCL without a GPU: the calls made on an in-process stand-in of vLLM's communicator, in
+staged files counted, both in an interpreter of their own (a thread left by an earlier test in the same worker may
+open a descriptor while they count). NCCL without a GPU: the calls made on an in-process stand-in of vLLM's communicator, in
 order, and a send blocked in a broadcast freed by aborting its group."""
 
 from __future__ import annotations
 
 import asyncio
 import gc
+import json
 import os
 import socket
+import subprocess
+import sys
 import threading
 import weakref
+from pathlib import Path
 
 import pytest
 import torch
@@ -105,7 +110,8 @@ def reform(sender: WeightSender, receiver: WeightReceiver, backend: str) -> None
     assert torch.equal(received, torch.arange(4.0))
 
 
-def test_the_gloo_group_reformed_n_times_leaves_sockets_and_groups_flat_on_both_sides():
+def gloo_reforms_counted() -> dict:
+    """The gloo group re-formed REFORMS times; what each side still holds, counted."""
     engine = WorkerStandIn(transfer_engine("gloo"))
     receiver = WeightReceiver(EngineState(engine_id=0, settings=None, engine=engine))
     sender = WeightSender(rank=0, gather_whole_model=False)
@@ -117,15 +123,17 @@ def test_the_gloo_group_reformed_n_times_leaves_sockets_and_groups_flat_on_both_
         reform(sender, receiver, "gloo")
         groups.append((weakref.ref(sender.group), weakref.ref(engine.transfer.group)))
     gc.collect()
-    assert open_fds() == before, f"{open_fds() - before} descriptors left after {REFORMS} re-forms"
-    # Every earlier group is gone on both ends; only the current one lives.
-    assert [(learner() is None, worker() is None) for learner, worker in groups[:-1]] == [(True, True)] * (REFORMS - 1)
-    assert engine.calls == ["init"] + ["shutdown", "init"] * REFORMS  # the receiver left each group before joining
+    counted = {
+        "descriptors_left": open_fds() - before,
+        "earlier_groups_alive": [(learner() is not None, worker() is not None) for learner, worker in groups[:-1]],
+        "calls": engine.calls,
+    }
     sender.close()
     engine.transfer.shutdown()
     gc.collect()
-    assert groups[-1][0]() is None and groups[-1][1]() is None
-    assert open_fds() < before  # the last group's sockets closed too
+    counted["last_group_alive"] = [groups[-1][0]() is not None, groups[-1][1]() is not None]
+    counted["descriptors_after_close"] = open_fds() - before
+    return counted
 
 
 def staged_files() -> list[str]:
@@ -141,19 +149,57 @@ def mapped_staged_files() -> list[str]:
         return [line for line in maps if shm.FILE_PREFIX in line]
 
 
-def test_the_shm_stager_reopened_n_times_leaves_no_staged_file_and_no_mapping():
-    """A re-form in the middle of a sync (staged, never released) must not leave the file in /dev/shm."""
+def shm_reopens_counted() -> dict:
+    """The shm stager re-opened REFORMS times, each time in the middle of a sync (staged, never released)."""
     sender = WeightSender(rank=0, gather_whole_model=False)
     before = (open_fds(), staged_files())
     weights = [("w", torch.arange(6.0).view(2, 3))]
+    staged_at_each_open = []
     for version in range(REFORMS):
         sender.open("shm", "127.0.0.1", 0, 2, 60.0)
-        assert staged_files() == []  # the previous stager's unreleased file went with it
+        staged_at_each_open.append(staged_files())
         shm.trainer_stage(sender.group, iter(weights), ["w"], ["float32"], [[2, 3]], f"v{version}")
-        assert len(staged_files()) == 1
+        staged_at_each_open.append(len(staged_files()))
     sender.close()
-    assert (open_fds(), staged_files()) == before
-    assert mapped_staged_files() == []
+    return {
+        "staged_at_each_open": staged_at_each_open,
+        "descriptors_left": open_fds() - before[0],
+        "staged_left": sorted(set(staged_files()) - set(before[1])),
+        "mapped_left": mapped_staged_files(),
+    }
+
+
+@pytest.fixture(scope="module")
+def counted_alone(tmp_path_factory) -> dict:
+    """Both counts, taken in a fresh interpreter that runs nothing else."""
+    out = tmp_path_factory.mktemp("counted") / "counted.json"
+    program = (
+        f"import json, sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); "
+        "import test_weight_group_teardown as t; "
+        f"open({str(out)!r}, 'w').write(json.dumps({{'gloo': t.gloo_reforms_counted(), 'shm': t.shm_reopens_counted()}}))"
+    )
+    finished = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=600)
+    assert finished.returncode == 0, finished.stderr[-3000:]
+    return json.loads(out.read_text())
+
+
+def test_the_gloo_group_reformed_n_times_leaves_sockets_and_groups_flat_on_both_sides(counted_alone):
+    gloo = counted_alone["gloo"]
+    assert gloo["descriptors_left"] == 0, f"{gloo['descriptors_left']} descriptors left after {REFORMS} re-forms"
+    # Every earlier group is gone on both ends; only the current one lived until closed.
+    assert gloo["earlier_groups_alive"] == [[False, False]] * (REFORMS - 1)
+    assert gloo["calls"] == ["init"] + ["shutdown", "init"] * REFORMS  # the receiver left each group before joining
+    assert gloo["last_group_alive"] == [False, False]
+    assert gloo["descriptors_after_close"] < 0  # the last group's sockets closed too
+
+
+def test_the_shm_stager_reopened_n_times_leaves_no_staged_file_and_no_mapping(counted_alone):
+    """A re-form in the middle of a sync (staged, never released) must not leave the file in /dev/shm."""
+    shm_counts = counted_alone["shm"]
+    # Each open found no file (the previous stager's unreleased one went with it); each stage made one.
+    assert shm_counts["staged_at_each_open"] == [[], 1] * REFORMS
+    assert shm_counts["descriptors_left"] == 0
+    assert shm_counts["staged_left"] == [] and shm_counts["mapped_left"] == []
 
 
 class FakeCommunicator:
