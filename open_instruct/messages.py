@@ -8,7 +8,7 @@ readable in one place. Timestamps use `default_factory` so each message gets its
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:
@@ -446,6 +446,22 @@ class PackedRow:
     def is_dummy(self) -> bool:
         """A row added only so every rank runs the same number of micro-batches."""
         return self.num_documents == 0
+
+    def __reduce__(self):
+        # Pickled as numpy arrays: Ray passes those out of band into its object store, while it pickles a torch
+        # tensor through torch.save, one legacy archive each, which was 40% of the driver's time per sample at
+        # the original request's lengths (`benchmarks.driver_headroom`).
+        arrays = tuple(getattr(self, f.name).numpy() for f in fields(self) if f.name != "sample_ids")
+        return _packed_row, (arrays, self.sample_ids)
+
+
+def _packed_row(arrays: tuple, sample_ids: tuple[str, ...]) -> PackedRow:
+    """A pickled PackedRow rebuilt; an array Ray maps read-only from its object store is copied, as the learner
+    owns its rows (a read-only tensor would not say so until written to)."""
+    import torch
+
+    tensors = (torch.from_numpy(a if a.flags.writeable else a.copy()) for a in arrays)
+    return PackedRow(*tensors, sample_ids=sample_ids)
 
 
 @dataclass(frozen=True, slots=True)

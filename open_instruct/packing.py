@@ -20,10 +20,12 @@ Pure torch: no Ray, vLLM or DeepSpeed, so it is cheap to unit-test and to reuse.
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+import numpy
 import torch
 
 from open_instruct.messages import PackedRow
@@ -55,9 +57,11 @@ class PackItem:
 
     def __post_init__(self) -> None:
         # Frozen dataclass: canonicalise through object.__setattr__ (construction time only).
-        object.__setattr__(self, "query_ids", tuple(int(t) for t in self.query_ids))
-        object.__setattr__(self, "response_ids", tuple(int(t) for t in self.response_ids))
-        object.__setattr__(self, "behaviour_logprobs", tuple(float(x) for x in self.behaviour_logprobs))
+        # map() rather than a generator: the driver canonicalises every token of every trained sample, and a
+        # generator's per-element frame costs as much again as the conversion.
+        object.__setattr__(self, "query_ids", tuple(map(int, self.query_ids)))
+        object.__setattr__(self, "response_ids", tuple(map(int, self.response_ids)))
+        object.__setattr__(self, "behaviour_logprobs", tuple(map(float, self.behaviour_logprobs)))
         object.__setattr__(self, "advantage", float(self.advantage))
         object.__setattr__(self, "version", int(self.version))
         if not self.query_ids:
@@ -70,13 +74,13 @@ class PackItem:
                 f"{len(self.response_ids)} response tokens"
             )
         if self.response_mask is not None:
-            mask = tuple(int(m) for m in self.response_mask)
+            mask = tuple(map(int, self.response_mask))
             if len(mask) != len(self.response_ids):
                 raise ValueError(
                     f"sample {self.sample_id!r}: response_mask has {len(mask)} entries for "
                     f"{len(self.response_ids)} response tokens"
                 )
-            if any(m not in (0, 1) for m in mask):
+            if not {0, 1}.issuperset(mask):
                 raise ValueError(f"sample {self.sample_id!r}: response_mask must hold only 0 and 1")
             object.__setattr__(self, "response_mask", None if all(mask) else mask)
 
@@ -158,22 +162,22 @@ def pack_balanced(items: Sequence[PackItem], token_budget: int, world_size: int,
             raise ValueError(f"sample {item.sample_id!r} is {item.length} tokens, over the token budget {token_budget}")
     if not items:
         return []
-    order = sorted(range(len(items)), key=lambda i: (-items[i].length, i))
-    total = sum(item.length for item in items)
-    count = math.ceil(math.ceil(total / token_budget) / world_size) * world_size
+    lengths = [item.length for item in items]
+    order = sorted(range(len(items)), key=lambda i: (-lengths[i], i))
+    count = math.ceil(math.ceil(sum(lengths) / token_budget) / world_size) * world_size
     while True:
         bins: list[list[PackItem]] = [[] for _ in range(count)]
-        used = [0] * count
+        emptiest = [(0, b) for b in range(count)]  # a heap of (tokens used, row): the emptiest row first
         for index in order:
-            item = items[index]
-            fits = [b for b in range(count) if used[b] + item.length <= token_budget]
-            if not fits:
+            # The emptiest row is the one with the most room: if the document does not fit there, it fits nowhere.
+            used, b = emptiest[0]
+            if used + lengths[index] > token_budget:
                 break
-            b = min(fits, key=lambda b: (used[b], b))
-            bins[b].append(item)
-            used[b] += item.length
+            bins[b].append(items[index])
+            heapq.heapreplace(emptiest, (used + lengths[index], b))
         else:
-            return [_build_row(docs, used[b], pad_token_id) for b, docs in enumerate(bins) if docs]
+            used_by_row = {b: used for used, b in emptiest}
+            return [_build_row(docs, used_by_row[b], pad_token_id) for b, docs in enumerate(bins) if docs]
         count += world_size
 
 
@@ -182,6 +186,12 @@ def pack_singly(items: Sequence[PackItem], pad_token_id: int) -> list[PackedRow]
     boundaries (sequence parallelism over SDPA, which is causal over the whole row)."""
     order = sorted(range(len(items)), key=lambda i: (-items[i].length, i))
     return [_build_row([items[i]], items[i].length, pad_token_id) for i in order]
+
+
+def _tensor(values: tuple, dtype) -> torch.Tensor:
+    """A tuple of Python numbers as a tensor: through numpy, which reads a tuple of ints or floats in a C loop
+    about 2.5 times as fast as `torch.tensor` checks each element (the driver's cost per trained token)."""
+    return torch.from_numpy(numpy.array(values, dtype=dtype))
 
 
 def _build_row(documents: Sequence[PackItem], pack_length: int, pad_token_id: int) -> PackedRow:
@@ -198,15 +208,18 @@ def _build_row(documents: Sequence[PackItem], pack_length: int, pad_token_id: in
     for k, item in enumerate(documents, start=1):
         query_end = start + len(item.query_ids)
         end = query_end + len(item.response_ids)
-        input_ids_L[start:end] = torch.tensor(item.query_ids + item.response_ids, dtype=torch.long)
+        input_ids_L[start:end] = _tensor(item.query_ids + item.response_ids, numpy.int64)
         position_ids_L[start:end] = torch.arange(end - start)
         doc_ids_L[start:end] = k
         advantages_L[start:end] = item.advantage
         versions_L[start:end] = item.version
         if end > query_end:
             is_response_L[query_end:end] = True
-            response_mask_L[query_end:end] = torch.tensor(item.trained_mask, dtype=torch.bool)
-            behaviour_logprobs_L[query_end:end] = torch.tensor(item.behaviour_logprobs, dtype=torch.float32)
+            if item.response_mask is None:
+                response_mask_L[query_end:end] = True
+            else:
+                response_mask_L[query_end:end] = _tensor(item.response_mask, numpy.bool_)
+            behaviour_logprobs_L[query_end:end] = _tensor(item.behaviour_logprobs, numpy.float32)
         start = end
     # Padding restarts at 0 like a document of its own, so a real token never attends to it.
     position_ids_L[start:] = torch.arange(pack_length - start)

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Every benchmark of docs/benchmarks.md on this machine, in order, writing JSON, PNGs and a stamped table (.md) each
 # under $OUT (default output/bench): generation, weight_sync, learner_step, replay/, e2e/ (+ measured.json), simulator/
-# (fitted to e2e/measured.json), faults/, staleness_learning/, window_sim/, window_cpu/, lora (LoRA vs full) and
-# e2e_lora/ (e2e's heavy tail with --use_peft).
+# (fitted to e2e/measured.json), faults/, staleness_learning/, window_sim/, window_cpu/, lora (LoRA vs full),
+# e2e_lora/ (e2e's heavy tail with --use_peft) and driver_headroom/ (one driver's cost per sample at the original
+# request's lengths).
 # Hardware: a 2-core x86_64 Linux machine, no GPU: about 105 minutes (its parts, 2026-12-04); QUICK=1 shrinks every
 # benchmark to a smoke run (about 9 minutes; the tests use it). Sets up .venv first when needed.
 # PUBLISH=1 copies the stamped tables into docs/results/ (one page per benchmark, linked from docs/results/index.md).
@@ -31,9 +32,10 @@ if [[ "${QUICK:-0}" == "1" ]]; then
   e2e_lora=(--steps 2 --rounds 1 --prompts 4 --samples 2 --median_tokens 12 --max_tokens 48)
   lora=(--size embedded --steps 2 --prompts 2 --samples 2 --pack_length 256 --running 2 --max_tokens 48
         --projection_steps 2 --sweep 1 2)
+  driver=(--engines 1 --ranks 2 --prompts_per_step 2 --steps 2 --max_tokens 256 --rounds 1 --seed_steps 2)
 else
   generation=() weight_sync=() replay=() e2e=(--steps 24) simulator=() learner_step=() faults=() staleness=() window_sim=()
-  window_cpu=() lora=() e2e_lora=(--steps 16)
+  window_cpu=() lora=() e2e_lora=(--steps 16) driver=()
 fi
 $py -m open_instruct.benchmarks.generation "${generation[@]}" --output "$out/generation.json"
 $py -m open_instruct.benchmarks.weight_sync "${weight_sync[@]}" --output "$out/weight_sync.json"
@@ -48,10 +50,12 @@ $py -m open_instruct.benchmarks.window_cpu "${window_cpu[@]}" --output "$out/win
 $py -m open_instruct.benchmarks.lora "${lora[@]}" --output "$out/lora.json"
 $py -m open_instruct.benchmarks.e2e "${e2e_lora[@]}" --use_peft --workloads heavy_tail --modes synchronous streaming \
   --calibrate --output "$out/e2e_lora"
+$py -m open_instruct.benchmarks.driver_headroom "${driver[@]}" --output "$out/driver_headroom"
 if [[ "${PUBLISH:-0}" == "1" ]]; then
   mkdir -p docs/results
   for page in generation.md weight_sync.md replay/replay.md e2e/e2e.md simulator/simulator.md faults/faults.md \
-    staleness_learning/staleness_learning.md window_sim/window_sim.md window_cpu/window_cpu.md lora.md; do
+    staleness_learning/staleness_learning.md window_sim/window_sim.md window_cpu/window_cpu.md lora.md \
+    driver_headroom/driver_headroom.md; do
     cp "$out/$page" "docs/results/$(basename "$page")"
   done
   cp "$out/e2e_lora/e2e.md" docs/results/e2e_lora.md

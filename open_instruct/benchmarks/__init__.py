@@ -21,6 +21,7 @@ faults.py              an engine SIGKILLed (with and without continuation), a st
 staleness_learning.py  the demo once per --off_policy_action and seed: eval gain, length bias, token ages
 window_sim.py          --max_off_policy_steps auto vs every fixed K, simulated
 window_cpu.py          --max_off_policy_steps auto vs fixed K on the real stack
+driver_headroom.py     one driver's cost per sample on the real loop; the largest cluster it serves
 simulator.py           the cluster simulator's command: validation on measurements, then the projection
 simulation.py          the real TrainingLoop on simulated collaborators: one mode's run, its SimResult
 simulated_stack.py     simulated learners and weight sync on a virtual clock; the model of all three

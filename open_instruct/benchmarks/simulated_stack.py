@@ -56,12 +56,14 @@ class SimLearners:
         self.steps: list[tuple[float, float]] = []  # (start, end) of each train step
 
     def train_step(self, groups, step: int) -> StepReport:
+        samples = sum(len(g.completions) for g in groups)
         tokens = sum(sample_tokens(c) for g in groups for c in g.completions)
         started = self.world.now
         duration = self.cost.learner_step_s(tokens, self.num_learners)
-        self.world.run(until=started + duration)  # the engines keep generating meanwhile
+        driver_s = self.cost.driver_per_sample_s * samples  # the driver's part of the step, before and after it
+        self.world.run(until=started + driver_s + duration)  # the engines keep generating meanwhile
         self.steps.append((started, self.world.now))
-        metrics = {"learner/step_s": duration}
+        metrics = {"learner/step_s": duration, "driver/step_s": driver_s}
         if self.drift is not None:
             metrics |= self.drift.metrics(trained_lags(groups, step))
         return StepReport(metrics, tokens, started, self.world.now)

@@ -46,6 +46,9 @@ class CostModel:
     # the KV cache's block: a sample's context counts in whole blocks, as the engine's KV usage does (vLLM's CPU
     # backend: 128 tokens); 1 counts tokens
     kv_block_tokens: int = 1
+    # the driver's CPU per trained sample (taking it in, filing it, assembling and shipping its batch): the loop
+    # does this between the learners' steps, so it adds to every step (`benchmarks.driver_headroom` measures it)
+    driver_per_sample_s: float = 0.0
 
     def step_s(self, running: int, context_tokens: float = 0.0) -> float:
         return self.decode_base_s + self.decode_per_seq_s * running + self.decode_per_context_token_s * context_tokens

@@ -31,6 +31,7 @@ SCHEMA_VERSIONS = {
     "generation": 2,
     "learner_step": 2,
     "lora": 1,
+    "driver_headroom": 1,
     "replay": 2,
     "simulator": 2,
     "staleness_learning": 2,

@@ -4,16 +4,31 @@
 and from async actors (`*_async` calls). `LocalChannel` is its in-process twin for unit
 tests of the scheduling logic. Bounded queues give back-pressure: a producer that runs
 ahead blocks instead of growing memory without limit.
+
+A message crosses a RayChannel sealed: pickled once by its sender into bytes, which the queue actor
+holds and hands on without looking inside, and unpickled once by its receiver. Left to Ray, the queue
+actor would unpickle and pickle again every sample's token ids and logprobs (tuples of Python numbers,
+tens of thousands at the original request's lengths): one process doing that for every sample of the
+run was the first limit on how many GPUs a driver serves (`benchmarks.driver_headroom`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import pickle
 import time
 from typing import Generic, TypeVar
 
 T = TypeVar("T")
+
+
+def seal(item) -> bytes:
+    return pickle.dumps(item, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def unseal(sealed: bytes):
+    return pickle.loads(sealed)
 
 
 class ChannelTimeout(TimeoutError):
@@ -35,7 +50,7 @@ class RayChannel(Generic[T]):
         from ray.util.queue import Full
 
         try:
-            self._queue.put(item, block=True, timeout=timeout)
+            self._queue.put(seal(item), block=True, timeout=timeout)
         except Full:
             raise ChannelTimeout(f"{self.name}: full for {timeout}s") from None
 
@@ -43,7 +58,7 @@ class RayChannel(Generic[T]):
         from ray.util.queue import Empty
 
         try:
-            return self._queue.get(block=True, timeout=timeout)
+            return unseal(self._queue.get(block=True, timeout=timeout))
         except Empty:
             raise ChannelTimeout(f"{self.name}: empty for {timeout}s") from None
 
@@ -55,12 +70,12 @@ class RayChannel(Generic[T]):
         if not depth:
             return []
         try:
-            return self._queue.get_nowait_batch(min(depth, max_items))
+            return [unseal(sealed) for sealed in self._queue.get_nowait_batch(min(depth, max_items))]
         except Empty:  # another consumer took some since qsize: take what is left one by one
             items: list[T] = []
             while len(items) < max_items:
                 try:
-                    items.append(self._queue.get_nowait())
+                    items.append(unseal(self._queue.get_nowait()))
                 except Empty:
                     break
             return items
@@ -74,7 +89,7 @@ class RayChannel(Generic[T]):
         from ray.util.queue import Full
 
         try:
-            await self._queue.put_async(item, block=True, timeout=timeout)
+            await self._queue.put_async(seal(item), block=True, timeout=timeout)
         except Full:
             raise ChannelTimeout(f"{self.name}: full for {timeout}s") from None
 
@@ -82,7 +97,7 @@ class RayChannel(Generic[T]):
         from ray.util.queue import Empty
 
         try:
-            return await self._queue.get_async(block=True, timeout=timeout)
+            return unseal(await self._queue.get_async(block=True, timeout=timeout))
         except Empty:
             raise ChannelTimeout(f"{self.name}: empty for {timeout}s") from None
 

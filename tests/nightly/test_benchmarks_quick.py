@@ -232,6 +232,7 @@ def test_every_benchmark_writes_a_stamped_page_naming_its_staleness_policy(quick
         "window_sim/window_sim.md",
         "simulator/simulator.md",
         "e2e_lora/e2e.md",
+        "driver_headroom/driver_headroom.md",
     }
     engines_only = {"generation.md", "weight_sync.md", "replay/replay.md", "lora.md"}
     for page in sorted(training | engines_only):
@@ -259,3 +260,18 @@ def test_lora_benchmark_measures_lora_and_full_fine_tuning_side_by_side(quick_be
     assert "lora / full" in stdout and "7B arithmetic" in stdout and "2 requests decoding at each sync" in stdout
     e2e = (out / "e2e_lora" / "e2e.md").read_text()  # e2e --use_peft: every mode trains an adapter
     assert "(LoRA: every mode trains an r=16 adapter)" in e2e and "streaming / synchronous trained samples/s" in e2e
+
+
+def test_driver_headroom_benchmark_runs_the_real_loop_between_instant_engines_and_learners(quick_bench):
+    out, stdout = quick_bench
+    report = json.loads((out / "driver_headroom" / "driver_headroom.json").read_text())
+    (run,) = report["runs"]
+    assert run["trained_samples"] == 2 * 2 * 16  # every step of 2 prompts x 16 samples trained, none lost
+    assert run["trained_tokens"] > run["trained_samples"] and run["driver_cpu_s"] > 0 and run["queue_cpu_s"] > 0
+    assert report["driver_cpu_per_sample_s"]["median"] == pytest.approx(run["driver_cpu_s"] / run["trained_samples"])
+    assert sum(report["time_shares"].values()) == pytest.approx(1.0)
+    assert report["time_shares"]["assemble: advantages, masks, packing"] > 0
+    assert [row["gpus"] for row in report["clusters"]] == [64, 256, 1024]
+    seed = report["seed_cluster_samples_per_s"]
+    assert 0 < seed["driver"] <= seed["free"]  # the simulator charges the driver's cost to every step
+    assert "where the driver's time goes" in stdout

@@ -82,6 +82,15 @@ def test_synchronous_step_is_generation_then_training_then_sync():
     assert kinds == ["generate", "idle", "sync"]
 
 
+def test_the_drivers_cost_per_sample_lengthens_every_step_by_the_steps_samples():
+    """The loop assembles a batch and takes in the next samples between the learners' steps: serial with them."""
+    driver_s = 0.002
+    cost = dataclasses.replace(fixed_cost(learner_base_s=0.5, learner_per_token_s=0.001), driver_per_sample_s=driver_s)
+    r = simulate("synchronous", FIXED, cost, ONE)
+    step = L * BASE + 0.5 + 0.001 * BATCH * (FIXED.prompt_tokens + L) + driver_s * BATCH + SYNC_S
+    assert r.step_ends() == pytest.approx([step * (i + 1) for i in range(FIXED.num_steps)], **EXACT)
+
+
 def test_an_admitted_prompt_reaches_the_engines_its_start_latency_later():
     cost = fixed_cost(learner_base_s=0.5)
     late = dataclasses.replace(cost, start_latency_s=0.3)

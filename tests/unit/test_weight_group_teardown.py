@@ -2,9 +2,9 @@
 anew, and each re-form must free what the last one held on both ends (learner rank 0's `WeightSender`, the
 engine's `WeightReceiver` and transfer engine). On CPU: the real gloo group re-formed N times with the file
 descriptors (sockets) and live process groups of both sides counted, the shm stager re-opened N times with the
-staged files counted, both in an interpreter of their own (a thread left by an earlier test in the same worker may
-open a descriptor while they count). NCCL without a GPU: the calls made on an in-process stand-in of vLLM's communicator, in
-order, and a send blocked in a broadcast freed by aborting its group."""
+staged files counted, both in an interpreter of their own (a thread left by an earlier test in the same worker
+may open a descriptor while they count). NCCL without a GPU: the calls made on an in-process stand-in of vLLM's
+communicator, in order, and a send blocked in a broadcast freed by aborting its group."""
 
 from __future__ import annotations
 
@@ -176,7 +176,8 @@ def counted_alone(tmp_path_factory) -> dict:
     program = (
         f"import json, sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); "
         "import test_weight_group_teardown as t; "
-        f"open({str(out)!r}, 'w').write(json.dumps({{'gloo': t.gloo_reforms_counted(), 'shm': t.shm_reopens_counted()}}))"
+        "counted = {'gloo': t.gloo_reforms_counted(), 'shm': t.shm_reopens_counted()}; "
+        f"open({str(out)!r}, 'w').write(json.dumps(counted))"
     )
     finished = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=600)
     assert finished.returncode == 0, finished.stderr[-3000:]
