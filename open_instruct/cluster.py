@@ -17,6 +17,8 @@ import logging
 import os
 from concurrent.futures import ThreadPoolExecutor
 
+from open_instruct import fate_share
+
 logger = logging.getLogger(__name__)
 
 
@@ -48,6 +50,7 @@ def init_ray(min_logical_cpus: int = 1) -> None:
         return
     num_cpus = max(os.cpu_count() or 1, min_logical_cpus)
     logger.info("starting a local Ray cluster (%d logical CPUs)", num_cpus)
+    before = _children()
     # Every actor call leaves a task event in the GCS (the queues' polls alone make thousands per step):
     # capped, so the GCS stays flat in a long run (scripts/soak.py).
     ray.init(
@@ -66,11 +69,27 @@ def init_ray(min_logical_cpus: int = 1) -> None:
             "enable_worker_prestart": False,
         },
     )
+    global _watcher
+    _watcher = fate_share.watch(sorted(_children() - before))
+
+
+# The local cluster's watcher (`fate_share`): it ends the cluster if this driver dies without shutting it down.
+_watcher: fate_share.Watcher | None = None
+
+
+def _children() -> set[int]:
+    import psutil
+
+    return {p.pid for p in psutil.Process().children()}
 
 
 def shutdown_ray() -> None:
     import ray
 
+    global _watcher
+    if _watcher is not None:
+        _watcher.release()
+        _watcher = None
     ray.shutdown()
 
 

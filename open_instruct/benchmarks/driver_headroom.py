@@ -313,9 +313,9 @@ def format_report(runs: list[DriverRun], shares: dict[str, float], rows: list[Cl
     closed_form = 1.0 / (1.0 / seed["free"] + driver["median"])
     samples, tokens = sum(r.trained_samples for r in runs), sum(r.trained_tokens for r in runs)
     lines = [
-        f"driver, {len(runs)} round(s) of {runs[0].trained_samples} samples trained ({tokens / samples:,.0f} tokens each "
-        f"on average), {statistics.median(r.wall_s for r in runs):.1f} s each on this machine, everything sharing "
-        "its cores; per sample, median [min-max] over the rounds:",
+        f"driver, {len(runs)} round(s) of {runs[0].trained_samples} samples trained "
+        f"({tokens / samples:,.0f} tokens each on average), {statistics.median(r.wall_s for r in runs):.1f} s each "
+        "on this machine, everything sharing its cores; per sample, median [min-max] over the rounds:",
         f"  driver CPU: {_ms(driver)} -> at most {1 / driver['median']:,.0f} samples/s, "
         f"{tokens / samples / driver['median']:,.0f} tokens/s on one core",
         f"  queue actors' CPU: {_ms(queue)} -> at most {1 / queue['median']:,.0f} samples/s",
