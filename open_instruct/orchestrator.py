@@ -241,6 +241,8 @@ class TrainingLoop:
         self._last_engine_stats: list[EngineStats] | None = None
         self.spread_watch = ZeroSpreadWatch(len(train_rows), self.per_step)
         self.errors = ErrorWindow(error_window(cfg, self.num_steps - self.step), generation.max_error_fraction)
+        # A resumed buffer's samples arrived before the stop: they count as they would have in one run.
+        self.errors.add(c for group in self.buffer.state().groups for c in group.completions)
 
     def _evolving_rubrics(self):
         """--apply_evolving_rubric_reward: the rubric book (restored on resume), feeding the feeder's labels."""

@@ -451,6 +451,27 @@ def test_resume_requeues_untrained_prompts_and_trains_none_twice(tmp_path):
     assert [h["training_step"] for h in second.log.history] == [3, 4, 5, 6, 7]
 
 
+def test_a_resumed_buffers_samples_count_in_the_error_window_as_in_one_run(tmp_path):
+    flags = ("--async_steps", "2", "--checkpoint_state_freq", "100", "--checkpoint_state_dir", str(tmp_path / "state"))
+    cfg = fakes.config(*flags, steps=8, prompts=2)
+
+    def sample_0_fails(request, j):
+        latency_s = random.Random(request.prompt_id).choice([0.5, 6.0])
+        if j == 0:
+            return fakes.Script(length=0, finish_reason="error", latency_s=latency_s)
+        return fakes.Script(latency_s=latency_s, reward=float(j % 2))
+
+    stop = StopRequest()
+    first = fakes.build(cfg, script=sample_0_fails, on_step=lambda step: setattr(stop, "reason", "SIGTERM"), stop=stop)
+    first.loop.run()
+    restored = [c for g in checkpoints.latest_state(str(tmp_path / "state"))[1].buffer.groups for c in g.completions]
+    assert restored and any(c.finish_reason == "error" for c in restored)
+
+    second = fakes.build(cfg, script=sample_0_fails)
+    assert len(second.loop.errors.window) == len(restored)
+    assert second.loop.errors.errors == sum(c.finish_reason == "error" for c in restored)
+
+
 def test_samples_running_at_a_stop_continue_after_the_resume_from_their_tokens(tmp_path):
     """SIGTERM with long samples running: the state keeps the delivered samples of open groups and the
     tokens, logprobs and spans of the running ones; the resumed run generates only the rest of each."""
