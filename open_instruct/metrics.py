@@ -128,14 +128,15 @@ class PromptOutcomes:
     """Admitted prompts that will not be trained, by fate, and the engine time spent on aborted samples.
 
     Every admitted prompt ends trained, requeued (admitted again under a new id), dropped (stale),
-    filtered (zero reward spread, with --active_sampling) or untrained at the end of the run: the
-    per-step ids go to the run log, so admitted = trained + requeued + dropped + filtered + untrained
-    can be checked prompt by prompt.
+    filtered (zero reward spread, with --active_sampling), failed (every sample of a batch failed: it was
+    set aside untrained) or untrained at the end of the run: the per-step ids go to the run log, so
+    admitted = trained + requeued + dropped + filtered + failed + untrained can be checked prompt by prompt.
     """
 
     requeued: int = 0
     dropped: int = 0
     filtered: int = 0
+    failed: int = 0
     aborted_samples: int = 0
     aborted_tokens: int = 0
     step_ids: dict[str, list[str]] = field(default_factory=dict)  # this step's ids by fate, until logged
@@ -157,6 +158,7 @@ class PromptOutcomes:
             "requeued": self.requeued,
             "dropped": self.dropped,
             "filtered": self.filtered,
+            "failed": self.failed,
             "aborted_samples": self.aborted_samples,
             "aborted_tokens": self.aborted_tokens,
         }
@@ -166,7 +168,8 @@ class PromptOutcomes:
             "offpolicy/requeued_prompts_total": float(self.requeued),
             "offpolicy/dropped_prompts_total": float(self.dropped),
             "batch/filtered_zero_std_prompts_total": float(self.filtered),
-            "batch/refilled_prompts_total": float(self.requeued + self.dropped + self.filtered),
+            "batch/failed_prompts_total": float(self.failed),
+            "batch/refilled_prompts_total": float(self.requeued + self.dropped + self.filtered + self.failed),
             "offpolicy/aborted_samples_total": float(self.aborted_samples),
             "offpolicy/aborted_tokens_total": float(self.aborted_tokens),
         }
@@ -234,6 +237,15 @@ class ErrorWindow:
     @property
     def share(self) -> float:
         return self.errors / len(self.window) if self.window else 0.0
+
+    def all_failed(self, step: int) -> str | None:
+        """The run cannot learn, or None: the window is full and every sample in it failed."""
+        if len(self.window) < self.size or self.errors < self.size:
+            return None
+        return (
+            f"step {step}: all of the last {self.size} finished training samples failed (in the engines or their "
+            f"verifiers), so the run has nothing to learn from; most common: {common_errors(self.window)}"
+        )
 
     def cause(self, step: int) -> str | None:
         """Why the run must stop, or None: within the limit, or fewer than `size` samples finished yet."""

@@ -35,7 +35,6 @@ from open_instruct.metrics import (
     PromptOutcomes,
     agent_metrics,
     async_steps_needed,
-    common_errors,
     engine_window,
     mean,
     rollout_metrics,
@@ -53,8 +52,8 @@ class NoRewardSpread(UserError):
 
 
 class NothingGenerated(UserError):
-    """Every sample of a step failed (`metrics.sample_error`): the step has nothing to learn from, and neither
-    will the next."""
+    """Every one of the latest finished training samples failed (`metrics.ErrorWindow`, full): the run cannot
+    learn from what it generates, whatever --max_error_fraction allows."""
 
 
 class TooManyErrors(UserError):
@@ -62,17 +61,10 @@ class TooManyErrors(UserError):
     broken tool, environment, verifier or service, which training on the rest would hide until the run ends."""
 
 
-def check_generated(groups: list[Group], step: int) -> None:
-    """A step whose every sample failed (the engines could not serve a single prompt, or no verifier could
-    score one) ends the run with the cause at once, before --max_error_fraction's window fills, instead of
-    training on nothing and reporting the run as completed."""
+def all_failed(groups: list[Group]) -> bool:
+    """Every sample of the batch failed (`metrics.sample_error`): it has nothing to learn from."""
     completions = [c for g in groups for c in g.completions]
-    failed = [message for c in completions if (message := sample_error(c)) is not None]
-    if completions and len(failed) == len(completions):
-        raise NothingGenerated(
-            f"step {step}: all {len(completions)} samples failed (in the engines or their verifiers), so the step "
-            f"has nothing to learn from; most common: {common_errors(failed)}"
-        )
+    return bool(completions) and all(sample_error(c) is not None for c in completions)
 
 
 # ----------------------------------------------------------------------------- collaborators
@@ -298,7 +290,9 @@ class TrainingLoop:
                 self.save_state_if_due()
                 break
             groups, waited = batch
-            check_generated(groups, self.step)
+            if all_failed(groups):
+                self.set_aside(groups)
+                continue
             metrics = self.train(groups)
             metrics.update(self.sync_if_due(step_end=self.clock.time()))
             metrics.update(self.evaluate_if_due())
@@ -361,6 +355,18 @@ class TrainingLoop:
                 self.feeder.grant_refill()
                 self.outcomes.record("dropped", group.prompt_id)
         self.spread_watch.check(self.buffer.zero_std_streak, self.step)
+
+    def set_aside(self, groups: list[Group]) -> None:
+        """A batch whose every sample failed trains nothing, and it is no verdict on the run: with a long
+        lookahead the first groups to complete can be the prompts an engine refused at once, while the rest
+        still generate. Its groups get the fate "failed" and are replaced. The run ends once every sample in the
+        error window failed (`NothingGenerated`), or sooner at --max_error_fraction (`TooManyErrors`)."""
+        for group in groups:
+            self.untrained.pop(group.prompt_id, None)
+            self.feeder.grant_refill()
+            self.outcomes.record("failed", group.prompt_id)
+        if (cause := self.errors.all_failed(self.step)) is not None:
+            raise NothingGenerated(cause)
 
     def abort_doomed(self) -> None:
         """Stop spending engine time on samples whose group can no longer be trained within the bound."""

@@ -117,13 +117,13 @@ class MemoryLog:
         self.evals: list[dict] = []
         self.summary: dict = {}
         self.untrained: list[str] = []
-        self.fates: dict[str, list[str]] = {}  # prompt ids by fate (trained, requeued, dropped, filtered)
+        self.fates: dict[str, list[str]] = {}  # prompt ids by fate (trained, requeued, dropped, filtered, failed)
 
     def start(self, num_steps: int, start_step: int = 0) -> None:
         """Called once the loop knows where it starts (after a resume)."""
 
     def step(self, step: int, metrics: dict, trained_prompt_ids: list[str], fates: dict | None = None) -> dict:
-        """`fates`: ids of prompts that left untrained this step, by fate (requeued, dropped, filtered)."""
+        """`fates`: ids of prompts that left untrained this step, by fate (requeued, dropped, filtered, failed)."""
         record = self._record(step, metrics)
         for fate, ids in {"trained": trained_prompt_ids, **(fates or {})}.items():
             self.fates.setdefault(fate, []).extend(ids)

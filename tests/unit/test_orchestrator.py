@@ -117,7 +117,7 @@ def fates(run: fakes.Run) -> dict[str, list[str]]:
 
 
 def assert_every_admitted_prompt_has_exactly_one_fate(*runs: fakes.Run) -> dict[str, list[str]]:
-    """admitted = trained + requeued + dropped + filtered + untrained, prompt id by prompt id."""
+    """admitted = trained + requeued + dropped + filtered + failed + untrained, prompt id by prompt id."""
     merged: dict[str, list[str]] = {}
     for run in runs:
         for fate, ids in run.log.fates.items():
@@ -179,16 +179,20 @@ def test_groups_over_the_bound_never_train_are_replaced_and_their_samples_aborte
     assert (8 - 1 + 3 + 1) < run.loop.feeder.state.admitted <= (8 - 1 + 3 + 1) + refills
 
 
-def test_a_step_whose_every_sample_failed_ends_the_run_with_the_cause_and_a_partly_failed_one_trains():
+def test_a_run_whose_every_sample_failed_ends_with_the_cause_and_a_partly_failed_one_trains():
     from open_instruct.errors import UserError
     from open_instruct.orchestrator import NothingGenerated
 
     def failing(request, j):
         return fakes.Script(length=0, finish_reason="error")
 
-    # --max_error_fraction 1: no share limit, so the step's own check is what ends the run.
+    # --max_error_fraction 1: no share limit, so the window full of failures is what ends the run. Its size
+    # here: the 3 steps' 12 samples, all the run has left to train.
     run = fakes.build(fakes.config("--max_error_fraction", "1", steps=3, prompts=2), script=failing)
-    cause = r"^step 0: all 4 samples failed .*; most common: 'scripted engine failure' \(4 samples\)$"
+    cause = (
+        r"^step 0: all of the last 12 finished training samples failed .*; most common: "
+        r"'scripted engine failure' \(12 samples\)$"
+    )
     with pytest.raises(NothingGenerated, match=cause):
         run.loop.run()
     assert issubclass(NothingGenerated, UserError) and run.learners.trained == []
@@ -197,7 +201,7 @@ def test_a_step_whose_every_sample_failed_ends_the_run_with_the_cause_and_a_part
         return fakes.Script(reward=0.0, reward_error="ZeroDivisionError: division by zero")
 
     run = fakes.build(fakes.config("--max_error_fraction", "1", steps=3, prompts=2), script=unscored)
-    with pytest.raises(NothingGenerated, match=r"\"verifier 'gsm8k': ZeroDivisionError: division by zero\" \(4 "):
+    with pytest.raises(NothingGenerated, match=r"\"verifier 'gsm8k': ZeroDivisionError: division by zero\" \(12 "):
         run.loop.run()
 
     def first_sample_fails(request, j):
@@ -205,6 +209,27 @@ def test_a_step_whose_every_sample_failed_ends_the_run_with_the_cause_and_a_part
 
     run = fakes.build(fakes.config(steps=3, prompts=2), script=first_sample_fails)
     assert run.loop.run()["status"] == "completed" and len(run.learners.trained) == 3
+
+
+def test_a_first_batch_of_instant_refusals_is_set_aside_and_the_run_trains_on():
+    """With a long lookahead the prompts an engine refuses at once complete first and can fill a batch alone:
+    it trains nothing, its prompts get the fate "failed" and are replaced, and the run goes on."""
+    refused: list[str] = []
+
+    def first_prompts_refused(request, j):
+        if request.prompt_id in refused or len(refused) < 4:  # the first 4 prompts the engines see
+            if request.prompt_id not in refused:
+                refused.append(request.prompt_id)
+            return fakes.Script(length=0, finish_reason="error", latency_s=0.0)
+        return fakes.Script(latency_s=2.0, reward=float(j % 2))
+
+    run = fakes.build(fakes.config("--async_steps", "4", steps=6, prompts=4), script=first_prompts_refused)
+    summary = run.loop.run()
+    assert summary["status"] == "completed" and len(run.learners.trained) == 6
+    fates = assert_every_admitted_prompt_has_exactly_one_fate(run)
+    assert sorted(fates["failed"]) == sorted(refused) and summary["prompts_failed"] == 4
+    assert run.log.history[-1]["batch/failed_prompts_total"] == 4
+    assert not set(refused) & set(run.learners.trained_ids)
 
 
 def prompt_index(request) -> int:
