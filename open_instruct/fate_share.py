@@ -85,11 +85,20 @@ def descendants(followed: dict[ProcessKey, object]) -> dict[ProcessKey, object]:
     return found
 
 
+def _running(process) -> bool:
+    import psutil
+
+    try:
+        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:  # it ended between the two questions
+        return False
+
+
 def end(followed: dict[ProcessKey, object], grace_s: float = GRACE_S) -> list[int]:
     """SIGTERM every followed process, SIGKILL those left after `grace_s`; the pids that were still running."""
     import psutil
 
-    alive = [p for p in followed.values() if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    alive = [p for p in followed.values() if _running(p)]
     for p in alive:
         try:
             p.send_signal(signal.SIGTERM)

@@ -238,7 +238,7 @@ class ErrorWindow:
     def share(self) -> float:
         return self.errors / len(self.window) if self.window else 0.0
 
-    def all_failed(self, step: int) -> str | None:
+    def nothing_succeeded(self, step: int) -> str | None:
         """The run cannot learn, or None: the window is full and every sample in it failed."""
         if len(self.window) < self.size or self.errors < self.size:
             return None

@@ -365,7 +365,7 @@ class TrainingLoop:
             self.untrained.pop(group.prompt_id, None)
             self.feeder.grant_refill()
             self.outcomes.record("failed", group.prompt_id)
-        if (cause := self.errors.all_failed(self.step)) is not None:
+        if (cause := self.errors.nothing_succeeded(self.step)) is not None:
             raise NothingGenerated(cause)
 
     def abort_doomed(self) -> None:

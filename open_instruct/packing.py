@@ -89,11 +89,6 @@ class PackItem:
         """Tokens this document occupies in a packed row."""
         return len(self.query_ids) + len(self.response_ids)
 
-    @property
-    def trained_mask(self) -> tuple[int, ...]:
-        """The response mask with None expanded to all ones."""
-        return self.response_mask if self.response_mask is not None else (1,) * len(self.response_ids)
-
 
 # Tensor fields of PackedRow, in the order `collate` emits them.
 ROW_TENSOR_FIELDS = (

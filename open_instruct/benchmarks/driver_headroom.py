@@ -184,8 +184,8 @@ def _queue_actor_cpu_s() -> float:
     total = 0.0
     for process in psutil.process_iter(["cmdline"]):
         if any("_QueueActor" in part for part in process.info["cmdline"] or ()):
-            with_children = process.cpu_times()
-            total += with_children.user + with_children.system
+            times = process.cpu_times()
+            total += times.user + times.system
     return total
 
 
