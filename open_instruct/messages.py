@@ -224,7 +224,12 @@ class Completion:
 
     @property
     def spans_versions(self) -> bool:
-        return len({s.version for s in self.version_spans}) > 1
+        return self.versions_spanned > 1
+
+    @property
+    def versions_spanned(self) -> int:
+        """The weight versions whose tokens it holds: 1 unless updated in flight, more the longer it ran."""
+        return len({s.version for s in self.version_spans})
 
 
 @dataclass(frozen=True, slots=True)
@@ -257,14 +262,19 @@ class EngineStats:
     sample_s: float = 0.0  # sample-seconds in flight (generating or parked)
     parked_sample_s: float = 0.0  # sample-seconds parked on a tool or environment
     weight_updates: int = 0
-    preempted_requests: int = 0  # vLLM preemptions (a weight sync must cause none)
-    prefill_tokens: int = 0  # prompt tokens the engine prefilled, cached or not
-    submitted_prompt_tokens: int = 0  # prompt tokens submitted; prefill beyond this = recomputation
+    preempted_requests: int = 0  # vLLM preemptions (a weight sync must cause none), counted at each resume
+    # First prefills only, cached or not: vLLM leaves a preempted request's second prefill out (see
+    # recomputed_tokens); beyond the submitted prompts it would be a request submitted twice.
+    prefill_tokens: int = 0
+    submitted_prompt_tokens: int = 0  # prompt tokens submitted
     prefix_cache_hit_tokens: int = 0
     token_outputs: int = 0  # vLLM outputs received (one per decode step of each sample): the hang watch's pulse
     parked_samples: int = 0  # samples waiting on a tool or environment right now
     reprefilled_samples: int = 0  # running samples a reprefill sync cut and continued (--inflight_update_kv)
     reprefill_tokens: int = 0  # prompt + kept tokens those continuations prefilled again
+    # Prompt + tokens so far of each request vLLM preempted (its KV cache full) and prefilled again on resuming,
+    # under the weights loaded then; tokens found in the prefix cache included.
+    recomputed_tokens: int = 0
 
     @property
     def tokens_per_s(self) -> float:

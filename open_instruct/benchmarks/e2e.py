@@ -72,6 +72,7 @@ from open_instruct.benchmarks.e2e_runs import (
 )
 from open_instruct.benchmarks.stamp import read_result, stamp
 from open_instruct.benchmarks.workloads import LatencyToolServer, ShapedGenerationActor, ShapedWorkload, run_config
+from open_instruct.data.embedded_default import LONG_CONTEXT_POSITIONS, ensure_long_context_model
 
 logger = logging.getLogger(__name__)
 LORA_R = 16  # --use_peft: the rank of the adapter every mode trains
@@ -98,6 +99,19 @@ def parse_args(argv: list[str] | None):
         help="engine and learner on their own cores (the CPU split of --single_gpu_mode)",
     )
     parser.add_argument("--max_off_policy_steps", type=int, default=2, help="the staleness bound of every mode")
+    parser.add_argument(
+        "--long_context",
+        action="store_true",
+        help=f"the embedded model with {LONG_CONTEXT_POSITIONS} positions (same weights): for --max_tokens over 8k",
+    )
+    parser.add_argument("--kv_cache_gib", type=float, default=0.5, help="--vllm_kv_cache_gib of the engine")
+    parser.add_argument(
+        "--running_per_engine",
+        type=int,
+        default=0,
+        help="samples each engine runs at once (0: as many as fit in the KV cache at full length); more makes "
+        "vLLM preempt when the long ones outgrow the cache",
+    )
     parser.add_argument(
         "--calibrate",
         type=int,
@@ -127,7 +141,14 @@ def parse_args(argv: list[str] | None):
 
 def base_config(args, out: Path, tool_flags: list[str]):
     """The grpo_fast flags every mode shares; modes differ only in the flags of `MODES` (mode_config)."""
-    flags = {"max_off_policy_steps": args.max_off_policy_steps, "single_gpu_mode": args.pin, "output_dir": out}
+    flags = {
+        "max_off_policy_steps": args.max_off_policy_steps,
+        "single_gpu_mode": args.pin,
+        "output_dir": out,
+        "vllm_kv_cache_gib": args.kv_cache_gib,
+    }
+    if args.long_context:
+        flags["model_name_or_path"] = ensure_long_context_model()
     lora = (
         ("--use_peft", "--lora_r", str(LORA_R), "--lora_dropout", "0", "--learning_rate", "1e-4")
         if args.use_peft
@@ -171,7 +192,9 @@ def main(argv: list[str] | None = None) -> dict:
     results: dict = {"stamp": stamp("e2e", policies), "rounds": args.rounds, "pinned": args.pin, "workloads": {}}
     results["lora_r"] = LORA_R if args.use_peft else 0  # the adapter every mode trains (0: the whole model)
     with PeakMemory() as memory:
-        stack = Stack(base, resolve_model_path(None), tokenizer.pad_token_id, ShapedGenerationActor, (None,))
+        model_path = resolve_model_path(base.model.model_name_or_path)
+        engine_args = (None, args.running_per_engine)
+        stack = Stack(base, model_path, tokenizer.pad_token_id, ShapedGenerationActor, engine_args)
         if args.pin and stack.placement.learner_cores:
             # The driver (the training loop and its Ray calls) beside the learner, off the engine's core.
             os.sched_setaffinity(0, stack.placement.learner_cores)
@@ -192,6 +215,7 @@ def main(argv: list[str] | None = None) -> dict:
             stack.close()
             tool_server.close()
     results["peak_memory_gib"] = memory.peak / 2**30
+    results["peak_memory_gib_by_role"] = {role: pss / 2**30 for role, pss in sorted(memory.peak_by_role.items())}
     (out / "e2e.json").write_text(json.dumps(results, indent=1))
     if calibration is not None:
         from open_instruct.benchmarks.simulation_replay import Replay

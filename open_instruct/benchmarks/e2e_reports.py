@@ -67,6 +67,10 @@ _COLUMNS = (  # (title, key, format): median [min-max] over the rounds
     ("dropped", "dropped_prompts", ".0f"),
     ("aborted tok", "aborted_tokens", ".0f"),
     ("reprefill tok", "reprefill_tokens", ".0f"),
+    ("preempted", "preempted_requests", ".0f"),
+    ("recomputed tok", "recomputed_tokens", ".0f"),
+    ("versions max", "versions_spanned_max", ".0f"),
+    ("longest", "longest_sample_tokens", ".0f"),
 )
 
 
@@ -83,6 +87,9 @@ def _aligned(rows: list[list[str]]) -> list[str]:
 def format_report(results: dict) -> str:
     """Per workload: each mode's medians [min-max] over the rounds, the ratios per round, the ceiling."""
     lines = [f"{results['rounds']} rounds, modes interleaved; engine and learner pinned: {results['pinned']}"]
+    if "peak_memory_gib_by_role" in results:
+        roles = ", ".join(f"{role} {gib:.2f}" for role, gib in results["peak_memory_gib_by_role"].items())
+        lines.append(f"peak memory (PSS, GiB, over the whole run): {roles}; all {results['peak_memory_gib']:.2f}")
     for name, workload in results["workloads"].items():
         lines += ["", f"{name}: {workload['workload']}"]
         rows = [["mode", *(title for title, _, _ in _COLUMNS)]]

@@ -72,13 +72,16 @@ class TimedSync:
 
 
 class PeakMemory:
-    """Peak PSS of this process and all its descendants (Ray, engines, learners), sampled in a thread."""
+    """Peak PSS of this process and all its descendants (Ray, engines, learners), sampled in a thread: in all
+    (`peak`) and per role (`peak_by_role`): the driver, each kind of Ray actor with everything under it (an
+    engine actor's vLLM process), and Ray's own daemons."""
 
     def __init__(self, interval_s: float = 1.0):
         import psutil
 
         self.root = psutil.Process()
         self.peak = 0
+        self.peak_by_role: dict[str, int] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, args=(interval_s,), daemon=True)
 
@@ -86,11 +89,18 @@ class PeakMemory:
         import psutil
 
         while not self._stop.is_set():
-            total = 0
+            seen = {}  # pid -> (parent pid, process title, PSS)
             for process in [self.root, *self.root.children(recursive=True)]:
                 with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-                    total += process.memory_full_info().pss
-            self.peak = max(self.peak, total)
+                    title = (process.cmdline() or [""])[0]
+                    seen[process.pid] = (process.ppid(), title, process.memory_full_info().pss)
+            by_role: dict[str, int] = {}
+            for pid, (_, _, pss) in seen.items():
+                role = process_role(pid, seen, self.root.pid)
+                by_role[role] = by_role.get(role, 0) + pss
+            self.peak = max(self.peak, sum(by_role.values()))
+            for role, pss in by_role.items():
+                self.peak_by_role[role] = max(self.peak_by_role.get(role, 0), pss)
             self._stop.wait(interval_s)
 
     def __enter__(self) -> PeakMemory:
@@ -100,6 +110,24 @@ class PeakMemory:
     def __exit__(self, *exc) -> None:
         self._stop.set()
         self._thread.join()
+
+
+RAY_OWN_PROCESSES = ("IDLE", "DashboardAgent", "RuntimeEnvAgent")  # titled `ray::...` like actors
+
+
+def process_role(pid: int, processes: dict[int, tuple[int, str, int]], driver_pid: int) -> str:
+    """ "driver", the class of the Ray actor the process is or runs under (an actor's process title is
+    `ray::Class.method`), or "ray daemons" (Ray's own processes and idle workers). `processes`: pid -> (parent
+    pid, title, PSS) of the driver's tree."""
+    if pid == driver_pid:
+        return "driver"
+    while pid in processes and pid != driver_pid:
+        parent, title, _ = processes[pid]
+        actor = title.removeprefix("ray::").split(".")[0].split(" ")[0] if title.startswith("ray::") else ""
+        if actor and actor not in RAY_OWN_PROCESSES:
+            return actor
+        pid = parent
+    return "ray daemons"
 
 
 def mode_config(base, mode: str, output_dir: Path):
@@ -175,6 +203,11 @@ def measured_run(cfg, history: list[dict]) -> dict:
         # Prompt + kept tokens prefilled again after reprefill syncs (0 when the KV cache is kept).
         "reprefilled_samples": history[-1]["weight_sync/reprefilled_samples_total"],
         "reprefill_tokens": history[-1]["weight_sync/reprefill_tokens_total"],
+        # The KV cache outgrown: requests vLLM preempted and the prompt + tokens it prefilled again for them.
+        "preempted_requests": history[-1]["engines/preempted_requests_total"],
+        "recomputed_tokens": history[-1]["engines/recomputed_tokens_total"],
+        "versions_spanned_max": max(h["staleness/versions_spanned_max"] for h in history),
+        "longest_sample_tokens": max(h["val/sequence_lengths_max"] for h in history),
         "buffer_peak_samples": max(h["buffer/size_samples"] for h in history),
         "buffer_cap_samples": cfg.replay_buffer_max_samples,
         **_agent_columns(history),
@@ -201,8 +234,11 @@ def _agent_columns(history: list[dict]) -> dict:
 
 
 def warm_up_engine(stack, rows, workload: ShapedWorkload) -> None:
-    """The first requests of a fresh engine are several times slower (one-off set-up): not in any timing."""
-
+    """The first requests of a fresh engine are several times slower (one-off set-up): not in any timing. At
+    most 1,024 tokens a sample: the set-up is done by then, and real lengths would take minutes."""
+    workload = dataclasses.replace(
+        workload, median_tokens=min(workload.median_tokens, 256), max_tokens=min(workload.max_tokens, 1024)
+    )
     stack.pool.call_all("set_workload", workload)
     sampling = SamplingSettings(max_tokens=workload.max_tokens, ignore_eos=True)
     stack.pool.generate([make_request(rows[i], f"warmup:{i}", sampling, 1, 1, 0) for i in range(8)])

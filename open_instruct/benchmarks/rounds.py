@@ -34,6 +34,10 @@ SPREAD_KEYS = (
     "dropped_prompts",
     "aborted_tokens",
     "reprefill_tokens",
+    "preempted_requests",
+    "recomputed_tokens",
+    "versions_spanned_max",
+    "longest_sample_tokens",
 )
 
 

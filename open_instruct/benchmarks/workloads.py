@@ -103,9 +103,15 @@ def run_config(args, response_length: int, flags: dict, extra_argv: tuple[str, .
 class ShapedGenerationActor(GenerationActor):
     """GenerationActor with a `ShapedWorkload` applied to every sample (pass it to `cluster.Stack`)."""
 
-    def __init__(self, engine_id, settings, reward_settings=None, reward_workers=1, workload=None):
+    def __init__(self, engine_id, settings, reward_settings=None, reward_workers=1, workload=None, running=0):
         super().__init__(engine_id, settings, reward_settings, reward_workers)
         self.workload: ShapedWorkload | None = workload
+        self.running = running
+
+    def _derive_target(self) -> int:
+        """`running` samples at once when given: more than fit in the KV cache at full length, as a scheduler
+        that admits on typical lengths would run; vLLM preempts when the long ones outgrow the cache."""
+        return self.running or super()._derive_target()
 
     def set_workload(self, workload: ShapedWorkload | None) -> None:
         self.workload = workload

@@ -323,6 +323,27 @@ def ensure_embedded_model(root: Path | None = None) -> Path:
     return target
 
 
+LONG_CONTEXT_POSITIONS = 32768
+
+
+def ensure_long_context_model(positions: int = LONG_CONTEXT_POSITIONS, root: Path | None = None) -> Path:
+    """The embedded model with room for `positions` tokens (the real-length benchmark's 16k-token answers): the
+    same weights, since rotary positions need no new parameters; only the config and the tokenizer's limit say
+    more."""
+    base = ensure_embedded_model(root)
+    target = base.parent / f"{base.name}-{positions // 1024}k"
+    if (target / "model.safetensors").exists():
+        return target
+    with _atomic_dir(target) as staging:
+        for name in os.listdir(base):
+            shutil.copy2(base / name, staging / name)
+        for name, key in (("config.json", "max_position_embeddings"), ("tokenizer_config.json", "model_max_length")):
+            values = json.loads((staging / name).read_text())
+            values[key] = positions
+            (staging / name).write_text(json.dumps(values, indent=2))
+    return target
+
+
 class _atomic_dir:
     """Build into a sibling temp dir and rename, so a killed build never leaves a half cache."""
 

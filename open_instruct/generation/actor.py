@@ -383,6 +383,7 @@ class GenerationActor:
             parked_samples=state.parked,
             reprefilled_samples=counters.reprefilled_samples,
             reprefill_tokens=counters.reprefill_tokens,
+            recomputed_tokens=counters.recomputed_tokens,
         )
 
     def reset_stats(self) -> None:

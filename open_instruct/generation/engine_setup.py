@@ -175,8 +175,8 @@ class SchedulerProbe:
     `start_step_trace`/`take_step_trace`); the actor's `reset_stats` zeroes the counters."""
 
     stats: Any = None  # vLLM's latest SchedulerStats (running/waiting requests, KV usage)
-    # Counters that prove an update kept every running request: a preempted or recomputed request shows up
-    # as preemptions and as prefill beyond its prompt.
+    # Counters that prove an update kept every running request: a preempted request shows up as a preemption
+    # (once it resumes), one submitted again as prefill beyond the submitted prompts.
     preempted: int = 0
     prefill_tokens: int = 0
     cache_hit_tokens: int = 0

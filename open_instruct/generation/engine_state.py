@@ -49,6 +49,7 @@ class EngineCounters:
     token_outputs: int = 0  # SampleRequests
     reprefilled_samples: int = 0  # SampleRequests
     reprefill_tokens: int = 0  # SampleRequests
+    recomputed_tokens: int = 0  # SampleRequests
     pauses: int = 0  # set_paused
 
 

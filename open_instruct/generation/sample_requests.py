@@ -115,13 +115,20 @@ class SampleRequests:
         await state.resumed.wait()
         state.counters.submitted_prompt_tokens += len(prompt_ids)
         prompt = tokens_input(list(prompt_ids), cache_salt=f"v{state.weight_version}")
-        reported = 0
+        reported = generated = preemptions = 0
         try:
             async for output in state.engine.generate(
                 prompt, params, request_id=request_id, lora_request=state.adapter
             ):
-                sample = output.outputs[0] if output.outputs else None
+                before, sample = generated, output.outputs[0] if output.outputs else None
                 generated = len(sample.token_ids) if sample is not None else 0
+                preempted = output.metrics.num_preemptions if output.metrics is not None else 0
+                if preempted > preemptions:
+                    # vLLM freed this request's KV blocks and prefilled prompt + its tokens again under the
+                    # weights loaded then. It tells with the first output after the resume, so the tokens
+                    # recomputed are those the sample had before this output.
+                    state.counters.recomputed_tokens += (preempted - preemptions) * (len(prompt_ids) + before)
+                    preemptions = preempted
                 state.progress[request_id] = offset + generated
                 state.counters.token_outputs += 1
                 if report_every and generated - reported >= report_every:

@@ -49,7 +49,7 @@ def _output(tokens: int, finish_reason: str | None):
     sample = types.SimpleNamespace(
         token_ids=list(range(tokens)), logprobs=None, finish_reason=finish_reason, stop_reason=None, text="abc"[:tokens]
     )
-    return types.SimpleNamespace(outputs=[sample])
+    return types.SimpleNamespace(outputs=[sample], metrics=None)  # as vLLM's RequestOutput when stats are off
 
 
 def fake_generation_actor(monkeypatch, engine: FakeVllm | None = None):

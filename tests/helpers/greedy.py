@@ -40,6 +40,28 @@ def continue_greedy(model_prefix, model_new, prompt_ids, generated, switch_at: i
 
 
 @torch.no_grad()
+def kept_kv_logprobs(model_prefix, model_new, prompt_ids, generated, switch_at: int) -> list[float]:
+    """The logprob of each of generated[switch_at:] under `model_new` decoding over `model_prefix`'s KV of prompt +
+    generated[:switch_at-1] (one forward: decoding token by token appends the same KV)."""
+    past = model_prefix(
+        torch.tensor([list(prompt_ids) + list(generated[: switch_at - 1])]), use_cache=True
+    ).past_key_values
+    logits = model_new(torch.tensor([list(generated[switch_at - 1 : -1])]), past_key_values=past).logits[0]
+    return _picked(logits, generated[switch_at:])
+
+
+@torch.no_grad()
+def whole_text_logprobs(model, prompt_ids, generated) -> list[float]:
+    """The logprob of each generated token under `model` reading prompt + generated afresh (a full recompute)."""
+    logits = model(torch.tensor([list(prompt_ids) + list(generated)])).logits[0, len(prompt_ids) - 1 : -1]
+    return _picked(logits, generated)
+
+
+def _picked(logits, tokens) -> list[float]:
+    return torch.log_softmax(logits.float(), dim=-1).gather(-1, torch.tensor(list(tokens))[:, None])[:, 0].tolist()
+
+
+@torch.no_grad()
 def fresh_greedy(model, prompt_ids, count: int) -> list[int]:
     past = None
     ids = torch.tensor([list(prompt_ids)])
@@ -68,11 +90,13 @@ def wait_until_running(
     raise AssertionError(f"requests did not reach {min_tokens} tokens: {progress}")
 
 
-def assert_kept_kv_switch(completion, old, new, at_trigger: dict, switch_after: int) -> tuple[int, list[int]]:
+def assert_kept_kv_switch(
+    completion, old, new, at_trigger: dict, switch_after: int, until: int | None = None
+) -> tuple[int, list[int]]:
     """One completion of an in-flight update from version 0 to 1 that kept its KV cache: its tokens before the
-    switch are `old`'s greedy tokens, the rest are `new`'s decoding over `old`'s KV prefix. The switch came after
-    the `switch_after` tokens it had when the sync began (`at_trigger`, from `wait_until_running`). Returns the
-    switch and the kept-KV continuation."""
+    switch are `old`'s greedy tokens, the rest (up to token `until`, all by default) are `new`'s decoding over
+    `old`'s KV prefix. The switch came after the `switch_after` tokens it had when the sync began (`at_trigger`,
+    from `wait_until_running`). Returns the switch and the kept-KV continuation."""
     spans = [(s.version, s.start, s.end) for s in completion.version_spans]
     assert [v for v, _, _ in spans] == [0, 1], spans
     switch, length = spans[1][1], len(completion.response_token_ids)
@@ -80,7 +104,8 @@ def assert_kept_kv_switch(completion, old, new, at_trigger: dict, switch_after: 
     generated = list(completion.response_token_ids)
     assert generated[:switch] == fresh_greedy(old, completion.prompt_token_ids, switch)
     kept = continue_greedy(old, new, completion.prompt_token_ids, generated, switch, length - switch)
-    assert generated[switch:] == kept  # old-weight KV prefix, new-weight decoding
+    until = length if until is None else until
+    assert generated[switch:until] == kept[: until - switch]  # old-weight KV prefix, new-weight decoding
     return switch, kept
 
 

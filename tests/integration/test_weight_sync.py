@@ -8,7 +8,10 @@
    update do not hit prefix blocks computed with A.
 2. ZeRO-3 learners (2 ranks) → two engines in one sync, with `inflight=False`: running requests
    finish on the old weights first; afterwards both engines decode exactly like B.
-3. A transfer that fails (stage 0 and ZeRO-3) names the step, frees every party at once, and the next
+3. Preempted across an update: in a KV cache too small for two long requests, the one vLLM preempts after
+   the update is prefilled again under B; its tokens after that match a fresh prefill under B, its
+   logprobs keep who sampled them, and its importance ratio against pi_old = B is 1 there.
+4. A transfer that fails (stage 0 and ZeRO-3) names the step, frees every party at once, and the next
    sync goes through; the same for the shared-memory transport.
 
 The module shares one Ray cluster, and a failure test reuses the stack of the test before it (`stack_for`).
@@ -31,8 +34,10 @@ from helpers.greedy import (
     continue_greedy,
     fresh_greedy,
     greedy,
+    kept_kv_logprobs,
     push_mid_generation,
     wait_until_running,
+    whole_text_logprobs,
 )
 
 from open_instruct import batching, cluster
@@ -41,6 +46,7 @@ from open_instruct.generation.engine_setup import engine_settings
 from open_instruct.generation.pool import EnginePool
 from open_instruct.learner.actor import learner_settings
 from open_instruct.learner.group import LearnerGroup
+from open_instruct.replay_buffer import Group
 from open_instruct.weights.sync import SyncSettings, WeightSync
 from open_instruct.weights.transport import WeightSyncError
 
@@ -93,21 +99,23 @@ def stack_for(
     backend="gloo",
     inflight=True,
     share=False,
+    kv_cache_gib=0.25,
+    prefix_caching=True,
     **learner_options,
 ) -> Stack:
     """Engines and learners of this shape at weight version 0, one learner step taken (weights B) and a sync
     connected (`inflight`, or draining running requests first). With `share`, the previous test's stack when
     it had the same shape, at whatever version that test left it (such tests sit right after the test they
     share with): an engine start costs tens of seconds of CPU."""
-    key = (engines, learners, stage, backend, tuple(sorted(learner_options.items())))
+    key = (engines, learners, stage, backend, kv_cache_gib, prefix_caching, tuple(sorted(learner_options.items())))
     if share and _STACK and _STACK[0].key == key:
         return _STACK[0]
     release_stack()
     settings = engine_settings(
         model_path=model_path,
         max_model_len=MAX_MODEL_LEN,
-        vllm_kv_cache_gib=0.25,
-        vllm_enable_prefix_caching=True,
+        vllm_kv_cache_gib=kv_cache_gib,
+        vllm_enable_prefix_caching=prefix_caching,
         weight_transfer_backend=backend,
     )
     stack = Stack(EnginePool(cluster.create_generation_actors(settings, engines), prompt_capacity=16), key)
@@ -180,7 +188,7 @@ def test_inflight_update_from_a_real_learner_keeps_the_kv_cache(model_path, toke
     stats = ray.get(engine.stats.remote())
     assert stats.weight_version == 1 and stats.weight_updates == 1
     assert stats.preempted_requests == 0  # nothing preempted ...
-    assert stats.prefill_tokens == stats.submitted_prompt_tokens  # ... or recomputed
+    assert stats.prefill_tokens == stats.submitted_prompt_tokens and stats.recomputed_tokens == 0  # ... or recomputed
 
     # Prefix cache: a prompt cached under version 0 is not reused by version 1 requests.
     # Prefix caching itself works: a second version-1 request does hit the version-1 blocks.
@@ -225,6 +233,71 @@ def test_a_reprefill_update_continues_each_sample_from_its_tokens_under_the_new_
     prefilled = sum(len(c.prompt_token_ids) + switch for c, switch in zip(completions, switches))
     assert after.reprefill_tokens - before.reprefill_tokens == prefilled
     assert after.generated_tokens - before.generated_tokens == 2 * LONG  # each token counted once
+
+
+# 4 KV blocks of 128 tokens (the tiny model keeps 4 KiB a token): two requests of 35 + LONG tokens outgrow them.
+SMALL_KV_GIB = 0.0025
+
+
+def test_a_request_preempted_after_an_inflight_update_is_recomputed_under_the_new_weights(model_path, tokenizer):
+    """Two long requests in a KV cache of 512 tokens, without prefix caching (a run's default). After the
+    in-flight update (KV kept) the cache fills: vLLM preempts one request and, once the other has finished,
+    prefills its prompt and tokens again under the new weights. Its tokens and their logprobs are, exactly against
+    transformers: the old weights' before the switch, the new weights' over the old KV up to the preemption, and
+    after it the new weights' over their own recomputation. Its versions span the switch only (the same
+    weights sampled on both sides of the preemption), the engine counts one preemption and the recomputed tokens,
+    and against a learner holding the new weights its importance ratio is 1 exactly where it was recomputed."""
+    from open_instruct import loss
+    from open_instruct.learner.actor import token_logprobs
+    from open_instruct.packing import collate
+
+    stack = stack_for(model_path, tokenizer, 1, 1, stage=0, kv_cache_gib=SMALL_KV_GIB, prefix_caching=False)
+    [engine] = stack.engines
+    at_trigger, metrics, completions = push_mid_generation(engine, stack.sync, tokenizer, 1, LONG, SWITCH_AFTER, "pre")
+    stats = ray.get(engine.stats.remote())
+    assert metrics["weight_sync/kept_requests"] == 2
+    assert all(c.finish_reason == "length" and len(c.response_token_ids) == LONG for c in completions)
+    assert stats.preempted_requests == 1
+    [prompt_length] = {len(c.prompt_token_ids) for c in completions}
+    preempted_at = stats.recomputed_tokens - prompt_length  # the tokens it had: prompt + these were recomputed
+    assert SWITCH_AFTER < preempted_at < LONG
+
+    model_a, model_b = hf_model(model_path), hf_model(model_path, stack.weights_b)
+    recomputed_samples = []
+    for c in completions:
+        switch, kept = assert_kept_kv_switch(c, model_a, model_b, at_trigger, SWITCH_AFTER, until=preempted_at)
+        prompt, generated, logprobs = c.prompt_token_ids, list(c.response_token_ids), c.behaviour_logprobs
+        kept_logprobs = kept_kv_logprobs(model_a, model_b, prompt, generated, switch)
+        if generated[switch:] == kept:  # kept its KV to the end
+            assert logprobs[switch:] == pytest.approx(kept_logprobs, abs=2e-3)
+            continue
+        recomputed_samples.append(c)
+        # Preempted after the switch; or before it, then resumed after it (its versions switch there).
+        assert switch <= preempted_at
+        recomputed = continue_greedy(model_b, model_b, prompt, generated, preempted_at, LONG - preempted_at)
+        assert generated[preempted_at:] == recomputed
+        assert logprobs[switch:preempted_at] == pytest.approx(kept_logprobs[: preempted_at - switch], abs=2e-3)
+        whole_b = whole_text_logprobs(model_b, prompt, generated)
+        assert logprobs[preempted_at:] == pytest.approx(whole_b[preempted_at:], abs=2e-3)
+        assert max(abs(a - b) for a, b in zip(logprobs[:preempted_at], whole_b)) > 1e-2
+    assert len(recomputed_samples) == 1
+
+    # The learner's side: the batch as the driver packs it, pi_old from the new weights.
+    [sample] = recomputed_samples
+    settings = batching.batch_settings(
+        tokenizer.pad_token_id, pack_length=MAX_MODEL_LEN, num_learners_per_node=[1], per_device_train_batch_size=1
+    )
+    # Two copies rewarded apart, so that the group's advantages are not zero.
+    group = Group(sample.prompt_id, tuple(dataclasses.replace(sample, sample_index=j, reward=float(j)) for j in (0, 1)))
+    [batch], _ = batching.assemble([group], 1, settings)
+    mb = collate([batch.micro_batches[0][0]])
+    pi_old = token_logprobs(model_b, mb, batch.temperature)
+    mask = mb["response_mask"].bool()
+    importance = loss.importance_weights(pi_old, mb["behaviour_logprobs"], mask, cap=2.0)
+    log_rho = (pi_old - mb["behaviour_logprobs"])[mask]
+    assert log_rho[preempted_at:].abs().max() < 2e-3  # recomputed under the weights pi_old holds
+    assert log_rho[:preempted_at].abs().max() > 1e-2  # sampled over the old weights or their KV
+    assert torch.allclose(importance.weights_BT[mask][preempted_at:], torch.ones(LONG - preempted_at), atol=3e-3)
 
 
 def failed_transfer_recovers(tokenizer, stack: Stack) -> None:
