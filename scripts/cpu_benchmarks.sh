@@ -2,8 +2,8 @@
 # Every benchmark of docs/benchmarks.md on this machine, in order, writing JSON, PNGs and a stamped table (.md) each
 # under $OUT (default output/bench): generation, weight_sync, learner_step, replay/, e2e/ (+ measured.json), simulator/
 # (fitted to e2e/measured.json), faults/, staleness_learning/, window_sim/, window_cpu/, lora (LoRA vs full),
-# e2e_lora/ (e2e's heavy tail with --use_peft) and driver_headroom/ (one driver's cost per sample at the original
-# request's lengths).
+# e2e_lora/ (e2e's heavy tail with --use_peft), driver_headroom/ (one driver's cost per sample at the original
+# request's lengths) and real_length/ (e2e at those lengths, vLLM preempting).
 # Hardware: a 2-core x86_64 Linux machine, no GPU: about 105 minutes (its parts, 2026-12-04); QUICK=1 shrinks every
 # benchmark to a smoke run (about 9 minutes; the tests use it). Sets up .venv first when needed.
 # PUBLISH=1 copies the stamped tables into docs/results/ (one page per benchmark, linked from docs/results/index.md).
@@ -33,9 +33,11 @@ if [[ "${QUICK:-0}" == "1" ]]; then
   lora=(--size embedded --steps 2 --prompts 2 --samples 2 --pack_length 256 --running 2 --max_tokens 48
         --projection_steps 2 --sweep 1 2)
   driver=(--engines 1 --ranks 2 --prompts_per_step 2 --steps 2 --max_tokens 256 --rounds 1 --seed_steps 2)
+  real_length=(--steps 2 --rounds 1 --prompts 2 --samples 4 --median_tokens 256 --max_tokens 1024 --kv_cache_gib 0.006)
 else
   generation=() weight_sync=() replay=() e2e=(--steps 24) simulator=() learner_step=() faults=() staleness=() window_sim=()
   window_cpu=() lora=() e2e_lora=(--steps 16) driver=()
+  real_length=(--steps 3 --rounds 2 --prompts 2 --samples 4 --median_tokens 4000 --max_tokens 16384 --kv_cache_gib 0.1)
 fi
 $py -m open_instruct.benchmarks.generation "${generation[@]}" --output "$out/generation.json"
 $py -m open_instruct.benchmarks.weight_sync "${weight_sync[@]}" --output "$out/weight_sync.json"
@@ -51,6 +53,10 @@ $py -m open_instruct.benchmarks.lora "${lora[@]}" --output "$out/lora.json"
 $py -m open_instruct.benchmarks.e2e "${e2e_lora[@]}" --use_peft --workloads heavy_tail --modes synchronous streaming \
   --calibrate --output "$out/e2e_lora"
 $py -m open_instruct.benchmarks.driver_headroom "${driver[@]}" --output "$out/driver_headroom"
+# The original request's lengths on the real stack (lognormal, sigma 0.8, capped): 8 samples running over a KV
+# cache of 26k tokens (about 6 samples of median length), so that vLLM preempts; three modes side by side.
+$py -m open_instruct.benchmarks.e2e "${real_length[@]}" --long_context --sigma 0.8 --running_per_engine 8 \
+  --workloads heavy_tail --modes synchronous streaming streaming_auto --calibrate --output "$out/real_length"
 if [[ "${PUBLISH:-0}" == "1" ]]; then
   mkdir -p docs/results
   for page in generation.md weight_sync.md replay/replay.md e2e/e2e.md simulator/simulator.md faults/faults.md \
@@ -59,4 +65,5 @@ if [[ "${PUBLISH:-0}" == "1" ]]; then
     cp "$out/$page" "docs/results/$(basename "$page")"
   done
   cp "$out/e2e_lora/e2e.md" docs/results/e2e_lora.md
+  cp "$out/real_length/e2e.md" docs/results/real_length.md
 fi

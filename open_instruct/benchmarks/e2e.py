@@ -191,6 +191,8 @@ def main(argv: list[str] | None = None) -> dict:
     policies = {mode: mode_config(base, mode, out).staleness_policy.describe() for mode in args.modes}
     results: dict = {"stamp": stamp("e2e", policies), "rounds": args.rounds, "pinned": args.pin, "workloads": {}}
     results["lora_r"] = LORA_R if args.use_peft else 0  # the adapter every mode trains (0: the whole model)
+    results["max_tokens"] = args.max_tokens
+    results["running_per_engine"] = args.running_per_engine  # 0: as many as fit at full length (no preemption)
     with PeakMemory() as memory:
         model_path = resolve_model_path(base.model.model_name_or_path)
         engine_args = (None, args.running_per_engine)

@@ -48,6 +48,11 @@ def write_report(results: dict, out: Path) -> None:
     title = "Streaming vs synchronous training: measured tables"
     if results.get("lora_r"):
         title += f" (LoRA: every mode trains an r={results['lora_r']} adapter)"
+    if results.get("running_per_engine"):
+        title += (
+            f" (samples up to {results['max_tokens']:,} tokens, {results['running_per_engine']} running per engine "
+            "over a KV cache that cannot hold them all)"
+        )
     (out / "e2e.md").write_text(page_text(title, results["stamp"], report))
     print(report)
 

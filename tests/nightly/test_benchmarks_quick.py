@@ -233,6 +233,7 @@ def test_every_benchmark_writes_a_stamped_page_naming_its_staleness_policy(quick
         "simulator/simulator.md",
         "e2e_lora/e2e.md",
         "driver_headroom/driver_headroom.md",
+        "real_length/e2e.md",
     }
     engines_only = {"generation.md", "weight_sync.md", "replay/replay.md", "lora.md"}
     for page in sorted(training | engines_only):
@@ -275,3 +276,19 @@ def test_driver_headroom_benchmark_runs_the_real_loop_between_instant_engines_an
     seed = report["seed_cluster_samples_per_s"]
     assert 0 < seed["driver"] <= seed["free"]  # the simulator charges the driver's cost to every step
     assert "where the driver's time goes" in stdout
+
+
+def test_real_length_benchmark_runs_three_modes_through_vllm_preemptions(quick_bench):
+    """QUICK's lengths are short, but the set-up is the real one: 8 samples running per engine over a KV cache
+    that cannot hold them all, so vLLM preempts and recomputes in every mode."""
+    out, _ = quick_bench
+    result = json.loads((out / "real_length" / "e2e.json").read_text())
+    modes = result["workloads"]["heavy_tail"]["modes"]
+    assert list(modes) == ["synchronous", "streaming", "streaming_auto"]
+    for summary in modes.values():
+        assert summary["preempted_requests"]["min"] > 0 and summary["recomputed_tokens"]["min"] > 0
+        assert 0 < summary["longest_sample_tokens"]["max"] <= 1024
+    assert modes["synchronous"]["versions_spanned_max"]["max"] == 1 < modes["streaming"]["versions_spanned_max"]["max"]
+    assert {"driver", "LearnerActor", "ShapedGenerationActor"} <= set(result["peak_memory_gib_by_role"])
+    page = (out / "real_length" / "e2e.md").read_text()
+    assert "samples up to 1,024 tokens, 8 running per engine" in page and "peak memory (PSS, GiB" in page

@@ -137,3 +137,31 @@ def test_a_fault_dip_is_measured_against_the_steps_before_it():
     assert not never["recovered"] and never["dip_s"] == 15.0
     with pytest.raises(ValueError, match="no step"):
         throughput_dip(0.0, ends, 10, fault_at=11.0)
+
+
+def test_peak_memory_counts_each_process_under_the_actor_it_runs_for():
+    """A vLLM engine process counts for the engine actor above it; Ray's agents and idle workers, titled like
+    actors, count as Ray's own; the driver is itself."""
+    from open_instruct.benchmarks.e2e_runs import process_role
+
+    processes = {  # pid: (parent pid, process title, PSS)
+        1: (0, "python", 10),
+        2: (1, "/venv/ray/core/src/ray/raylet/raylet", 5),
+        3: (2, "ray::ShapedGenerationActor.stream", 7),
+        4: (3, "VLLM::EngineCore", 9),
+        5: (2, "ray::IDLE", 1),
+        6: (2, "ray::LearnerActor.train_step", 3),
+        7: (2, "ray::DashboardAgent", 2),
+        8: (1, "python -c watcher", 1),
+    }
+    roles = {pid: process_role(pid, processes, driver_pid=1) for pid in processes}
+    assert roles == {
+        1: "driver",
+        2: "ray daemons",
+        3: "ShapedGenerationActor",
+        4: "ShapedGenerationActor",
+        5: "ray daemons",
+        6: "LearnerActor",
+        7: "ray daemons",
+        8: "ray daemons",
+    }

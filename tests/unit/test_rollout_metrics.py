@@ -50,6 +50,8 @@ def test_token_lag_weights_each_token_by_the_version_that_generated_it():
     assert m["staleness/version_lag_max"] == 3
     assert m["staleness/token_lag_avg"] == pytest.approx((10 * 3 + 30 * 1 + 10 * 1) / 50)
     assert m["staleness/multi_version_frac"] == pytest.approx(0.5)
+    assert m["staleness/versions_spanned_max"] == 2 and straggler.versions_spanned == 2
+    assert (m["val/sequence_lengths_min"], m["val/sequence_lengths_max"]) == (10, 40)
 
 
 def test_tokens_without_spans_count_at_their_admission_version():
@@ -68,6 +70,7 @@ def test_group_latency_runs_from_admission_to_the_last_sample():
 def test_empty_batch_has_zero_metrics():
     m = rollout_metrics([], learner_version=0)
     assert m["staleness/token_lag_avg"] == 0 and m["time/group_latency_s_avg"] == 0
+    assert m["staleness/versions_spanned_max"] == 0 and m["val/sequence_lengths_max"] == 0
 
 
 @pytest.mark.parametrize(
