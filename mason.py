@@ -1,28 +1,16 @@
-"""mason.py: turn training commands into a Beaker experiment and submit it (or print it).
+"""mason.py: turn training commands into a Beaker experiment and submit it (or print it with --dry_run).
 
-What: Ai2 launches open-instruct jobs on its Beaker clusters with
-
-    python mason.py --cluster ai2/jupiter --image USER/IMAGE --pure_docker_mode \\
-        --workspace ai2/tulu-thinker --priority high --preemptible --num_nodes 6 \\
-        --env VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 --gpus 8 \\
-        -- source configs/beaker_configs/ray_node_setup.sh \\&\\& python open_instruct/grpo_fast.py ...
-
-Every option of open-instruct's own mason.py (at the commit the tests record) is accepted with its
-default and its meaning in the experiment spec, so its launch scripts run unchanged. Each command after
-a `--` becomes one Beaker task. For a grpo_fast command mason also, as open-instruct's does:
-tokenizes the datasets locally first (`--cache_dataset_only`) and hands the cache key to the job,
-gives the run resumable state under `--auto_checkpoint_state_dir` (and a W&B run id that resumes), and
-on Weka clusters writes outputs under `--auto_output_dir_path`. Where open-instruct's behaviour is a
-bug, this one differs on purpose; docs/multi_node.md lists each difference and why.
-
-How to run: `python mason.py --help`; `--dry_run` prints the spec and every step it would take without
-running any. Only the standard library and PyYAML are needed for the spec itself; the dataset caching
-runs grpo_fast.py with the repository's `.venv` when there is one.
+A drop-in replacement for open-instruct's own mason.py: every option of it (at the commit the tests record)
+is accepted with its default and its meaning in the spec, so its launch scripts run unchanged; where its
+behaviour is a bug this one differs on purpose. docs/multi_node.md is the manual: each option, what a
+grpo_fast.py command gets (local dataset caching, resumable state, outputs on Weka) and each difference.
+Only the standard library and PyYAML are needed; the caching runs grpo_fast.py with the repository's `.venv`.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import shlex
@@ -38,12 +26,11 @@ from open_instruct.launch.commands import (
     SHELL_OPERATORS,
     Prepared,
     build_command,
-    cache_readable_by_job,
-    caching_command,
     detach_operators,
     entry_segment,
-    parse_cache_keys,
+    flag_value,
     rewrite_training,
+    without_flags,
 )
 from open_instruct.launch.settings import (
     INTERCONNECT_CLUSTERS,
@@ -64,37 +51,25 @@ DEPRECATED_NO_OPS = {
 }
 # W&B settings of the launching shell that the job inherits.
 PASSED_THROUGH_ENV = ("WANDB_ENTITY", "WANDB_PROJECT", "WANDB_TAGS")
+# Flags the local caching run leaves out (True: the flag takes a value): tracking and resumable state
+# are the job's business, not the tokenizer's.
+CACHE_EXCLUDED_FLAGS = {
+    "--with_tracking": False,
+    "--checkpoint_state_freq": True,
+    "--checkpoint_state_dir": True,
+    "--gs_checkpoint_state_dir": True,
+}
+CACHE_KEY_FLAGS = ("--dataset_config_hash", "--dataset_config_eval_hash")
+CACHE_KEYS_LINE = "dataset cache keys:"  # what grpo_fast.py --cache_dataset_only prints on stdout
+DEFAULT_CACHE_DIR = "local_dataset_cache"  # grpo_fast.py's --dataset_local_cache_dir default
 
 HELP_EPILOG = f"""\
-the commands after `--`:
-  Each `--` starts a command; each command is one Beaker task (TASK_NAME__0, TASK_NAME__1, ...).
-  Every replica runs its task's command with `/bin/bash -c`. Tokens are re-quoted so arguments with
-  spaces or shell characters arrive unchanged; tokens that are exactly {", ".join(SHELL_OPERATORS)} stay shell
-  operators (write them escaped locally: `\\&\\&`), and `$NAME` / `${{NAME}}` expand in the container (set
-  by an earlier `source ...setup.sh`, e.g. `$CODE_API_URL/test_program`). Nothing else is interpreted.
-
-a grpo_fast.py command (as open-instruct's mason.py):
-  - its datasets are tokenized here first (`--cache_dataset_only`, with this repository's .venv) and
-    the job gets the cache key when it can read the cache (--no_auto_dataset_cache skips this);
-  - resumable (unless --non_resumable): --checkpoint_state_dir becomes a new directory under
-    --auto_checkpoint_state_dir/USER (kept when already on /weka/), and W&B resumes the same run id;
-  - on a Weka cluster, --output_dir goes under --auto_output_dir_path/USER (kept when on /weka/);
-  - --hf_entity allenai and --wandb_entity ai2-llm are added when absent.
-  Without Beaker credentials (an external user) the command is left as written.
-
-multi-node (--num_nodes > 1):
-  One task with `replicas: N`, leader selection and failure/preemption propagation. All replicas run
-  the same command, so it should begin with `source configs/beaker_configs/ray_node_setup.sh`.
-
-default environment (each overridable with --env):
-  {chr(10).join(f"  {k}={v}" for k, v in DEFAULT_ENV.items()).strip()}
-  Weka clusters add the Hugging Face cache paths on Weka; resumable runs add WANDB_RUN_ID and
-  WANDB_RESUME=allow; WANDB_ENTITY, WANDB_PROJECT and WANDB_TAGS pass through from this shell.
-
-submission:
-  The spec is printed as YAML on stdout (exit 0) instead of submitted with --dry_run, without a
-  `beaker` CLI on PATH, or without Beaker credentials (BEAKER_TOKEN or ~/.beaker/config.yml).
-  Otherwise it runs `beaker experiment create SPEC [--workspace WORKSPACE]` and exits with its status.
+Each `--` starts a command, one Beaker task, which every replica runs with `bash -c`: its tokens arrive
+unchanged, except that {", ".join(SHELL_OPERATORS)} stay operators (escape them here: `\\&\\&`) and `$NAME` expands
+in the container. A multi-node command begins with `source configs/beaker_configs/ray_node_setup.sh`. Every
+task gets {" ".join(f"{name}={value}" for name, value in DEFAULT_ENV.items())} unless --env says otherwise.
+The spec is submitted with the `beaker` CLI, or printed with --dry_run, without that CLI or without
+credentials. docs/multi_node.md is the manual: each option's place in the spec, what a grpo_fast.py command gets.
 """
 
 
@@ -104,31 +79,19 @@ def _build_parser() -> argparse.ArgumentParser:
         description="Build a Beaker experiment for commands and submit it (or print it with --dry_run).",
         usage="python mason.py [options] -- COMMAND [ARGS...] [-- COMMAND [ARGS...] ...]",
         epilog=HELP_EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
         allow_abbrev=False,  # an abbreviation silently matching another option is worse than an error
     )
-    # The one default that depends on where mason runs.
-    add_options(parser, {"description": os.environ.get("RUN_NAME", MasonArgs.description)})
-    for name in DEPRECATED_NO_OPS:
+    add_options(parser)
+    parser.set_defaults(description=os.environ.get("RUN_NAME", MasonArgs.description))  # depends on where mason runs
+    for name, why in DEPRECATED_NO_OPS.items():
         takes_value = name == "gs_model_name"
         parser.add_argument(
             f"--{name}",
             action="store" if takes_value else "store_true",
             default=None if takes_value else False,
-            help=f"Accepted and ignored: {DEPRECATED_NO_OPS[name]}.",
+            help=f"Accepted and ignored: {why}.",
         )
     return parser
-
-
-def split_commands(tokens: list[str]) -> list[list[str]]:
-    """['a', 'b', '--', 'c'] -> [['a', 'b'], ['c']]: every `--` starts a new command."""
-    commands: list[list[str]] = [[]]
-    for token in tokens:
-        if token == "--":
-            commands.append([])
-        else:
-            commands[-1].append(token)
-    return [command for command in commands if command]
 
 
 def parse_args(argv: list[str], environ: dict[str, str] | None = None) -> MasonArgs:
@@ -139,7 +102,9 @@ def parse_args(argv: list[str], environ: dict[str, str] | None = None) -> MasonA
     ns = parser.parse_args(own)  # --help and every per-option error first
     if rest is None:
         parser.error("missing `-- COMMAND`: put the command to run after `--`")
-    commands = [detach_operators(command) for command in split_commands(rest)]
+    # Every `--` starts a new command.
+    groups = itertools.groupby(rest, key=lambda token: token == "--")
+    commands = [detach_operators(list(tokens)) for separator, tokens in groups if not separator]
     if not commands or any(all(not token.strip() for token in command) for command in commands):
         parser.error("empty command after `--`")
     for command in commands:
@@ -147,7 +112,14 @@ def parse_args(argv: list[str], environ: dict[str, str] | None = None) -> MasonA
             build_command(command)
         except ValueError as e:
             parser.error(f"command after `--`: {e}")
-    _check_unique_names(parser, ns.env, ns.secrets)
+    for option, pairs in (("--env", ns.env), ("--secret", ns.secrets)):
+        names = [name for name, _ in pairs]
+        duplicates = sorted({name for name in names if names.count(name) > 1})
+        if duplicates:
+            parser.error(f"argument {option}: {', '.join(duplicates)} given more than once")
+    both = sorted({name for name, _ in ns.env} & {name for name, _ in ns.secrets})
+    if both:
+        parser.error(f"argument --secret: {', '.join(both)} is also set with --env")
     return from_namespace(
         ns,
         commands=tuple(commands),
@@ -158,24 +130,13 @@ def parse_args(argv: list[str], environ: dict[str, str] | None = None) -> MasonA
     )
 
 
-def _check_unique_names(parser, env: list[tuple[str, str]], secret_pairs: list[tuple[str, str]]) -> None:
-    env_names = [name for name, _ in env]
-    secret_names = [name for name, _ in secret_pairs]
-    for option, names in (("--env", env_names), ("--secret", secret_names)):
-        duplicates = sorted({name for name in names if names.count(name) > 1})
-        if duplicates:
-            parser.error(f"argument {option}: {', '.join(duplicates)} given more than once")
-    both = sorted(set(env_names) & set(secret_names))
-    if both:
-        parser.error(f"argument --secret: {', '.join(both)} is also set with --env")
-
-
-# ---------------------------------------------------------------------------------------------------------
-# The Beaker account, the local dataset caching, submission.
-
-
-def has_credentials() -> bool:
-    return bool(os.environ.get("BEAKER_TOKEN")) or Path("~/.beaker/config.yml").expanduser().is_file()
+def beaker_unavailable() -> str | None:
+    """Why the spec cannot be submitted from here (and the account not looked up), or None."""
+    if shutil.which("beaker") is None:
+        return "no `beaker` CLI on PATH"
+    if not os.environ.get("BEAKER_TOKEN") and not Path("~/.beaker/config.yml").expanduser().is_file():
+        return "no Beaker credentials (BEAKER_TOKEN or ~/.beaker/config.yml)"
+    return None
 
 
 class LaunchError(Exception):
@@ -186,21 +147,20 @@ def _beaker_json(*arguments: str) -> Any:
     failed = f"`beaker {' '.join(arguments)}` failed"
     try:
         result = subprocess.run(
-            ["beaker", *arguments, "--format", "json"], capture_output=True, text=True, timeout=120, check=False
+            ["beaker", *arguments, "--format", "json"], capture_output=True, text=True, timeout=120, check=True
         )
-    except (OSError, subprocess.TimeoutExpired) as error:
-        raise LaunchError(f"{failed}: {error}") from None
-    if result.returncode != 0:
-        raise LaunchError(f"{failed}: {result.stderr.strip() or f'exit {result.returncode}'}")
-    try:
         return json.loads(result.stdout)
+    except subprocess.CalledProcessError as error:
+        raise LaunchError(f"{failed}: {error.stderr.strip() or f'exit {error.returncode}'}") from None
     except ValueError as error:
         raise LaunchError(f"{failed}: its output is not JSON ({error})") from None
+    except (OSError, subprocess.TimeoutExpired) as error:
+        raise LaunchError(f"{failed}: {error}") from None
 
 
 def look_up_account(workspace: str | None) -> Account:
-    """The user and the workspace's secret names, from the beaker CLI; external without credentials."""
-    if not has_credentials() or shutil.which("beaker") is None:
+    """The user and the workspace's secret names, from the beaker CLI; external without it or credentials."""
+    if beaker_unavailable():
         return Account()
     try:
         user = _beaker_json("account", "whoami")[0]["name"]
@@ -208,17 +168,6 @@ def look_up_account(workspace: str | None) -> Account:
         return Account(user, frozenset(item["name"] for item in listed))
     except (KeyError, IndexError, TypeError) as error:
         raise LaunchError(f"the beaker CLI's answer about the account is not understood: {error!r}") from None
-
-
-def local_python() -> str:
-    """The interpreter of the caching run: this repository's .venv when there is one (it has the stack)."""
-    venv_python = REPO / ".venv" / "bin" / "python"
-    return str(venv_python) if venv_python.exists() else sys.executable
-
-
-def local_entry(script: str) -> str:
-    """The grpo_fast.py to run here: the command's own path, else this repository's."""
-    return script if Path(script).is_file() else str(REPO / TRAINING_ENTRY)
 
 
 def run_caching(command: list[str]) -> tuple[str, ...]:
@@ -239,21 +188,34 @@ def run_caching(command: list[str]) -> tuple[str, ...]:
             f"caching the datasets failed (exit {process.returncode}): {last}; nothing was submitted "
             "(--no_auto_dataset_cache skips this step)"
         )
-    return parse_cache_keys("\n".join(lines))
+    # ('--dataset_config_hash', KEY, ...) from the line that names them; none when it is not understood.
+    for line in lines:
+        if line.startswith(CACHE_KEYS_LINE):
+            keys = tuple(line.removeprefix(CACHE_KEYS_LINE).split())
+            return keys if len(keys) % 2 == 0 and set(keys[::2]) <= set(CACHE_KEY_FLAGS) else ()
+    return ()
 
 
 def prepare(args: MasonArgs, account: Account, ids: LaunchIds) -> list[Prepared]:
     """Each command with mason's rewrites and its dataset cache key (the caching runs here, unless a dry run)."""
+    venv_python = REPO / ".venv" / "bin" / "python"  # the repository's stack, when it has one
+    python = str(venv_python) if venv_python.exists() else sys.executable
     prepared = []
     for tokens in args.commands:
         keys: tuple[str, ...] = ()
         segment = entry_segment(tokens) if args.auto_dataset_cache else None
-        caching = caching_command(tokens, local_python(), local_entry(tokens[segment[0] - 1])) if segment else None
-        if caching and args.dry_run:
-            print(f"mason.py: would cache the datasets first: {shlex.join(caching)}", file=sys.stderr)
-        elif caching:
-            keys = run_caching(caching)
-            if keys and not cache_readable_by_job(args, tokens):
+        if segment:
+            script, trainer = tokens[segment[0] - 1], list(tokens[segment[0] : segment[1]])
+            entry = script if Path(script).is_file() else str(REPO / TRAINING_ENTRY)  # else this repository's
+            caching = [python, entry, *without_flags(trainer, CACHE_EXCLUDED_FLAGS), "--cache_dataset_only"]
+            if args.dry_run:
+                print(f"mason.py: would cache the datasets first: {shlex.join(caching)}", file=sys.stderr)
+            else:
+                keys = run_caching(caching)
+            # The job can reuse the cache only where it sees the same directory: its working directory when it
+            # runs from this one (no --pure_docker_mode), or a Weka path that every cluster of the task mounts.
+            cache_dir = flag_value(trainer, "--dataset_local_cache_dir") or DEFAULT_CACHE_DIR
+            if keys and args.pure_docker_mode and not (cache_dir.startswith("/weka/") and args.on_weka):
                 print(
                     "mason.py: the dataset cache is on this machine only (--pure_docker_mode and a cache "
                     "directory off Weka): the job tokenizes its datasets itself",
@@ -288,16 +250,6 @@ def launch_warnings(args: MasonArgs) -> list[str]:
     return notes
 
 
-def _no_submit_reason(args: MasonArgs) -> str | None:
-    if args.dry_run:
-        return "--dry_run"
-    if shutil.which("beaker") is None:
-        return "no `beaker` CLI on PATH"
-    if not has_credentials():
-        return "no Beaker credentials (BEAKER_TOKEN or ~/.beaker/config.yml)"
-    return None
-
-
 def beaker_command(spec_path: str, workspace: str | None) -> list[str]:
     return ["beaker", "experiment", "create", spec_path, *(("--workspace", workspace) if workspace else ())]
 
@@ -329,7 +281,7 @@ def main(argv: list[str] | None = None) -> int:
     for note in (note for prepared in commands for note in prepared.notes):
         print(f"mason.py: {note}", file=sys.stderr)
     text = spec_to_yaml(build_spec(args, commands, account, ids))
-    reason = _no_submit_reason(args)
+    reason = "--dry_run" if args.dry_run else beaker_unavailable()
     if reason is None:
         return submit(text, args.workspace)
     # The command that would submit it, beside the spec (a YAML comment, so stdout stays valid YAML): the

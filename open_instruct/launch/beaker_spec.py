@@ -9,11 +9,12 @@ from typing import Any
 import yaml
 
 from open_instruct.launch.commands import Prepared, build_command, entry_segment
-from open_instruct.launch.settings import Account, LaunchIds, MasonArgs, Mount
+from open_instruct.launch.settings import Account, LaunchIds, MasonArgs
 
 RESULT_PATH = "/output"  # Beaker keeps this directory as the experiment's result dataset
 WEKA_BUCKETS = ("oe-adapt-default", "oe-training-default")
 HF_CACHE_ON_WEKA = "/weka/oe-adapt-default/allennlp/.cache"
+DOCKER_SOCKET = "/var/run/docker.sock"
 DEFAULT_ENV: dict[str, str] = {
     # open-instruct's defaults (torch.compile's cache is unreliable there, compiling itself is fine).
     "RAY_CGRAPH_get_timeout": "300",
@@ -51,75 +52,30 @@ def image_spec(image: str) -> dict[str, str]:
     return {"docker": image} if looks_like_docker else {"beaker": image}
 
 
-def added_env(args: MasonArgs, ids: LaunchIds) -> dict[str, str]:
-    """What mason sets beside the user's --env: defaults, W&B pass-through, Weka caches, resumption."""
+def env_vars(args: MasonArgs, account: Account, ids: LaunchIds) -> list[dict[str, str]]:
+    """The task's environment, each name once: what mason adds (defaults, W&B pass-through, Weka caches,
+    resumption, the workspace's useful secrets) unless the user's --env or --secret names it."""
     added: dict[str, str] = {**DEFAULT_ENV, **dict(args.wandb_env)}
     if not args.pure_docker_mode:
         added["PATH"] = args.local_path  # the local interpreter's PATH, on the shared filesystem
     if args.on_weka:
-        added.update(
-            {
-                "HF_HOME": f"{HF_CACHE_ON_WEKA}/huggingface",
-                "HF_DATASETS_CACHE": f"{HF_CACHE_ON_WEKA}/huggingface",
-                "HF_HUB_CACHE": f"{HF_CACHE_ON_WEKA}/hub",
-                "CHECKPOINT_OUTPUT_DIR": f"{args.auto_checkpoint_state_dir.rstrip('/')}/{ids.wandb_run_id}",
-            }
-        )
+        added["HF_HOME"] = f"{HF_CACHE_ON_WEKA}/huggingface"
+        added["HF_DATASETS_CACHE"] = f"{HF_CACHE_ON_WEKA}/huggingface"
+        added["HF_HUB_CACHE"] = f"{HF_CACHE_ON_WEKA}/hub"
+        added["CHECKPOINT_OUTPUT_DIR"] = f"{args.auto_checkpoint_state_dir.rstrip('/')}/{ids.wandb_run_id}"
         if args.num_nodes > 1:  # NCCL over the InfiniBand interfaces, not the bonded Ethernet one
             added.update({"NCCL_SOCKET_IFNAME": "ib", "NCCL_IB_HCA": "^=mlx5_bond_0"})
     if args.resumable and any(entry_segment(command) for command in args.commands):
         added.update({"WANDB_RUN_ID": ids.wandb_run_id, "WANDB_RESUME": "allow"})
-    return added
-
-
-def env_vars(args: MasonArgs, account: Account, ids: LaunchIds) -> list[dict[str, str]]:
-    """The task's environment, each name once: the user's --env and --secret win over what mason adds."""
-    given = dict(args.env)
-    named = set(given) | {name for name, _ in args.secrets}
-    values = {**{k: v for k, v in added_env(args, ids).items() if k not in named}, **given}
+    named = {name for name, _ in args.env} | {name for name, _ in args.secrets}
+    values = {**{name: value for name, value in added.items() if name not in named}, **dict(args.env)}
     entries = [{"name": name, "value": value} for name, value in values.items()]
     entries += [{"name": name, "secret": secret} for name, secret in args.secrets]
     for name in USEFUL_SECRETS:
-        found = [s for s in (f"{account.user}_{name}", name) if s in account.secret_names]
+        found = [secret for secret in (f"{account.user}_{name}", name) if secret in account.secret_names]
         if found and name not in named and name not in values:
             entries.append({"name": name, "secret": found[0]})
     return entries
-
-
-def mounts(args: MasonArgs) -> list[dict[str, Any]]:
-    found: list[Mount] = []
-    if args.on_weka:
-        found += [Mount(f"/weka/{bucket}", ("weka", bucket)) for bucket in WEKA_BUCKETS]
-    if args.mount_docker_socket:
-        found.append(Mount("/var/run/docker.sock", ("hostPath", "/var/run/docker.sock")))
-    found += args.beaker_datasets
-    return [{"mountPath": m.mount_path, "source": {m.source[0]: m.source[1]}} for m in found]
-
-
-def task_spec(args: MasonArgs, index: int, command: str, environment: list[dict[str, str]]) -> dict[str, Any]:
-    task: dict[str, Any] = {"name": f"{args.task_name}__{index}", "replicas": args.num_nodes}
-    if args.num_nodes > 1:
-        # Replica 0 leads (its hostname is BEAKER_LEADER_REPLICA_HOSTNAME on every replica); one replica
-        # failing or preempted takes the group down: a Ray cluster missing a node cannot continue.
-        task.update({"leaderSelection": True, "propagateFailure": True, "propagatePreemption": True})
-    constraints = {"hostname": list(args.hostnames)} if args.hostnames else {"cluster": list(args.clusters)}
-    task.update(
-        {
-            "hostNetworking": args.host_networking,
-            "image": image_spec(args.image),
-            "command": ["/bin/bash", "-c"],
-            "arguments": [command],
-            "envVars": environment,
-            "datasets": mounts(args),
-            "result": {"path": RESULT_PATH},
-            "resources": {"gpuCount": args.gpus, "sharedMemory": args.shared_memory},
-            "context": {"priority": args.priority, "preemptible": args.preemptible},
-            "constraints": constraints,
-        }
-    )
-    if args.timeout:
-        task["timeout"] = args.timeout
-    return task
 
 
 def build_spec(args: MasonArgs, commands: list[Prepared], account: Account, ids: LaunchIds) -> dict[str, Any]:
@@ -130,12 +86,44 @@ def build_spec(args: MasonArgs, commands: list[Prepared], account: Account, ids:
         command = build_command(prepared.tokens)
         if not args.pure_docker_mode:
             command = f"cd {shlex.quote(args.local_workdir)} && {command}"
-        tasks.append(task_spec(args, index, command, environment))
+        task: dict[str, Any] = {"name": f"{args.task_name}__{index}", "replicas": args.num_nodes}
+        if args.num_nodes > 1:
+            # Replica 0 leads (its hostname is BEAKER_LEADER_REPLICA_HOSTNAME on every replica); one replica
+            # failing or preempted takes the group down: a Ray cluster missing a node cannot continue.
+            task.update({"leaderSelection": True, "propagateFailure": True, "propagatePreemption": True})
+        task.update(
+            {
+                "hostNetworking": args.host_networking,
+                "image": image_spec(args.image),
+                "command": ["/bin/bash", "-c"],
+                "arguments": [command],
+                "envVars": environment,
+                "datasets": mounts(args),
+                "result": {"path": RESULT_PATH},
+                "resources": {"gpuCount": args.gpus, "sharedMemory": args.shared_memory},
+                "context": {"priority": args.priority, "preemptible": args.preemptible},
+                "constraints": {"hostname": list(args.hostnames)}
+                if args.hostnames
+                else {"cluster": list(args.clusters)},
+            }
+        )
+        if args.timeout:
+            task["timeout"] = args.timeout
+        tasks.append(task)
     spec: dict[str, Any] = {"version": "v2", "description": args.description}
     if args.budget:
         spec["budget"] = args.budget
     spec.update({"tasks": tasks, "retry": {"allowedTaskRetries": args.max_retries}})
     return spec
+
+
+def mounts(args: MasonArgs) -> list[dict[str, Any]]:
+    found = []
+    if args.on_weka:
+        found += [{"mountPath": f"/weka/{bucket}", "source": {"weka": bucket}} for bucket in WEKA_BUCKETS]
+    if args.mount_docker_socket:
+        found.append({"mountPath": DOCKER_SOCKET, "source": {"hostPath": DOCKER_SOCKET}})
+    return found + [{"mountPath": path, "source": {"beaker": dataset}} for path, dataset in args.beaker_datasets]
 
 
 def spec_to_yaml(spec: dict[str, Any]) -> str:

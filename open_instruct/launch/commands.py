@@ -1,6 +1,6 @@
 """A command's argv as one `bash -c` string, and what mason does to a grpo_fast.py command: the entities,
-resumable state and Weka outputs open-instruct's mason.py adds, the dataset cache key, and the local
-`--cache_dataset_only` run that produces it. Pure functions over argv tokens."""
+resumable state and Weka outputs open-instruct's mason.py adds, and the dataset cache key. Pure functions
+over argv tokens."""
 
 from __future__ import annotations
 
@@ -11,17 +11,6 @@ from dataclasses import dataclass
 from open_instruct.launch.settings import TRAINING_ENTRY, WEKA_CLUSTERS, Account, LaunchIds, MasonArgs
 
 SHELL_OPERATORS = ("&&", "||", ";")
-# Flags the local caching run leaves out (True: the flag takes a value): tracking and resumable state
-# are the job's business, not the tokenizer's.
-CACHE_EXCLUDED_FLAGS = {
-    "--with_tracking": False,
-    "--checkpoint_state_freq": True,
-    "--checkpoint_state_dir": True,
-    "--gs_checkpoint_state_dir": True,
-}
-CACHE_KEY_FLAGS = ("--dataset_config_hash", "--dataset_config_eval_hash")
-CACHE_KEYS_LINE = "dataset cache keys:"  # what grpo_fast.py --cache_dataset_only prints on stdout
-DEFAULT_CACHE_DIR = "local_dataset_cache"  # grpo_fast.py's --dataset_local_cache_dir default
 _SHELL_VARIABLE = re.compile(r"\$(\{[A-Za-z_][A-Za-z0-9_]*\}|[A-Za-z_][A-Za-z0-9_]*)")
 
 
@@ -95,11 +84,6 @@ def entry_segment(tokens: tuple[str, ...]) -> tuple[int, int] | None:
     return None
 
 
-def trainer_args(tokens: tuple[str, ...]) -> tuple[str, ...]:
-    segment = entry_segment(tokens)
-    return tokens[segment[0] : segment[1]] if segment else ()
-
-
 def without_flags(args: list[str], flags: dict[str, bool]) -> list[str]:
     """`args` less each flag in `flags` (True: with its value, unless the next token is another flag)."""
     kept: list[str] = []
@@ -129,84 +113,38 @@ def flag_value(args: list[str] | tuple[str, ...], flag: str) -> str | None:
 def rewrite_training(
     args: MasonArgs, tokens: tuple[str, ...], account: Account, ids: LaunchIds, cache_keys: tuple[str, ...] = ()
 ) -> Prepared:
-    """A grpo_fast.py command with mason's additions (any other command unchanged). An external user's
-    command keeps its directories: the automatic ones are on Ai2's Weka."""
+    """A grpo_fast.py command with mason's additions (any other command unchanged), put in front: the command's
+    own tokens stay last, where a repeated flag wins."""
     segment = entry_segment(tokens)
     if segment is None:
         return Prepared(tokens)
     start, end = segment
     trainer = list(tokens[start:end])
-    added: list[str] = []  # in front: the command's own tokens stay last, where a repeated flag wins
-    notes = []
+    added: list[str] = []
     for flag, value in (("--hf_entity", "allenai"), ("--wandb_entity", "ai2-llm")):
         if not any(flag.removeprefix("--") in token for token in trainer):  # open-instruct's own test
             added += [flag, value]
-    if not account.external:
-        for rewrite in (resumable_state_dir, weka_output_dir):
-            trainer, flag_and_path, note = rewrite(args, trainer, account, ids)
-            added += flag_and_path
-            notes += [note] if note else []
-    added += new_cache_keys(cache_keys, trainer)
+    # The directories mason chooses, (flag, path, how to keep yours); an external user's command keeps its own,
+    # as the automatic ones are on Ai2's Weka.
+    chosen = []
+    ttl = f"/tmp-{args.artifact_ttl}" if args.artifact_ttl else ""
+    if not account.external and args.resumable and args.auto_checkpoint_state_dir:
+        # This launch's own, fixed in the spec: every Beaker retry of it resumes from there.
+        state = f"{args.auto_checkpoint_state_dir.rstrip('/')}/{account.user}/{ids.state_dir_name}{ttl}"
+        chosen.append(("--checkpoint_state_dir", state, "resumable; --non_resumable keeps yours"))
+    weka_cluster = any(cluster in WEKA_CLUSTERS for cluster in args.clusters)
+    if not account.external and args.auto_output_dir_path and weka_cluster:
+        # On Weka, where evaluation jobs and people can read them.
+        output = f"{args.auto_output_dir_path.rstrip('/')}/{account.user}{ttl}/"
+        chosen.append(("--output_dir", output, "a Weka cluster; --auto_output_dir_path '' keeps yours"))
+    notes = []
+    for flag, path, keep in chosen:
+        given = flag_value(trainer, flag)
+        if given is None or "/weka/" not in given:  # one on Weka is the user's own, e.g. to continue a run
+            trainer = without_flags(trainer, {flag: True})
+            added += [flag, path]
+            notes.append(f"{flag} set to {path} ({keep})")
+    for key_flag, key in zip(cache_keys[::2], cache_keys[1::2]):
+        if flag_value(trainer, key_flag) is None:
+            added += [key_flag, key]
     return Prepared((*tokens[:start], *added, *trainer, *tokens[end:]), tuple(notes))
-
-
-def _with_ttl(path: str, ttl: str | None) -> str:
-    return f"{path}/tmp-{ttl}" if ttl else path
-
-
-# Each rewrite: (the command's arguments less what it replaces, the flag and value it adds, a note).
-Rewrite = tuple[list[str], list[str], str | None]
-
-
-def resumable_state_dir(args: MasonArgs, trainer: list[str], account: Account, ids: LaunchIds) -> Rewrite:
-    """A state directory of this launch's own: every Beaker retry of it resumes from there."""
-    given = flag_value(trainer, "--checkpoint_state_dir")
-    # A state directory on Weka is the user's own, e.g. to continue an earlier run.
-    if not args.resumable or not args.auto_checkpoint_state_dir or (given is not None and "/weka/" in given):
-        return trainer, [], None
-    base = f"{args.auto_checkpoint_state_dir.rstrip('/')}/{account.user}/{ids.state_dir_name}"
-    path = _with_ttl(base, args.artifact_ttl)
-    note = f"--checkpoint_state_dir set to {path} (resumable; --non_resumable keeps yours)"
-    return without_flags(trainer, {"--checkpoint_state_dir": True}), ["--checkpoint_state_dir", path], note
-
-
-def weka_output_dir(args: MasonArgs, trainer: list[str], account: Account, ids: LaunchIds) -> Rewrite:
-    """On a Weka cluster the outputs go to Weka, where evaluation jobs and people can read them."""
-    given = flag_value(trainer, "--output_dir")
-    on_weka = any(cluster in WEKA_CLUSTERS for cluster in args.clusters)
-    if not args.auto_output_dir_path or not on_weka or (given is not None and "/weka/" in given):
-        return trainer, [], None
-    path = _with_ttl(f"{args.auto_output_dir_path.rstrip('/')}/{account.user}", args.artifact_ttl) + "/"
-    note = f"--output_dir set to {path} (a Weka cluster; --auto_output_dir_path '' keeps yours)"
-    return without_flags(trainer, {"--output_dir": True}), ["--output_dir", path], note
-
-
-def new_cache_keys(cache_keys: tuple[str, ...], trainer: list[str]) -> list[str]:
-    """The (flag, key) pairs of `cache_keys` whose flag the command does not already give."""
-    pairs = zip(cache_keys[::2], cache_keys[1::2])
-    return [token for flag, key in pairs if flag_value(trainer, flag) is None for token in (flag, key)]
-
-
-def caching_command(tokens: tuple[str, ...], python: str, entry: str) -> list[str] | None:
-    """The local `--cache_dataset_only` run of a grpo_fast.py command (None: it trains nothing)."""
-    segment = entry_segment(tokens)
-    if segment is None:
-        return None
-    trainer = without_flags(list(tokens[segment[0] : segment[1]]), CACHE_EXCLUDED_FLAGS)
-    return [python, entry, *trainer, "--cache_dataset_only"]
-
-
-def cache_readable_by_job(args: MasonArgs, tokens: tuple[str, ...]) -> bool:
-    """The job can reuse the cache only where it sees the same directory: its working directory when it runs
-    from this one (no --pure_docker_mode), or a Weka path that every cluster of the task mounts."""
-    cache_dir = flag_value(trainer_args(tokens), "--dataset_local_cache_dir") or DEFAULT_CACHE_DIR
-    return not args.pure_docker_mode or (cache_dir.startswith("/weka/") and args.on_weka)
-
-
-def parse_cache_keys(output: str) -> tuple[str, ...]:
-    """('--dataset_config_hash', KEY, ...) from grpo_fast.py --cache_dataset_only's output."""
-    for line in output.splitlines():
-        if line.startswith(CACHE_KEYS_LINE):
-            tokens = tuple(line.removeprefix(CACHE_KEYS_LINE).split())
-            return tokens if len(tokens) % 2 == 0 and set(tokens[::2]) <= set(CACHE_KEY_FLAGS) else ()
-    return ()

@@ -1,4 +1,4 @@
-"""A launch's settings, each of mason.py's options declared once as a field of `MasonArgs` (its flag, checks and
+"""A launch's settings, each of mason.py's options declared once as a field of `MasonArgs` (its flag, check and
 help with it: `add_options` builds the parser from them, `from_namespace` the settings), and the facts about
 Ai2's clusters that open-instruct's mason.py encodes (the recorded commit's lists)."""
 
@@ -28,83 +28,61 @@ WEKA_CLUSTERS = (
     "ai2/holmes",
 )
 INTERCONNECT_CLUSTERS = ("ai2/jupiter", "ai2/ceres", "ai2/titan", "ai2/holmes")
-PRIORITIES = ("low", "normal", "high", "urgent")
 MAX_GPUS_PER_NODE = 8
 OPTION_GROUPS = {
     "placement": "where and how the tasks run",
     "environment": "what the tasks see: mounts, variables, secrets",
     "training": "what mason does to a grpo_fast.py command (open-instruct's resumable mode and dataset caching)",
 }
-
-_ORG_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_SECRET_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
-_TASK_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
-_DURATION = re.compile(r"^(\d+(\.\d+)?(ns|us|µs|ms|s|m|h))+$")
-_MEMORY = re.compile(r"^\d+(\.\d+)?\s*([KMGT]i?B?|B)?$", re.IGNORECASE)
-
+_NAME = r"[A-Za-z0-9][A-Za-z0-9._-]*"  # a Beaker name: an org, a cluster, a workspace, a secret, a task
+_ENV_NAME = r"[A-Za-z_][A-Za-z0-9_]*"
 
 # Value checks are argparse `type=` callables, so every error names its option and exits with status 2.
 
 
-def org_name(value: str) -> str:
-    if not _ORG_NAME.match(value):
-        raise argparse.ArgumentTypeError(f"{value!r} is not of the form org/name (e.g. ai2/jupiter)")
-    return value
+def matching(pattern: str, expected: str):
+    def check(value: str) -> str:
+        if not re.fullmatch(pattern, value.strip()):
+            raise argparse.ArgumentTypeError(f"{value!r} is not {expected}")
+        return value.strip()
+
+    return check
 
 
-def int_in_range(low: int, high: int | None):
+org_name = matching(f"{_NAME}/{_NAME}", "of the form org/name (e.g. ai2/jupiter)")
+
+
+def int_in_range(low: int, high: int | None = None):
     def check(value: str) -> int:
+        bound = f"between {low} and {high}" if high is not None else f">= {low}"
         try:
             number = int(value)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"{value!r} is not an integer") from None
+            raise argparse.ArgumentTypeError(f"{value!r} is not an integer {bound}") from None
         if number < low or (high is not None and number > high):
-            bound = f"between {low} and {high}" if high is not None else f">= {low}"
             raise argparse.ArgumentTypeError(f"{number} is out of range: must be {bound}")
         return number
 
     return check
 
 
-def matching(pattern: re.Pattern, example: str):
-    def check(value: str) -> str:
-        if not pattern.match(value.strip()):
-            raise argparse.ArgumentTypeError(f"{value!r} is not like {example}")
-        return value.strip()
+def variable_pair(value_pattern: str, form: str):
+    """NAME=VALUE with NAME an environment variable's name."""
+
+    def check(value: str) -> tuple[str, str]:
+        name, sep, rest = value.partition("=")
+        if not sep or not re.fullmatch(_ENV_NAME, name) or not re.fullmatch(value_pattern, rest):
+            raise argparse.ArgumentTypeError(f"{value!r} is not {form}")
+        return name, rest
 
     return check
 
 
-def env_pair(value: str) -> tuple[str, str]:
-    name, sep, val = value.partition("=")
-    if not sep:
-        raise argparse.ArgumentTypeError(f"{value!r} is not KEY=VALUE (no '=')")
-    if not _ENV_NAME.match(name):
-        raise argparse.ArgumentTypeError(f"{value!r}: {name!r} is not a valid environment variable name")
-    return name, val
-
-
-def secret_pair(value: str) -> tuple[str, str]:
-    name, sep, secret = value.partition("=")
-    if not sep or not _ENV_NAME.match(name) or not _SECRET_NAME.match(secret):
-        raise argparse.ArgumentTypeError(
-            f"{value!r} is not ENV_VAR=SECRET_NAME (the name of a secret stored in the Beaker workspace)"
-        )
-    return name, secret
-
-
-def beaker_dataset(value: str) -> Mount:
+def beaker_dataset(value: str) -> tuple[str, str]:
     mount_path, sep, dataset = value.partition(":")
     if not sep or not mount_path.startswith("/") or not dataset or ":" in dataset:
         raise argparse.ArgumentTypeError(f"{value!r} is not MOUNT_PATH:DATASET_ID (e.g. /models:01HQXGAYGCS6D4)")
-    return Mount(mount_path, ("beaker", dataset))
-
-
-def valid_task_name(value: str) -> str:
-    if not _TASK_NAME.match(value):
-        raise argparse.ArgumentTypeError(f"{value!r} may only contain letters, digits, '.', '_' and '-'")
-    return value
+    return mount_path, dataset
 
 
 def non_empty(value: str) -> str:
@@ -113,19 +91,17 @@ def non_empty(value: str) -> str:
     return value
 
 
-def option(
-    default: Any = MISSING, help: str = "", *, group: str, flag: str = "", unique: bool = False, **argparse_kwargs
-):
+def option(default: Any = MISSING, help: str = "", *, group: str, flag: str = "", **argparse_kwargs):
     """A `MasonArgs` field that is one of mason.py's options: its flag (`--<field name>` unless `flag` says
-    otherwise), its argparse arguments and help, in `group` of --help. A list option's values become a tuple;
-    `unique` ones keep their first occurrence only."""
-    metadata = {"group": group, "flag": flag, "unique": unique, "argparse": {"help": help, **argparse_kwargs}}
-    return field(default=default, metadata=metadata)
+    otherwise), its argparse arguments and help, in `group` of --help. A list option's values become a tuple
+    of the distinct ones, first occurrence first."""
+    return field(
+        default=default, metadata={"group": group, "flag": flag, "argparse": {"help": help, **argparse_kwargs}}
+    )
 
 
-def add_options(parser: argparse.ArgumentParser, defaults: dict[str, Any]) -> None:
-    """Every option of `MasonArgs` on `parser`, in its group; `defaults` overrides a declared default (one that
-    depends on the environment)."""
+def add_options(parser: argparse.ArgumentParser) -> None:
+    """Every option of `MasonArgs` on `parser`, in its group, with its default in its help."""
     groups = {name: parser.add_argument_group(f"{name} ({about})") for name, about in OPTION_GROUPS.items()}
     for setting in fields(MasonArgs):
         if "group" not in setting.metadata:
@@ -134,9 +110,11 @@ def add_options(parser: argparse.ArgumentParser, defaults: dict[str, Any]) -> No
         if setting.default is MISSING:
             kwargs["required"] = True
         else:
-            default = defaults.get(setting.name, setting.default)
             # A list option's tuple default as a list: argparse's append and extend actions add to it.
-            kwargs["default"] = list(default) if isinstance(default, tuple) else default
+            kwargs["default"] = list(setting.default) if isinstance(setting.default, tuple) else setting.default
+        # A value's default in --help (a flag's default is its absence, None's is said in words).
+        if type(setting.default) in (str, int) and "%(default)" not in kwargs["help"]:
+            kwargs["help"] += " Default: %(default)s."
         flag = setting.metadata["flag"] or f"--{setting.name}"
         groups[setting.metadata["group"]].add_argument(flag, dest=setting.name, **kwargs)
 
@@ -147,186 +125,135 @@ def from_namespace(ns: argparse.Namespace, **rest: Any) -> MasonArgs:
     for setting in fields(MasonArgs):
         if "group" in setting.metadata:
             value = getattr(ns, setting.name)
-            if isinstance(value, list):
-                value = tuple(dict.fromkeys(value)) if setting.metadata["unique"] else tuple(value)
-            values[setting.name] = value
+            values[setting.name] = tuple(dict.fromkeys(value)) if isinstance(value, list) else value
     return MasonArgs(**values, **rest)
 
 
 @dataclass(frozen=True)
-class Mount:
-    mount_path: str
-    source: tuple[str, str]  # ("beaker", dataset id) | ("weka", bucket) | ("hostPath", path)
-
-
-@dataclass(frozen=True)
 class MasonArgs:
+    """mason.py's options (docs/multi_node.md has each one's default and its place in the spec), then what
+    parse_args captures beside them."""
+
     clusters: tuple[str, ...] = option(
+        help="Beaker clusters to run on.",
         group="placement",
         flag="--cluster",
-        unique=True,
         type=org_name,
         nargs="+",
         action="extend",
         metavar="ORG/NAME",
-        help="Beaker cluster(s) the task may run on; repeat the option or list several after it.",
     )
-    commands: tuple[tuple[str, ...], ...] = ()  # one per `--` group, argv tokens as the local shell passed them
     hostnames: tuple[str, ...] = option(
         (),
+        "Beaker hosts to run on, instead of the clusters.",
         group="placement",
         flag="--hostname",
-        unique=True,
         type=non_empty,
         nargs="+",
         action="extend",
-        help="Beaker host(s) the task may run on; when given they constrain the task instead of --cluster.",
     )
     image: str = option(
         "ai2/cuda11.8-cudnn8-dev-ubuntu20.04",
+        "A Beaker image, or a Docker reference (a ':' tag or a registry host); beaker:// or docker:// forces one.",
         group="placement",
         type=non_empty,
-        help="Image to run (default: %(default)s). A Beaker image (`user/name`) unless it looks like a Docker "
-        "reference (a ':' tag or a registry host); force either with a `beaker://` or `docker://` prefix.",
     )
     pure_docker_mode: bool = option(
         False,
+        "Run in the image's working directory, not `cd` here with this PATH.",
         group="placement",
         action="store_true",
-        help="Run from the image's working directory with the code baked into it. Without it the command first "
-        "does `cd` into this directory and gets this shell's PATH (both must be on a filesystem the cluster "
-        "mounts at the same path, e.g. Weka).",
     )
-    workspace: str | None = option(
-        None, group="placement", type=org_name, metavar="ORG/NAME", help="Beaker workspace (default: yours)."
-    )
-    budget: str | None = option(
-        None,
-        group="placement",
-        type=org_name,
-        metavar="ORG/NAME",
-        help="Beaker budget (default: the workspace's default budget).",
-    )
-    priority: str = option("normal", group="placement", choices=PRIORITIES, help="Job priority (default: normal).")
-    preemptible: bool = option(False, group="placement", action="store_true", help="Allow Beaker to preempt the job.")
-    num_nodes: int = option(
-        1,
-        group="placement",
-        type=int_in_range(1, None),
-        metavar="N",
-        help="Number of nodes (Beaker replicas of each task); >= 1, default 1.",
-    )
-    max_retries: int = option(
-        0,
-        group="placement",
-        type=int_in_range(0, None),
-        metavar="N",
-        help="How often Beaker may retry a failed task (retry.allowedTaskRetries); >= 0, default 0.",
-    )
-    gpus: int = option(
-        0,
-        group="placement",
-        type=int_in_range(0, MAX_GPUS_PER_NODE),
-        metavar="N",
-        help=f"GPUs per node, 0..{MAX_GPUS_PER_NODE} (default 0).",
-    )
+    workspace: str | None = option(None, "Beaker workspace. Default: yours.", group="placement", type=org_name)
+    budget: str | None = option(None, "Beaker budget. Default: the workspace's.", group="placement", type=org_name)
+    priority: str = option("normal", "Job priority.", group="placement", choices=("low", "normal", "high", "urgent"))
+    preemptible: bool = option(False, "Allow Beaker to preempt the job.", group="placement", action="store_true")
+    num_nodes: int = option(1, "Nodes: Beaker replicas of each task.", group="placement", type=int_in_range(1))
+    max_retries: int = option(0, "Beaker's task retries.", group="placement", type=int_in_range(0))
+    gpus: int = option(0, "GPUs per node.", group="placement", type=int_in_range(0, MAX_GPUS_PER_NODE))
     shared_memory: str = option(
         "10.24gb",
+        "Size of /dev/shm (Ray's object store, NCCL buffers).",
         group="placement",
-        type=matching(_MEMORY, "10.24gb or 64GiB"),
-        help="Size of /dev/shm (Ray's object store, NCCL buffers); default %(default)s.",
+        type=matching(r"(?i)\d+(\.\d+)?\s*([KMGT]i?B?|B)?", "a size like 10.24gb or 64GiB"),
     )
     timeout: str | None = option(
         None,
+        "Beaker stops the task after this long. Default: no limit.",
         group="placement",
-        type=matching(_DURATION, "15m, 2h or 2h30m"),
-        help="Beaker stops the task after this long (e.g. 15m, 2h30m); default: no limit.",
+        type=matching(r"(\d+(\.\d+)?(ns|us|µs|ms|s|m|h))+", "a duration like 15m, 2h or 2h30m"),
     )
     host_networking: bool = option(
         True,
+        "Give the task its own network namespace.",
         group="placement",
         flag="--no-host-networking",
         action="store_false",
-        help="Give the task its own network namespace (multi-node jobs need host networking).",
     )
     description: str = option(
-        "Beaker-Mason job.", group="placement", help="Experiment description (default: $RUN_NAME, else %(default)r)."
+        "Beaker-Mason job.", "Experiment description. Default: $RUN_NAME, else %(default)r.", group="placement"
     )
     task_name: str = option(
         "beaker_mason",
+        "Base name of the Beaker tasks: NAME__0, NAME__1, ...",
         group="placement",
-        type=valid_task_name,
-        help="Base name of the Beaker tasks (NAME__0, NAME__1, ...); default %(default)s.",
+        type=matching(_NAME, "made of letters, digits, '.', '_' and '-'"),
     )
     dry_run: bool = option(
-        False,
-        group="placement",
-        action="store_true",
-        help="Print the spec and every step mason would take (dataset caching, submission), taking none.",
+        False, "Print the spec and every step mason would take, taking none.", group="placement", action="store_true"
     )
     mount_docker_socket: bool = option(
-        False,
-        group="environment",
-        action="store_true",
-        help="Mount the host's /var/run/docker.sock (Docker in Docker, e.g. a code-execution sandbox).",
+        False, "Mount the host's /var/run/docker.sock (Docker in Docker).", group="environment", action="store_true"
     )
-    beaker_datasets: tuple[Mount, ...] = option(
-        (),
-        group="environment",
-        type=beaker_dataset,
-        nargs="*",
-        metavar="MOUNT:ID",
-        help="Beaker datasets to mount, each MOUNT_PATH:DATASET_ID (e.g. /models:01HQXGAYGCS6D4ZK51K83CM49Y).",
+    beaker_datasets: tuple[tuple[str, str], ...] = option(  # (mount path, dataset id)
+        (), "Beaker datasets to mount.", group="environment", type=beaker_dataset, nargs="*", metavar="MOUNT_PATH:ID"
     )
     env: tuple[tuple[str, str], ...] = option(
         (),
+        "An environment variable of the task; repeatable.",
         group="environment",
-        type=env_pair,
+        type=variable_pair("(?s).*", "KEY=VALUE (KEY an environment variable name)"),
         action="append",
         metavar="KEY=VALUE",
-        help="Environment variable for the task; repeatable.",
     )
-    # (env var name, Beaker secret name); never values
+    # (variable, secret name): a secret enters the spec by its name only.
     secrets: tuple[tuple[str, str], ...] = option(
         (),
+        "The workspace secret SECRET_NAME as the variable ENV; repeatable.",
         group="environment",
         flag="--secret",
-        type=secret_pair,
+        type=variable_pair(_NAME, "ENV_VAR=SECRET_NAME (the name of a secret stored in the Beaker workspace)"),
         action="append",
         metavar="ENV=SECRET_NAME",
-        help="Expose the workspace secret SECRET_NAME as ENV; repeatable. Only its name enters the spec.",
     )
     resumable: bool = option(
         True,
+        "No resumable state directory or W&B resume.",
         group="training",
         flag="--non_resumable",
         action="store_false",
-        help="No automatic resumable state directory and no W&B resume for grpo_fast.py commands.",
     )
     auto_dataset_cache: bool = option(
         True,
+        "Do not tokenize the datasets here first.",
         group="training",
         flag="--no_auto_dataset_cache",
         action="store_false",
-        help="Do not tokenize the datasets here before submitting.",
     )
     auto_output_dir_path: str = option(
         "/weka/oe-adapt-default/allennlp/deletable_checkpoint",
+        "On Weka, --output_dir becomes PATH/USER/ ('' keeps yours).",
         group="training",
-        help="On Weka clusters --output_dir becomes PATH/USER/ ('' keeps yours); default %(default)s.",
     )
     auto_checkpoint_state_dir: str = option(
         "/weka/oe-adapt-default/allennlp/deletable_checkpoint_states",
+        "Resumable state goes to PATH/USER/<time>_<n> ('' keeps yours).",
         group="training",
-        help="Resumable state goes to PATH/USER/<time>_<n> ('' keeps --checkpoint_state_dir); default %(default)s.",
     )
     artifact_ttl: str | None = option(
-        None,
-        group="training",
-        type=non_empty,
-        metavar="TTL",
-        help="Append tmp-TTL (e.g. 1d) to the automatic output and state directories (a retention class).",
+        None, "Append tmp-TTL (e.g. 1d) to the automatic directories.", group="training", type=non_empty
     )
+    commands: tuple[tuple[str, ...], ...] = ()  # one per `--` group, argv tokens as the local shell passed them
     ignored: tuple[str, ...] = ()  # deprecated options that were given
     # The local directory, PATH and W&B settings, captured at parse time so the spec stays pure.
     local_workdir: str = ""
