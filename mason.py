@@ -1,10 +1,15 @@
-"""mason.py: turn training commands into a Beaker experiment and submit it (or print it with --dry_run).
+"""mason.py: build a Beaker experiment for commands and submit it with the `beaker` CLI, or print it (with
+--dry_run, without that CLI or without Beaker credentials).
 
 A drop-in replacement for open-instruct's own mason.py: every option of it (at the commit the tests record)
 is accepted with its default and its meaning in the spec, so its launch scripts run unchanged; where its
-behaviour is a bug this one differs on purpose. docs/multi_node.md is the manual: each option, what a
-grpo_fast.py command gets (local dataset caching, resumable state, outputs on Weka) and each difference.
-Only the standard library and PyYAML are needed; the caching runs grpo_fast.py with the repository's `.venv`.
+behaviour is a bug this one differs on purpose. Each `--` starts a command, one Beaker task, which every
+replica runs with `bash -c`: its tokens arrive unchanged, except that &&, || and ; stay operators (escape
+them here: `\\&\\&`) and `$NAME` expands in the container. A multi-node command begins with
+`source configs/beaker_configs/ray_node_setup.sh`. docs/multi_node.md is the manual: each option's place in
+the spec, what a grpo_fast.py command gets (local dataset caching, resumable state, outputs on Weka) and each
+difference. Only the standard library and PyYAML are needed; the caching runs grpo_fast.py with the
+repository's `.venv`.
 """
 
 from __future__ import annotations
@@ -23,7 +28,6 @@ from typing import Any
 
 from open_instruct.launch.beaker_spec import DEFAULT_ENV, build_spec, spec_to_yaml
 from open_instruct.launch.commands import (
-    SHELL_OPERATORS,
     Prepared,
     build_command,
     detach_operators,
@@ -63,20 +67,13 @@ CACHE_KEY_FLAGS = ("--dataset_config_hash", "--dataset_config_eval_hash")
 CACHE_KEYS_LINE = "dataset cache keys:"  # what grpo_fast.py --cache_dataset_only prints on stdout
 DEFAULT_CACHE_DIR = "local_dataset_cache"  # grpo_fast.py's --dataset_local_cache_dir default
 
-HELP_EPILOG = f"""\
-Each `--` starts a command, one Beaker task, which every replica runs with `bash -c`: its tokens arrive
-unchanged, except that {", ".join(SHELL_OPERATORS)} stay operators (escape them here: `\\&\\&`) and `$NAME` expands
-in the container. A multi-node command begins with `source configs/beaker_configs/ray_node_setup.sh`. Every
-task gets {" ".join(f"{name}={value}" for name, value in DEFAULT_ENV.items())} unless --env says otherwise.
-The spec is submitted with the `beaker` CLI, or printed with --dry_run, without that CLI or without
-credentials. docs/multi_node.md is the manual: each option's place in the spec, what a grpo_fast.py command gets.
-"""
+HELP_EPILOG = f"Every task gets {' '.join(f'{k}={v}' for k, v in DEFAULT_ENV.items())}, unless --env says otherwise."
 
 
 def _build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="mason.py",
-        description="Build a Beaker experiment for commands and submit it (or print it with --dry_run).",
+        description=__doc__,
         usage="python mason.py [options] -- COMMAND [ARGS...] [-- COMMAND [ARGS...] ...]",
         epilog=HELP_EPILOG,
         allow_abbrev=False,  # an abbreviation silently matching another option is worse than an error
@@ -84,13 +81,8 @@ def _build_parser() -> argparse.ArgumentParser:
     add_options(parser)
     parser.set_defaults(description=os.environ.get("RUN_NAME", MasonArgs.description))  # depends on where mason runs
     for name, why in DEPRECATED_NO_OPS.items():
-        takes_value = name == "gs_model_name"
-        parser.add_argument(
-            f"--{name}",
-            action="store" if takes_value else "store_true",
-            default=None if takes_value else False,
-            help=f"Accepted and ignored: {why}.",
-        )
+        action = "store" if name == "gs_model_name" else "store_true"
+        parser.add_argument(f"--{name}", action=action, help=f"Accepted and ignored: {why}.")
     return parser
 
 
@@ -112,14 +104,10 @@ def parse_args(argv: list[str], environ: dict[str, str] | None = None) -> MasonA
             build_command(command)
         except ValueError as e:
             parser.error(f"command after `--`: {e}")
-    for option, pairs in (("--env", ns.env), ("--secret", ns.secrets)):
-        names = [name for name, _ in pairs]
-        duplicates = sorted({name for name in names if names.count(name) > 1})
-        if duplicates:
-            parser.error(f"argument {option}: {', '.join(duplicates)} given more than once")
-    both = sorted({name for name, _ in ns.env} & {name for name, _ in ns.secrets})
-    if both:
-        parser.error(f"argument --secret: {', '.join(both)} is also set with --env")
+    names = [name for name, _ in (*ns.env, *ns.secrets)]
+    duplicates = sorted({name for name in names if names.count(name) > 1})
+    if duplicates:
+        parser.error(f"argument --env/--secret: {', '.join(duplicates)} set more than once (each variable once)")
     return from_namespace(
         ns,
         commands=tuple(commands),

@@ -66,23 +66,16 @@ def int_in_range(low: int, high: int | None = None):
     return check
 
 
-def variable_pair(value_pattern: str, form: str):
-    """NAME=VALUE with NAME an environment variable's name."""
+def pair(separator: str, key: str, value: str, form: str):
+    """KEY<separator>VALUE, split at the first separator, each side matching its pattern."""
 
-    def check(value: str) -> tuple[str, str]:
-        name, sep, rest = value.partition("=")
-        if not sep or not re.fullmatch(_ENV_NAME, name) or not re.fullmatch(value_pattern, rest):
-            raise argparse.ArgumentTypeError(f"{value!r} is not {form}")
-        return name, rest
+    def check(text: str) -> tuple[str, str]:
+        left, sep, right = text.partition(separator)
+        if not sep or not re.fullmatch(key, left) or not re.fullmatch(value, right):
+            raise argparse.ArgumentTypeError(f"{text!r} is not {form}")
+        return left, right
 
     return check
-
-
-def beaker_dataset(value: str) -> tuple[str, str]:
-    mount_path, sep, dataset = value.partition(":")
-    if not sep or not mount_path.startswith("/") or not dataset or ":" in dataset:
-        raise argparse.ArgumentTypeError(f"{value!r} is not MOUNT_PATH:DATASET_ID (e.g. /models:01HQXGAYGCS6D4)")
-    return mount_path, dataset
 
 
 def non_empty(value: str) -> str:
@@ -206,13 +199,18 @@ class MasonArgs:
         False, "Mount the host's /var/run/docker.sock (Docker in Docker).", group="environment", action="store_true"
     )
     beaker_datasets: tuple[tuple[str, str], ...] = option(  # (mount path, dataset id)
-        (), "Beaker datasets to mount.", group="environment", type=beaker_dataset, nargs="*", metavar="MOUNT_PATH:ID"
+        (),
+        "Beaker datasets to mount.",
+        group="environment",
+        type=pair(":", "/[^:]*", "[^:]+", "MOUNT_PATH:DATASET_ID (e.g. /models:01HQXGAYGCS6D4)"),
+        nargs="*",
+        metavar="MOUNT_PATH:ID",
     )
     env: tuple[tuple[str, str], ...] = option(
         (),
         "An environment variable of the task; repeatable.",
         group="environment",
-        type=variable_pair("(?s).*", "KEY=VALUE (KEY an environment variable name)"),
+        type=pair("=", _ENV_NAME, "(?s).*", "KEY=VALUE (KEY an environment variable name)"),
         action="append",
         metavar="KEY=VALUE",
     )
@@ -222,7 +220,7 @@ class MasonArgs:
         "The workspace secret SECRET_NAME as the variable ENV; repeatable.",
         group="environment",
         flag="--secret",
-        type=variable_pair(_NAME, "ENV_VAR=SECRET_NAME (the name of a secret stored in the Beaker workspace)"),
+        type=pair("=", _ENV_NAME, _NAME, "ENV_VAR=SECRET_NAME (the name of a secret stored in the Beaker workspace)"),
         action="append",
         metavar="ENV=SECRET_NAME",
     )
