@@ -29,11 +29,6 @@ WEKA_CLUSTERS = (
 )
 INTERCONNECT_CLUSTERS = ("ai2/jupiter", "ai2/ceres", "ai2/titan", "ai2/holmes")
 MAX_GPUS_PER_NODE = 8
-OPTION_GROUPS = {
-    "placement": "where and how the tasks run",
-    "environment": "what the tasks see: mounts, variables, secrets",
-    "training": "what mason does to a grpo_fast.py command (open-instruct's resumable mode and dataset caching)",
-}
 _NAME = r"[A-Za-z0-9][A-Za-z0-9._-]*"  # a Beaker name: an org, a cluster, a workspace, a secret, a task
 _ENV_NAME = r"[A-Za-z_][A-Za-z0-9_]*"
 
@@ -84,20 +79,17 @@ def non_empty(value: str) -> str:
     return value
 
 
-def option(default: Any = MISSING, help: str = "", *, group: str, flag: str = "", **argparse_kwargs):
+def option(default: Any = MISSING, help: str = "", *, flag: str = "", **argparse_kwargs):
     """A `MasonArgs` field that is one of mason.py's options: its flag (`--<field name>` unless `flag` says
-    otherwise), its argparse arguments and help, in `group` of --help. A list option's values become a tuple
-    of the distinct ones, first occurrence first."""
-    return field(
-        default=default, metadata={"group": group, "flag": flag, "argparse": {"help": help, **argparse_kwargs}}
-    )
+    otherwise), its argparse arguments and help. A list option's values become a tuple of the distinct ones,
+    first occurrence first."""
+    return field(default=default, metadata={"flag": flag, "argparse": {"help": help, **argparse_kwargs}})
 
 
 def add_options(parser: argparse.ArgumentParser) -> None:
-    """Every option of `MasonArgs` on `parser`, in its group, with its default in its help."""
-    groups = {name: parser.add_argument_group(f"{name} ({about})") for name, about in OPTION_GROUPS.items()}
+    """Every option of `MasonArgs` on `parser`, with its default in its help."""
     for setting in fields(MasonArgs):
-        if "group" not in setting.metadata:
+        if "flag" not in setting.metadata:
             continue
         kwargs = dict(setting.metadata["argparse"])
         if setting.default is MISSING:
@@ -109,14 +101,14 @@ def add_options(parser: argparse.ArgumentParser) -> None:
         if type(setting.default) in (str, int) and "%(default)" not in kwargs["help"]:
             kwargs["help"] += " Default: %(default)s."
         flag = setting.metadata["flag"] or f"--{setting.name}"
-        groups[setting.metadata["group"]].add_argument(flag, dest=setting.name, **kwargs)
+        parser.add_argument(flag, dest=setting.name, **kwargs)
 
 
 def from_namespace(ns: argparse.Namespace, **rest: Any) -> MasonArgs:
     """The settings from parsed options (`rest`: the fields that are not options)."""
     values = {}
     for setting in fields(MasonArgs):
-        if "group" in setting.metadata:
+        if "flag" in setting.metadata:
             value = getattr(ns, setting.name)
             values[setting.name] = tuple(dict.fromkeys(value)) if isinstance(value, list) else value
     return MasonArgs(**values, **rest)
@@ -129,7 +121,6 @@ class MasonArgs:
 
     clusters: tuple[str, ...] = option(
         help="Beaker clusters to run on.",
-        group="placement",
         flag="--cluster",
         type=org_name,
         nargs="+",
@@ -139,7 +130,6 @@ class MasonArgs:
     hostnames: tuple[str, ...] = option(
         (),
         "Beaker hosts to run on, instead of the clusters.",
-        group="placement",
         flag="--hostname",
         type=non_empty,
         nargs="+",
@@ -148,60 +138,44 @@ class MasonArgs:
     image: str = option(
         "ai2/cuda11.8-cudnn8-dev-ubuntu20.04",
         "A Beaker image, or a Docker reference (a ':' tag or a registry host); beaker:// or docker:// forces one.",
-        group="placement",
         type=non_empty,
     )
     pure_docker_mode: bool = option(
-        False,
-        "Run in the image's working directory, not `cd` here with this PATH.",
-        group="placement",
-        action="store_true",
+        False, "Run in the image's working directory, not `cd` here with this PATH.", action="store_true"
     )
-    workspace: str | None = option(None, "Beaker workspace. Default: yours.", group="placement", type=org_name)
-    budget: str | None = option(None, "Beaker budget. Default: the workspace's.", group="placement", type=org_name)
-    priority: str = option("normal", "Job priority.", group="placement", choices=("low", "normal", "high", "urgent"))
-    preemptible: bool = option(False, "Allow Beaker to preempt the job.", group="placement", action="store_true")
-    num_nodes: int = option(1, "Nodes: Beaker replicas of each task.", group="placement", type=int_in_range(1))
-    max_retries: int = option(0, "Beaker's task retries.", group="placement", type=int_in_range(0))
-    gpus: int = option(0, "GPUs per node.", group="placement", type=int_in_range(0, MAX_GPUS_PER_NODE))
+    workspace: str | None = option(None, "Beaker workspace. Default: yours.", type=org_name)
+    budget: str | None = option(None, "Beaker budget. Default: the workspace's.", type=org_name)
+    priority: str = option("normal", "Job priority.", choices=("low", "normal", "high", "urgent"))
+    preemptible: bool = option(False, "Allow Beaker to preempt the job.", action="store_true")
+    num_nodes: int = option(1, "Nodes: Beaker replicas of each task.", type=int_in_range(1))
+    max_retries: int = option(0, "Beaker's task retries.", type=int_in_range(0))
+    gpus: int = option(0, "GPUs per node.", type=int_in_range(0, MAX_GPUS_PER_NODE))
     shared_memory: str = option(
         "10.24gb",
         "Size of /dev/shm (Ray's object store, NCCL buffers).",
-        group="placement",
         type=matching(r"(?i)\d+(\.\d+)?\s*([KMGT]i?B?|B)?", "a size like 10.24gb or 64GiB"),
     )
     timeout: str | None = option(
         None,
         "Beaker stops the task after this long. Default: no limit.",
-        group="placement",
         type=matching(r"(\d+(\.\d+)?(ns|us|µs|ms|s|m|h))+", "a duration like 15m, 2h or 2h30m"),
     )
     host_networking: bool = option(
-        True,
-        "Give the task its own network namespace.",
-        group="placement",
-        flag="--no-host-networking",
-        action="store_false",
+        True, "Give the task its own network namespace.", flag="--no-host-networking", action="store_false"
     )
-    description: str = option(
-        "Beaker-Mason job.", "Experiment description. Default: $RUN_NAME, else %(default)r.", group="placement"
-    )
+    description: str = option("Beaker-Mason job.", "Experiment description. Default: $RUN_NAME, else %(default)r.")
     task_name: str = option(
         "beaker_mason",
         "Base name of the Beaker tasks: NAME__0, NAME__1, ...",
-        group="placement",
         type=matching(_NAME, "made of letters, digits, '.', '_' and '-'"),
     )
-    dry_run: bool = option(
-        False, "Print the spec and every step mason would take, taking none.", group="placement", action="store_true"
-    )
+    dry_run: bool = option(False, "Print the spec and every step mason would take, taking none.", action="store_true")
     mount_docker_socket: bool = option(
-        False, "Mount the host's /var/run/docker.sock (Docker in Docker).", group="environment", action="store_true"
+        False, "Mount the host's /var/run/docker.sock (Docker in Docker).", action="store_true"
     )
     beaker_datasets: tuple[tuple[str, str], ...] = option(  # (mount path, dataset id)
         (),
         "Beaker datasets to mount.",
-        group="environment",
         type=pair(":", "/[^:]*", "[^:]+", "MOUNT_PATH:DATASET_ID (e.g. /models:01HQXGAYGCS6D4)"),
         nargs="*",
         metavar="MOUNT_PATH:ID",
@@ -209,7 +183,6 @@ class MasonArgs:
     env: tuple[tuple[str, str], ...] = option(
         (),
         "An environment variable of the task; repeatable.",
-        group="environment",
         type=pair("=", _ENV_NAME, "(?s).*", "KEY=VALUE (KEY an environment variable name)"),
         action="append",
         metavar="KEY=VALUE",
@@ -218,39 +191,26 @@ class MasonArgs:
     secrets: tuple[tuple[str, str], ...] = option(
         (),
         "The workspace secret SECRET_NAME as the variable ENV; repeatable.",
-        group="environment",
         flag="--secret",
         type=pair("=", _ENV_NAME, _NAME, "ENV_VAR=SECRET_NAME (the name of a secret stored in the Beaker workspace)"),
         action="append",
         metavar="ENV=SECRET_NAME",
     )
     resumable: bool = option(
-        True,
-        "No resumable state directory or W&B resume.",
-        group="training",
-        flag="--non_resumable",
-        action="store_false",
+        True, "No resumable state directory or W&B resume.", flag="--non_resumable", action="store_false"
     )
     auto_dataset_cache: bool = option(
-        True,
-        "Do not tokenize the datasets here first.",
-        group="training",
-        flag="--no_auto_dataset_cache",
-        action="store_false",
+        True, "Do not tokenize the datasets here first.", flag="--no_auto_dataset_cache", action="store_false"
     )
     auto_output_dir_path: str = option(
         "/weka/oe-adapt-default/allennlp/deletable_checkpoint",
         "On Weka, --output_dir becomes PATH/USER/ ('' keeps yours).",
-        group="training",
     )
     auto_checkpoint_state_dir: str = option(
         "/weka/oe-adapt-default/allennlp/deletable_checkpoint_states",
         "Resumable state goes to PATH/USER/<time>_<n> ('' keeps yours).",
-        group="training",
     )
-    artifact_ttl: str | None = option(
-        None, "Append tmp-TTL (e.g. 1d) to the automatic directories.", group="training", type=non_empty
-    )
+    artifact_ttl: str | None = option(None, "Append tmp-TTL (e.g. 1d) to the automatic directories.", type=non_empty)
     commands: tuple[tuple[str, ...], ...] = ()  # one per `--` group, argv tokens as the local shell passed them
     ignored: tuple[str, ...] = ()  # deprecated options that were given
     # The local directory, PATH and W&B settings, captured at parse time so the spec stays pure.
