@@ -7,7 +7,7 @@ preflight.py       --preflight: tokenizer, template, datasets, tools, endpoints,
 stack_check.py     the environment's torch/vLLM builds against the GPUs and driver: one line, at start-up
 orchestrator.py    `TrainingLoop`: admit -> stream -> buffer -> train -> sync -> eval/checkpoint/log
 cluster.py         Ray init, placement groups (the only `ray.remote`), `Stack`: a run's Ray-backed collaborators
-fate_share.py      the local Ray cluster ends with its driver, even a SIGKILLed one (a watcher process)
+fate_share.py      the local Ray cluster ends with its driver, shut down or SIGKILLed (a watcher process)
 placement.py       where engines and learners go and which transport joins them (pure)
 messages.py        every message that crosses a process: PromptRequest, Completion, TrainBatch, replies
 errors.py          `UserError`: what a user can fix, printed as one line without a traceback

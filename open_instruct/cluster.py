@@ -50,6 +50,8 @@ def init_ray(min_logical_cpus: int = 1) -> None:
         return
     num_cpus = max(os.cpu_count() or 1, min_logical_cpus)
     logger.info("starting a local Ray cluster (%d logical CPUs)", num_cpus)
+    if not ray.is_initialized():  # a cluster this driver shut down with a plain `ray.shutdown()`
+        _end_the_last_cluster()
     before = _children()
     # Every actor call leaves a task event in the GCS (the queues' polls alone make thousands per step):
     # capped, so the GCS stays flat in a long run (scripts/soak.py).
@@ -86,11 +88,17 @@ def _children() -> set[int]:
 def shutdown_ray() -> None:
     import ray
 
+    ray.shutdown()
+    _end_the_last_cluster()
+
+
+def _end_the_last_cluster() -> None:
+    """After `ray.shutdown()` (ours, or a caller's own): the watcher ends what it left, the raylet's agents, which
+    outlive it by minutes."""
     global _watcher
     if _watcher is not None:
-        _watcher.release()
+        _watcher.close()
         _watcher = None
-    ray.shutdown()
 
 
 def gpus_available() -> int:

@@ -3,15 +3,15 @@
 `ray.init` starts its daemons (GCS, raylet, dashboard, monitors) fate-shared with the driver, but the raylet's
 agents (`DashboardAgent`, `RuntimeEnvAgent`) are not: after a driver killed without warning (SIGKILL, as an
 out-of-memory killer does) they lived on for 40 to 70 seconds, and whatever an actor had started (a vLLM
-engine core, a sandbox) had no one left to end it. On a shared node that is memory held for nobody, and a
-resubmitted job meets it.
+engine core, a sandbox) had no one left to end it; after `ray.shutdown()` the agents lived on for minutes. On a
+shared node that is memory held for nobody, and a resubmitted job meets it.
 
 `watch(roots)` starts a watcher, a small process in a session of its own, that follows the processes under
 `roots` (Ray's daemons, recorded by `cluster.init_ray`) and their descendants as they come, and holds the read
 end of a pipe whose write end only the driver holds. The kernel closes that end when the driver ends, in any
-way; on that EOF the watcher ends every process it follows (SIGTERM, then SIGKILL after a grace). A driver
-that shuts Ray down itself says so first (`Watcher.release`), and the watcher leaves without touching anything.
-psutil only, no Ray.
+way; on that EOF the watcher ends every process it follows still running (SIGTERM, then SIGKILL after a grace).
+A driver that shuts Ray down itself closes the pipe after `ray.shutdown()` (`Watcher.close`), so that the
+watcher ends what the shutdown left. psutil only, no Ray.
 
     python -m open_instruct.fate_share ROOT_PID ...   # the watcher (started by `watch`)
 """
@@ -31,7 +31,6 @@ from dataclasses import dataclass
 LOOK_EVERY_S = 2.0
 # How long the followed processes have to exit after SIGTERM before SIGKILL.
 GRACE_S = 3.0
-RELEASE = b"r"
 
 
 @dataclass
@@ -39,12 +38,12 @@ class Watcher:
     process: subprocess.Popen
     pipe: int  # the write end, held by the driver only
 
-    def release(self) -> None:
-        """The driver ends Ray itself: the watcher leaves without ending anything."""
+    def close(self) -> None:
+        """After the driver's `ray.shutdown()`: the watcher ends what the shutdown left (the raylet's agents) and
+        leaves; this waits for it."""
         try:
-            os.write(self.pipe, RELEASE)
             os.close(self.pipe)
-        except OSError:  # the watcher is gone already
+        except OSError:  # closed already
             return
         self.process.wait(timeout=30)
 
@@ -115,8 +114,8 @@ def end(followed: dict[ProcessKey, object], grace_s: float = GRACE_S) -> list[in
 
 
 def follow(roots: list[int], look_every_s: float = LOOK_EVERY_S) -> int:
-    """The watcher's loop: follow the trees under `roots` until stdin says release, or every process of them
-    is gone, or stdin closes: then end them. Exit 0 in each case (nobody reads the status)."""
+    """The watcher's loop: follow the trees under `roots` until every process of them is gone, or stdin closes:
+    then end those still running. Exit 0 in each case (nobody reads the status)."""
     import psutil
 
     followed = {}
@@ -128,15 +127,13 @@ def follow(roots: list[int], look_every_s: float = LOOK_EVERY_S) -> int:
             continue
     while True:
         followed = descendants(followed)
-        if not followed:  # the cluster was shut down without a release (`ray.shutdown()` called directly)
+        if not followed:  # the cluster ended whole (`ray.shutdown()` without `close`, and nothing left)
             return 0
         ready, _, _ = select.select([sys.stdin.buffer], [], [], look_every_s)
-        if ready:
-            said = os.read(sys.stdin.fileno(), 1)
-            if said == RELEASE:
-                return 0
+        if ready:  # EOF: the driver closed the pipe after its shutdown, or ended
             ended = end(descendants(followed))
-            print(f"fate_share: the driver is gone; ended {len(ended)} of its Ray processes", file=sys.stderr)
+            if ended:
+                print(f"fate_share: ended {len(ended)} processes of the driver's Ray cluster", file=sys.stderr)
             return 0
 
 

@@ -432,6 +432,12 @@ class EnginePool:
             )
         completions = self.poll()
         self._interrupting = False
+        # Prompts no engine pulled would wait in the queue for the next `start_loops`, which would generate
+        # them for a run that has ended (a benchmark runs its modes on one pool); the stopping run still
+        # holds them as untrained (a stopped run saves them).
+        never_started = self.prompts.get_all()
+        if never_started:
+            logger.info("%d prompts in the queue were never started", len(never_started))
         return completions
 
     def _abandon_replacements(self) -> None:

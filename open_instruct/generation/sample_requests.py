@@ -126,7 +126,8 @@ class SampleRequests:
                 if preempted > preemptions:
                     # vLLM freed this request's KV blocks and prefilled prompt + its tokens again under the
                     # weights loaded then. It tells with the first output after the resume, so the tokens
-                    # recomputed are those the sample had before this output.
+                    # recomputed are those the sample had before this output (this loop reads each output
+                    # during the wait for room, unless its event loop is blocked that long).
                     state.counters.recomputed_tokens += (preempted - preemptions) * (len(prompt_ids) + before)
                     preemptions = preempted
                 state.progress[request_id] = offset + generated

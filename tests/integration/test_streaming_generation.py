@@ -327,6 +327,15 @@ def test_abort_at_shutdown_still_delivers_every_sample(pool, tokenizer):
     pool.ledger.check_complete()
 
 
+def test_a_stopped_pool_keeps_no_prompt_for_the_next_start(pool, tokenizer):
+    """Prompts no engine pulled (here: submitted after the test before stopped every engine's loop) leave the
+    queue at a stop, so the pool started again (a benchmark's next mode) does not generate them."""
+    pool.submit([request(tokenizer, max_tokens=8, samples=1) for _ in range(3)])
+    assert pool.prompts.depth() == 3
+    assert pool.stop("abort") == []
+    assert pool.prompts.depth() == 0
+
+
 def test_a_dead_engine_is_detected_within_seconds_and_its_prompts_named(ray_cluster, model_path, tokenizer):
     import ray
 

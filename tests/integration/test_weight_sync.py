@@ -235,6 +235,34 @@ def test_a_reprefill_update_continues_each_sample_from_its_tokens_under_the_new_
     assert after.generated_tokens - before.generated_tokens == 2 * LONG  # each token counted once
 
 
+def failed_transfer_recovers(tokenizer, stack: Stack) -> None:
+    """Metadata that disagrees with the parameters: learner 0 refuses to send and closes its end of the
+    group, so every engine waiting in it fails at once (not at the group timeout), finishes the reload with
+    the old weights and serves on. Once reconnected, the next sync goes through."""
+    timeout_s = 120
+    sync = connected_sync(stack.pool, stack.learners, "gloo", inflight=True, timeout_s=timeout_s)
+    [version] = {s.weight_version for s in ray.get([e.stats.remote() for e in stack.engines])}
+    md = sync.metadata
+    sync.metadata = dataclasses.replace(md, shapes=((1,),) + md.shapes[1:])
+    failed_at = time.monotonic()
+    with pytest.raises(WeightSyncError, match=r"step 'transfer' failed on learner 0: .*embed_tokens"):
+        sync.push(version + 1)
+    for engine in stack.engines:
+        assert ray.get(engine.stats.remote()).weight_version == version  # the failed version was not committed
+        [c] = ray.get(engine.generate.remote([greedy(tokenizer, "What is 1 + 1?", 8, "after")]), timeout=120)
+        assert len(c.response_token_ids) == 8  # resumed and still serving
+
+    sync.metadata = md
+    sync.connect()  # the failed send closed the group
+    sync.push(version + 1)
+    assert all(s.weight_version == version + 1 for s in ray.get([e.stats.remote() for e in stack.engines]))
+    assert time.monotonic() - failed_at < timeout_s  # no party waited for a timeout
+
+
+def test_a_failed_transfer_names_the_step_and_leaves_the_engine_serving(model_path, tokenizer):
+    failed_transfer_recovers(tokenizer, stack_for(model_path, tokenizer, 1, 1, stage=0, share=True))
+
+
 # 4 KV blocks of 128 tokens (the tiny model keeps 4 KiB a token): two requests of 35 + LONG tokens outgrow them.
 SMALL_KV_GIB = 0.0025
 
@@ -298,34 +326,6 @@ def test_a_request_preempted_after_an_inflight_update_is_recomputed_under_the_ne
     assert log_rho[preempted_at:].abs().max() < 2e-3  # recomputed under the weights pi_old holds
     assert log_rho[:preempted_at].abs().max() > 1e-2  # sampled over the old weights or their KV
     assert torch.allclose(importance.weights_BT[mask][preempted_at:], torch.ones(LONG - preempted_at), atol=3e-3)
-
-
-def failed_transfer_recovers(tokenizer, stack: Stack) -> None:
-    """Metadata that disagrees with the parameters: learner 0 refuses to send and closes its end of the
-    group, so every engine waiting in it fails at once (not at the group timeout), finishes the reload with
-    the old weights and serves on. Once reconnected, the next sync goes through."""
-    timeout_s = 120
-    sync = connected_sync(stack.pool, stack.learners, "gloo", inflight=True, timeout_s=timeout_s)
-    [version] = {s.weight_version for s in ray.get([e.stats.remote() for e in stack.engines])}
-    md = sync.metadata
-    sync.metadata = dataclasses.replace(md, shapes=((1,),) + md.shapes[1:])
-    failed_at = time.monotonic()
-    with pytest.raises(WeightSyncError, match=r"step 'transfer' failed on learner 0: .*embed_tokens"):
-        sync.push(version + 1)
-    for engine in stack.engines:
-        assert ray.get(engine.stats.remote()).weight_version == version  # the failed version was not committed
-        [c] = ray.get(engine.generate.remote([greedy(tokenizer, "What is 1 + 1?", 8, "after")]), timeout=120)
-        assert len(c.response_token_ids) == 8  # resumed and still serving
-
-    sync.metadata = md
-    sync.connect()  # the failed send closed the group
-    sync.push(version + 1)
-    assert all(s.weight_version == version + 1 for s in ray.get([e.stats.remote() for e in stack.engines]))
-    assert time.monotonic() - failed_at < timeout_s  # no party waited for a timeout
-
-
-def test_a_failed_transfer_names_the_step_and_leaves_the_engine_serving(model_path, tokenizer):
-    failed_transfer_recovers(tokenizer, stack_for(model_path, tokenizer, 1, 1, stage=0, share=True))
 
 
 @pytest.mark.parametrize("gather_whole_model", [True, False])
