@@ -33,6 +33,7 @@ from typing import Any, ClassVar
 
 from open_instruct.agents.base import StepResult, ToolSpec, string_tool
 from open_instruct.agents.http_client import HttpClient, parse_tool_config
+from open_instruct.extensions import register_tool, registered_tools
 
 NO_RESULTS = "Query returned no results."
 _EMPTY_QUERY = "Empty query. Please provide a search query."
@@ -444,13 +445,15 @@ def _read_blocklist(path: str) -> list[str]:
         return [line.strip() for line in handle if line.strip()]
 
 
-WEB_TOOLS: dict[str, type[_WebTool]] = {
-    tool.kind: tool for tool in (SerperSearchTool, S2SearchTool, JinaBrowseTool, Crawl4AIBrowseTool)
-}
+# Registered under the `kind` their messages name, so the two cannot differ.
+for _tool in (SerperSearchTool, S2SearchTool, JinaBrowseTool, Crawl4AIBrowseTool):
+    register_tool(_tool.kind)(_tool)
 
 
 def with_credentials(spec: ToolSpec) -> ToolSpec:
     """The driver's half of a web tool's set-up: its environment variables (and crawl4ai's blocklist) copied
     into the config, so the engines that build the tool need not see them. Other specs pass unchanged."""
-    tool = WEB_TOOLS.get(spec.kind)
-    return spec if tool is None else dataclasses.replace(spec, config=tool.resolve(spec.config))
+    tool = registered_tools().get(spec.kind)
+    if not (isinstance(tool, type) and issubclass(tool, _WebTool)):
+        return spec
+    return dataclasses.replace(spec, config=tool.resolve(spec.config))

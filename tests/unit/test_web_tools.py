@@ -19,9 +19,10 @@ import pytest
 from helpers.web_services import CRAWL4AI_KEY, KEYS, S2_REPLY, crawl_reply, jina_page, web_stub_server
 
 from open_instruct.agents.settings import AgentSettings, ToolSpec
-from open_instruct.agents.tools import TOOLS, Toolbox
+from open_instruct.agents.tools import Toolbox
 from open_instruct.agents.web_tools import NO_RESULTS, url_refusal, with_credentials
 from open_instruct.config.core import ConfigError, parse_config
+from open_instruct.extensions import registered_tools
 from open_instruct.grpo_fast import checked_config
 
 
@@ -55,7 +56,8 @@ def public_dns(host: str) -> list[str]:
 def call(kind: str, args: dict, resolve=public_dns, **config):
     async def go():
         browse = kind in ("jina_browse", "crawl4ai_browse")
-        tool = TOOLS[kind](kind, config, resolve=resolve) if browse else TOOLS[kind](kind, config)
+        cls = registered_tools()[kind]
+        tool = cls(kind, config, resolve=resolve) if browse else cls(kind, config)
         try:
             return await tool.call(args)
         finally:
@@ -381,7 +383,7 @@ def test_schemas_are_openinstructs():
     }
     for kind, (description, argument, help_text) in expected.items():
         config = {"api_key": "k"} | ({"api_url": "http://x", "blocklist": []} if kind == "crawl4ai_browse" else {})
-        definition = TOOLS[kind]("my_" + kind, config).definition
+        definition = registered_tools()[kind]("my_" + kind, config).definition
         assert definition.as_openai() == {
             "type": "function",
             "function": {
@@ -442,7 +444,7 @@ def test_with_credentials_carries_the_environment_into_the_config_and_hides_the_
     assert "serper-key" not in repr(serper) and CRAWL4AI_KEY not in repr(crawl)
     for variable in (*KEYS, "CRAWL4AI_API_URL", "CRAWL4AI_API_KEY", "CRAWL4AI_BLOCKLIST_PATH"):
         monkeypatch.delenv(variable)
-    tool = TOOLS["serper_search"]("search", serper.config)  # an engine without the variables
+    tool = registered_tools()["serper_search"]("search", serper.config)  # an engine without the variables
     assert "serper-key" not in repr(tool.settings)
     stub.script("/crawl4ai/crawl", (200, crawl_reply(markdown="ok")))
     assert call("crawl4ai_browse", {"url": "https://example.com"}, **crawl.config).result == "ok"
