@@ -135,29 +135,35 @@ class _Secret(str):
 
 
 @dataclass(frozen=True)
-class SerperConfig:
-    num_results: int = 5
+class HostedServiceConfig:
+    """The keys of a tool that calls a third-party API at a known address; each tool's subclass gives its
+    service's `timeout` and `base_url` defaults. crawl4ai_browse has its own: its service is a deployment of
+    yours, at `api_url` (CRAWL4AI_API_URL) with no default."""
+
+    timeout: float
+    base_url: str  # tests and self-hosted deployments point the tool elsewhere
+    api_key: str | None = field(default=None, repr=False)  # None: the tool's variable (`from_env`)
+    max_retries: int = 3
+
+
+@dataclass(frozen=True)
+class SerperConfig(HostedServiceConfig):
     timeout: float = 10
     base_url: str = "https://google.serper.dev"
-    api_key: str | None = field(default=None, repr=False)  # None: SERPER_API_KEY
-    max_retries: int = 3
+    num_results: int = 5
 
 
 @dataclass(frozen=True)
-class S2Config:
-    num_results: int = 10
+class S2Config(HostedServiceConfig):
     timeout: float = 60
     base_url: str = "https://api.semanticscholar.org/graph/v1"
-    api_key: str | None = field(default=None, repr=False)  # None: S2_API_KEY
-    max_retries: int = 3
+    num_results: int = 10
 
 
 @dataclass(frozen=True)
-class JinaConfig:
+class JinaConfig(HostedServiceConfig):
     timeout: float = 30
     base_url: str = "https://r.jina.ai"
-    api_key: str | None = field(default=None, repr=False)  # None: JINA_API_KEY
-    max_retries: int = 3
 
 
 @dataclass(frozen=True)

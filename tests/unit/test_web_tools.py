@@ -9,6 +9,7 @@ gives the model. The real multi-turn path on a vLLM engine is in tests/integrati
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import pickle
 import socket
@@ -20,7 +21,15 @@ from helpers.web_services import CRAWL4AI_KEY, KEYS, S2_REPLY, crawl_reply, jina
 
 from open_instruct.agents.settings import AgentSettings, ToolSpec
 from open_instruct.agents.tools import Toolbox
-from open_instruct.agents.web_tools import NO_RESULTS, url_refusal, with_credentials
+from open_instruct.agents.web_tools import (
+    NO_RESULTS,
+    HostedServiceConfig,
+    JinaConfig,
+    S2Config,
+    SerperConfig,
+    url_refusal,
+    with_credentials,
+)
 from open_instruct.config.core import ConfigError, parse_config
 from open_instruct.extensions import registered_tools
 from open_instruct.grpo_fast import checked_config
@@ -396,6 +405,21 @@ def test_schemas_are_openinstructs():
                 },
             },
         }
+
+
+def test_the_hosted_services_share_their_keys_and_keep_their_defaults():
+    """serper_search, s2_search and jina_browse take the keys of `HostedServiceConfig`, each with the defaults
+    its --tool_configs always had (a pin: a user's JSON means what it meant)."""
+    defaults = {
+        SerperConfig: {"timeout": 10, "base_url": "https://google.serper.dev", "num_results": 5},
+        S2Config: {"timeout": 60, "base_url": "https://api.semanticscholar.org/graph/v1", "num_results": 10},
+        JinaConfig: {"timeout": 30, "base_url": "https://r.jina.ai"},
+    }
+    for config_class, own in defaults.items():
+        assert issubclass(config_class, HostedServiceConfig)
+        keys = {f.name: f.default for f in dataclasses.fields(config_class)}
+        assert keys == {**own, "api_key": None, "max_retries": 3}, config_class.__name__
+        assert "secret" not in repr(config_class(api_key="secret"))
 
 
 def test_the_four_tools_parse_with_their_variables_set(stub):
