@@ -11,7 +11,8 @@ fate_share.py      the local Ray cluster ends with its driver, shut down or SIGK
 placement.py       where engines and learners go and which transport joins them (pure)
 messages.py        every message that crosses a process: PromptRequest, Completion, TrainBatch, replies
 errors.py          `UserError`: what a user can fix, printed as one line without a traceback
-extensions.py      your own verifiers, tools and environments: --extension_modules, entry points, register_*
+extensions.py      the registries of verifiers, tools and environments (register_*: built-ins and yours alike),
+                   and loading yours: --extension_modules, entry points
 prompt_feeder.py   admission under the lookahead; prompt records (pure)
 staleness.py       K (--max_off_policy_steps) and the off-policy action as one policy: age rule, window (pure)
 replay_buffer.py   completions -> complete groups -> fixed-size batches; zero-spread and age rules (pure)

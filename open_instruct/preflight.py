@@ -150,14 +150,15 @@ def _tools(cfg):
     """Build every tool and environment once and reach each endpoint a tool names."""
     from open_instruct.agents.environments import make_environment
     from open_instruct.agents.settings import tool_specs
-    from open_instruct.agents.tools import TOOLS, make_tool
+    from open_instruct.agents.tools import make_tool
+    from open_instruct.extensions import registered_tools
 
     specs = tool_specs(cfg.tools)
     if not specs:
         return "none configured", None
     built = []
     for spec in specs:
-        if spec.kind in TOOLS:
+        if spec.kind in registered_tools():
             tool = make_tool(spec)
             for url in tool_endpoints(tool):
                 reach(f"--tools {spec.kind}", url)

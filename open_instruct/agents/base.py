@@ -1,9 +1,10 @@
 """The vocabulary shared by parsers, tools, environments and the rollout loop.
 
-A model turn is parsed into `ToolCall`s; whatever answers a call (a stateless tool or a stateful
-environment) returns a `StepResult`. `result` is the only text the model sees; `reward` and `done`
-matter only for environments; `error`/`timed_out` feed the statistics (the rollout never raises on
-them). `ToolDefinition` is the OpenAI-style function schema that chat templates render.
+A model turn is parsed into `ToolCall`s; whatever answers a call (a `Tool`, shared by an engine's samples,
+or an `Environment`, fresh for each sample) returns a `StepResult`. `result` is the only text the model
+sees; `reward` and `done` matter only for environments; `error`/`timed_out` feed the statistics (the
+rollout never raises on them). `ToolDefinition` is the OpenAI-style function schema that chat templates
+render.
 """
 
 from __future__ import annotations
@@ -85,10 +86,29 @@ def string_tool(name: str, description: str, argument: str, argument_help: str) 
     )
 
 
+class Tool(Protocol):
+    """What answers one function the model calls, for every sample of an engine (registered with
+    `extensions.register_tool`). Built once per engine from its --tools entry as `cls(call_name, config)`,
+    config being its --tool_configs JSON: no I/O there, and an unknown key is a `ValueError` naming it,
+    because the launch checks build every tool once. The Toolbox bounds each call by `timeout_s` (plus a
+    margin that lets the tool report its own timeout) and turns an exception into an error observation."""
+
+    call_name: str  # the function name the model calls (--tool_call_names)
+    timeout_s: float
+    definition: ToolDefinition  # the schema the chat template renders, named `call_name`
+
+    def __init__(self, call_name: str, config: dict[str, Any]) -> None: ...
+
+    async def call(self, args: dict[str, Any]) -> StepResult: ...
+
+    async def close(self) -> None: ...  # the engine is done with it: its HTTP session, its MCP connection
+
+
 class Environment(Protocol):
-    """What answers calls within one rollout. A fresh instance serves each sample, so no state leaks
-    between rollouts. `reset` receives the row's per-environment kwargs; a missing required kwarg
-    raises `ValueError` naming it."""
+    """What answers calls within one rollout (registered with `extensions.register_environment`). A fresh
+    instance, `cls(**config)` with its --tool_configs JSON, serves each sample, so no state leaks between
+    rollouts. `reset` receives the row's per-environment kwargs; a missing required kwarg raises
+    `ValueError` naming it."""
 
     response_role: Role  # "tool" for function-call environments, "user" for text environments
 

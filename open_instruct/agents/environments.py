@@ -20,7 +20,7 @@ from importlib import resources
 from typing import Any
 
 from open_instruct.agents.base import Environment, Role, StepResult, ToolCall, ToolDefinition
-from open_instruct.agents.sandbox_env import SandboxEnv
+from open_instruct.extensions import register_environment, registered_environments
 
 
 def _no_parameters() -> dict[str, Any]:
@@ -54,6 +54,7 @@ def _game_over(name: str) -> StepResult:
     return StepResult(f"The {name} episode is over.", reward=0.0, done=True, error="episode is over")
 
 
+@register_environment("counter")
 class CounterEnv:
     """Move a counter from 0 to the row's `target`, then `submit`. Each move costs 0.1, so the best
     episode is the shortest one; a correct submit earns +1.0, a wrong one -0.5."""
@@ -107,6 +108,7 @@ class CounterEnv:
         }
 
 
+@register_environment("guess_number")
 class GuessNumberEnv:
     """Find the row's `number` in [min_val, max_val]. A miss earns more the closer it was, so the
     hints are worth following; a hit earns 1.0 and ends the episode."""
@@ -199,6 +201,7 @@ def wordle_feedback(secret: str, guess: str) -> str:
 _GUESS_TAG = re.compile(r"<guess>(.*?)</guess>", re.IGNORECASE | re.DOTALL)
 
 
+@register_environment("wordle")
 class WordleEnv:
     """Wordle as a text environment: it reads each whole model turn and replies as the user.
 
@@ -312,20 +315,13 @@ class WordleEnv:
         }
 
 
-ENVIRONMENTS: dict[str, type] = {
-    "counter": CounterEnv,
-    "guess_number": GuessNumberEnv,
-    "wordle": WordleEnv,
-    "generic_sandbox": SandboxEnv,  # execute_bash + str_replace_editor in our code service (sandbox_env.py)
-}
-
-
 def make_environment(name: str, config: dict[str, Any]) -> Environment:
     """Build one environment from its `--tool_configs` entry, naming a misspelt key in one line
     (a bare TypeError from the constructor would not say which flag to fix)."""
-    cls = ENVIRONMENTS.get(name)
+    environments = registered_environments()
+    cls = environments.get(name)
     if cls is None:
-        raise ValueError(f"unknown environment {name!r} (known: {', '.join(sorted(ENVIRONMENTS))})")
+        raise ValueError(f"unknown environment {name!r} (known: {', '.join(sorted(environments))})")
     known = [p for p in inspect.signature(cls.__init__).parameters if p != "self"]
     unknown = sorted(set(config) - set(known))
     if unknown:

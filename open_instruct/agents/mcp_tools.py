@@ -43,6 +43,7 @@ from typing import Any
 from open_instruct.agents.base import StepResult, ToolDefinition, ToolSpec
 from open_instruct.agents.parsers import coerce_args
 from open_instruct.errors import UserError
+from open_instruct.extensions import register_tool
 
 KIND = "generic_mcp"
 TRANSPORTS = ("http", "sse", "stdio")
@@ -343,8 +344,9 @@ def _consume(future: asyncio.Future) -> None:
         future.exception()
 
 
+@register_tool(KIND)
 class MCPTool:
-    """One tool of an MCP server, as the Toolbox calls it (`call`, `close`, `definition`, `timeout_s`)."""
+    """One tool of an MCP server (an `agents.base.Tool`)."""
 
     def __init__(self, call_name: str, config: dict[str, Any]):
         self.settings = mcp_config(config)

@@ -63,6 +63,7 @@ from open_instruct.agents.base import (
 )
 from open_instruct.agents.http_client import HttpClient
 from open_instruct.agents.parsers import coerce_args
+from open_instruct.extensions import register_environment
 from open_instruct.rewards.code_tests import code_api_headers
 
 ENV_NAME = "generic_sandbox"
@@ -207,6 +208,7 @@ def _service_base(api_endpoint: str) -> str:
     return api_endpoint.rstrip("/").removesuffix("/execute")
 
 
+@register_environment(ENV_NAME)
 class SandboxEnv:
     """execute_bash + str_replace_editor over one sample's workspace (see the module docstring)."""
 

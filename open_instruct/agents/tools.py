@@ -17,18 +17,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from open_instruct.agents.base import StepResult, ToolDefinition, default_execute_url, string_tool
-from open_instruct.agents.environments import ENVIRONMENTS
+from open_instruct.agents.base import StepResult, Tool, ToolDefinition, ToolSpec, default_execute_url, string_tool
 from open_instruct.agents.http_client import HttpClient, parse_tool_config
-from open_instruct.agents.mcp_tools import MCPTool
-from open_instruct.agents.settings import (
-    UNSUPPORTED_TOOLS,
-    AgentSettings,
-    ToolSpec,
-    tool_specs,
-)
-from open_instruct.agents.web_tools import WEB_TOOLS
+from open_instruct.agents.settings import UNSUPPORTED_TOOLS, AgentSettings, tool_specs
 from open_instruct.config.tools import ToolsConfig
+from open_instruct.extensions import register_tool, registered_environments, registered_tools
 from open_instruct.rewards.code_tests import code_api_headers
 
 _GUARD_MARGIN_S = 2.0  # the outer timeout leaves the tool's own timeout room to report itself (at most 2x)
@@ -55,6 +48,7 @@ class HttpToolConfig:
     max_retries: int = 3
 
 
+@register_tool("python")
 class PythonTool:
     """Runs a snippet in our sandboxed code-execution service (`POST /execute`, code_server)."""
 
@@ -90,6 +84,7 @@ class PythonTool:
         await self._http.close()
 
 
+@register_tool("http")
 class HttpTool:
     """Any JSON web service: the call's arguments are the request body, the reply (or one key of it) the result."""
 
@@ -127,11 +122,8 @@ class HttpTool:
         await self._http.close()
 
 
-TOOLS = {"python": PythonTool, "http": HttpTool, **WEB_TOOLS, "generic_mcp": MCPTool}
-
-
-def make_tool(spec: ToolSpec):
-    return TOOLS[spec.kind](spec.call_name, spec.config)
+def make_tool(spec: ToolSpec) -> Tool:
+    return registered_tools()[spec.kind](spec.call_name, spec.config)
 
 
 def registry_problems(tools_cfg: ToolsConfig) -> list[str]:
@@ -141,6 +133,7 @@ def registry_problems(tools_cfg: ToolsConfig) -> list[str]:
     from open_instruct.agents.parsers import PARSER_ALIASES, PARSER_TYPES, UNSUPPORTED_PARSERS
 
     problems = []
+    tools, environments = registered_tools(), registered_environments()
     parser = PARSER_ALIASES.get(tools_cfg.tool_parser_type, tools_cfg.tool_parser_type)
     if parser in UNSUPPORTED_PARSERS:
         problems.append(f"--tool_parser_type {parser} is not supported yet: {UNSUPPORTED_PARSERS[parser]}")
@@ -149,8 +142,8 @@ def registry_problems(tools_cfg: ToolsConfig) -> list[str]:
     for kind in tools_cfg.tools:
         if kind in UNSUPPORTED_TOOLS:
             problems.append(f"--tools {kind} is not supported yet: {UNSUPPORTED_TOOLS[kind]}")
-        elif kind not in TOOLS and kind not in ENVIRONMENTS:
-            known = ", ".join([*TOOLS, *ENVIRONMENTS])
+        elif kind not in tools and kind not in environments:
+            known = ", ".join([*tools, *environments])
             problems.append(
                 f"--tools {kind!r} is not a known tool or environment (known: {known}; --extension_modules adds yours)"
             )
@@ -164,7 +157,7 @@ def config_problems(tools_cfg: ToolsConfig) -> list[str]:
     problems = []
     for spec in tool_specs(tools_cfg, resolve=False):  # no I/O at parse time: MCP servers are asked at start
         try:
-            if spec.kind in TOOLS:
+            if spec.kind in registered_tools():
                 make_tool(spec)
             else:
                 make_environment(spec.kind, {k: v for k, v in spec.config.items() if k != "pool_size"})
@@ -194,11 +187,14 @@ class Toolbox:
 
     def __init__(self, settings: AgentSettings):
         self.settings = settings
-        self.tools = {spec.call_name: make_tool(spec) for spec in settings.tool_specs if spec.kind in TOOLS}
+        tools = registered_tools()
+        self.tools: dict[str, Tool] = {
+            spec.call_name: make_tool(spec) for spec in settings.tool_specs if spec.kind in tools
+        }
         self.env_configs = {  # `pool_size` is ours (a concurrency limit), not an environment setting
             spec.kind: {k: v for k, v in spec.config.items() if k != "pool_size"}
             for spec in settings.tool_specs
-            if spec.kind not in TOOLS
+            if spec.kind not in tools
         }
         pool = {spec.call_name: int(spec.config.get("pool_size", settings.pool_size)) for spec in settings.tool_specs}
         self._limits = {name: asyncio.Semaphore(size) for name, size in pool.items()}

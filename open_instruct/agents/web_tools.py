@@ -33,6 +33,7 @@ from typing import Any, ClassVar
 
 from open_instruct.agents.base import StepResult, ToolSpec, string_tool
 from open_instruct.agents.http_client import HttpClient, parse_tool_config
+from open_instruct.extensions import register_tool, registered_tools
 
 NO_RESULTS = "Query returned no results."
 _EMPTY_QUERY = "Empty query. Please provide a search query."
@@ -134,29 +135,35 @@ class _Secret(str):
 
 
 @dataclass(frozen=True)
-class SerperConfig:
-    num_results: int = 5
+class HostedServiceConfig:
+    """The keys of a tool that calls a third-party API at a known address; each tool's subclass gives its
+    service's `timeout` and `base_url` defaults. crawl4ai_browse has its own: its service is a deployment of
+    yours, at `api_url` (CRAWL4AI_API_URL) with no default."""
+
+    timeout: float
+    base_url: str  # tests and self-hosted deployments point the tool elsewhere
+    api_key: str | None = field(default=None, repr=False)  # None: the tool's variable (`from_env`)
+    max_retries: int = 3
+
+
+@dataclass(frozen=True)
+class SerperConfig(HostedServiceConfig):
     timeout: float = 10
     base_url: str = "https://google.serper.dev"
-    api_key: str | None = field(default=None, repr=False)  # None: SERPER_API_KEY
-    max_retries: int = 3
+    num_results: int = 5
 
 
 @dataclass(frozen=True)
-class S2Config:
-    num_results: int = 10
+class S2Config(HostedServiceConfig):
     timeout: float = 60
     base_url: str = "https://api.semanticscholar.org/graph/v1"
-    api_key: str | None = field(default=None, repr=False)  # None: S2_API_KEY
-    max_retries: int = 3
+    num_results: int = 10
 
 
 @dataclass(frozen=True)
-class JinaConfig:
+class JinaConfig(HostedServiceConfig):
     timeout: float = 30
     base_url: str = "https://r.jina.ai"
-    api_key: str | None = field(default=None, repr=False)  # None: JINA_API_KEY
-    max_retries: int = 3
 
 
 @dataclass(frozen=True)
@@ -444,13 +451,15 @@ def _read_blocklist(path: str) -> list[str]:
         return [line.strip() for line in handle if line.strip()]
 
 
-WEB_TOOLS: dict[str, type[_WebTool]] = {
-    tool.kind: tool for tool in (SerperSearchTool, S2SearchTool, JinaBrowseTool, Crawl4AIBrowseTool)
-}
+# Registered under the `kind` their messages name, so the two cannot differ.
+for _tool in (SerperSearchTool, S2SearchTool, JinaBrowseTool, Crawl4AIBrowseTool):
+    register_tool(_tool.kind)(_tool)
 
 
 def with_credentials(spec: ToolSpec) -> ToolSpec:
     """The driver's half of a web tool's set-up: its environment variables (and crawl4ai's blocklist) copied
     into the config, so the engines that build the tool need not see them. Other specs pass unchanged."""
-    tool = WEB_TOOLS.get(spec.kind)
-    return spec if tool is None else dataclasses.replace(spec, config=tool.resolve(spec.config))
+    tool = registered_tools().get(spec.kind)
+    if not (isinstance(tool, type) and issubclass(tool, _WebTool)):
+        return spec
+    return dataclasses.replace(spec, config=tool.resolve(spec.config))

@@ -393,15 +393,16 @@ def _forced_mix(cache_dir: str, key: str, which: str) -> PromptDataset:
 
 
 def _row_settings(data_cfg, model_cfg, tokenizer, verifier_remap: dict[str, str] | None, tools_cfg) -> RowSettings:
-    from open_instruct.agents.environments import ENVIRONMENTS
     from open_instruct.agents.settings import tool_specs
-    from open_instruct.agents.tools import TOOLS, make_tool
+    from open_instruct.agents.tools import make_tool
     from open_instruct.config.tools import ToolsConfig
-    from open_instruct.rewards import available_verifiers, verifier_key
+    from open_instruct.extensions import registered_environments, registered_tools, verifier_key
+    from open_instruct.rewards import available_verifiers
 
     tools_cfg = tools_cfg or ToolsConfig()
     specs = tool_specs(tools_cfg)
-    schemas = tuple((s.call_name, make_tool(s).definition.to_json()) for s in specs if s.kind in TOOLS)
+    tools, environments = registered_tools(), registered_environments()
+    schemas = tuple((s.call_name, make_tool(s).definition.to_json()) for s in specs if s.kind in tools)
 
     known = tuple(available_verifiers())
     remap = tuple(sorted((verifier_key(k), verifier_key(v)) for k, v in (verifier_remap or {}).items()))
@@ -420,9 +421,9 @@ def _row_settings(data_cfg, model_cfg, tokenizer, verifier_remap: dict[str, str]
         remap=remap,
         known_verifiers=known,
         tool_names=tuple(s.call_name for s in specs),
-        known_environments=tuple(ENVIRONMENTS),
+        known_environments=tuple(environments),
         tool_schemas=schemas,
-        tools_environments=tuple(dict.fromkeys(s.kind for s in specs if s.kind in ENVIRONMENTS)),
+        tools_environments=tuple(dict.fromkeys(s.kind for s in specs if s.kind in environments)),
         pass_tools_to_chat_template=tools_cfg.pass_tools_to_chat_template,
     )
 

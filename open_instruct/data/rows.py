@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from open_instruct.data.sources import ROW_ERROR_KEY, ROW_KEYS_KEY
+from open_instruct.extensions import registered_environments, verifier_key
 from open_instruct.messages import AgentRequest, EnvSpec
-from open_instruct.rewards import verifier_key
 
 VERIFIER_KEY = "dataset"  # fixed by the RLVR format: the verifier name(s) of the row
 # Malformed-row reasons; the report counts skipped rows per reason.
@@ -198,12 +198,11 @@ def row_tool_schemas(agent: AgentRequest | None, settings: RowSettings) -> list[
     """The schemas the chat template renders for one row: its allowed tools, then its environments' functions."""
     import json
 
-    from open_instruct.agents.environments import ENVIRONMENTS
-
+    environments = registered_environments()
     allowed = agent.tools if agent is not None and agent.tools else tuple(name for name, _ in settings.tool_schemas)
     schemas = [json.loads(schema) for name, schema in settings.tool_schemas if name in allowed]
     for env in agent.envs if agent is not None else ():
-        schemas += [d.as_openai() for d in ENVIRONMENTS[env.name].tool_definitions()]
+        schemas += [d.as_openai() for d in environments[env.name].tool_definitions()]
     return schemas
 
 

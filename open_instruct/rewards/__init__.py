@@ -1,6 +1,7 @@
 """Verifier registry: a verifier name (the RLVR row's `dataset` field) -> a pure scoring function.
 
-Each verifier lives in its own module and registers itself with `@register("name", ...)`.
+Each verifier lives in its own module and registers itself with `@register_verifier("name", ...)`, the
+decorator of `open_instruct.extensions` (which holds the registry) that a user's verifier uses too.
 Verifiers are pure (str in, score out) so they can run in worker processes with timeouts;
 the asynchronous pool that calls them lives in `open_instruct.rewards.scoring`.
 
@@ -20,12 +21,12 @@ evolving_rubrics.py  --apply_evolving_rubric_reward: the per-query rubric book a
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from open_instruct.config.rewards import RewardConfig
+from open_instruct.extensions import registered_verifiers, verifier_key
 
 
 @dataclass(frozen=True)
@@ -97,59 +98,14 @@ class UnknownVerifierError(KeyError):
         return self.args[0]
 
 
-_REGISTRY: dict[str, Verifier] = {}
-
-# Modules that register the built-in verifiers, imported on first lookup.
-BUILTIN_MODULES = (
-    "gsm8k",
-    "math_answer",
-    "string_match",
-    "length",
-    "ifeval",
-    "code_tests",
-    "passthrough",
-    "llm_judge",
-    "rubric",
-)
-_builtins_loaded = False
-
-
-def verifier_key(name: str) -> str:
-    """The registry's form of a verifier name: lower-case, as a dataset row's name is looked up."""
-    return name.lower()
-
-
-def register(*names: str) -> Callable[[Verifier], Verifier]:
-    """Register `fn` under `names`, normalised (`verifier_key`): one registered as "MyCheck" is the
-    verifier of a row naming "mycheck" or "MyCheck"."""
-
-    def decorate(fn: Verifier) -> Verifier:
-        for name in map(verifier_key, names):
-            if name in _REGISTRY and _REGISTRY[name] is not fn:
-                raise ValueError(f"verifier {name!r} registered twice")
-            _REGISTRY[name] = fn
-        return fn
-
-    return decorate
-
-
-def _load_builtins() -> None:
-    global _builtins_loaded
-    if not _builtins_loaded:
-        for module in BUILTIN_MODULES:
-            importlib.import_module(f"{__name__}.{module}")
-        _builtins_loaded = True
-
-
 def available_verifiers() -> list[str]:
-    _load_builtins()
-    return sorted(_REGISTRY)
+    return sorted(registered_verifiers())
 
 
 def get_verifier(name: str) -> Verifier:
     """Look a verifier up by name, case-insensitively (datasets write both `MATH` and `math`)."""
-    _load_builtins()
+    verifiers = registered_verifiers()
     try:
-        return _REGISTRY[verifier_key(name)]
+        return verifiers[verifier_key(name)]
     except KeyError:
-        raise UnknownVerifierError(name, sorted(_REGISTRY)) from None
+        raise UnknownVerifierError(name, sorted(verifiers)) from None

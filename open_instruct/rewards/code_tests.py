@@ -35,7 +35,8 @@ from requests.adapters import HTTPAdapter
 from urllib3.util.retry import Retry
 
 from open_instruct.errors import UserError
-from open_instruct.rewards import RewardSettings, VerifierInput, VerifierResult, register
+from open_instruct.extensions import register_verifier
+from open_instruct.rewards import RewardSettings, VerifierInput, VerifierResult
 
 _FENCED = re.compile(r"```(?:python)?(.*?)```", re.DOTALL)
 _ASSERT_PATH = "/test_program"
@@ -184,11 +185,11 @@ def _verify(inp: VerifierInput, settings: RewardSettings, stdio: bool) -> Verifi
     return VerifierResult(score=score, extracted=program, details=details)
 
 
-@register("code")
+@register_verifier("code")
 def code_verifier(inp: VerifierInput, settings: RewardSettings) -> VerifierResult:
     return _verify(inp, settings, stdio=False)
 
 
-@register("code_stdio")
+@register_verifier("code_stdio")
 def code_stdio_verifier(inp: VerifierInput, settings: RewardSettings) -> VerifierResult:
     return _verify(inp, settings, stdio=True)

@@ -28,8 +28,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from open_instruct.extensions import verifier_key
 from open_instruct.prompt_feeder import row_id
-from open_instruct.rewards import RewardSettings, verifier_key
+from open_instruct.rewards import RewardSettings
 from open_instruct.rewards.llm_judge import ask_judge
 from open_instruct.rewards.rubric import parse_rubric_truth
 

@@ -13,7 +13,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from open_instruct.rewards import RewardSettings, VerifierInput, VerifierResult, register
+from open_instruct.extensions import register_verifier
+from open_instruct.rewards import RewardSettings, VerifierInput, VerifierResult
 
 _DIGIT_COMMA = re.compile(r"(?<=\d),(?=\d)")
 _NUMBER = re.compile(r"[-+]?\d*\.\d+|[-+]?\d+")
@@ -38,7 +39,7 @@ def _gold_text(ground_truth: Any) -> str:
     return _strip_commas(str(ground_truth).strip()).removeprefix("+").lower()
 
 
-@register("gsm8k")
+@register_verifier("gsm8k")
 def gsm8k(inp: VerifierInput, settings: RewardSettings) -> VerifierResult:
     gold = _gold_text(inp.ground_truth)
     number = extract_last_number(inp.prediction)

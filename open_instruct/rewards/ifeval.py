@@ -28,7 +28,8 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from open_instruct.rewards import RewardSettings, VerifierInput, VerifierResult, register
+from open_instruct.extensions import register_verifier
+from open_instruct.rewards import RewardSettings, VerifierInput, VerifierResult
 from open_instruct.rewards.ifeval_checks import CHECKS, detect_language, split_sentences, strip_json_fences
 from open_instruct.rewards.string_match import remove_thinking
 
@@ -298,7 +299,7 @@ def score_new(text: str, label: dict[str, Any], require_all: bool) -> VerifierRe
     return VerifierResult(score=score, extracted=text, details={"constraints": results})
 
 
-@register("ifeval")
+@register_verifier("ifeval")
 def ifeval(inp: VerifierInput, settings: RewardSettings) -> VerifierResult:
     label = _parse_label(inp.ground_truth)
     text = remove_thinking(inp.prediction)
@@ -307,7 +308,7 @@ def ifeval(inp: VerifierInput, settings: RewardSettings) -> VerifierResult:
     return score_new(text, label, require_all=settings.reward.ifeval_reward_mode == "all")
 
 
-@register("ifeval_old")
+@register_verifier("ifeval_old")
 def ifeval_old(inp: VerifierInput, settings: RewardSettings) -> VerifierResult:
     label = _parse_label(inp.ground_truth)
     text = remove_thinking(inp.prediction)

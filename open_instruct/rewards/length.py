@@ -22,7 +22,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from open_instruct.rewards import RewardSettings, VerifierInput, VerifierResult, register
+from open_instruct.extensions import register_verifier
+from open_instruct.rewards import RewardSettings, VerifierInput, VerifierResult
 
 
 def target_length(ground_truth: Any, settings: RewardSettings) -> float:
@@ -42,7 +43,7 @@ def target_length(ground_truth: Any, settings: RewardSettings) -> float:
     return target
 
 
-@register("max_length")
+@register_verifier("max_length")
 def max_length(inp: VerifierInput, settings: RewardSettings) -> VerifierResult:
     target = target_length(inp.ground_truth, settings)
     n = inp.response_token_count
@@ -50,7 +51,7 @@ def max_length(inp: VerifierInput, settings: RewardSettings) -> VerifierResult:
     return VerifierResult(score=score, extracted=str(n), details={"target": target})
 
 
-@register("up_to_max_length")
+@register_verifier("up_to_max_length")
 def up_to_max_length(inp: VerifierInput, settings: RewardSettings) -> VerifierResult:
     target = target_length(inp.ground_truth, settings)
     n = inp.response_token_count

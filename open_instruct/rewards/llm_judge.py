@@ -13,7 +13,8 @@ from __future__ import annotations
 import json
 import re
 
-from open_instruct.rewards import RewardSettings, VerifierInput, VerifierResult, register
+from open_instruct.extensions import register_verifier
+from open_instruct.rewards import RewardSettings, VerifierInput, VerifierResult
 
 JUDGE_TYPES = {
     "quality": "How helpful, correct and well written is the response to the question?",
@@ -85,4 +86,4 @@ def _judge(kind: str):
 
 # Module-level names: the reward pool sends verifiers to its workers by module + name.
 for _kind in JUDGE_TYPES:
-    globals()[f"judge_{_kind}"] = register(f"general-{_kind}")(_judge(_kind))
+    globals()[f"judge_{_kind}"] = register_verifier(f"general-{_kind}")(_judge(_kind))

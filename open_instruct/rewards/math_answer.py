@@ -27,7 +27,8 @@ from typing import Any
 
 from math_verify import parse, verify
 
-from open_instruct.rewards import RewardSettings, VerifierInput, VerifierResult, register
+from open_instruct.extensions import register_verifier
+from open_instruct.rewards import RewardSettings, VerifierInput, VerifierResult
 
 
 class _DropDisabledTimeoutWarning(logging.Filter):
@@ -262,11 +263,11 @@ def _score(inp: VerifierInput, strict: bool) -> VerifierResult:
     return VerifierResult(score=0.0, extracted=cands[-1])
 
 
-@register("math")
+@register_verifier("math")
 def math_verifier(inp: VerifierInput, settings: RewardSettings) -> VerifierResult:
     return _score(inp, strict=False)
 
 
-@register("strict_math")
+@register_verifier("strict_math")
 def strict_math_verifier(inp: VerifierInput, settings: RewardSettings) -> VerifierResult:
     return _score(inp, strict=True)

@@ -6,9 +6,10 @@ Rows of a multi-turn environment carry `dataset: passthrough`; their reward is t
 
 from __future__ import annotations
 
-from open_instruct.rewards import RewardSettings, VerifierInput, VerifierResult, register
+from open_instruct.extensions import register_verifier
+from open_instruct.rewards import RewardSettings, VerifierInput, VerifierResult
 
 
-@register("passthrough")
+@register_verifier("passthrough")
 def passthrough(inp: VerifierInput, settings: RewardSettings) -> VerifierResult:
     return VerifierResult(0.0)

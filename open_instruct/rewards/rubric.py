@@ -21,7 +21,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any
 
-from open_instruct.rewards import RewardSettings, VerifierInput, VerifierResult, register
+from open_instruct.extensions import register_verifier
+from open_instruct.rewards import RewardSettings, VerifierInput, VerifierResult
 from open_instruct.rewards.llm_judge import ask_judge
 
 _ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
@@ -74,7 +75,7 @@ def judge_settings(settings: RewardSettings) -> RewardSettings:
     return replace(settings, reward=replace(settings.reward, llm_judge_model=model))
 
 
-@register("rubric")
+@register_verifier("rubric")
 def rubric(inp: VerifierInput, settings: RewardSettings) -> VerifierResult:
     truth = parse_rubric_truth(inp.ground_truth)
     if not truth["rubrics"]:

@@ -58,8 +58,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Self
 
-from open_instruct import rewards
-from open_instruct.rewards import RewardSettings, Verifier, VerifierInput, get_verifier, verifier_key
+from open_instruct.extensions import BUILTIN_VERIFIER_MODULES, verifier_key
+from open_instruct.rewards import RewardSettings, Verifier, VerifierInput, get_verifier
 
 logger = logging.getLogger(__name__)
 
@@ -135,9 +135,9 @@ def _recv(fd: int, deadline: float | None = None) -> Any:
 def _warm_up() -> list[str]:
     # A missing optional module must not take the other verifiers down, so failures are reported.
     failed = []
-    for module in rewards.BUILTIN_MODULES:
+    for module in BUILTIN_VERIFIER_MODULES:
         try:
-            importlib.import_module(f"{rewards.__name__}.{module}")
+            importlib.import_module(module)
         except Exception as e:
             failed.append(f"{module}: {type(e).__name__}: {e}")
     return failed

@@ -28,7 +28,8 @@ import string
 from collections import Counter
 from typing import Any
 
-from open_instruct.rewards import RewardSettings, VerifierInput, VerifierResult, register
+from open_instruct.extensions import register_verifier
+from open_instruct.rewards import RewardSettings, VerifierInput, VerifierResult
 
 _PUNCT_TABLE = str.maketrans("", "", string.punctuation)
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
@@ -87,7 +88,7 @@ def as_label_list(ground_truth: Any) -> list[str]:
     return [str(ground_truth)]
 
 
-@register("string_f1")
+@register_verifier("string_f1")
 def string_f1(inp: VerifierInput, settings: RewardSettings) -> VerifierResult:
     answer = remove_thinking(inp.prediction)
     labels = as_label_list(inp.ground_truth)
@@ -95,7 +96,7 @@ def string_f1(inp: VerifierInput, settings: RewardSettings) -> VerifierResult:
     return VerifierResult(score=max(scores, default=0.0), extracted=answer)
 
 
-@register("string_matcher")
+@register_verifier("string_matcher")
 def string_matcher(inp: VerifierInput, settings: RewardSettings) -> VerifierResult:
     _, opened, tail = inp.prediction.rpartition("<answer>")
     answer, closed, _ = tail.partition("</answer>")
@@ -105,14 +106,14 @@ def string_matcher(inp: VerifierInput, settings: RewardSettings) -> VerifierResu
     return VerifierResult(score=float(hit), extracted=answer.strip())
 
 
-@register("flan")
+@register_verifier("flan")
 def flan(inp: VerifierInput, settings: RewardSettings) -> VerifierResult:
     answer = inp.prediction.rsplit("The answer is: ", 1)[-1].strip()
     hit = any(exact_match(answer, label) for label in as_label_list(inp.ground_truth))
     return VerifierResult(score=float(hit), extracted=answer)
 
 
-@register("puzzle")
+@register_verifier("puzzle")
 def puzzle(inp: VerifierInput, settings: RewardSettings) -> VerifierResult:
     answer = remove_thinking(inp.prediction)
     hit = any(exact_match(answer, label) for label in as_label_list(inp.ground_truth))
@@ -142,7 +143,7 @@ def _squad_f1(prediction: str, reference: str) -> float:
     return 2 * precision * recall / (precision + recall)
 
 
-@register("re_search")
+@register_verifier("re_search")
 def re_search(inp: VerifierInput, settings: RewardSettings) -> VerifierResult:
     label = _json_label(inp.ground_truth)
     labels = label if isinstance(label, list) else [label]
@@ -154,7 +155,7 @@ def re_search(inp: VerifierInput, settings: RewardSettings) -> VerifierResult:
     return VerifierResult(score=float(hit), extracted=answer)
 
 
-@register("re_search_f1")
+@register_verifier("re_search_f1")
 def re_search_f1(inp: VerifierInput, settings: RewardSettings) -> VerifierResult:
     text = inp.prediction
     if "<finish>" not in text and "</finish>" not in text:

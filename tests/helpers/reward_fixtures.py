@@ -10,21 +10,22 @@ from __future__ import annotations
 import os
 import time
 
-from open_instruct.rewards import RewardSettings, VerifierInput, VerifierResult, register
+from open_instruct.extensions import register_verifier
+from open_instruct.rewards import RewardSettings, VerifierInput, VerifierResult
 
 
-@register("test_fixed")
+@register_verifier("test_fixed")
 def fixed_score(inp: VerifierInput, settings: RewardSettings) -> VerifierResult:
     """Scores whatever number the ground truth holds."""
     return VerifierResult(score=float(inp.ground_truth))
 
 
-@register("test_raise")
+@register_verifier("test_raise")
 def raising(inp: VerifierInput, settings: RewardSettings) -> VerifierResult:
     raise RuntimeError(f"boom on {inp.prediction!r}")
 
 
-@register("test_sleep")
+@register_verifier("test_sleep")
 def sleeping(inp: VerifierInput, settings: RewardSettings) -> VerifierResult:
     """Ground truth: {"seconds": float, "pid_file": optional path to record the worker's pid, "log_file": optional
     path to append "<pid> <start> <end>" to (monotonic clock, shared by the processes of one machine)}."""
@@ -39,11 +40,11 @@ def sleeping(inp: VerifierInput, settings: RewardSettings) -> VerifierResult:
     return VerifierResult(score=1.0)
 
 
-@register("test_bad_score")
+@register_verifier("test_bad_score")
 def bad_score(inp: VerifierInput, settings: RewardSettings) -> VerifierResult:
     return VerifierResult(score=float(inp.ground_truth))  # e.g. "nan" or "2.0"
 
 
-@register("test_crash")
+@register_verifier("test_crash")
 def crashing(inp: VerifierInput, settings: RewardSettings) -> VerifierResult:
     os._exit(3)  # a worker dying mid-call, like a segfault or an OOM kill

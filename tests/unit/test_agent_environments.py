@@ -11,7 +11,6 @@ import pytest
 from open_instruct.agents import environments
 from open_instruct.agents.base import ToolCall
 from open_instruct.agents.environments import (
-    ENVIRONMENTS,
     CounterEnv,
     GuessNumberEnv,
     WordleEnv,
@@ -243,7 +242,6 @@ def test_make_environment_names_the_problem_in_one_line():
         make_environment("guess_number", {"step": 2, "max_val": 10})
     env = make_environment("guess_number", {"max_val": "10"})
     assert isinstance(env, GuessNumberEnv) and env.max_val == 10
-    assert set(ENVIRONMENTS) == {"counter", "guess_number", "wordle", "generic_sandbox"}
 
 
 def test_a_fresh_instance_after_reset_has_no_leftover_state():

@@ -194,12 +194,11 @@ def _parser(cfg, value):
 
 
 def _tool(cfg, value):
-    from open_instruct.agents.environments import ENVIRONMENTS
     from open_instruct.agents.settings import AgentSettings
-    from open_instruct.agents.tools import TOOLS
+    from open_instruct.extensions import registered_environments, registered_tools
 
     [spec] = AgentSettings.from_config(cfg).tool_specs
-    assert spec.kind == value and (value in TOOLS or value in ENVIRONMENTS)
+    assert spec.kind == value and (value in registered_tools() or value in registered_environments())
 
 
 def _report_to(cfg, value):

@@ -16,7 +16,8 @@ import pytest
 from helpers.sandbox_service import bash_code_service
 
 from open_instruct.agents.base import ToolCall
-from open_instruct.agents.environments import ENVIRONMENTS, make_environment
+from open_instruct.agents.environments import make_environment
+from open_instruct.extensions import registered_environments
 
 
 @pytest.fixture(scope="module")
@@ -239,9 +240,9 @@ def test_bad_configs_are_one_line_errors(config, message):
 def test_it_is_registered_with_open_instructs_function_names_and_parses_as_a_tool():
     from open_instruct.config.core import parse_config
 
-    names = [d.name for d in ENVIRONMENTS["generic_sandbox"].tool_definitions()]
+    names = [d.name for d in registered_environments()["generic_sandbox"].tool_definitions()]
     assert names == ["execute_bash", "str_replace_editor"]
-    editor = ENVIRONMENTS["generic_sandbox"].tool_definitions()[1]
+    editor = registered_environments()["generic_sandbox"].tool_definitions()[1]
     assert set(editor.parameters["properties"]) == {
         "command",
         "path",

@@ -9,6 +9,7 @@ gives the model. The real multi-turn path on a vLLM engine is in tests/integrati
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import pickle
 import socket
@@ -19,9 +20,18 @@ import pytest
 from helpers.web_services import CRAWL4AI_KEY, KEYS, S2_REPLY, crawl_reply, jina_page, web_stub_server
 
 from open_instruct.agents.settings import AgentSettings, ToolSpec
-from open_instruct.agents.tools import TOOLS, Toolbox
-from open_instruct.agents.web_tools import NO_RESULTS, url_refusal, with_credentials
+from open_instruct.agents.tools import Toolbox
+from open_instruct.agents.web_tools import (
+    NO_RESULTS,
+    HostedServiceConfig,
+    JinaConfig,
+    S2Config,
+    SerperConfig,
+    url_refusal,
+    with_credentials,
+)
 from open_instruct.config.core import ConfigError, parse_config
+from open_instruct.extensions import registered_tools
 from open_instruct.grpo_fast import checked_config
 
 
@@ -55,7 +65,8 @@ def public_dns(host: str) -> list[str]:
 def call(kind: str, args: dict, resolve=public_dns, **config):
     async def go():
         browse = kind in ("jina_browse", "crawl4ai_browse")
-        tool = TOOLS[kind](kind, config, resolve=resolve) if browse else TOOLS[kind](kind, config)
+        cls = registered_tools()[kind]
+        tool = cls(kind, config, resolve=resolve) if browse else cls(kind, config)
         try:
             return await tool.call(args)
         finally:
@@ -381,7 +392,7 @@ def test_schemas_are_openinstructs():
     }
     for kind, (description, argument, help_text) in expected.items():
         config = {"api_key": "k"} | ({"api_url": "http://x", "blocklist": []} if kind == "crawl4ai_browse" else {})
-        definition = TOOLS[kind]("my_" + kind, config).definition
+        definition = registered_tools()[kind]("my_" + kind, config).definition
         assert definition.as_openai() == {
             "type": "function",
             "function": {
@@ -394,6 +405,21 @@ def test_schemas_are_openinstructs():
                 },
             },
         }
+
+
+def test_the_hosted_services_share_their_keys_and_keep_their_defaults():
+    """serper_search, s2_search and jina_browse take the keys of `HostedServiceConfig`, each with the defaults
+    its --tool_configs always had (a pin: a user's JSON means what it meant)."""
+    defaults = {
+        SerperConfig: {"timeout": 10, "base_url": "https://google.serper.dev", "num_results": 5},
+        S2Config: {"timeout": 60, "base_url": "https://api.semanticscholar.org/graph/v1", "num_results": 10},
+        JinaConfig: {"timeout": 30, "base_url": "https://r.jina.ai"},
+    }
+    for config_class, own in defaults.items():
+        assert issubclass(config_class, HostedServiceConfig)
+        keys = {f.name: f.default for f in dataclasses.fields(config_class)}
+        assert keys == {**own, "api_key": None, "max_retries": 3}, config_class.__name__
+        assert "secret" not in repr(config_class(api_key="secret"))
 
 
 def test_the_four_tools_parse_with_their_variables_set(stub):
@@ -442,7 +468,7 @@ def test_with_credentials_carries_the_environment_into_the_config_and_hides_the_
     assert "serper-key" not in repr(serper) and CRAWL4AI_KEY not in repr(crawl)
     for variable in (*KEYS, "CRAWL4AI_API_URL", "CRAWL4AI_API_KEY", "CRAWL4AI_BLOCKLIST_PATH"):
         monkeypatch.delenv(variable)
-    tool = TOOLS["serper_search"]("search", serper.config)  # an engine without the variables
+    tool = registered_tools()["serper_search"]("search", serper.config)  # an engine without the variables
     assert "serper-key" not in repr(tool.settings)
     stub.script("/crawl4ai/crawl", (200, crawl_reply(markdown="ok")))
     assert call("crawl4ai_browse", {"url": "https://example.com"}, **crawl.config).result == "ok"
