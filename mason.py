@@ -28,6 +28,8 @@ from typing import Any
 
 from open_instruct.launch.beaker_spec import DEFAULT_ENV, build_spec, spec_to_yaml
 from open_instruct.launch.commands import (
+    CACHE_KEY_FLAGS,
+    CACHE_KEYS_LINE,
     Prepared,
     build_command,
     detach_operators,
@@ -63,8 +65,6 @@ CACHE_EXCLUDED_FLAGS = {
     "--checkpoint_state_dir": True,
     "--gs_checkpoint_state_dir": True,
 }
-CACHE_KEY_FLAGS = ("--dataset_config_hash", "--dataset_config_eval_hash")
-CACHE_KEYS_LINE = "dataset cache keys:"  # what grpo_fast.py --cache_dataset_only prints on stdout
 DEFAULT_CACHE_DIR = "local_dataset_cache"  # grpo_fast.py's --dataset_local_cache_dir default
 
 HELP_EPILOG = f"Every task gets {' '.join(f'{k}={v}' for k, v in DEFAULT_ENV.items())}, unless --env says otherwise."

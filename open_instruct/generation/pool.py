@@ -441,14 +441,8 @@ class EnginePool:
         return completions
 
     def _abandon_replacements(self) -> None:
-        import ray
-
-        if self.replacing is None:
-            return
-        for actor in self.replacing.abandon():
+        if self.replacing is not None and self.replacing.abandon():
             logger.info("the run ends with an engine replacement still starting: it is stopped")
-            with contextlib.suppress(Exception):
-                ray.kill(actor)
 
     def shutdown(self) -> None:
         import ray

@@ -125,11 +125,13 @@ class Replacements:
         r.serving_at = time.time()
         return r
 
-    def abandon(self) -> list:
-        """The run ends: the actors of replacements still under way, to kill."""
+    def abandon(self) -> int:
+        """The run ends: kills the actors of replacements still under way; how many there were."""
         actors = [r.actor for r in self.pending.values() if r.actor is not None]
         self.pending.clear()
-        return actors
+        for actor in actors:
+            _kill(actor)
+        return len(actors)
 
 
 def _kill(actor) -> None:

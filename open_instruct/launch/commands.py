@@ -10,6 +10,10 @@ from dataclasses import dataclass
 
 from open_instruct.launch.settings import TRAINING_ENTRY, WEKA_CLUSTERS, Account, LaunchIds, MasonArgs
 
+# The one line grpo_fast.py --cache_dataset_only prints for mason.py to read: both sides import these.
+CACHE_KEY_FLAGS = ("--dataset_config_hash", "--dataset_config_eval_hash")
+CACHE_KEYS_LINE = "dataset cache keys:"
+
 SHELL_OPERATORS = ("&&", "||", ";")
 _SHELL_VARIABLE = re.compile(r"\$(\{[A-Za-z_][A-Za-z0-9_]*\}|[A-Za-z_][A-Za-z0-9_]*)")
 
