@@ -58,7 +58,7 @@ def write_report(results: dict, out: Path) -> None:
 
 
 _COLUMNS = (  # (title, key, format): median [min-max] over the rounds
-    ("samples/s", "trained_samples_per_s", ".2f"),
+    ("samples/s", "trained_samples_per_s", ".3g"),
     ("gen idle", "generation_idle_frac", ".3f"),
     ("learner wait", "learner_wait_frac", ".3f"),
     ("sync pause s", "weight_sync_pause_s_avg", ".3f"),
