@@ -26,6 +26,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from open_instruct.config.fields import NO_EFFECT, moved_flags
 from open_instruct.launch.beaker_spec import DEFAULT_ENV, build_spec, spec_to_yaml
 from open_instruct.launch.commands import (
     CACHE_KEY_FLAGS,
@@ -49,12 +50,6 @@ from open_instruct.launch.settings import (
 )
 
 REPO = Path(__file__).resolve().parent
-# Options open-instruct's mason.py accepted once and now ignores.
-DEPRECATED_NO_OPS = {
-    "no_hf_cache_env": "open-instruct marks it deprecated; it does nothing",
-    "no_mount_nfs": "open-instruct marks it deprecated; it does nothing",
-    "gs_model_name": "it named a model uploaded to Google Cloud Storage for the retired Augusta cluster",
-}
 # W&B settings of the launching shell that the job inherits.
 PASSED_THROUGH_ENV = ("WANDB_ENTITY", "WANDB_PROJECT", "WANDB_TAGS")
 # Flags the local caching run leaves out (True: the flag takes a value): tracking and resumable state
@@ -80,9 +75,6 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     add_options(parser)
     parser.set_defaults(description=os.environ.get("RUN_NAME", MasonArgs.description))  # depends on where mason runs
-    for name, why in DEPRECATED_NO_OPS.items():
-        action = "store" if name == "gs_model_name" else "store_true"
-        parser.add_argument(f"--{name}", action=action, help=f"Accepted and ignored: {why}.")
     return parser
 
 
@@ -111,7 +103,6 @@ def parse_args(argv: list[str], environ: dict[str, str] | None = None) -> MasonA
     return from_namespace(
         ns,
         commands=tuple(commands),
-        ignored=tuple(name for name in DEPRECATED_NO_OPS if getattr(ns, name)),
         local_workdir=os.getcwd(),
         local_path=environ.get("PATH", ""),
         wandb_env=tuple((name, environ[name]) for name in PASSED_THROUGH_ENV if name in environ),
@@ -215,7 +206,7 @@ def prepare(args: MasonArgs, account: Account, ids: LaunchIds) -> list[Prepared]
 
 
 def launch_warnings(args: MasonArgs) -> list[str]:
-    notes = [f"--{name} is ignored: {DEPRECATED_NO_OPS[name]}" for name in args.ignored]
+    notes = [f"--{name} is ignored: {why}" for name, _, why in moved_flags(args, NO_EFFECT)]
     words = [token for command in args.commands for token in command]
     if args.num_nodes > 1 and not any("ray_node_setup.sh" in word for word in words):
         notes.append(
@@ -261,7 +252,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"mason.py: warning: {note}", file=sys.stderr)
     try:
         account = look_up_account(args.workspace)
-        ids = LaunchIds.new()
+        ids = LaunchIds()
         commands = prepare(args, account, ids)
     except LaunchError as error:
         print(f"mason.py: {error}", file=sys.stderr)
