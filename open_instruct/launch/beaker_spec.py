@@ -81,32 +81,26 @@ def env_vars(args: MasonArgs, account: Account, ids: LaunchIds) -> list[dict[str
 def build_spec(args: MasonArgs, commands: list[Prepared], account: Account, ids: LaunchIds) -> dict[str, Any]:
     """The Beaker v2 experiment spec (a plain dict, ready for YAML) for prepared commands."""
     environment = env_vars(args, account, ids)
+    cd = "" if args.pure_docker_mode else f"cd {shlex.quote(args.local_workdir)} && "
     tasks = []
     for index, prepared in enumerate(commands):
-        command = build_command(prepared.tokens)
-        if not args.pure_docker_mode:
-            command = f"cd {shlex.quote(args.local_workdir)} && {command}"
         task: dict[str, Any] = {"name": f"{args.task_name}__{index}", "replicas": args.num_nodes}
         if args.num_nodes > 1:
             # Replica 0 leads (its hostname is BEAKER_LEADER_REPLICA_HOSTNAME on every replica); one replica
             # failing or preempted takes the group down: a Ray cluster missing a node cannot continue.
-            task.update({"leaderSelection": True, "propagateFailure": True, "propagatePreemption": True})
-        task.update(
-            {
-                "hostNetworking": args.host_networking,
-                "image": image_spec(args.image),
-                "command": ["/bin/bash", "-c"],
-                "arguments": [command],
-                "envVars": environment,
-                "datasets": mounts(args),
-                "result": {"path": RESULT_PATH},
-                "resources": {"gpuCount": args.gpus, "sharedMemory": args.shared_memory},
-                "context": {"priority": args.priority, "preemptible": args.preemptible},
-                "constraints": {"hostname": list(args.hostnames)}
-                if args.hostnames
-                else {"cluster": list(args.clusters)},
-            }
-        )
+            task |= {"leaderSelection": True, "propagateFailure": True, "propagatePreemption": True}
+        task |= {
+            "hostNetworking": args.host_networking,
+            "image": image_spec(args.image),
+            "command": ["/bin/bash", "-c"],
+            "arguments": [cd + build_command(prepared.tokens)],
+            "envVars": environment,
+            "datasets": mounts(args),
+            "result": {"path": RESULT_PATH},
+            "resources": {"gpuCount": args.gpus, "sharedMemory": args.shared_memory},
+            "context": {"priority": args.priority, "preemptible": args.preemptible},
+            "constraints": {"hostname": list(args.hostnames)} if args.hostnames else {"cluster": list(args.clusters)},
+        }
         if args.timeout:
             task["timeout"] = args.timeout
         tasks.append(task)
