@@ -39,15 +39,7 @@ from open_instruct.launch.commands import (
     rewrite_training,
     without_flags,
 )
-from open_instruct.launch.settings import (
-    INTERCONNECT_CLUSTERS,
-    TRAINING_ENTRY,
-    Account,
-    LaunchIds,
-    MasonArgs,
-    add_options,
-    from_namespace,
-)
+from open_instruct.launch.settings import INTERCONNECT_CLUSTERS, TRAINING_ENTRY, Account, LaunchIds, MasonArgs
 
 REPO = Path(__file__).resolve().parent
 # W&B settings of the launching shell that the job inherits.
@@ -73,7 +65,7 @@ def _build_parser() -> argparse.ArgumentParser:
         epilog=HELP_EPILOG,
         allow_abbrev=False,  # an abbreviation silently matching another option is worse than an error
     )
-    add_options(parser)
+    MasonArgs.add_options(parser)
     parser.set_defaults(description=os.environ.get("RUN_NAME", MasonArgs.description))  # depends on where mason runs
     return parser
 
@@ -100,7 +92,7 @@ def parse_args(argv: list[str], environ: dict[str, str] | None = None) -> MasonA
     duplicates = sorted({name for name in names if names.count(name) > 1})
     if duplicates:
         parser.error(f"argument --env/--secret: {', '.join(duplicates)} set more than once (each variable once)")
-    return from_namespace(
+    return MasonArgs.from_namespace(
         ns,
         commands=tuple(commands),
         local_workdir=os.getcwd(),

@@ -1,6 +1,6 @@
 """A launch's settings, each of mason.py's options declared once as a field of `MasonArgs` (its flag, check and
-help with it: `add_options` builds the parser from them, `from_namespace` the settings), and the facts about
-Ai2's clusters that open-instruct's mason.py encodes (the recorded commit's lists)."""
+help with it; the parser is built from the fields and read back into them), and the facts about Ai2's clusters
+that open-instruct's mason.py encodes (the recorded commit's lists)."""
 
 from __future__ import annotations
 
@@ -48,9 +48,6 @@ def matching(pattern: str, expected: str):
     return check
 
 
-org_name = matching(f"{_NAME}/{_NAME}", "of the form org/name (e.g. ai2/jupiter)")
-
-
 def int_in_range(low: int, high: int | None = None):
     def check(value: str) -> int:
         bound = f"between {low} and {high}" if high is not None else f">= {low}"
@@ -83,32 +80,13 @@ def non_empty(value: str) -> str:
     return value
 
 
-def add_options(parser: argparse.ArgumentParser) -> None:
-    """Every option of `MasonArgs` on `parser` (the fields with help), its default in its help. As
-    HfArgumentParser reads the trainer's flags: a bool field is a switch that flips its default."""
-    for setting in fields(MasonArgs):
-        if "help" not in setting.metadata:
-            continue
-        kwargs = {key: value for key, value in setting.metadata.items() if key not in ("flag", "kind", "reason")}
-        if setting.metadata.get("kind") == NO_EFFECT:
-            kwargs["help"] = f"Accepted and ignored: {setting.metadata['reason']}."
-        if setting.default is MISSING:
-            kwargs["required"] = True
-        elif isinstance(setting.default, bool):
-            kwargs["action"] = "store_false" if setting.default else "store_true"
-        else:
-            # A list option's tuple default as a list: argparse's append and extend actions add to it.
-            kwargs["default"] = list(setting.default) if isinstance(setting.default, tuple) else setting.default
-        # A value's default in --help (a flag's default is its absence, None's is said in words).
-        if type(setting.default) in (str, int) and "%(default)" not in kwargs["help"]:
-            kwargs["help"] += " Default: %(default)s."
-        parser.add_argument(setting.metadata.get("flag", f"--{setting.name}"), dest=setting.name, **kwargs)
-
-
-def from_namespace(ns: argparse.Namespace, **rest: Any) -> MasonArgs:
-    """The settings from parsed options (`rest`: the fields that are not options)."""
-    lists = {name: tuple(dict.fromkeys(value)) for name, value in vars(ns).items() if isinstance(value, list)}
-    return MasonArgs(**{**vars(ns), **lists}, **rest)
+org_name = matching(f"{_NAME}/{_NAME}", "of the form org/name (e.g. ai2/jupiter)")
+beaker_name = matching(_NAME, "made of letters, digits, '.', '_' and '-'")
+memory_size = matching(r"(?i)\d+(\.\d+)?\s*([KMGT]i?B?|B)?", "a size like 10.24gb or 64GiB")
+duration = matching(r"(\d+(\.\d+)?(ns|us|µs|ms|s|m|h))+", "a duration like 15m, 2h or 2h30m")
+dataset_mount = pair(":", "/[^:]*", "[^:]+", "MOUNT_PATH:DATASET_ID (e.g. /models:01HQXGAYGCS6D4)")
+env_pair = pair("=", _ENV_NAME, "(?s).*", "KEY=VALUE (KEY an environment variable name)")
+secret_pair = pair("=", _ENV_NAME, _NAME, "ENV_VAR=SECRET_NAME (the name of a secret stored in the Beaker workspace)")
 
 
 @dataclass(frozen=True)
@@ -147,45 +125,25 @@ class MasonArgs:
     num_nodes: int = arg(1, "Nodes: Beaker replicas of each task.", type=int_in_range(1))
     max_retries: int = arg(0, "Beaker's task retries.", type=int_in_range(0))
     gpus: int = arg(0, "GPUs per node.", type=int_in_range(0, MAX_GPUS_PER_NODE))
-    shared_memory: str = arg(
-        "10.24gb",
-        "Size of /dev/shm (Ray's object store, NCCL buffers).",
-        type=matching(r"(?i)\d+(\.\d+)?\s*([KMGT]i?B?|B)?", "a size like 10.24gb or 64GiB"),
-    )
-    timeout: str | None = arg(
-        None,
-        "Beaker stops the task after this long. Default: no limit.",
-        type=matching(r"(\d+(\.\d+)?(ns|us|µs|ms|s|m|h))+", "a duration like 15m, 2h or 2h30m"),
-    )
+    shared_memory: str = arg("10.24gb", "Size of /dev/shm (Ray's object store, NCCL buffers).", type=memory_size)
+    timeout: str | None = arg(None, "Beaker stops the task after this long. Default: no limit.", type=duration)
     host_networking: bool = arg(True, "Give the task its own network namespace.", flag="--no-host-networking")
     description: str = arg("Beaker-Mason job.", "Experiment description. Default: $RUN_NAME, else %(default)r.")
-    task_name: str = arg(
-        "beaker_mason",
-        "Base name of the Beaker tasks: NAME__0, NAME__1, ...",
-        type=matching(_NAME, "made of letters, digits, '.', '_' and '-'"),
-    )
+    task_name: str = arg("beaker_mason", "Base name of the Beaker tasks: NAME__0, NAME__1, ...", type=beaker_name)
     dry_run: bool = arg(False, "Print the spec and every step mason would take, taking none.")
     mount_docker_socket: bool = arg(False, "Mount the host's /var/run/docker.sock (Docker in Docker).")
     beaker_datasets: tuple[tuple[str, str], ...] = arg(  # (mount path, dataset id)
-        (),
-        "Beaker datasets to mount.",
-        type=pair(":", "/[^:]*", "[^:]+", "MOUNT_PATH:DATASET_ID (e.g. /models:01HQXGAYGCS6D4)"),
-        nargs="*",
-        metavar="MOUNT_PATH:ID",
+        (), "Beaker datasets to mount.", type=dataset_mount, nargs="*", metavar="MOUNT_PATH:ID"
     )
     env: tuple[tuple[str, str], ...] = arg(
-        (),
-        "An environment variable of the task; repeatable.",
-        type=pair("=", _ENV_NAME, "(?s).*", "KEY=VALUE (KEY an environment variable name)"),
-        action="append",
-        metavar="KEY=VALUE",
+        (), "An environment variable of the task; repeatable.", type=env_pair, action="append", metavar="KEY=VALUE"
     )
     # (variable, secret name): a secret enters the spec by its name only.
     secrets: tuple[tuple[str, str], ...] = arg(
         (),
         "The workspace secret SECRET_NAME as the variable ENV; repeatable.",
         flag="--secret",
-        type=pair("=", _ENV_NAME, _NAME, "ENV_VAR=SECRET_NAME (the name of a secret stored in the Beaker workspace)"),
+        type=secret_pair,
         action="append",
         metavar="ENV=SECRET_NAME",
     )
@@ -216,6 +174,34 @@ class MasonArgs:
     def on_weka(self) -> bool:
         """Every cluster mounts Weka, so the task may rely on it."""
         return all(cluster in WEKA_CLUSTERS for cluster in self.clusters)
+
+    @classmethod
+    def add_options(cls, parser: argparse.ArgumentParser) -> None:
+        """Every option (a field with help) on `parser`, its default in its help. As HfArgumentParser reads the
+        trainer's flags: a bool field is a switch that flips its default."""
+        for setting in fields(cls):
+            if "help" not in setting.metadata:
+                continue
+            kwargs = {key: value for key, value in setting.metadata.items() if key not in ("flag", "kind", "reason")}
+            if setting.metadata.get("kind") == NO_EFFECT:
+                kwargs["help"] = f"Accepted and ignored: {setting.metadata['reason']}."
+            if setting.default is MISSING:
+                kwargs["required"] = True
+            elif isinstance(setting.default, bool):
+                kwargs["action"] = "store_false" if setting.default else "store_true"
+            else:
+                # A list option's tuple default as a list: argparse's append and extend actions add to it.
+                kwargs["default"] = list(setting.default) if isinstance(setting.default, tuple) else setting.default
+            # A value's default in --help (a flag's default is its absence, None's is said in words).
+            if type(setting.default) in (str, int) and "%(default)" not in kwargs["help"]:
+                kwargs["help"] += " Default: %(default)s."
+            parser.add_argument(setting.metadata.get("flag", f"--{setting.name}"), dest=setting.name, **kwargs)
+
+    @classmethod
+    def from_namespace(cls, ns: argparse.Namespace, **rest: Any) -> MasonArgs:
+        """The settings from parsed options (`rest`: the fields that are not options)."""
+        lists = {name: tuple(dict.fromkeys(value)) for name, value in vars(ns).items() if isinstance(value, list)}
+        return cls(**{**vars(ns), **lists}, **rest)
 
 
 @dataclass(frozen=True)
