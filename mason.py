@@ -54,15 +54,13 @@ CACHE_EXCLUDED_FLAGS = {
 }
 DEFAULT_CACHE_DIR = "local_dataset_cache"  # grpo_fast.py's --dataset_local_cache_dir default
 
-HELP_EPILOG = f"Every task gets {' '.join(f'{k}={v}' for k, v in DEFAULT_ENV.items())}, unless --env says otherwise."
-
 
 def _build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="mason.py",
         description=__doc__,
         usage="python mason.py [options] -- COMMAND [ARGS...] [-- COMMAND [ARGS...] ...]",
-        epilog=HELP_EPILOG,
+        epilog=f"Every task gets {' '.join(f'{k}={v}' for k, v in DEFAULT_ENV.items())}, unless --env says otherwise.",
         allow_abbrev=False,  # an abbreviation silently matching another option is worse than an error
     )
     MasonArgs.add_options(parser)
@@ -159,12 +157,10 @@ def run_caching(command: list[str]) -> tuple[str, ...]:
             f"caching the datasets failed (exit {process.returncode}): {last}; nothing was submitted "
             "(--no_auto_dataset_cache skips this step)"
         )
-    # ('--dataset_config_hash', KEY, ...) from the line that names them; none when it is not understood.
-    for line in lines:
-        if line.startswith(CACHE_KEYS_LINE):
-            keys = tuple(line.removeprefix(CACHE_KEYS_LINE).split())
-            return keys if len(keys) % 2 == 0 and set(keys[::2]) <= set(CACHE_KEY_FLAGS) else ()
-    return ()
+    # ('--dataset_config_hash', KEY, ...) from the first line naming them; none without one or not understood.
+    line = next((line for line in lines if line.startswith(CACHE_KEYS_LINE)), CACHE_KEYS_LINE)
+    keys = tuple(line.removeprefix(CACHE_KEYS_LINE).split())
+    return keys if len(keys) % 2 == 0 and set(keys[::2]) <= set(CACHE_KEY_FLAGS) else ()
 
 
 def prepare(args: MasonArgs, account: Account, ids: LaunchIds) -> list[Prepared]:

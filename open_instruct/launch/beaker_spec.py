@@ -9,11 +9,11 @@ from typing import Any
 import yaml
 
 from open_instruct.launch.commands import Prepared, build_command, entry_segment
-from open_instruct.launch.settings import Account, LaunchIds, MasonArgs
+from open_instruct.launch.settings import AI2_ON_WEKA, Account, LaunchIds, MasonArgs
 
 RESULT_PATH = "/output"  # Beaker keeps this directory as the experiment's result dataset
 WEKA_BUCKETS = ("oe-adapt-default", "oe-training-default")
-HF_CACHE_ON_WEKA = "/weka/oe-adapt-default/allennlp/.cache"
+HF_CACHE_ON_WEKA = f"{AI2_ON_WEKA}/.cache"
 DOCKER_SOCKET = "/var/run/docker.sock"
 DEFAULT_ENV: dict[str, str] = {
     # open-instruct's defaults (torch.compile's cache is unreliable there, compiling itself is fine).
@@ -43,10 +43,9 @@ USEFUL_SECRETS = (
 
 
 def image_spec(image: str) -> dict[str, str]:
-    if image.startswith("beaker://"):
-        return {"beaker": image.removeprefix("beaker://")}
-    if image.startswith("docker://"):
-        return {"docker": image.removeprefix("docker://")}
+    for kind in ("beaker", "docker"):
+        if image.startswith(f"{kind}://"):
+            return {kind: image.removeprefix(f"{kind}://")}
     first = image.split("/", 1)[0]
     looks_like_docker = ":" in image or "@" in image or ("/" in image and ("." in first or first == "localhost"))
     return {"docker": image} if looks_like_docker else {"beaker": image}

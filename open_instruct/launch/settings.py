@@ -31,6 +31,7 @@ WEKA_CLUSTERS = (
     "ai2/holmes",
 )
 INTERCONNECT_CLUSTERS = ("ai2/jupiter", "ai2/ceres", "ai2/titan", "ai2/holmes")
+AI2_ON_WEKA = "/weka/oe-adapt-default/allennlp"  # the Hugging Face caches and the automatic directories
 MAX_GPUS_PER_NODE = 8
 _NAME = r"[A-Za-z0-9][A-Za-z0-9._-]*"  # a Beaker name: an org, a cluster, a workspace, a secret, a task
 _ENV_NAME = r"[A-Za-z_][A-Za-z0-9_]*"
@@ -150,12 +151,10 @@ class MasonArgs:
     resumable: bool = arg(True, "No resumable state directory or W&B resume.", flag="--non_resumable")
     auto_dataset_cache: bool = arg(True, "Do not tokenize the datasets here first.", flag="--no_auto_dataset_cache")
     auto_output_dir_path: str = arg(
-        "/weka/oe-adapt-default/allennlp/deletable_checkpoint",
-        "On Weka, --output_dir becomes PATH/USER/ ('' keeps yours).",
+        f"{AI2_ON_WEKA}/deletable_checkpoint", "On Weka, --output_dir becomes PATH/USER/ ('' keeps yours)."
     )
     auto_checkpoint_state_dir: str = arg(
-        "/weka/oe-adapt-default/allennlp/deletable_checkpoint_states",
-        "Resumable state goes to PATH/USER/<time>_<n> ('' keeps yours).",
+        f"{AI2_ON_WEKA}/deletable_checkpoint_states", "Resumable state goes to PATH/USER/<time>_<n> ('' keeps yours)."
     )
     artifact_ttl: str | None = arg(None, "Append tmp-TTL (e.g. 1d) to the automatic directories.", type=non_empty)
     # Options open-instruct's mason.py accepted once and now ignores (a warning says so).
