@@ -26,7 +26,6 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from open_instruct.config.fields import NO_EFFECT, moved_flags
 from open_instruct.launch.beaker_spec import DEFAULT_ENV, build_spec, spec_to_yaml
 from open_instruct.launch.commands import (
     CACHE_KEY_FLAGS,
@@ -39,7 +38,7 @@ from open_instruct.launch.commands import (
     rewrite_training,
     without_flags,
 )
-from open_instruct.launch.settings import INTERCONNECT_CLUSTERS, TRAINING_ENTRY, Account, LaunchIds, MasonArgs
+from open_instruct.launch.settings import TRAINING_ENTRY, Account, LaunchIds, MasonArgs
 
 REPO = Path(__file__).resolve().parent
 # W&B settings of the launching shell that the job inherits.
@@ -193,30 +192,6 @@ def prepare(args: MasonArgs, account: Account, ids: LaunchIds) -> list[Prepared]
     return prepared
 
 
-def launch_warnings(args: MasonArgs) -> list[str]:
-    notes = [f"--{name} is ignored: {why}" for name, _, why in moved_flags(args, NO_EFFECT)]
-    words = [token for command in args.commands for token in command]
-    if args.num_nodes > 1 and not any("ray_node_setup.sh" in word for word in words):
-        notes.append(
-            f"--num_nodes {args.num_nodes} but no command sources ray_node_setup.sh: every replica runs the "
-            "whole command on its own"
-        )
-    if args.num_nodes > 1 and not args.host_networking:
-        notes.append("--no-host-networking with --num_nodes > 1: the nodes cannot reach each other's Ray and NCCL")
-    if args.num_nodes > 1 and not all(cluster in INTERCONNECT_CLUSTERS for cluster in args.clusters):
-        notes.append(
-            "a multi-node job on a cluster without a fast interconnect (those with one: "
-            f"{', '.join(INTERCONNECT_CLUSTERS)})"
-        )
-    names = {name for name, _ in args.env} | {name for name, _ in args.secrets}
-    if "--with_tracking" in words and "WANDB_API_KEY" not in names:
-        notes.append(
-            "--with_tracking: the job needs WANDB_API_KEY (--secret WANDB_API_KEY=<secret name>, or a workspace "
-            "secret named <user>_WANDB_API_KEY or WANDB_API_KEY)"
-        )
-    return notes
-
-
 def beaker_command(spec_path: str, workspace: str | None) -> list[str]:
     return ["beaker", "experiment", "create", spec_path, *(("--workspace", workspace) if workspace else ())]
 
@@ -236,7 +211,7 @@ def submit(text: str, workspace: str | None) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    for note in launch_warnings(args):
+    for note in args.warnings():
         print(f"mason.py: warning: {note}", file=sys.stderr)
     try:
         account = look_up_account(args.workspace)

@@ -106,8 +106,7 @@ def build_spec(args: MasonArgs, commands: list[Prepared], account: Account, ids:
     spec: dict[str, Any] = {"version": "v2", "description": args.description}
     if args.budget:
         spec["budget"] = args.budget
-    spec.update({"tasks": tasks, "retry": {"allowedTaskRetries": args.max_retries}})
-    return spec
+    return spec | {"tasks": tasks, "retry": {"allowedTaskRetries": args.max_retries}}
 
 
 def mounts(args: MasonArgs) -> list[dict[str, Any]]:

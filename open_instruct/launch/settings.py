@@ -12,7 +12,7 @@ import time
 from dataclasses import MISSING, dataclass, field, fields
 from typing import Any
 
-from open_instruct.config.fields import NO_EFFECT, arg
+from open_instruct.config.fields import NO_EFFECT, arg, moved_flags
 
 TRAINING_ENTRY = "open_instruct/grpo_fast.py"
 EXTERNAL_USER = "external_user"  # open-instruct's name for someone without Beaker credentials
@@ -173,6 +173,29 @@ class MasonArgs:
     def on_weka(self) -> bool:
         """Every cluster mounts Weka, so the task may rely on it."""
         return all(cluster in WEKA_CLUSTERS for cluster in self.clusters)
+
+    def warnings(self) -> list[str]:
+        notes = [f"--{name} is ignored: {why}" for name, _, why in moved_flags(self, NO_EFFECT)]
+        words = [token for command in self.commands for token in command]
+        if self.num_nodes > 1 and not any("ray_node_setup.sh" in word for word in words):
+            notes.append(
+                f"--num_nodes {self.num_nodes} but no command sources ray_node_setup.sh: every replica runs the "
+                "whole command on its own"
+            )
+        if self.num_nodes > 1 and not self.host_networking:
+            notes.append("--no-host-networking with --num_nodes > 1: the nodes cannot reach each other's Ray and NCCL")
+        if self.num_nodes > 1 and not all(cluster in INTERCONNECT_CLUSTERS for cluster in self.clusters):
+            notes.append(
+                "a multi-node job on a cluster without a fast interconnect (those with one: "
+                f"{', '.join(INTERCONNECT_CLUSTERS)})"
+            )
+        names = {name for name, _ in self.env} | {name for name, _ in self.secrets}
+        if "--with_tracking" in words and "WANDB_API_KEY" not in names:
+            notes.append(
+                "--with_tracking: the job needs WANDB_API_KEY (--secret WANDB_API_KEY=<secret name>, or a workspace "
+                "secret named <user>_WANDB_API_KEY or WANDB_API_KEY)"
+            )
+        return notes
 
     @classmethod
     def add_options(cls, parser: argparse.ArgumentParser) -> None:
