@@ -38,23 +38,9 @@ from open_instruct.launch.commands import (
     rewrite_training,
     without_flags,
 )
-from open_instruct.launch.settings import (
-    INTERCONNECT_CLUSTERS,
-    TRAINING_ENTRY,
-    Account,
-    LaunchIds,
-    MasonArgs,
-    add_options,
-    from_namespace,
-)
+from open_instruct.launch.settings import TRAINING_ENTRY, Account, LaunchIds, MasonArgs
 
 REPO = Path(__file__).resolve().parent
-# Options open-instruct's mason.py accepted once and now ignores.
-DEPRECATED_NO_OPS = {
-    "no_hf_cache_env": "open-instruct marks it deprecated; it does nothing",
-    "no_mount_nfs": "open-instruct marks it deprecated; it does nothing",
-    "gs_model_name": "it named a model uploaded to Google Cloud Storage for the retired Augusta cluster",
-}
 # W&B settings of the launching shell that the job inherits.
 PASSED_THROUGH_ENV = ("WANDB_ENTITY", "WANDB_PROJECT", "WANDB_TAGS")
 # Flags the local caching run leaves out (True: the flag takes a value): tracking and resumable state
@@ -67,22 +53,17 @@ CACHE_EXCLUDED_FLAGS = {
 }
 DEFAULT_CACHE_DIR = "local_dataset_cache"  # grpo_fast.py's --dataset_local_cache_dir default
 
-HELP_EPILOG = f"Every task gets {' '.join(f'{k}={v}' for k, v in DEFAULT_ENV.items())}, unless --env says otherwise."
-
 
 def _build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="mason.py",
         description=__doc__,
         usage="python mason.py [options] -- COMMAND [ARGS...] [-- COMMAND [ARGS...] ...]",
-        epilog=HELP_EPILOG,
+        epilog=f"Every task gets {' '.join(f'{k}={v}' for k, v in DEFAULT_ENV.items())}, unless --env says otherwise.",
         allow_abbrev=False,  # an abbreviation silently matching another option is worse than an error
     )
-    add_options(parser)
+    MasonArgs.add_options(parser)
     parser.set_defaults(description=os.environ.get("RUN_NAME", MasonArgs.description))  # depends on where mason runs
-    for name, why in DEPRECATED_NO_OPS.items():
-        action = "store" if name == "gs_model_name" else "store_true"
-        parser.add_argument(f"--{name}", action=action, help=f"Accepted and ignored: {why}.")
     return parser
 
 
@@ -108,10 +89,9 @@ def parse_args(argv: list[str], environ: dict[str, str] | None = None) -> MasonA
     duplicates = sorted({name for name in names if names.count(name) > 1})
     if duplicates:
         parser.error(f"argument --env/--secret: {', '.join(duplicates)} set more than once (each variable once)")
-    return from_namespace(
+    return MasonArgs.from_namespace(
         ns,
         commands=tuple(commands),
-        ignored=tuple(name for name in DEPRECATED_NO_OPS if getattr(ns, name)),
         local_workdir=os.getcwd(),
         local_path=environ.get("PATH", ""),
         wandb_env=tuple((name, environ[name]) for name in PASSED_THROUGH_ENV if name in environ),
@@ -176,12 +156,10 @@ def run_caching(command: list[str]) -> tuple[str, ...]:
             f"caching the datasets failed (exit {process.returncode}): {last}; nothing was submitted "
             "(--no_auto_dataset_cache skips this step)"
         )
-    # ('--dataset_config_hash', KEY, ...) from the line that names them; none when it is not understood.
-    for line in lines:
-        if line.startswith(CACHE_KEYS_LINE):
-            keys = tuple(line.removeprefix(CACHE_KEYS_LINE).split())
-            return keys if len(keys) % 2 == 0 and set(keys[::2]) <= set(CACHE_KEY_FLAGS) else ()
-    return ()
+    # ('--dataset_config_hash', KEY, ...) from the first line naming them; none without one or not understood.
+    line = next((line for line in lines if line.startswith(CACHE_KEYS_LINE)), CACHE_KEYS_LINE)
+    keys = tuple(line.removeprefix(CACHE_KEYS_LINE).split())
+    return keys if len(keys) % 2 == 0 and set(keys[::2]) <= set(CACHE_KEY_FLAGS) else ()
 
 
 def prepare(args: MasonArgs, account: Account, ids: LaunchIds) -> list[Prepared]:
@@ -214,30 +192,6 @@ def prepare(args: MasonArgs, account: Account, ids: LaunchIds) -> list[Prepared]
     return prepared
 
 
-def launch_warnings(args: MasonArgs) -> list[str]:
-    notes = [f"--{name} is ignored: {DEPRECATED_NO_OPS[name]}" for name in args.ignored]
-    words = [token for command in args.commands for token in command]
-    if args.num_nodes > 1 and not any("ray_node_setup.sh" in word for word in words):
-        notes.append(
-            f"--num_nodes {args.num_nodes} but no command sources ray_node_setup.sh: every replica runs the "
-            "whole command on its own"
-        )
-    if args.num_nodes > 1 and not args.host_networking:
-        notes.append("--no-host-networking with --num_nodes > 1: the nodes cannot reach each other's Ray and NCCL")
-    if args.num_nodes > 1 and not all(cluster in INTERCONNECT_CLUSTERS for cluster in args.clusters):
-        notes.append(
-            "a multi-node job on a cluster without a fast interconnect (those with one: "
-            f"{', '.join(INTERCONNECT_CLUSTERS)})"
-        )
-    names = {name for name, _ in args.env} | {name for name, _ in args.secrets}
-    if "--with_tracking" in words and "WANDB_API_KEY" not in names:
-        notes.append(
-            "--with_tracking: the job needs WANDB_API_KEY (--secret WANDB_API_KEY=<secret name>, or a workspace "
-            "secret named <user>_WANDB_API_KEY or WANDB_API_KEY)"
-        )
-    return notes
-
-
 def beaker_command(spec_path: str, workspace: str | None) -> list[str]:
     return ["beaker", "experiment", "create", spec_path, *(("--workspace", workspace) if workspace else ())]
 
@@ -257,11 +211,11 @@ def submit(text: str, workspace: str | None) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    for note in launch_warnings(args):
+    for note in args.warnings():
         print(f"mason.py: warning: {note}", file=sys.stderr)
     try:
         account = look_up_account(args.workspace)
-        ids = LaunchIds.new()
+        ids = LaunchIds()
         commands = prepare(args, account, ids)
     except LaunchError as error:
         print(f"mason.py: {error}", file=sys.stderr)

@@ -9,11 +9,11 @@ from typing import Any
 import yaml
 
 from open_instruct.launch.commands import Prepared, build_command, entry_segment
-from open_instruct.launch.settings import Account, LaunchIds, MasonArgs
+from open_instruct.launch.settings import AI2_ON_WEKA, Account, LaunchIds, MasonArgs
 
 RESULT_PATH = "/output"  # Beaker keeps this directory as the experiment's result dataset
 WEKA_BUCKETS = ("oe-adapt-default", "oe-training-default")
-HF_CACHE_ON_WEKA = "/weka/oe-adapt-default/allennlp/.cache"
+HF_CACHE_ON_WEKA = f"{AI2_ON_WEKA}/.cache"
 DOCKER_SOCKET = "/var/run/docker.sock"
 DEFAULT_ENV: dict[str, str] = {
     # open-instruct's defaults (torch.compile's cache is unreliable there, compiling itself is fine).
@@ -43,10 +43,9 @@ USEFUL_SECRETS = (
 
 
 def image_spec(image: str) -> dict[str, str]:
-    if image.startswith("beaker://"):
-        return {"beaker": image.removeprefix("beaker://")}
-    if image.startswith("docker://"):
-        return {"docker": image.removeprefix("docker://")}
+    for kind in ("beaker", "docker"):
+        if image.startswith(f"{kind}://"):
+            return {kind: image.removeprefix(f"{kind}://")}
     first = image.split("/", 1)[0]
     looks_like_docker = ":" in image or "@" in image or ("/" in image and ("." in first or first == "localhost"))
     return {"docker": image} if looks_like_docker else {"beaker": image}
@@ -81,40 +80,33 @@ def env_vars(args: MasonArgs, account: Account, ids: LaunchIds) -> list[dict[str
 def build_spec(args: MasonArgs, commands: list[Prepared], account: Account, ids: LaunchIds) -> dict[str, Any]:
     """The Beaker v2 experiment spec (a plain dict, ready for YAML) for prepared commands."""
     environment = env_vars(args, account, ids)
+    cd = "" if args.pure_docker_mode else f"cd {shlex.quote(args.local_workdir)} && "
     tasks = []
     for index, prepared in enumerate(commands):
-        command = build_command(prepared.tokens)
-        if not args.pure_docker_mode:
-            command = f"cd {shlex.quote(args.local_workdir)} && {command}"
         task: dict[str, Any] = {"name": f"{args.task_name}__{index}", "replicas": args.num_nodes}
         if args.num_nodes > 1:
             # Replica 0 leads (its hostname is BEAKER_LEADER_REPLICA_HOSTNAME on every replica); one replica
             # failing or preempted takes the group down: a Ray cluster missing a node cannot continue.
-            task.update({"leaderSelection": True, "propagateFailure": True, "propagatePreemption": True})
-        task.update(
-            {
-                "hostNetworking": args.host_networking,
-                "image": image_spec(args.image),
-                "command": ["/bin/bash", "-c"],
-                "arguments": [command],
-                "envVars": environment,
-                "datasets": mounts(args),
-                "result": {"path": RESULT_PATH},
-                "resources": {"gpuCount": args.gpus, "sharedMemory": args.shared_memory},
-                "context": {"priority": args.priority, "preemptible": args.preemptible},
-                "constraints": {"hostname": list(args.hostnames)}
-                if args.hostnames
-                else {"cluster": list(args.clusters)},
-            }
-        )
+            task |= {"leaderSelection": True, "propagateFailure": True, "propagatePreemption": True}
+        task |= {
+            "hostNetworking": args.host_networking,
+            "image": image_spec(args.image),
+            "command": ["/bin/bash", "-c"],
+            "arguments": [cd + build_command(prepared.tokens)],
+            "envVars": environment,
+            "datasets": mounts(args),
+            "result": {"path": RESULT_PATH},
+            "resources": {"gpuCount": args.gpus, "sharedMemory": args.shared_memory},
+            "context": {"priority": args.priority, "preemptible": args.preemptible},
+            "constraints": {"hostname": list(args.hostnames)} if args.hostnames else {"cluster": list(args.clusters)},
+        }
         if args.timeout:
             task["timeout"] = args.timeout
         tasks.append(task)
     spec: dict[str, Any] = {"version": "v2", "description": args.description}
     if args.budget:
         spec["budget"] = args.budget
-    spec.update({"tasks": tasks, "retry": {"allowedTaskRetries": args.max_retries}})
-    return spec
+    return spec | {"tasks": tasks, "retry": {"allowedTaskRetries": args.max_retries}}
 
 
 def mounts(args: MasonArgs) -> list[dict[str, Any]]:

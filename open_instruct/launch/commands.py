@@ -50,22 +50,14 @@ def build_command(tokens: list[str] | tuple[str, ...]) -> str:
 
     Raises ValueError when an operator has no command on one of its sides (`&& python x`, `a && && b`).
     """
-    parts: list[str] = []
-    expect_command = True  # at the start and right after an operator a command must follow
-    for token in tokens:
-        if token in SHELL_OPERATORS:
-            if expect_command:  # bash: "syntax error near unexpected token"
-                raise ValueError(f"{token!r} has no command before it")
-            parts.append(token)
-            expect_command = True
-        else:
-            parts.append(quote(token))
-            expect_command = False
-    if not parts:
+    if not tokens:
         raise ValueError("empty command")
-    if parts[-1] in ("&&", "||"):  # a trailing ';' is valid shell, a trailing '&&' is not
-        raise ValueError(f"{parts[-1]!r} has no command after it")
-    return " ".join(parts)
+    for before, token in zip((None, *tokens), tokens):  # bash: "syntax error near unexpected token"
+        if token in SHELL_OPERATORS and (before is None or before in SHELL_OPERATORS):
+            raise ValueError(f"{token!r} has no command before it")
+    if tokens[-1] in ("&&", "||"):  # a trailing ';' is valid shell, a trailing '&&' is not
+        raise ValueError(f"{tokens[-1]!r} has no command after it")
+    return " ".join(token if token in SHELL_OPERATORS else quote(token) for token in tokens)
 
 
 def quote(token: str) -> str:
