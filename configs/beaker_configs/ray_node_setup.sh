@@ -20,7 +20,7 @@
 #   running (`ray stop` stops it). When sourced, the caller's positional arguments are ignored.
 # Local (non-Beaker) mode: without BEAKER_* variables this is rank 0 of 1, a single-node head on 127.0.0.1.
 # Two shells on one machine can form a 2-node cluster with NUM_NODES=2, RAY_HEAD_IP=127.0.0.1,
-# BEAKER_REPLICA_RANK=0/1 and a distinct RAY_TEMP_DIR each (see tests/integration/test_ray_node_setup.py).
+# BEAKER_REPLICA_RANK=0/1 and a distinct RAY_TEMP_DIR each (see tests/nightly/test_ray_node_setup.py).
 # Other schedulers (Slurm, plain nodes): scripts/node_launch.sh maps their variables to NODE_RANK,
 # NUM_NODES and RAY_HEAD_HOSTNAME (docs/clusters.md).
 #

@@ -1,5 +1,5 @@
 """The Slurm job script (scripts/slurm.sh) and the node script under it (scripts/node_launch.sh) bring up a real
-2-node Ray cluster on this machine's loopback, the way tests/integration/test_ray_node_setup.py does for Beaker.
+2-node Ray cluster on this machine's loopback, the way tests/nightly/test_ray_node_setup.py does for Beaker.
 
 What: scripts/slurm.sh runs as sbatch would run it (on the first node, SLURM_* set) with stand-in `srun` and
 `scontrol` (tests/helpers/fake_slurm.py): srun starts node_launch.sh twice, as tasks 0 and 1, each with its own

@@ -3,7 +3,7 @@ saving and resuming, dtype / attention / weight-decay groups, the tokenizer rule
 the length-verifier normaliser, no-effect warnings, and evolving rubrics with the `rubric` verifier.
 
 Pure logic runs in-process; the loop runs through tests/helpers/fakes.py; judges and rubric writers are small
-HTTP servers started here (the real vLLM server is in tests/integration/test_llm_judge_server.py)."""
+HTTP servers started here (the real vLLM server is in tests/nightly/test_llm_judge_server.py)."""
 
 from __future__ import annotations
 

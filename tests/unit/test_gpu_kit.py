@@ -1,6 +1,6 @@
 """The GPU kit (scripts/gpu_kit/) for a GPU machine with torch but no vLLM, Ray or network: what its wheelhouse
 holds (from the GPU lock), which wheels an interpreter takes, and its dry run. Its CPU run is in
-tests/integration/test_gpu_path_on_cpu.py."""
+tests/nightly/test_gpu_path_on_cpu.py."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """What the GPU path decides that can be checked without CUDA: the send watchdog around the weight broadcast,
 the optimizer, and DeepSpeed's config for ZeRO stage 0 in bf16. (Placement and the one transport decision
 are in test_placement; the engines' restore after a failed update in test_weight_reload; DeepSpeed taking
-that config and the forced transfer failure, run for real on CPU, in tests/integration/test_gpu_path_on_cpu.py.)"""
+that config and the forced transfer failure, run for real on CPU, in tests/nightly/test_gpu_path_on_cpu.py.)"""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The general-* LLM-judge verifiers without a real server: the score parsed from the judge's reply, the
 prompt's length cap, and a judge that times out or has no endpoint giving reward 0 and a counted error.
-(Against vLLM's own OpenAI-compatible server: tests/integration/test_llm_judge_server.py.)"""
+(Against vLLM's own OpenAI-compatible server: tests/nightly/test_llm_judge_server.py.)"""
 
 from __future__ import annotations
 

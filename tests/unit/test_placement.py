@@ -1,5 +1,5 @@
 """Placement and the one transport decision, as pure functions over cluster shapes (no GPU needed). A real
---single_gpu_mode run on a CPU node is in tests/integration/test_single_gpu_mode_run.py."""
+--single_gpu_mode run on a CPU node is in tests/nightly/test_single_gpu_mode_run.py."""
 
 from __future__ import annotations
 

@@ -3,7 +3,7 @@
 The wire logic is pure enough to test here: what the learner writes, what an engine reads back, and
 that nothing is left in shared memory. The real engines load from the file in
 tests/integration/test_weight_sync.py (shared-memory test) and in the --single_gpu_mode run of
-tests/integration/test_single_gpu_mode_run.py.
+tests/nightly/test_single_gpu_mode_run.py.
 """
 
 from __future__ import annotations

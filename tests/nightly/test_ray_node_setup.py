@@ -14,7 +14,7 @@ node has its own short temp dir, Ray token authentication uses a token of this t
 ~/.ray/auth_token), and cleanup kills only the processes of the sessions this test started (by process
 id), never `ray stop`, which would stop every Ray cluster of this user on the machine.
 
-Run: `.venv/bin/pytest tests/integration/test_ray_node_setup.py` (about 2 minutes on 2 CPU cores; no GPU).
+Run: `.venv/bin/pytest tests/nightly/test_ray_node_setup.py` (about 2 minutes on 2 CPU cores; no GPU).
 """
 
 from __future__ import annotations
