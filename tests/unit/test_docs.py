@@ -137,6 +137,7 @@ def our_flags() -> set[str]:
     flags = {option for action in build_parser()._actions for option in action.option_strings}
     flags |= {option for action in mason._build_parser()._actions for option in action.option_strings}
     sources = [*REPO.glob("*.py"), *(REPO / "open_instruct").rglob("*.py"), *(REPO / "scripts").rglob("*.py")]
+    sources += [*(REPO / "benchmarks").glob("*.py")]
     sources += [*(REPO / "code_server").glob("*.py")]
     for source in sources:
         flags |= set(re.findall(r"""["'](--[A-Za-z][\w-]*)["']""", source.read_text()))
@@ -159,7 +160,7 @@ def test_every_flag_the_docs_name_exists():
 def test_every_file_path_the_docs_name_exists():
     """Paths into this repository's folders; a path introduced as open-instruct's is in its tree, not ours."""
     missing = []
-    pattern = r"(?<![\w/.-])((?:open_instruct|scripts|tests|docs|configs|code_server)/[\w./-]*\w)(\*?)"
+    pattern = r"(?<![\w/.-])((?:benchmarks|open_instruct|scripts|tests|docs|configs|code_server)/[\w./-]*\w)(\*?)"
     for doc in DOCS:
         text = doc.read_text()
         for match in re.finditer(pattern, text):
@@ -170,6 +171,22 @@ def test_every_file_path_the_docs_name_exists():
             if not found:
                 missing.append(f"{doc.relative_to(REPO)}: {path}{star}")
     assert not missing, "paths the docs name that do not exist:\n" + "\n".join(sorted(set(missing)))
+
+
+def test_every_module_a_command_runs_exists():
+    """`python -m <module>` in the docs, the scripts and the Dockerfile names a module of this checkout, so a
+    moved module leaves no stale command behind (other programs' modules, pip or pytest, are not ours)."""
+    texts = [*DOCS, *sorted((REPO / "scripts").rglob("*.sh")), REPO / "Dockerfile"]
+    missing = []
+    for path in texts:
+        for module in re.findall(r"\s-m\s+([A-Za-z_][\w.]*)", path.read_text()):
+            parts = module.rstrip(".").split(".")  # `benchmarks.<name>` names the package
+            if parts[0] not in ("open_instruct", "benchmarks", "code_server", "scripts"):
+                continue
+            where = REPO.joinpath(*parts)
+            if not (where.with_suffix(".py").is_file() or (where / "__init__.py").is_file()):
+                missing.append(f"{path.relative_to(REPO)}: -m {module}")
+    assert not missing, "modules the commands run that do not exist:\n" + "\n".join(sorted(set(missing)))
 
 
 def test_the_extending_pages_examples_run_as_written(tmp_path):

@@ -323,9 +323,9 @@ def test_benchmark_script_runs_the_benchmark_module_after_setting_up_the_venv(ca
     text = (REPO / "scripts" / "benchmark_generation.sh").read_text()
     body = [line for line in text.splitlines() if line.strip() and not line.startswith("#")]
     assert "bash scripts/setup_env.sh" in body
-    assert body[-1] == 'exec .venv/bin/python -m open_instruct.benchmarks.generation "$@"'
+    assert body[-1] == 'exec .venv/bin/python -m benchmarks.generation "$@"'
     # The flags its header advertises are the module's own (--help exits before anything starts).
-    from open_instruct.benchmarks import generation as benchmark_generation
+    from benchmarks import generation as benchmark_generation
 
     with pytest.raises(SystemExit) as exit_info:
         benchmark_generation.main(["--help"])
