@@ -3,7 +3,6 @@ pages missing from the nav fail it), and the README stays a short front page who
 
 from __future__ import annotations
 
-import importlib.util
 import re
 import subprocess
 import sys
@@ -12,19 +11,15 @@ from pathlib import Path
 
 import pytest
 
+import mason
+from scripts import config_docs
+
 REPO = Path(__file__).resolve().parents[2]
-
-
-def _config_docs():
-    spec = importlib.util.spec_from_file_location("config_docs", REPO / "scripts" / "config_docs.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_the_configuration_page_is_generated_from_the_flags():
     page = (REPO / "docs" / "configuration.md").read_text()
-    assert page == _config_docs().render(), "docs/configuration.md is stale: run python scripts/config_docs.py"
+    assert page == config_docs.render(), "docs/configuration.md is stale: run python scripts/config_docs.py"
 
 
 def _page_kinds() -> list[tuple[str, str]]:
@@ -131,9 +126,6 @@ def our_flags() -> set[str]:
     """grpo_fast's flags and every other command line of this repository (benchmarks, scripts, mason)."""
     from open_instruct.config.core import build_parser
 
-    spec = importlib.util.spec_from_file_location("mason", REPO / "mason.py")
-    mason = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mason)
     flags = {option for action in build_parser()._actions for option in action.option_strings}
     flags |= {option for action in mason._build_parser()._actions for option in action.option_strings}
     sources = [*REPO.glob("*.py"), *(REPO / "open_instruct").rglob("*.py"), *(REPO / "scripts").rglob("*.py")]

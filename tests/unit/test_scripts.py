@@ -422,11 +422,8 @@ def test_cuda_ipc_check_says_in_one_line_that_it_needs_cuda_and_its_loss_compari
         [sys.executable, "scripts/cuda_ipc_check.py"], cwd=REPO, capture_output=True, text=True, timeout=120
     )
     assert result.returncode == 2 and result.stderr.strip() == "cuda_ipc_check: no CUDA device visible to torch"
-    sys.path.insert(0, str(REPO / "scripts"))
-    try:
-        import cuda_ipc_check
-    finally:
-        sys.path.remove(str(REPO / "scripts"))
+    from scripts import cuda_ipc_check
+
     ok, detail = cuda_ipc_check.check_loss("cpu", "cpu")
     assert ok and detail.startswith("11 outputs"), detail
 
