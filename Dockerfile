@@ -59,7 +59,8 @@ COPY . /stage
 ENV VIRTUAL_ENV=/opt/venv
 ENV PATH=/opt/venv/bin:$PATH
 
-# The stack from the lock, then this repo (editable, so /stage is the code that runs). A package index
+# The stack from the lock, then this repo (editable, so /stage is the code that runs; benchmarks/ is not
+# installed and runs from /stage, the working directory, as scripts/gpu_check.sh does). A package index
 # other than PyPI reaches pip only as build secrets, never as a layer: `pip_conf` is a pip.conf mounted as
 # the global configuration, `pip_ca` a CA bundle (a pip.conf written for the build names it as
 # cert = /run/secrets/pip_ca). Either may be left out. The pip cache is a build cache, not a layer.

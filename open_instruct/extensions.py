@@ -33,7 +33,7 @@ from open_instruct.errors import UserError
 
 if TYPE_CHECKING:
     from open_instruct.agents.base import Environment, Tool
-    from open_instruct.rewards import Verifier
+    from open_instruct.rewards.base import Verifier
 
 ENTRY_POINT_GROUP = "open_instruct.extensions"
 

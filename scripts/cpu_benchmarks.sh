@@ -40,23 +40,23 @@ else
   window_cpu=() lora=() e2e_lora=(--steps 16) driver=()
   real_length=(--steps 3 --rounds 1 --prompts 2 --samples 4 --median_tokens 4000 --max_tokens 16384 --kv_cache_gib 0.1)
 fi
-$py -m open_instruct.benchmarks.generation "${generation[@]}" --output "$out/generation.json"
-$py -m open_instruct.benchmarks.weight_sync "${weight_sync[@]}" --output "$out/weight_sync.json"
-$py -m open_instruct.benchmarks.learner_step "${learner_step[@]}" --output "$out/learner_step.json"
-$py -m open_instruct.benchmarks.replay "${replay[@]}" --output "$out/replay"
-$py -m open_instruct.benchmarks.e2e "${e2e[@]}" --output "$out/e2e"
-$py -m open_instruct.benchmarks.simulator "${simulator[@]}" --measured "$out/e2e/measured.json" --output "$out/simulator"
-$py -m open_instruct.benchmarks.faults "${faults[@]}" --output "$out/faults"
-$py -m open_instruct.benchmarks.staleness_learning "${staleness[@]}" --output "$out/staleness_learning"
-$py -m open_instruct.benchmarks.window_sim "${window_sim[@]}" --output "$out/window_sim"
-$py -m open_instruct.benchmarks.window_cpu "${window_cpu[@]}" --output "$out/window_cpu"
-$py -m open_instruct.benchmarks.lora "${lora[@]}" --output "$out/lora.json"
-$py -m open_instruct.benchmarks.e2e "${e2e_lora[@]}" --use_peft --workloads heavy_tail --modes synchronous streaming \
+$py -m benchmarks.generation "${generation[@]}" --output "$out/generation.json"
+$py -m benchmarks.weight_sync "${weight_sync[@]}" --output "$out/weight_sync.json"
+$py -m benchmarks.learner_step "${learner_step[@]}" --output "$out/learner_step.json"
+$py -m benchmarks.replay "${replay[@]}" --output "$out/replay"
+$py -m benchmarks.e2e "${e2e[@]}" --output "$out/e2e"
+$py -m benchmarks.simulator "${simulator[@]}" --measured "$out/e2e/measured.json" --output "$out/simulator"
+$py -m benchmarks.faults "${faults[@]}" --output "$out/faults"
+$py -m benchmarks.staleness_learning "${staleness[@]}" --output "$out/staleness_learning"
+$py -m benchmarks.window_sim "${window_sim[@]}" --output "$out/window_sim"
+$py -m benchmarks.window_cpu "${window_cpu[@]}" --output "$out/window_cpu"
+$py -m benchmarks.lora "${lora[@]}" --output "$out/lora.json"
+$py -m benchmarks.e2e "${e2e_lora[@]}" --use_peft --workloads heavy_tail --modes synchronous streaming \
   --calibrate --output "$out/e2e_lora"
-$py -m open_instruct.benchmarks.driver_headroom "${driver[@]}" --output "$out/driver_headroom"
+$py -m benchmarks.driver_headroom "${driver[@]}" --output "$out/driver_headroom"
 # The original request's lengths on the real stack (lognormal, sigma 0.8, capped): 8 samples running over a KV
 # cache of 26k tokens (about 6 samples of median length), so that vLLM preempts; three modes side by side.
-$py -m open_instruct.benchmarks.e2e "${real_length[@]}" --long_context --sigma 0.8 --running_per_engine 8 \
+$py -m benchmarks.e2e "${real_length[@]}" --long_context --sigma 0.8 --running_per_engine 8 \
   --workloads heavy_tail --modes synchronous streaming streaming_auto --calibrate --output "$out/real_length"
 if [[ "${PUBLISH:-0}" == "1" ]]; then
   mkdir -p docs/results

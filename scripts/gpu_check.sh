@@ -361,7 +361,7 @@ part_zero3_memory() {  # ranks: one per GPU, 2 where there are 2+ (with 1 rank n
   local log="$out/zero3_memory.log" detail world="$(( gpus >= 2 ? 2 : 1 ))"
   if detail="$(timeout -k 30 600 "$python_bin" - "$world" 2>"$log" <<'PY'
 import sys
-from open_instruct.benchmarks.zero3_memory import main
+from benchmarks.zero3_memory import main
 world = int(sys.argv[1])
 rows = main(["--device", "cuda", "--world_size", str(world), "--size", "1024x8"])
 whole = rows[0]["whole_model_bytes"]

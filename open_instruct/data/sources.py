@@ -141,11 +141,8 @@ class HubSource(Source):
 
     def fingerprint(self) -> dict[str, Any]:
         # `datasets` fingerprints the loaded table (it changes when the hub revision does).
-        return {
-            "hub": self.name,
-            "split": self.split,
-            "fingerprint": getattr(self._load(), "_fingerprint", None),
-        }
+        dataset = self._load()
+        return {"hub": self.name, "split": self.split, "fingerprint": getattr(dataset, "_fingerprint", None)}
 
     def read(self, keys: Sequence[str] | None) -> RawRows:
         dataset = self._load()

@@ -180,7 +180,7 @@ def check_learner_step() -> tuple[str, str]:
 def check_zero3_memory() -> tuple[str, str]:
     import torch
 
-    from open_instruct.benchmarks.zero3_memory import main
+    from benchmarks.zero3_memory import main
 
     on_gpu = device() == "cuda"
     world = min(torch.cuda.device_count(), 2) if on_gpu else 2

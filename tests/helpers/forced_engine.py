@@ -16,10 +16,10 @@ from contextlib import contextmanager
 def forced_turns_engine(model_path: str, tools: tuple, max_model_len: int = 512, prompt_capacity: int = 8) -> Iterator:
     """A started EnginePool of one ForcedTurnsActor with `tools` (ToolSpecs); Ray is shut down afterwards."""
     import ray
+    from helpers.forced_turns import ForcedTurnsActor
 
     from open_instruct import cluster
     from open_instruct.agents.settings import AgentSettings
-    from open_instruct.benchmarks.workloads import ForcedTurnsActor
     from open_instruct.generation.engine_setup import engine_settings
     from open_instruct.generation.pool import EnginePool
     from open_instruct.rewards import RewardSettings

@@ -1,23 +1,14 @@
 """Process bookkeeping for tests that start daemons in their own session (Ray, the code service)."""
 
-import importlib.util
 import os
 import socket
 from pathlib import Path
 
+# scripts/soak.py runs standalone, so the session bookkeeping lives there and the tests borrow it: the live
+# processes of a session, the bash (or trainer) a test started and everything it spawned.
+from scripts.soak import session_pids
+
 REPO = Path(__file__).resolve().parents[2]
-
-
-def _soak_script():
-    """scripts/soak.py runs standalone, so the session bookkeeping lives there and the tests borrow it."""
-    spec = importlib.util.spec_from_file_location("soak", REPO / "scripts" / "soak.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-# Live processes of a session: the bash (or trainer) a test started and everything it spawned.
-session_pids = _soak_script().session_pids
 
 
 def start_grpo_session(args: list[str], out: Path, log_path: Path, script: Path | None = None, env=None):

@@ -24,7 +24,7 @@ MODES = ("synchronous", "streaming")
 @pytest.fixture(scope="module")
 def tiny_e2e(tmp_path_factory):
     out = tmp_path_factory.mktemp("e2e")
-    command = [sys.executable, "-m", "open_instruct.benchmarks.e2e", "--output", str(out)]
+    command = [sys.executable, "-m", "benchmarks.e2e", "--output", str(out)]
     command += ["--workloads", "heavy_tail", "tool_latency", "--modes", *MODES, "--rounds", "1", "--steps", "2"]
     command += ["--prompts", "2", "--samples", "2", "--median_tokens", "12", "--max_tokens", "48"]
     command += ["--tool_median_tokens", "8", "--tool_latency_s", "0.2", "--calibrate", "2"]

@@ -17,7 +17,7 @@ STEPS = 2
 
 RUN = """
 import sys
-from open_instruct.benchmarks.workloads import ForcedTurnsActor
+from helpers.forced_turns import ForcedTurnsActor
 from open_instruct.config.core import parse_config
 from open_instruct.grpo_fast import run
 
@@ -98,7 +98,9 @@ def test_a_users_verifier_tool_and_environment_train_without_editing_the_package
         "ext",
         "--no_filter_zero_std_samples",
     ]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(EXAMPLE), os.environ.get("PYTHONPATH")]))}
+    # tests/ for the forced-turns engine (helpers.forced_turns), as pytest has it on its path.
+    paths = [str(EXAMPLE), str(REPO / "tests"), os.environ.get("PYTHONPATH")]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, paths))}
     env["TOKENIZERS_PARALLELISM"] = "false"
     result = subprocess.run(
         [sys.executable, "-c", RUN, *flags], capture_output=True, text=True, timeout=900, env=env, check=False

@@ -101,8 +101,8 @@ def test_a_save_in_several_shards_loads_back(model_path, tmp_path):
 def test_a_zero3_save_peaks_at_one_parameter_not_a_whole_model(tmp_path, monkeypatch):
     """2 ZeRO-3 ranks (gloo): the save's peak memory (the kernel's high-water mark) stays a fraction of one
     model copy on each rank, where one gather of the whole model with an fp32 copy takes two copies."""
-    from open_instruct.benchmarks.weight_sync import build_model
-    from open_instruct.benchmarks.zero3_memory import run_stage
+    from benchmarks.weight_sync import build_model
+    from benchmarks.zero3_memory import run_stage
 
     monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", str(128 * 1024))  # freed tensors go back to the system at once
     path, _ = build_model(512, 4, tmp_path)

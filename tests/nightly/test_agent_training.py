@@ -26,7 +26,8 @@ def write_rows(path, count: int) -> None:
 
 
 def test_a_short_run_on_guess_number_trains_on_environment_rewards(tmp_path):
-    from open_instruct.benchmarks.workloads import ForcedTurnsActor
+    from helpers.forced_turns import ForcedTurnsActor
+
     from open_instruct.config.core import parse_config
     from open_instruct.grpo_fast import run
 

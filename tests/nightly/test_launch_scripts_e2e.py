@@ -69,7 +69,8 @@ def environment(monkeypatch):
 
 def train(script, tmp_path, endpoints, learners=1, forced=()):
     """Run the substituted command for STEPS steps; the summary, the per-step metrics and the traces."""
-    from open_instruct.benchmarks.workloads import ForcedTurnsActor
+    from helpers.forced_turns import ForcedTurnsActor
+
     from open_instruct.grpo_fast import run
 
     cfg = parse_config(substitute(script, tmp_path, endpoints, learners=learners))
@@ -113,7 +114,7 @@ def test_a_tool_script_calls_the_search_stand_in_and_trains_on_what_it_returned(
 
 
 def test_a_two_learner_zero3_script_with_sequence_parallelism_trains(tmp_path, endpoints, environment):
-    from open_instruct.benchmarks.workloads import GROUND_TRUTH
+    from helpers.forced_turns import GROUND_TRUTH
 
     answers = (r"\\boxed\{" + GROUND_TRUTH + r"\}", r"\\boxed\{0\}")  # right for sample 0, wrong for sample 1
     script = "scripts/train/debug/grpo_fast_3_gpu.sh"

@@ -13,8 +13,9 @@ STEPS = 4
 
 
 def test_a_lora_run_syncs_the_adapter_in_flight_and_survives_an_engine_dying_in_a_sync(tmp_path, model_path):
+    from helpers.fault_actors import DiesInWeightSyncActor
+
     from open_instruct import adapters
-    from open_instruct.benchmarks.fault_actors import DiesInWeightSyncActor
     from open_instruct.config.core import parse_config
     from open_instruct.grpo_fast import run
 

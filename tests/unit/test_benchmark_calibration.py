@@ -1,6 +1,6 @@
 """The benchmarks' pure parts: the learner-step cost fit and its calibration on the embedded model, MFU/MBU
-from a model's dimensions, and the regexes a forced-turn engine gives each sample. (The benchmarks themselves
-run in smoke mode in tests/nightly/test_benchmarks_quick.py.)"""
+from a model's dimensions; and the regexes the tests' forced-turn engine (tests/helpers/forced_turns.py) gives
+each sample. (The benchmarks themselves run in smoke mode in tests/nightly/test_benchmarks_quick.py.)"""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 
 
 def test_the_row_cost_fit_recovers_the_constants_of_its_points():
-    from open_instruct.benchmarks.learner_step import fit_row_cost
+    from benchmarks.learner_step import fit_row_cost
 
     points = [(length, 3e-9 * length * length + 2e-6 * length) for length in (128, 512, 1024, 2048)]
     fit = fit_row_cost(points)
@@ -18,7 +18,7 @@ def test_the_row_cost_fit_recovers_the_constants_of_its_points():
 
 def test_calibration_times_forward_and_backward_of_every_row_length(model_path):
     """Measured on whatever else this machine runs, so only what holds under any load is asserted."""
-    from open_instruct.benchmarks.learner_step import calibrate
+    from benchmarks.learner_step import calibrate
 
     fit = calibrate(model_path, repeats=1)
     assert [length for length, _ in fit["points"]] == [128, 256, 512, 768, 1024, 1536, 2048]
@@ -27,7 +27,7 @@ def test_calibration_times_forward_and_backward_of_every_row_length(model_path):
 
 
 def test_mfu_and_mbu_from_model_dimensions():
-    from open_instruct.benchmarks.replay import GPU_PEAKS, dense_params, utilization
+    from benchmarks.replay import GPU_PEAKS, dense_params, utilization
 
     params = dense_params(hidden=4096, layers=32, vocab=128_000)  # a Llama-3-8B-like shape
     assert 6.9e9 < params < 7.1e9
@@ -41,7 +41,8 @@ def test_mfu_and_mbu_from_model_dimensions():
 def test_a_forced_answer_is_the_rows_label_for_one_sample_and_another_regex_for_the_next():
     import re
 
-    from open_instruct.benchmarks.workloads import GROUND_TRUTH, forced_regex
+    from helpers.forced_turns import GROUND_TRUTH, forced_regex
+
     from open_instruct.messages import PromptRequest, SamplingSettings
 
     request = PromptRequest("p", (1,), ((r"\frac{1}{2}", "0.5"),), ("math",), SamplingSettings(max_tokens=8), 2, 0, 0)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from open_instruct.benchmarks import rounds
+from benchmarks import rounds
 
 
 def _run(mode: str, rate: float, round_index: int = 0, **extra) -> dict:
@@ -69,7 +69,7 @@ def test_a_spread_prints_with_its_range_unless_every_round_agreed():
 
 
 def test_a_stamp_names_the_date_the_commit_and_the_machine():
-    from open_instruct.benchmarks.stamp import describe, stamp
+    from benchmarks.stamp import describe, stamp
 
     s = stamp("e2e")
     assert s["date"].endswith("+00:00") and s["machine"]["cpu_count"] >= 1 and s["machine"]["cpu_model"]
@@ -81,9 +81,9 @@ def test_a_stamp_names_the_date_the_commit_and_the_machine():
 
 
 def test_a_stamp_names_the_staleness_policy_measured_once_or_per_mode():
-    from open_instruct.benchmarks.e2e_runs import mode_config
-    from open_instruct.benchmarks.stamp import describe, stamp
-    from open_instruct.benchmarks.workloads import run_config
+    from benchmarks.e2e_runs import mode_config
+    from benchmarks.stamp import describe, stamp
+    from benchmarks.workloads import run_config
 
     args = argparse.Namespace(steps=2, prompts=2, samples=2, pin=False)
     base = run_config(args, 64, {"max_off_policy_steps": 2})
@@ -102,8 +102,8 @@ def test_a_stamp_names_the_staleness_policy_measured_once_or_per_mode():
 
 
 def test_the_simulator_is_validated_per_mode_against_the_measured_median():
-    from open_instruct.benchmarks.simulation_reports import format_per_mode_validation
-    from open_instruct.benchmarks.simulation_validation import per_mode_validation
+    from benchmarks.simulation_reports import format_per_mode_validation
+    from benchmarks.simulation_validation import per_mode_validation
 
     rates = {"synchronous": 8.8, "one_step_async": 9.0, "streaming": 20.0}
     summary = {mode: {"trained_samples_per_s": rate} for mode, rate in rates.items()}
@@ -122,7 +122,7 @@ def test_the_simulator_is_validated_per_mode_against_the_measured_median():
 
 
 def test_a_fault_dip_is_measured_against_the_steps_before_it():
-    from open_instruct.benchmarks.faults import throughput_dip
+    from benchmarks.faults import throughput_dip
 
     # 10 samples per step; steps of 2 s (the first, start-up, 10 s); the fault at t=16 (during step 4).
     ends = [10.0, 12.0, 14.0, 16.0, 25.0, 30.0, 32.0, 34.0]
@@ -142,7 +142,7 @@ def test_a_fault_dip_is_measured_against_the_steps_before_it():
 def test_peak_memory_counts_each_process_under_the_actor_it_runs_for():
     """A vLLM engine process counts for the engine actor above it; Ray's agents and idle workers, titled like
     actors, count as Ray's own; the driver is itself."""
-    from open_instruct.benchmarks.e2e_runs import process_role
+    from benchmarks.e2e_runs import process_role
 
     processes = {  # pid: (parent pid, process title, PSS)
         1: (0, "python", 10),

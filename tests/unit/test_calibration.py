@@ -8,11 +8,11 @@ import math
 
 import pytest
 
-from open_instruct.benchmarks import simulation as sim
-from open_instruct.benchmarks.calibration import STEP_COLUMNS, fit_cost_model, step_rows
-from open_instruct.benchmarks.simulated_world import Cluster, CostModel
-from open_instruct.benchmarks.simulation_validation import validate_on_measurements
-from open_instruct.benchmarks.stamp import stamp
+from benchmarks import simulation as sim
+from benchmarks.calibration import STEP_COLUMNS, fit_cost_model, step_rows
+from benchmarks.simulated_world import Cluster, CostModel
+from benchmarks.simulation_validation import validate_on_measurements
+from benchmarks.stamp import stamp
 from open_instruct.messages import EngineStep
 
 TRUTH = CostModel(

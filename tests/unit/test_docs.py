@@ -3,7 +3,6 @@ pages missing from the nav fail it), and the README stays a short front page who
 
 from __future__ import annotations
 
-import importlib.util
 import re
 import subprocess
 import sys
@@ -12,19 +11,15 @@ from pathlib import Path
 
 import pytest
 
+import mason
+from scripts import config_docs
+
 REPO = Path(__file__).resolve().parents[2]
-
-
-def _config_docs():
-    spec = importlib.util.spec_from_file_location("config_docs", REPO / "scripts" / "config_docs.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_the_configuration_page_is_generated_from_the_flags():
     page = (REPO / "docs" / "configuration.md").read_text()
-    assert page == _config_docs().render(), "docs/configuration.md is stale: run python scripts/config_docs.py"
+    assert page == config_docs.render(), "docs/configuration.md is stale: run python scripts/config_docs.py"
 
 
 def _page_kinds() -> list[tuple[str, str]]:
@@ -131,12 +126,10 @@ def our_flags() -> set[str]:
     """grpo_fast's flags and every other command line of this repository (benchmarks, scripts, mason)."""
     from open_instruct.config.core import build_parser
 
-    spec = importlib.util.spec_from_file_location("mason", REPO / "mason.py")
-    mason = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mason)
     flags = {option for action in build_parser()._actions for option in action.option_strings}
     flags |= {option for action in mason._build_parser()._actions for option in action.option_strings}
     sources = [*REPO.glob("*.py"), *(REPO / "open_instruct").rglob("*.py"), *(REPO / "scripts").rglob("*.py")]
+    sources += [*(REPO / "benchmarks").glob("*.py")]
     sources += [*(REPO / "code_server").glob("*.py")]
     for source in sources:
         flags |= set(re.findall(r"""["'](--[A-Za-z][\w-]*)["']""", source.read_text()))
@@ -159,7 +152,7 @@ def test_every_flag_the_docs_name_exists():
 def test_every_file_path_the_docs_name_exists():
     """Paths into this repository's folders; a path introduced as open-instruct's is in its tree, not ours."""
     missing = []
-    pattern = r"(?<![\w/.-])((?:open_instruct|scripts|tests|docs|configs|code_server)/[\w./-]*\w)(\*?)"
+    pattern = r"(?<![\w/.-])((?:benchmarks|open_instruct|scripts|tests|docs|configs|code_server)/[\w./-]*\w)(\*?)"
     for doc in DOCS:
         text = doc.read_text()
         for match in re.finditer(pattern, text):
@@ -170,6 +163,22 @@ def test_every_file_path_the_docs_name_exists():
             if not found:
                 missing.append(f"{doc.relative_to(REPO)}: {path}{star}")
     assert not missing, "paths the docs name that do not exist:\n" + "\n".join(sorted(set(missing)))
+
+
+def test_every_module_a_command_runs_exists():
+    """`python -m <module>` in the docs, the scripts and the Dockerfile names a module of this checkout, so a
+    moved module leaves no stale command behind (other programs' modules, pip or pytest, are not ours)."""
+    texts = [*DOCS, *sorted((REPO / "scripts").rglob("*.sh")), REPO / "Dockerfile"]
+    missing = []
+    for path in texts:
+        for module in re.findall(r"\s-m\s+([A-Za-z_][\w.]*)", path.read_text()):
+            parts = module.rstrip(".").split(".")  # `benchmarks.<name>` names the package
+            if parts[0] not in ("open_instruct", "benchmarks", "code_server", "scripts"):
+                continue
+            where = REPO.joinpath(*parts)
+            if not (where.with_suffix(".py").is_file() or (where / "__init__.py").is_file()):
+                missing.append(f"{path.relative_to(REPO)}: -m {module}")
+    assert not missing, "modules the commands run that do not exist:\n" + "\n".join(sorted(set(missing)))
 
 
 def test_the_extending_pages_examples_run_as_written(tmp_path):

@@ -10,7 +10,7 @@ import statistics
 
 import pytest
 
-from open_instruct.benchmarks.driver_headroom import CLUSTER_GPUS, InstantEngine, cluster_rows, request_workload
+from benchmarks.driver_headroom import CLUSTER_GPUS, InstantEngine, cluster_rows, request_workload
 from open_instruct.messages import PromptRequest, SamplingSettings
 
 

@@ -4,17 +4,15 @@ tests/nightly/test_gpu_path_on_cpu.py."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import sys
 from pathlib import Path
 
+from scripts.gpu_kit import wheelhouse
+
 REPO = Path(__file__).resolve().parents[2]
 KIT = REPO / "scripts" / "gpu_kit"
-_spec = importlib.util.spec_from_file_location("wheelhouse", KIT / "wheelhouse.py")  # a script, not a package
-wheelhouse = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(wheelhouse)
 
 
 def test_the_wheelhouse_holds_what_the_checks_import_beyond_torch_at_the_gpu_locks_versions():

@@ -8,6 +8,7 @@ from __future__ import annotations
 import re
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -83,11 +84,15 @@ def test_the_zero3_memory_check_runs_where_only_torch_and_deepspeed_are_installe
 
     code = (
         "import sys\n"
-        "import open_instruct.benchmarks.zero3_memory, open_instruct.benchmarks.weight_sync\n"
+        "import benchmarks.zero3_memory, benchmarks.weight_sync\n"
         "import open_instruct.learner.deepspeed_setup\n"
         "print(sorted({name.split('.')[0] for name in sys.modules} & {'vllm', 'ray'}))\n"
     )
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=False)
+    # From the repository root, as gpu_check.sh runs it: benchmarks/ is not installed.
+    repo = Path(__file__).resolve().parents[2]
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=repo, capture_output=True, text=True, timeout=300, check=False
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.strip().splitlines()[-1] == "[]"
 

@@ -10,8 +10,8 @@ from collections import Counter
 import pytest
 from helpers.items import make_item
 
+from benchmarks.learner_step import heavy_tailed_groups
 from open_instruct.batching import BatchSettings, assemble, batch_settings
-from open_instruct.benchmarks.learner_step import heavy_tailed_groups
 from open_instruct.learner.actor import LearnerSettings, learner_settings
 from open_instruct.packing import (
     COST_LINEAR,

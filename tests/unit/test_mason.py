@@ -14,7 +14,6 @@ Run: `.venv/bin/pytest tests/unit/test_mason.py` (a few seconds, CPU only, no ne
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import json
 import os
 import shlex
@@ -26,15 +25,11 @@ import pytest
 import yaml
 from helpers import fake_clis
 
+import mason
+
 REPO = Path(__file__).resolve().parents[2]
 MASON = REPO / "mason.py"
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "seed_mason_command.txt"
-
-_spec = importlib.util.spec_from_file_location("mason", MASON)
-assert _spec and _spec.loader
-mason = importlib.util.module_from_spec(_spec)
-sys.modules["mason"] = mason  # dataclasses resolve the module of the class they decorate
-_spec.loader.exec_module(mason)
 
 SEED_VARIABLES = {
     "exp_name": "2606rl_update_fil_dapo_pol_qwen2_5_orz_only_mix_4242",

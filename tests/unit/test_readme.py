@@ -10,6 +10,7 @@ PACKAGES = [
     REPO / "open_instruct",
     *sorted(p.parent for p in (REPO / "open_instruct").glob("*/__init__.py")),
     REPO / "code_server",
+    REPO / "benchmarks",
 ]
 
 

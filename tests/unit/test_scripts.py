@@ -323,9 +323,9 @@ def test_benchmark_script_runs_the_benchmark_module_after_setting_up_the_venv(ca
     text = (REPO / "scripts" / "benchmark_generation.sh").read_text()
     body = [line for line in text.splitlines() if line.strip() and not line.startswith("#")]
     assert "bash scripts/setup_env.sh" in body
-    assert body[-1] == 'exec .venv/bin/python -m open_instruct.benchmarks.generation "$@"'
+    assert body[-1] == 'exec .venv/bin/python -m benchmarks.generation "$@"'
     # The flags its header advertises are the module's own (--help exits before anything starts).
-    from open_instruct.benchmarks import generation as benchmark_generation
+    from benchmarks import generation as benchmark_generation
 
     with pytest.raises(SystemExit) as exit_info:
         benchmark_generation.main(["--help"])
@@ -422,11 +422,8 @@ def test_cuda_ipc_check_says_in_one_line_that_it_needs_cuda_and_its_loss_compari
         [sys.executable, "scripts/cuda_ipc_check.py"], cwd=REPO, capture_output=True, text=True, timeout=120
     )
     assert result.returncode == 2 and result.stderr.strip() == "cuda_ipc_check: no CUDA device visible to torch"
-    sys.path.insert(0, str(REPO / "scripts"))
-    try:
-        import cuda_ipc_check
-    finally:
-        sys.path.remove(str(REPO / "scripts"))
+    from scripts import cuda_ipc_check
+
     ok, detail = cuda_ipc_check.check_loss("cpu", "cpu")
     assert ok and detail.startswith("11 outputs"), detail
 

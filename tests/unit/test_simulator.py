@@ -10,22 +10,22 @@ import time
 
 import pytest
 
-from open_instruct.benchmarks import simulation_reports
-from open_instruct.benchmarks import simulator as sim
-from open_instruct.benchmarks.calibration import fit_cost_model
-from open_instruct.benchmarks.simulated_engines import SimEngines
-from open_instruct.benchmarks.simulated_stack import SimLearners, SimWeightSync
-from open_instruct.benchmarks.simulated_world import Cluster, CostModel, SimWorld, VirtualClock, Workload
-from open_instruct.benchmarks.simulation import MODES, SimResult, compare, loop_config, simulate, warmup_steps
-from open_instruct.benchmarks.simulation_projection import (
+from benchmarks import simulation_reports
+from benchmarks import simulator as sim
+from benchmarks.calibration import fit_cost_model
+from benchmarks.simulated_engines import SimEngines
+from benchmarks.simulated_stack import SimLearners, SimWeightSync
+from benchmarks.simulated_world import Cluster, CostModel, SimWorld, VirtualClock, Workload
+from benchmarks.simulation import MODES, SimResult, compare, loop_config, simulate, warmup_steps
+from benchmarks.simulation_projection import (
     GPU_H100_COST,
     SEED_CLUSTER,
     SEED_CLUSTER_WORKLOAD,
     sweep_async_steps,
 )
-from open_instruct.benchmarks.simulation_replay import Replay, SimPrompt
-from open_instruct.benchmarks.simulator_plots import plot_sweep
-from open_instruct.benchmarks.stamp import stamp
+from benchmarks.simulation_replay import Replay, SimPrompt
+from benchmarks.simulator_plots import plot_sweep
+from benchmarks.stamp import stamp
 from open_instruct.orchestrator import TrainingLoop
 from open_instruct.tracking import MemoryLog
 
@@ -355,7 +355,7 @@ def test_each_new_sample_pays_its_way_through_the_queues_once_in_its_first_step(
 def test_a_replay_admits_the_measured_runs_prompts_in_its_order_with_each_samples_length():
     import random
 
-    from open_instruct.benchmarks.workloads import ShapedWorkload
+    from benchmarks.workloads import ShapedWorkload
 
     shape = ShapedWorkload("heavy_tail", median_tokens=30, sigma=1.0, max_tokens=200)
     replay = Replay(seed=7, prompts=tuple((f"row{i}", 10 + i) for i in range(20)), lengths=shape)
@@ -423,7 +423,7 @@ def test_cli_rejects_a_sweep_without_lookahead(tmp_path, capsys):
 
 
 def test_policy_drift_gives_the_health_a_lognormal_importance_weight_has():
-    from open_instruct.benchmarks.simulated_world import PolicyDrift
+    from benchmarks.simulated_world import PolicyDrift
 
     drift = PolicyDrift(per_version=0.1, cap=2.0)
     assert drift.metrics([(0, 100)]) == {"offpolicy/ess_frac": 1.0, "offpolicy/truncated_frac": 0.0}
@@ -439,7 +439,7 @@ def test_policy_drift_gives_the_health_a_lognormal_importance_weight_has():
 def test_the_self_tuning_window_matches_the_best_fixed_bound_inside_the_limits_for_slow_and_fast_policies():
     """The window_sim benchmark's claim at a small shape: near the best fixed K that keeps health inside the
     default limits, never outside them itself, and narrower when the policy moves faster."""
-    from open_instruct.benchmarks.window_sim import sweep
+    from benchmarks.window_sim import sweep
 
     workload = dataclasses.replace(TAILED, num_steps=40)
     slow = sweep(workload, SMALL_COST, FOUR, drift=0.05, fixed=[1, 2, 3, 4, 6])
@@ -463,5 +463,5 @@ def test_an_older_or_foreign_measurements_file_is_refused_in_one_line(tmp_path, 
         [line] = capsys.readouterr().err.strip().splitlines()
         assert line == (
             f"simulator: --measured {path}: a result of {found}, this code reads e2e v2: measure it again "
-            "(python -m open_instruct.benchmarks.e2e)"
+            "(python -m benchmarks.e2e)"
         )

@@ -6,16 +6,14 @@ Run: `.venv/bin/pytest tests/unit/test_soak_script.py` (under 2 s).
 
 from __future__ import annotations
 
-import importlib.util
 import os
 from pathlib import Path
 
 import pytest
 
+from scripts import soak
+
 REPO = Path(__file__).resolve().parents[2]
-_spec = importlib.util.spec_from_file_location("soak", REPO / "scripts" / "soak.py")
-soak = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(soak)
 
 STATUS = """Name:\tpython
 State:\tS (sleeping)

@@ -7,8 +7,8 @@ import argparse
 
 import pytest
 
-from open_instruct.benchmarks import staleness_learning
-from open_instruct.benchmarks.stamp import stamp
+from benchmarks import staleness_learning
+from benchmarks.stamp import stamp
 
 
 def run(action: str, seed: int, before: float, after: float, ratio: float) -> dict:

@@ -1,8 +1,10 @@
 """The package's shape stays what the README promises: an acyclic import graph, floors imported only
-downwards (core < actors < driver handles < loop < entry), pure numeric and scheduling modules, Ray
-waits only in the driver-side handles, and classes and functions that fit in a reading. Imports inside
-functions count (a lazy import is still a dependency); imports under `if TYPE_CHECKING:` do not (they
-never run)."""
+downwards (core < actors < driver handles < loop < entry < benchmarks), pure numeric and scheduling modules,
+Ray waits only in the driver-side handles, and classes and functions that fit in a reading. The benchmarks
+sit beside the package (`benchmarks/`) under the same rules, as its top floor: they may use any of it, and
+nothing in it uses them. Imports inside functions count (a lazy import is still a dependency); imports under
+`if TYPE_CHECKING:` count only for cycles (they never run, but two modules that name each other's types are
+still one subject split in two)."""
 
 from __future__ import annotations
 
@@ -11,6 +13,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 PACKAGE = REPO / "open_instruct"
+BENCHMARKS = REPO / "benchmarks"
+SOURCES = (PACKAGE, BENCHMARKS)  # what the rules below hold for
+OURS = {source.name for source in SOURCES}
 
 # Pure logic: no Ray, vLLM or DeepSpeed, and not the actors that own them, so each is tested on a
 # CPU in-process and reused by the simulator.
@@ -68,14 +73,16 @@ ACTORS = {
 # The only modules that wait on actors: the driver-side handles (and the cluster that builds them).
 HANDLES = {"generation.pool", "generation.replacement", "learner.group", "weights.sync", "cluster"}
 LOOP = {"orchestrator"}
-ENTRY = {"grpo_fast", "preflight", "benchmarks"}
-FLOORS = ("core", "actors", "driver handles", "loop", "entry")
+ENTRY = {"grpo_fast", "preflight"}
+FLOORS = ("core", "actors", "driver handles", "loop", "entry", "benchmarks")
 MAX_CLASS_LINES = 400
 MAX_FUNCTION_LINES = 60
 MAX_MODULE_LINES = 620  # about 600: a longer module has more than one job (the benchmarks included)
 
 
 def floor(module: str) -> int:
+    if module.split(".")[0] == BENCHMARKS.name:
+        return FLOORS.index("benchmarks")
     name = module.removeprefix("open_instruct.")
     for level, members in enumerate((ACTORS, HANDLES, LOOP, ENTRY), start=1):
         if any(name == m or name.startswith(m + ".") for m in members):
@@ -88,27 +95,31 @@ def module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
+def sources() -> list[Path]:
+    return [path for source in SOURCES for path in sorted(source.rglob("*.py"))]
+
+
 def modules() -> dict[str, Path]:
-    return {module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+    return {module_name(p): p for p in sources()}
 
 
-def _runtime_nodes(tree: ast.AST):
-    """Every node except those under `if TYPE_CHECKING:`."""
+def _nodes(tree: ast.AST, type_checking: bool = False):
+    """Every node, but those under `if TYPE_CHECKING:` only with `type_checking`."""
     stack = [tree]
     while stack:
         node = stack.pop()
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+        if not type_checking and isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
             stack.extend(node.orelse)
             continue
         yield node
         stack.extend(ast.iter_child_nodes(node))
 
 
-def imports_of(name: str, path: Path, known: set[str]) -> set[str]:
-    """Modules `name` imports: package modules by full name, third-party packages by top-level name."""
+def imports_of(name: str, path: Path, known: set[str], type_checking: bool = False) -> set[str]:
+    """Modules `name` imports: our modules by full name, third-party packages by top-level name."""
     found = set()
     package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
-    for node in _runtime_nodes(ast.parse(path.read_text())):
+    for node in _nodes(ast.parse(path.read_text()), type_checking):
         if isinstance(node, ast.Import):
             found |= {alias.name if alias.name in known else alias.name.split(".")[0] for alias in node.names}
         elif isinstance(node, ast.ImportFrom):
@@ -119,9 +130,7 @@ def imports_of(name: str, path: Path, known: set[str]) -> set[str]:
             for alias in node.names:  # `from package import module` imports the module
                 found.add(f"{base}.{alias.name}" if f"{base}.{alias.name}" in known else base)
     # Our modules by their full name; a third-party import by its top-level package (`vllm.config` is `vllm`).
-    return {
-        (_owner(m, known) if m.startswith("open_instruct") else m.split(".")[0]) if m not in known else m for m in found
-    }
+    return {(_owner(m, known) if m.split(".")[0] in OURS else m.split(".")[0]) if m not in known else m for m in found}
 
 
 def _owner(name: str, known: set[str]) -> str:
@@ -130,14 +139,17 @@ def _owner(name: str, known: set[str]) -> str:
     return name
 
 
-def graph() -> dict[str, set[str]]:
+def graph(type_checking: bool = False) -> dict[str, set[str]]:
     mods = modules()
     known = set(mods)
-    return {name: imports_of(name, path, known) - {name} for name, path in mods.items()}
+    return {name: imports_of(name, path, known, type_checking) - {name} for name, path in mods.items()}
 
 
 def test_the_import_graph_has_no_cycles():
-    edges = {m: {d for d in deps if d in graph_nodes} for graph_nodes in [set(graph())] for m, deps in graph().items()}
+    """Type-only imports included: a module that formats another's results and is imported by it for that
+    (the simulator's projection and its tables once were) is a circle whatever `TYPE_CHECKING` hides."""
+    full = graph(type_checking=True)
+    edges = {m: {d for d in deps if d in full} for m, deps in full.items()}
     state: dict[str, int] = {}
     cycle: list[str] = []
 
@@ -200,9 +212,21 @@ def test_each_floor_imports_only_from_its_own_floor_or_below():
         f"{module} ({FLOORS[floor(module)]}) imports {dep} ({FLOORS[floor(dep)]})"
         for module, deps in graph().items()
         for dep in deps
-        if dep.startswith("open_instruct") and floor(dep) > floor(module)
+        if dep.split(".")[0] in OURS and floor(dep) > floor(module)
     ]
     assert not upward, "\n".join(upward)
+
+
+def test_nothing_we_ship_or_measure_imports_the_tests():
+    """Test doubles (fault-injection engines, forced turns, fakes) live in tests/helpers; the package and the
+    benchmarks never reach for them."""
+    reaching = [
+        f"{module} imports {dep}"
+        for module, deps in graph(type_checking=True).items()
+        for dep in deps
+        if dep.split(".")[0] in ("tests", "helpers", "conftest")
+    ]
+    assert not reaching, "\n".join(reaching)
 
 
 def test_configuration_is_the_ground_floor():
@@ -225,7 +249,7 @@ def test_the_runtime_never_reads_the_compatibility_group():
     (which refuses and warns) may read it."""
     readers = [
         f"{path.relative_to(REPO)}:{node.lineno}"
-        for path in PACKAGE.rglob("*.py")
+        for path in sources()
         if path.parent.name != "config" and path.stem != "grpo_fast"
         for node in ast.walk(ast.parse(path.read_text()))
         if isinstance(node, ast.Attribute) and node.attr == "compat"
@@ -243,16 +267,16 @@ def test_every_floor_is_populated_by_existing_modules():
 
 def test_subpackages_hold_only_a_map_in_their_init():
     """Importing `open_instruct.learner.group` on the driver must not import DeepSpeed through the package."""
-    for init in PACKAGE.glob("*/__init__.py"):
+    for init in [*PACKAGE.glob("*/__init__.py"), BENCHMARKS / "__init__.py"]:
         tree = ast.parse(init.read_text())
-        if init.parent.name in ("config", "data", "generation", "learner", "weights"):
+        if init.parent.name in ("config", "data", "generation", "learner", "weights", "benchmarks"):
             assert ast.get_docstring(tree), f"{init.relative_to(REPO)} has no map of its package"
             assert len(tree.body) == 1, f"{init.relative_to(REPO)} holds code; it should only map the package"
 
 
 def test_classes_and_functions_fit_in_a_reading():
     too_long = []
-    for path in [*PACKAGE.rglob("*.py"), *(REPO / "code_server").rglob("*.py")]:
+    for path in [*sources(), *(REPO / "code_server").rglob("*.py")]:
         for node in ast.walk(ast.parse(path.read_text())):
             length = getattr(node, "end_lineno", 0) - getattr(node, "lineno", 0) + 1
             if isinstance(node, ast.ClassDef) and length > MAX_CLASS_LINES:
@@ -264,7 +288,7 @@ def test_classes_and_functions_fit_in_a_reading():
 
 
 def test_no_module_of_the_package_is_longer_than_a_few_readings():
-    lengths = {path: len(path.read_text().splitlines()) for path in sorted(PACKAGE.rglob("*.py"))}
+    lengths = {path: len(path.read_text().splitlines()) for path in sources()}
     long = [f"{path.relative_to(REPO)}: {n} lines" for path, n in lengths.items() if n > MAX_MODULE_LINES]
     assert not long, "split these by what they do:\n" + "\n".join(long)
 
@@ -275,7 +299,9 @@ def test_the_graph_sees_lazy_imports_and_package_imports():
     assert "open_instruct.learner.actor" in g["open_instruct.cluster"]  # imported inside a function
     assert "open_instruct.checkpoints" in g["open_instruct.orchestrator"]  # `from open_instruct import checkpoints`
     assert "ray" in g["open_instruct.generation.pool"]
-    assert "open_instruct.benchmarks.simulation" not in g["open_instruct.benchmarks.simulator_plots"]  # TYPE_CHECKING
+    assert "benchmarks.simulation" not in g["benchmarks.simulator_plots"]  # under TYPE_CHECKING
+    assert "benchmarks.simulation" in graph(type_checking=True)["benchmarks.simulator_plots"]
+    assert "open_instruct.orchestrator" in g["benchmarks.e2e_runs"]  # the benchmarks' imports of the package
 
 
 def test_test_files_share_code_through_helpers_never_through_each_other():
@@ -297,7 +323,7 @@ def test_no_squeezing_no_fmt_skip_and_no_short_aliases_of_configuration():
     """A flag keeps its name where it is used: `generation.temperature`, not `g.temperature`; and code is
     formatted like all other code (`# fmt: skip` hides length, it does not remove it)."""
     found = []
-    for path in [*PACKAGE.rglob("*.py"), *(REPO / "tests").rglob("*.py"), *(REPO / "scripts").rglob("*.py")]:
+    for path in [*sources(), *(REPO / "tests").rglob("*.py"), *(REPO / "scripts").rglob("*.py")]:
         text = path.read_text()
         if path.name == "test_structure.py":
             continue  # this file names the marker it looks for
@@ -376,6 +402,7 @@ THIRD_PARTY_PRIVATES = {
     "model.config._attn_implementation",  # transformers: the attention kernel it chose
     "WeightTransferEngineFactory._registry",  # vLLM: our transports registered as its engines
     "module._parameters",  # torch: a layer's parameters swapped in place during a reload
+    "dataset._fingerprint",  # datasets: a loaded table's content hash, recorded to see a hub revision change
 }
 
 
@@ -395,24 +422,60 @@ def _is_private(name: str) -> bool:
     return name.startswith("_") and not name.startswith("__")
 
 
+def private_reads(path: Path) -> list[str]:
+    """The private names of other files that `path` reads: `module._PRIVATE`, `self._x` it never assigns,
+    `from module import _PRIVATE` (relative or not) and `getattr(x, "_PRIVATE")`."""
+    tree = ast.parse(path.read_text())
+    defined = _names_defined(tree)
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            module = "." * node.level + (node.module or "")
+            found += [
+                f"{node.lineno} from {module} import {alias.name}"
+                for alias in node.names
+                if _is_private(alias.name) and f"{module}.{alias.name}" not in THIRD_PARTY_PRIVATES
+            ]
+        elif isinstance(node, ast.Attribute) and _is_private(node.attr):
+            if node.attr not in defined and ast.unparse(node) not in THIRD_PARTY_PRIVATES:
+                found.append(f"{node.lineno} {ast.unparse(node)}")
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "getattr":
+            name = node.args[1] if len(node.args) > 1 else None
+            if isinstance(name, ast.Constant) and isinstance(name.value, str) and _is_private(name.value):
+                read = f"{ast.unparse(node.args[0])}.{name.value}"
+                if name.value not in defined and read not in THIRD_PARTY_PRIVATES:
+                    found.append(f"{node.lineno} {ast.unparse(node)}")
+    return found
+
+
 def test_no_module_reads_a_private_name_defined_in_another_file():
     """A class spread over files (mixins reading each other's `self._x`) or a module reaching into another's
     `_PRIVATE` (as `module._PRIVATE` or `from module import _PRIVATE`) hides a dependency: what is shared is
-    declared and public (the engine actor's `EngineState`)."""
-    found = []
-    for path in sorted(PACKAGE.rglob("*.py")):
-        tree = ast.parse(path.read_text())
-        defined = _names_defined(tree)
-        for node in ast.walk(tree):
-            if isinstance(node, ast.ImportFrom):
-                module = "." * node.level + (node.module or "")
-                for alias in node.names:
-                    if _is_private(alias.name) and f"{module}.{alias.name}" not in THIRD_PARTY_PRIVATES:
-                        found.append(f"{path.relative_to(REPO)}:{node.lineno} from {module} import {alias.name}")
-            private = isinstance(node, ast.Attribute) and _is_private(node.attr)
-            if private and node.attr not in defined and ast.unparse(node) not in THIRD_PARTY_PRIVATES:
-                found.append(f"{path.relative_to(REPO)}:{node.lineno} {ast.unparse(node)}")
+    declared and public (the engine actor's `EngineState`). The benchmarks too: they use the package through
+    its public names."""
+    found = [f"{path.relative_to(REPO)}:{read}" for path in sources() for read in private_reads(path)]
     assert not found, "\n".join(found)
+
+
+def test_the_private_name_check_sees_every_way_of_reading_one(tmp_path):
+    source = tmp_path / "reader.py"
+    source.write_text(
+        "from open_instruct.learner.logprobs import _chunk, public\n"
+        "from . import _sibling\n"
+        "import os\n"
+        "value = os.path._joinrealpath\n"
+        "other = getattr(public, '_hidden')\n"
+        "class Mine:\n"
+        "    def __init__(self):\n"
+        "        self._own = getattr(self, '_own', 0)\n"
+        "        os._exit\n"
+    )
+    assert private_reads(source) == [
+        "1 from open_instruct.learner.logprobs import _chunk",
+        "2 from . import _sibling",
+        "4 os.path._joinrealpath",
+        "5 getattr(public, '_hidden')",
+    ]
 
 
 def test_the_engine_actor_has_no_mixins():

@@ -10,8 +10,8 @@ from bisect import bisect_right
 from collections import deque
 from collections.abc import Callable
 
-from open_instruct.benchmarks.simulated_world import TIME_EPS, CostModel, SimWorld, Workload
-from open_instruct.benchmarks.workloads import capped_lognormal
+from benchmarks.simulated_world import TIME_EPS, CostModel, SimWorld, Workload
+from benchmarks.workloads import capped_lognormal
 from open_instruct.generation.channels import LocalChannel
 from open_instruct.generation.ledger import DeliveryLedger
 from open_instruct.messages import Completion, EngineStats, PromptRequest, VersionSpan

@@ -10,7 +10,7 @@ Same engine, same prompts, same concurrency cap, one process, measured side by s
 Response lengths are drawn from a lognormal distribution (ignore_eos, so every sample has
 exactly its drawn length). Prints a table and the ratio; writes JSON to --output.
 
-    python -m open_instruct.benchmarks.generation --prompts 64 --samples 4 --median_tokens 48
+    python -m benchmarks.generation --prompts 64 --samples 4 --median_tokens 48
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import statistics
 import time
 from pathlib import Path
 
-from open_instruct.benchmarks.stamp import results_page, stamp
+from benchmarks.stamp import results_page, stamp
 
 logger = logging.getLogger(__name__)
 
@@ -100,8 +100,8 @@ def main(argv: list[str] | None = None) -> dict:
 
     from transformers import AutoTokenizer
 
+    from benchmarks.workloads import lognormal_lengths
     from open_instruct import cluster
-    from open_instruct.benchmarks.workloads import lognormal_lengths
     from open_instruct.data.embedded_default import ensure_embedded_model
     from open_instruct.generation.engine_setup import engine_settings
     from open_instruct.generation.pool import EnginePool

@@ -1,8 +1,8 @@
 """What a learner rank holds while it loads a model and while it gathers weights for a sync, ZeRO-2 against
 ZeRO-3, on 2 CPU ranks (gloo) with the learners' own loading path (`deepspeed_config`, `zero3_loading`):
 
-    .venv/bin/python -m open_instruct.benchmarks.zero3_memory --size 1024x8
-    python -m open_instruct.benchmarks.zero3_memory --device cuda --world_size 2   # one rank per GPU (NCCL)
+    .venv/bin/python -m benchmarks.zero3_memory --size 1024x8
+    python -m benchmarks.zero3_memory --device cuda --world_size 2   # one rank per GPU (NCCL)
 
 On GPUs (torch, DeepSpeed and transformers only: no vLLM, no Ray; gpu_check.sh's zero3_memory part) each
 rank's GPU memory is measured instead: allocated tensor bytes, with torch's own peak counter.
@@ -226,7 +226,7 @@ def run_stage(model_path: str, stage: int, world_size: int, workdir: Path, devic
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
-    from open_instruct.benchmarks.weight_sync import build_model, parse_size
+    from benchmarks.weight_sync import build_model, parse_size
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--size", default="1024x8", help="HIDDENxLAYERS of a random Qwen2.")
@@ -242,7 +242,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         model_path, _ = build_model(*parse_size(args.size), Path(tmp))
         for stage in (2, 3):
             results += run_stage(str(model_path), stage, args.world_size, Path(tmp), args.device)
-    from open_instruct.benchmarks.stamp import describe, stamp
+    from benchmarks.stamp import describe, stamp
 
     whole = results[0]["whole_model_bytes"]
     print(describe(stamp("zero3_memory")))

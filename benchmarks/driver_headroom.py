@@ -15,7 +15,7 @@ time plus the driver's time for the step's samples. At a cluster whose engines a
 samples/s (the simulator's projection at the original request's shape, scaled by the GPU count), one driver of
 c seconds per sample trains 1 / (1/R + c) samples/s, and it keeps up only while 1/c exceeds R.
 
-    python -m open_instruct.benchmarks.driver_headroom --output output/bench/driver_headroom
+    python -m benchmarks.driver_headroom --output output/bench/driver_headroom
 """
 
 from __future__ import annotations
@@ -31,10 +31,10 @@ import statistics
 import time
 from pathlib import Path
 
-from open_instruct.benchmarks.rounds import spread
-from open_instruct.benchmarks.simulated_world import Workload
-from open_instruct.benchmarks.simulation_projection import SEED_CLUSTER, SEED_CLUSTER_WORKLOAD
-from open_instruct.benchmarks.stamp import results_page, stamp
+from benchmarks.rounds import spread
+from benchmarks.simulated_world import Workload
+from benchmarks.simulation_projection import SEED_CLUSTER, SEED_CLUSTER_WORKLOAD
+from benchmarks.stamp import results_page, stamp
 from open_instruct.messages import (
     Completion,
     EngineStats,
@@ -190,7 +190,7 @@ def _queue_actor_cpu_s() -> float:
 
 
 def loop_config(workload: Workload, ranks: int, async_steps: int):
-    from open_instruct.benchmarks.simulation import loop_config as simulated_loop_config
+    from benchmarks.simulation import loop_config as simulated_loop_config
 
     cfg = simulated_loop_config(workload, async_steps, "keep")
     return dataclasses.replace(cfg, learner=dataclasses.replace(cfg.learner, num_learners_per_node=[ranks]))
@@ -201,8 +201,8 @@ def drive(workload: Workload, engines: int, ranks: int, async_steps: int, profil
     time is then the profiler's too: only the profile's shares are read from such a run)."""
     import ray
 
+    from benchmarks.simulation_replay import SimPrompt
     from open_instruct.batching import BatchSettings
-    from open_instruct.benchmarks.simulation_replay import SimPrompt
     from open_instruct.generation.pool import EnginePool
     from open_instruct.learner.group import LearnerGroup
     from open_instruct.orchestrator import SystemClock, TrainingLoop
@@ -294,8 +294,8 @@ def cluster_rows(per_gpu_samples_per_s: float, driver_s: float, queue_s: float) 
 def seed_cluster_rate(steps: int, driver_per_sample_s: float = 0.0) -> float:
     """Trained samples/s the simulator projects at the original request's shape (streaming, async_steps 8, the
     assumed H100 costs) with a driver of that cost per sample (0: free)."""
-    from open_instruct.benchmarks.simulation import simulate
-    from open_instruct.benchmarks.simulation_projection import GPU_H100_COST
+    from benchmarks.simulation import simulate
+    from benchmarks.simulation_projection import GPU_H100_COST
 
     workload = dataclasses.replace(SEED_CLUSTER_WORKLOAD, num_steps=steps)
     cost = dataclasses.replace(GPU_H100_COST, driver_per_sample_s=driver_per_sample_s)

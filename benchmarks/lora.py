@@ -14,7 +14,7 @@ pause scaled by the adapter's share of the 7B's bytes (never below the LoRA paus
 mostly the pause and resume themselves). Against full fine-tuning's projection, on the same assumed H100
 costs otherwise.
 
-    python -m open_instruct.benchmarks.lora --size 512x6 --output output/bench/lora.json
+    python -m benchmarks.lora --size 512x6 --output output/bench/lora.json
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from open_instruct.benchmarks.stamp import results_page, stamp
+from benchmarks.stamp import results_page, stamp
 
 MODES = ("full", "lora")
 # The original request's model size: Qwen2.5-7B's shape.
@@ -187,7 +187,8 @@ def seven_b_adapter(lora_r: int) -> dict:
 
 def project(measured: dict, seven_b: dict, num_steps: int, sweep_steps: list[int]) -> dict:
     """Full fine-tuning's projection and LoRA's, same workload and cluster, with LoRA's learner and sync costs."""
-    from open_instruct.benchmarks.simulation_projection import GPU_H100_COST, project_seed_cluster
+    from benchmarks.simulation_projection import GPU_H100_COST, project_seed_cluster
+    from benchmarks.simulation_reports import format_projection
 
     learner_ratio = measured["lora"]["step_s"] / measured["full"]["step_s"]
     pause_s = max(GPU_H100_COST.weight_sync_pause_s * seven_b["fraction"], measured["lora"]["pause_s"])
@@ -200,7 +201,8 @@ def project(measured: dict, seven_b: dict, num_steps: int, sweep_steps: list[int
     out = {"learner_ratio": learner_ratio, "lora_sync_pause_s": pause_s}
     for mode, cost in (("full", GPU_H100_COST), ("lora", lora_cost)):
         print(f"-- {mode} --")
-        entry, _ = project_seed_cluster(num_steps, sweep_steps, cost)
+        entry, sweep = project_seed_cluster(num_steps, sweep_steps, cost)
+        print(format_projection(entry, sweep))
         out[mode] = {
             key: entry[key]
             for key in ("speedup_streaming_vs_sync", "streaming_async_steps", "learner_bound_speedup", "cost_model")
@@ -225,8 +227,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--output", default="output/bench/lora.json")
     args = parser.parse_args(argv)
 
+    from benchmarks.learner_step import build_model, heavy_tailed_groups
     from open_instruct import cluster
-    from open_instruct.benchmarks.learner_step import build_model, heavy_tailed_groups
 
     groups = heavy_tailed_groups(args.prompts, args.samples, max_response=args.pack_length - 64)
     result: dict = {"stamp": stamp("lora"), "size": args.size, "lora_r": args.lora_r}

@@ -47,9 +47,9 @@ import logging
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from open_instruct.benchmarks.simulated_engines import SimEngines
-from open_instruct.benchmarks.simulated_stack import SimLearners, SimWeightSync
-from open_instruct.benchmarks.simulated_world import (
+from benchmarks.simulated_engines import SimEngines
+from benchmarks.simulated_stack import SimLearners, SimWeightSync
+from benchmarks.simulated_world import (
     Cluster,
     CostModel,
     PolicyDrift,
@@ -58,7 +58,7 @@ from open_instruct.benchmarks.simulated_world import (
     VirtualClock,
     Workload,
 )
-from open_instruct.benchmarks.simulation_replay import Replay, SimPrompt
+from benchmarks.simulation_replay import Replay, SimPrompt
 from open_instruct.config.core import Config
 from open_instruct.config.data import DataConfig
 from open_instruct.config.generation import GenerationConfig

@@ -8,9 +8,9 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from open_instruct.benchmarks.calibration import fit_cost_model, step_time_error, steps_of
-from open_instruct.benchmarks.simulated_world import Cluster, CostModel, Workload
-from open_instruct.benchmarks.simulation import (
+from benchmarks.calibration import fit_cost_model, step_time_error, steps_of
+from benchmarks.simulated_world import Cluster, CostModel, Workload
+from benchmarks.simulation import (
     MODES,
     SimResult,
     run_modes,
@@ -18,9 +18,9 @@ from open_instruct.benchmarks.simulation import (
     summarize,
     workload_from_json,
 )
-from open_instruct.benchmarks.simulation_replay import Replay
-from open_instruct.benchmarks.simulation_reports import format_per_mode_validation, format_step_calibrated, format_table
-from open_instruct.benchmarks.stamp import read_result
+from benchmarks.simulation_replay import Replay
+from benchmarks.simulation_reports import format_per_mode_validation, format_step_calibrated, format_table
+from benchmarks.stamp import read_result
 
 
 def validate_on_measurements(path: Path, async_steps: int) -> tuple[dict[str, Any], dict[str, SimResult]]:

@@ -15,8 +15,8 @@ import statistics
 from collections.abc import Collection, Sequence
 from typing import Any
 
-from open_instruct.benchmarks.simulated_engines import held_context_tokens
-from open_instruct.benchmarks.simulated_world import CostModel
+from benchmarks.simulated_engines import held_context_tokens
+from benchmarks.simulated_world import CostModel
 from open_instruct.messages import EngineStep
 
 # One row per usable engine step: the seconds since the step before, and what the step computed.

@@ -1,6 +1,6 @@
 """The cluster simulator's command (the simulation itself is `simulation`):
 
-    python -m open_instruct.benchmarks.simulator --measured measured.json --output DIR
+    python -m benchmarks.simulator --measured measured.json --output DIR
 
 the measured setup's modes (validation: the engine's costs fitted on calibration batches, then on the runs'
 own engine steps, of every mode and of the other modes only, `simulation_validation`), then the original
@@ -16,13 +16,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from open_instruct.benchmarks.simulation_projection import (
-    SEED_CLUSTER_WORKLOAD,
-    project_seed_cluster,
-)
-from open_instruct.benchmarks.simulation_validation import validate_on_measurements
-from open_instruct.benchmarks.simulator_plots import plot_sweep, plot_timelines
-from open_instruct.benchmarks.stamp import ResultFileError, results_page, stamp
+from benchmarks.simulation_projection import SEED_CLUSTER_WORKLOAD, project_seed_cluster
+from benchmarks.simulation_reports import format_projection
+from benchmarks.simulation_validation import validate_on_measurements
+from benchmarks.simulator_plots import plot_sweep, plot_timelines
+from benchmarks.stamp import ResultFileError, results_page, stamp
 
 
 def parse_args(argv: list[str] | None):
@@ -73,6 +71,7 @@ def simulate(args, report: dict[str, Any]) -> bool:
         panels = [("measured: synchronous", runs["synchronous"]), ("measured: streaming", runs["streaming"])]
         plot_timelines(panels, args.output / "simulator_timeline_measured.png")
     report["seed_projection"], sweep = project_seed_cluster(args.seed_steps, args.sweep_steps)
+    print(format_projection(report["seed_projection"], sweep))
     (args.output / "simulator.json").write_text(json.dumps(report, indent=2))
     seed_panels = [
         ("original request: synchronous", sweep.synchronous),

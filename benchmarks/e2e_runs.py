@@ -12,10 +12,10 @@ import threading
 import time
 from pathlib import Path
 
-from open_instruct.benchmarks import rounds as rounds_lib
-from open_instruct.benchmarks.calibration import step_rows
-from open_instruct.benchmarks.e2e_reports import plot_timeline
-from open_instruct.benchmarks.workloads import ShapedWorkload
+from benchmarks import rounds as rounds_lib
+from benchmarks.calibration import step_rows
+from benchmarks.e2e_reports import plot_timeline
+from benchmarks.workloads import ShapedWorkload
 from open_instruct.generation.ledger import DeliveryLedger
 from open_instruct.messages import SamplingSettings
 from open_instruct.prompt_feeder import make_request

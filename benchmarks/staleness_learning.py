@@ -9,7 +9,7 @@ policy did to lengths and ages: trained / generated length ratio, the share of t
 context only, the oldest token trained at full weight, prompts requeued, trained samples per second. Writes
 `staleness_learning.json` and `staleness_learning.md` (stamped) and prints the table.
 
-    python -m open_instruct.benchmarks.staleness_learning --output output/bench/staleness_learning
+    python -m benchmarks.staleness_learning --output output/bench/staleness_learning
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from open_instruct.benchmarks.stamp import REPO, describe, stamp
+from benchmarks.stamp import REPO, describe, stamp
 
 SUMMARY_KEYS = (
     "first_eval_reward",

@@ -1,5 +1,7 @@
 """Projections at a cluster we do not have: the original request's shape (32 engines, 16 learners, 16k-token
-answers) on assumed H100 costs, streaming at each lookahead against synchronous, and KV kept against re-prefill."""
+answers) on assumed H100 costs, streaming at each lookahead against synchronous, and KV kept against re-prefill.
+
+The numbers only; `simulation_reports` turns them into tables (`format_projection`)."""
 
 from __future__ import annotations
 
@@ -8,9 +10,8 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from open_instruct.benchmarks.simulated_world import Cluster, CostModel, Workload
-from open_instruct.benchmarks.simulation import SimResult, needed, simulate, warmup_steps
-from open_instruct.benchmarks.simulation_reports import KV_COLUMNS, format_kv_comparison, format_sweep
+from benchmarks.simulated_world import Cluster, CostModel, Workload
+from benchmarks.simulation import SimResult, needed, simulate
 
 # The original request's launch shape (scripts/long_generations_experiment.sh): 6 nodes x 8 GPUs,
 # 32 single-GPU engines and 16 learner ranks, 256 prompts x 16 samples per step, 16k responses.
@@ -41,7 +42,7 @@ SEED_CLUSTER_WORKLOAD = Workload(
 #   padded to --pack_length. The one measured change, not an assumption: the learner cost is scaled by
 #   LEARNER_STEP_RATIO, new / old learner step time at the original request's settings (ZeRO-2, one mini-batch, one row
 #   per micro-batch, gradient checkpointing; new = pi_old from the training forward and the token budget
-#   that setting now defaults to), measured side by side by `python -m open_instruct.benchmarks.learner_step
+#   that setting now defaults to), measured side by side by `python -m benchmarks.learner_step
 #   --parts request_settings` on the 2-core CPU machine (a random 512x4 Qwen2, 2 ranks, 64 heavy-tailed samples:
 #   14.07 s vs 18.73 s per step). A stamped rerun at 1295c96 measured 0.775 (docs/results/learner.md); the
 #   constant stays, so that the published projections stay reproducible from it.
@@ -132,17 +133,9 @@ def project_seed_cluster(
     seed = dataclasses.replace(SEED_CLUSTER_WORKLOAD, num_steps=num_steps)
     started = time.monotonic()
     sweep = sweep_async_steps(seed, cost, SEED_CLUSTER, sweep_steps)
-    print(
-        f"== projection at the original request's shape: {SEED_CLUSTER.num_engines} engines x H100 (assumed costs), "
-        f"{SEED_CLUSTER.num_learners} learners, {seed.prompts_per_step}x{seed.samples_per_prompt} samples/step, "
-        f"responses lognormal(median {seed.median_tokens:.0f}, sigma {seed.sigma}) capped at {seed.max_tokens}, "
-        f"{seed.num_steps} steps (rates after {warmup_steps(seed.num_steps)} warm-up steps)"
-    )
-    print(format_sweep(sweep))
     chosen = sweep.chosen_async_steps
     reprefill = simulate("streaming_reprefill", seed, cost, SEED_CLUSTER, chosen)
     comparison = kv_kept_vs_reprefill(sweep.streaming[chosen], reprefill, sweep.synchronous)
-    print(format_kv_comparison(comparison, chosen))
     entry = {
         "cost_model": asdict(cost),
         "workload": asdict(seed),
@@ -155,13 +148,26 @@ def project_seed_cluster(
     return entry, sweep
 
 
+# What the KV comparison records of each run (SimResult fields).
+KV_COMPARED = (
+    "steady_trained_samples_per_s",
+    "generation_idle_frac",
+    "learner_wait_frac",
+    "weight_sync_pause_s_avg",
+    "token_lag_avg",
+    "version_lag_max",
+    "reprefilled_samples",
+    "reprefill_tokens",
+)
+
+
 def kv_kept_vs_reprefill(kept: SimResult, reprefill: SimResult, synchronous: SimResult) -> dict[str, Any]:
     """An in-flight update that keeps running samples' KV cache against one that aborts them and re-prefills
     prompt + tokens (verl, AReaL, slime), same lookahead, same workload."""
     rows = {"kv_kept": kept, "reprefill": reprefill}
     sync_rate = synchronous.steady_trained_samples_per_s
     return {
-        **{name: {key: getattr(r, key) for _, key, _ in KV_COLUMNS} for name, r in rows.items()},
+        **{name: {key: getattr(r, key) for key in KV_COMPARED} for name, r in rows.items()},
         "speedup_vs_sync": {name: r.steady_trained_samples_per_s / sync_rate for name, r in rows.items()},
         "kv_kept_over_reprefill": kept.steady_trained_samples_per_s / reprefill.steady_trained_samples_per_s,
     }

@@ -1,9 +1,11 @@
 """Benchmarks and the cluster simulator: measured side by side on this machine, projected at cluster scale.
 
-Each module is a command (`python -m open_instruct.benchmarks.<name>`), but for the helpers they share
-(`workloads`, `simulated_stack`, `simulator_plots`, `calibration`: the simulator's costs fitted on
+Each module is a command (`python -m benchmarks.<name>`, from the repository root), but for the helpers
+they share (`workloads`, `simulated_stack`, `simulator_plots`, `calibration`: the simulator's costs fitted on
 measurements, `rounds`: repeated runs as medians with spreads, `stamp`: date, commit and machine of every
-result); `scripts/cpu_benchmarks.sh` runs them all. They use the core only through its public handles
+result); `scripts/cpu_benchmarks.sh` runs them all. They sit beside the package, not in it: the wheel ships
+what a training run needs, and the benchmarks run from a checkout (or the image, whose working directory is
+the repository). Nothing in `open_instruct` imports them. They use the core only through its public handles
 (`cluster.Stack`, `EnginePool`, `TrainingLoop` and its collaborators), the engine's one benchmark hook,
 `GenerationActor.generate_sample` (see `workloads.py`), and its step trace
 (`GenerationActor.start_step_trace` / `take_step_trace`).
@@ -34,7 +36,6 @@ simulation_reports.py  the simulator's tables
 calibration.py         cost models fitted on measurements
 simulator_plots.py     timelines and the async_steps sweep as PNGs
 workloads.py           heavy-tailed lengths, forced tool calls and environment turns in a GenerationActor subclass
-fault_actors.py        engine actors that fail on purpose (die in a weight sync, stall): recovery tests
 rounds.py              interleaved rounds of runs -> medians with their spread, ratios per round
 stamp.py               date, commit and machine, written into every result
 """

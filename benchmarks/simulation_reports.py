@@ -1,15 +1,14 @@
-"""The simulator's tables: per mode, the async_steps sweep, the validation, KV kept against re-prefill."""
+"""The simulator's tables: per mode, the async_steps sweep, the validation, KV kept against re-prefill. The
+results they show are computed elsewhere (`simulation`, `simulation_projection`, `simulation_validation`)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from open_instruct.benchmarks.simulated_world import CostModel
-from open_instruct.benchmarks.simulation import needed
-
-if TYPE_CHECKING:
-    from open_instruct.benchmarks.simulation_projection import AsyncSweep
+from benchmarks.simulated_world import CostModel
+from benchmarks.simulation import needed, warmup_steps
+from benchmarks.simulation_projection import KV_COMPARED, AsyncSweep
 
 _COLUMNS = (
     ("mode", "mode", "{}"),
@@ -120,26 +119,38 @@ def format_per_mode_validation(per_mode: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-KV_COLUMNS = (  # (title, SimResult field, format)
-    ("samples/s", "steady_trained_samples_per_s", "{:.2f}"),
-    ("gen idle", "generation_idle_frac", "{:.1%}"),
-    ("learner wait", "learner_wait_frac", "{:.1%}"),
-    ("sync pause s", "weight_sync_pause_s_avg", "{:.2f}"),
-    ("token lag", "token_lag_avg", "{:.2f}"),
-    ("lag max", "version_lag_max", "{:.0f}"),
-    ("reprefilled", "reprefilled_samples", "{:d}"),
-    ("prefill tok recomputed", "reprefill_tokens", "{:,d}"),
-)
+_KV_COLUMNS = {  # SimResult field: (title, format), for each field of simulation_projection.KV_COMPARED
+    "steady_trained_samples_per_s": ("samples/s", "{:.2f}"),
+    "generation_idle_frac": ("gen idle", "{:.1%}"),
+    "learner_wait_frac": ("learner wait", "{:.1%}"),
+    "weight_sync_pause_s_avg": ("sync pause s", "{:.2f}"),
+    "token_lag_avg": ("token lag", "{:.2f}"),
+    "version_lag_max": ("lag max", "{:.0f}"),
+    "reprefilled_samples": ("reprefilled", "{:d}"),
+    "reprefill_tokens": ("prefill tok recomputed", "{:,d}"),
+}
 
 
 def format_kv_comparison(comparison: dict[str, Any], async_steps: int) -> str:
     lines = [f"in-flight update at --async_steps {async_steps}: KV cache kept vs abort + re-prefill"]
-    rows = [["", *(title for title, _, _ in KV_COLUMNS), "vs sync"]]
+    rows = [["", *(_KV_COLUMNS[key][0] for key in KV_COMPARED), "vs sync"]]
     for name in ("kv_kept", "reprefill"):
         values = comparison[name]
-        cells = [fmt.format(values[key]) for _, key, fmt in KV_COLUMNS]
+        cells = [_KV_COLUMNS[key][1].format(values[key]) for key in KV_COMPARED]
         rows.append([name, *cells, f"{comparison['speedup_vs_sync'][name]:.2f}x"])
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     lines += ["  ".join(cell.rjust(w) for cell, w in zip(row, widths)) for row in rows]
     lines.append(f"KV kept / reprefill trained samples/s: {comparison['kv_kept_over_reprefill']:.2f}x")
     return "\n".join(lines)
+
+
+def format_projection(entry: dict[str, Any], sweep: AsyncSweep) -> str:
+    """`simulation_projection.project_seed_cluster`'s result: its shape, the sweep, KV kept against re-prefill."""
+    cluster, seed, kv = entry["cluster"], entry["workload"], entry["kv_kept_vs_reprefill"]
+    header = (
+        f"== projection at the original request's shape: {cluster['num_engines']} engines x H100 (assumed costs), "
+        f"{cluster['num_learners']} learners, {seed['prompts_per_step']}x{seed['samples_per_prompt']} samples/step, "
+        f"responses lognormal(median {seed['median_tokens']:.0f}, sigma {seed['sigma']}) capped at "
+        f"{seed['max_tokens']}, {seed['num_steps']} steps (rates after {warmup_steps(seed['num_steps'])} warm-up steps)"
+    )
+    return "\n".join((header, format_sweep(sweep), format_kv_comparison(kv, kv["async_steps"])))

@@ -12,7 +12,7 @@ health inside the limits (--off_policy_min_ess_frac, --off_policy_max_truncated_
 of those, and the window's throughput against it, the K it settled on, and its worst health. Writes
 `window_sim.json` and prints the table.
 
-    python -m open_instruct.benchmarks.window_sim --output output/bench/window_sim
+    python -m benchmarks.window_sim --output output/bench/window_sim
 """
 
 from __future__ import annotations
@@ -24,10 +24,10 @@ import sys
 import time
 from pathlib import Path
 
-from open_instruct.benchmarks.simulated_world import Cluster, PolicyDrift
-from open_instruct.benchmarks.simulation import SimResult, simulate
-from open_instruct.benchmarks.simulation_projection import GPU_H100_COST, SEED_CLUSTER, SEED_CLUSTER_WORKLOAD
-from open_instruct.benchmarks.stamp import results_page, stamp
+from benchmarks.simulated_world import Cluster, PolicyDrift
+from benchmarks.simulation import SimResult, simulate
+from benchmarks.simulation_projection import GPU_H100_COST, SEED_CLUSTER, SEED_CLUSTER_WORKLOAD
+from benchmarks.stamp import results_page, stamp
 from open_instruct.config.staleness import StalenessConfig
 from open_instruct.staleness import OffPolicyWindow
 

@@ -19,9 +19,9 @@ Three parts, each on the same heavy-tailed batch (lognormal response lengths, a 
 * `--calibrate`: forward + backward seconds of rows of several lengths and document mixes on one
   process, fitted to `COST_QUADRATIC * L^2 + COST_LINEAR * L` (the constants in packing.py).
 
-    python -m open_instruct.benchmarks.learner_step --output output/bench/learner_step.json
-    python -m open_instruct.benchmarks.learner_step --parts checkpointing --steps 2
-    python -m open_instruct.benchmarks.learner_step --calibrate
+    python -m benchmarks.learner_step --output output/bench/learner_step.json
+    python -m benchmarks.learner_step --parts checkpointing --steps 2
+    python -m benchmarks.learner_step --calibrate
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from open_instruct.benchmarks.stamp import stamp
+from benchmarks.stamp import stamp
 
 
 def heavy_tailed_groups(prompts: int, samples: int, max_response: int, seed: int = 0, prompt_len: int = 32):
@@ -73,8 +73,8 @@ def build_model(size: str, workdir: Path) -> str:
 
     if size == "embedded":
         return resolve_model_path(None)
-    from open_instruct.benchmarks.weight_sync import build_model as build_sized
-    from open_instruct.benchmarks.weight_sync import parse_size
+    from benchmarks.weight_sync import build_model as build_sized
+    from benchmarks.weight_sync import parse_size
 
     path, _ = build_sized(*parse_size(size), workdir)
     return str(path)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from open_instruct.benchmarks import rounds as rounds_lib
-from open_instruct.benchmarks.stamp import page_text
+from benchmarks import rounds as rounds_lib
+from benchmarks.stamp import page_text
 
 
 def plot_timeline(timelines: dict[str, list], path: Path, title: str) -> None:

@@ -42,11 +42,11 @@ fraction, weight-sync pause, staleness (version lag mean/max), the trained/gener
 Also measured (on the same pinned stack): the engine's decode time on heavy-tail batches of several
 sizes at the start of every round (`--calibrate`), prefill speed, and learner step time vs tokens,
 written as `measured.json` with each mode's median rate and the runs' prompts and lengths: the input
-`open_instruct.benchmarks.simulator` fits its cost model on and replays to validate it. Writes `e2e.json`
+`benchmarks.simulator` fits its cost model on and replays to validate it. Writes `e2e.json`
 and `e2e.md` (the tables, stamped with date, commit and machine), `timeline_<workload>.png` (engine
 occupancy and learner steps over time, synchronous vs streaming, last round) and prints the tables.
 
-    python -m open_instruct.benchmarks.e2e --output output/bench/e2e
+    python -m benchmarks.e2e --output output/bench/e2e
 """
 
 from __future__ import annotations
@@ -57,9 +57,9 @@ import logging
 import os
 from pathlib import Path
 
-from open_instruct.benchmarks import rounds as rounds_lib
-from open_instruct.benchmarks.e2e_reports import write_report
-from open_instruct.benchmarks.e2e_runs import (
+from benchmarks import rounds as rounds_lib
+from benchmarks.e2e_reports import write_report
+from benchmarks.e2e_runs import (
     CALL_HEADROOM_TOKENS,
     MODES,
     PeakMemory,
@@ -70,8 +70,8 @@ from open_instruct.benchmarks.e2e_runs import (
     summarize_workload,
     warm_up_engine,
 )
-from open_instruct.benchmarks.stamp import read_result, stamp
-from open_instruct.benchmarks.workloads import LatencyToolServer, ShapedGenerationActor, ShapedWorkload, run_config
+from benchmarks.stamp import read_result, stamp
+from benchmarks.workloads import LatencyToolServer, ShapedGenerationActor, ShapedWorkload, run_config
 from open_instruct.data.embedded_default import LONG_CONTEXT_POSITIONS, ensure_long_context_model
 
 logger = logging.getLogger(__name__)
@@ -220,7 +220,7 @@ def main(argv: list[str] | None = None) -> dict:
     results["peak_memory_gib_by_role"] = {role: pss / 2**30 for role, pss in sorted(memory.peak_by_role.items())}
     (out / "e2e.json").write_text(json.dumps(results, indent=1))
     if calibration is not None:
-        from open_instruct.benchmarks.simulation_replay import Replay
+        from benchmarks.simulation_replay import Replay
 
         replay = Replay.of_rows(base.run.seed, rows, workloads["heavy_tail"]).as_json()
         heavy_runs = results["workloads"]["heavy_tail"]

@@ -37,8 +37,8 @@ without materializing 16k-token tuples at cluster scale (prompts share one tuple
 
 from __future__ import annotations
 
-from open_instruct.benchmarks.simulated_engines import SimEngines
-from open_instruct.benchmarks.simulated_world import (
+from benchmarks.simulated_engines import SimEngines
+from benchmarks.simulated_world import (
     CostModel,
     PolicyDrift,
     SimWorld,

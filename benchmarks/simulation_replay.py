@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from open_instruct.benchmarks.workloads import ShapedWorkload
+from benchmarks.workloads import ShapedWorkload
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,7 +10,7 @@ here with a large tensor copy), so the overhead over the physical floor is visib
 (the default) each size also gets `shm_over_gloo_frozen`: the shared-memory file's frozen time over
 the gloo group's, measured side by side in this run.
 
-    python -m open_instruct.benchmarks.weight_sync --sizes 128x4 512x6 1024x8 --output output/bench/weight_sync.json
+    python -m benchmarks.weight_sync --sizes 128x4 512x6 1024x8 --output output/bench/weight_sync.json
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from open_instruct.benchmarks.stamp import results_page, stamp
+from benchmarks.stamp import results_page, stamp
 
 
 def memory_bandwidth_gb_s(megabytes: int = 512, repeats: int = 5) -> float:

@@ -12,7 +12,7 @@ prompt file from the embedded dataset first.
 
 GPU runs also report MFU and MBU from the model's dimensions and the GPU's peak figures.
 
-    python -m open_instruct.benchmarks.replay --response_lengths 256 512 1024 2048 4096 \
+    python -m benchmarks.replay --response_lengths 256 512 1024 2048 4096 \
         --output output/bench/replay
 """
 
@@ -28,7 +28,7 @@ import statistics
 import time
 from pathlib import Path
 
-from open_instruct.benchmarks.stamp import results_page, stamp
+from benchmarks.stamp import results_page, stamp
 
 logger = logging.getLogger(__name__)
 
@@ -99,7 +99,7 @@ def record_embedded_prompts(path: Path, count: int, samples: int) -> None:
 
 def with_length_cap(requests: list, cap: int, seed: int) -> list:
     """Heavy-tailed exact lengths under `cap`: lognormal, median cap / 4, sigma 0.8."""
-    from open_instruct.benchmarks.workloads import capped_lognormal
+    from benchmarks.workloads import capped_lognormal
 
     rng = random.Random(seed)
     out = []

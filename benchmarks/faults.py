@@ -16,7 +16,7 @@ to the state saved, and to the first step trained after the resume); and the thr
 samples/s of each step against the median before the fault, the deepest step, how long until a step runs at
 90% of that rate again, and the samples that took. Writes `faults.json` and `faults.md` (stamped).
 
-    python -m open_instruct.benchmarks.faults --output output/bench/faults
+    python -m benchmarks.faults --output output/bench/faults
 """
 
 from __future__ import annotations
@@ -32,8 +32,8 @@ import threading
 import time
 from pathlib import Path
 
-from open_instruct.benchmarks.stamp import page_text, stamp
-from open_instruct.benchmarks.workloads import ShapedGenerationActor, ShapedWorkload, run_config
+from benchmarks.stamp import page_text, stamp
+from benchmarks.workloads import ShapedGenerationActor, ShapedWorkload, run_config
 
 logger = logging.getLogger(__name__)
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from open_instruct.errors import UserError
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 
 # Each benchmark's result format; raise a version when a key its readers need changes (2: results carry one).
 # The stamp's "staleness" (added later) is for people: readers never need it, and a file without it is read.
@@ -116,7 +116,7 @@ def read_result(path: Path, benchmark: str) -> dict:
         found = f"{schema.get('name')} v{schema.get('version')}" if isinstance(schema, dict) else "no schema (older)"
         raise ResultFileError(
             f"{path}: a result of {found}, this code reads {benchmark} v{wanted}: measure it again "
-            f"(python -m open_instruct.benchmarks.{benchmark})"
+            f"(python -m benchmarks.{benchmark})"
         )
     return data
 

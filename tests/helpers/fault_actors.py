@@ -4,8 +4,16 @@ by pid instead). Each fails once (a marker file), so its replacement lives."""
 
 from __future__ import annotations
 
+import sys
+
+import ray.cloudpickle
+
 from open_instruct.generation.actor import GenerationActor
 from open_instruct.messages import Completion, PromptRequest
+
+# Ray's workers import a class the driver pickled by reference by its module name, and they have the repository
+# root on their path but not tests/: this module's classes travel by value instead.
+ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 
 class DiesInWeightSyncActor(GenerationActor):

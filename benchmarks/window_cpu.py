@@ -9,7 +9,7 @@ ten times faster. Per run, after the first quarter of the steps (the pipeline fi
 after. Writes `window_cpu.json` and `window_cpu.md` (stamped) and prints the table. One run per setting: on two
 shared cores, rates vary by several percent between identical runs.
 
-    python -m open_instruct.benchmarks.window_cpu --output output/bench/window_cpu
+    python -m benchmarks.window_cpu --output output/bench/window_cpu
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from open_instruct.benchmarks.stamp import REPO, describe, stamp
-from open_instruct.benchmarks.window_sim import LIMITS, within_limits
+from benchmarks.stamp import REPO, describe, stamp
+from benchmarks.window_sim import LIMITS, within_limits
 from open_instruct.metrics import mean
 
 

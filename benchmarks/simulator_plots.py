@@ -7,8 +7,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from open_instruct.benchmarks.simulation import SimResult
-    from open_instruct.benchmarks.simulation_projection import AsyncSweep
+    from benchmarks.simulation import SimResult
+    from benchmarks.simulation_projection import AsyncSweep
 
 _COLORS = {"generate": "#4c9a2a", "idle": "#dddddd", "sync": "#d62728", "train": "#1f77b4", "wait": "#ffbf00"}
 
