@@ -2,12 +2,12 @@
 shared fixtures (the embedded tiny model, built once per machine, cached) and the order test files start in.
 
 tests/unit holds pure code and the training loop on in-process fakes; tests/integration the tests that start
-the real stack (vLLM engines, Ray, DeepSpeed), each of the design's contracts once; tests/nightly the real-stack
-runs that CI's 25 minutes leave out (every benchmark in smoke mode, the launch scripts end to end, the rarer
-faults, variants of what CI checks on another path), which scripts/nightly.sh runs by name. A test's folder is its tier: `-m slow`
-selects tests/integration and `-m "not slow"` tests/unit, and no test file marks itself
-(tests/unit/test_structure.py checks both). This file stays at tests/ so that pytest puts tests/ on sys.path:
-`from helpers.x import ...` works from any folder.
+the real stack (vLLM engines, Ray, DeepSpeed), each of the design's contracts once; tests/nightly the
+real-stack runs CI leaves out to stay within 25 minutes (every benchmark in smoke mode, the launch scripts
+end to end, the rarer faults, variants of what CI checks on another path), which scripts/nightly.sh runs by
+name. A test's folder is its tier: `-m slow` selects tests/integration and `-m "not slow"` tests/unit, and no
+test file marks itself (tests/unit/test_structure.py checks both). This file stays at tests/ so that pytest
+puts tests/ on sys.path: `from helpers.x import ...` works from any folder.
 """
 
 import os

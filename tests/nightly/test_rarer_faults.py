@@ -22,7 +22,6 @@ def test_an_engine_that_dies_during_a_weight_sync_is_replaced_and_the_sync_compl
     group timeout (600 s, which is what CI once saw), the engine is replaced, the sync runs again, and the
     run trains to the end."""
     from helpers.fault_actors import DiesInWeightSyncActor
-    from helpers.runs import COMMON
 
     from open_instruct.config.core import parse_config
     from open_instruct.grpo_fast import run
@@ -44,7 +43,6 @@ def test_an_engine_that_stalls_is_found_by_the_hang_timeout_and_replaced(tmp_pat
     """Engine 1 keeps answering calls but its samples stop producing tokens: within --engine_hang_timeout_s it
     is killed and replaced like a dead one, its samples go back to the queue, and the run trains to the end."""
     from helpers.fault_actors import StallsActor
-    from helpers.runs import COMMON
 
     from open_instruct.config.core import parse_config
     from open_instruct.grpo_fast import run
