@@ -1,5 +1,6 @@
 """Tests for open_instruct.learner.logprobs: the chunked log-softmax kernel against the plain expression (values
-and gradients, fp64 and bf16), the shift onto prediction positions, and packed rows on a real model.
+and gradients, fp64 and bf16), the tempered entropy, the shift onto prediction positions, and packed rows on a
+real model.
 
 The key test runs a real (random-init) tiny Qwen2 on a row holding several documents and
 checks its log-probabilities against running each document alone; negative controls show
@@ -8,11 +9,18 @@ the comparison would fail if attention crossed documents.
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from helpers.items import doc_spans, make_item
 
-from open_instruct.learner.logprobs import logprobs_from_logits, packed_token_logprobs, to_prediction_positions
+from open_instruct.learner.logprobs import (
+    logprobs_from_logits,
+    packed_token_logprobs,
+    to_prediction_positions,
+    token_entropy_from_logits,
+)
 from open_instruct.packing import PackItem, collate, dummy_row, pack, unpack
 
 PAD = 1
@@ -70,6 +78,15 @@ def test_logprobs_from_logits_bf16_and_document_starts():
     assert (ours[starts] == 0).all()  # a document's first token has no in-document prediction
     assert (ref[:, 3] != 0).all()  # ...which the unmasked computation would have filled in
     torch.testing.assert_close(ours[~starts], ref[~starts], atol=1e-5, rtol=0)
+
+
+def test_token_entropy_from_logits_is_the_tempered_entropy_of_the_distribution_that_sampled_each_token():
+    logits = torch.tensor([[[0.0, 0.0, 0.0, 0.0], [10.0, 0.0, 0.0, 0.0], [1.0, 2.0, 3.0, 4.0]]])
+    entropy = token_entropy_from_logits(logits, temperature=2.0, chunk_tokens=2)
+    # Target-aligned: position t holds the entropy of the distribution at t - 1 that sampled token t.
+    assert entropy[0, 0] == 0 and entropy[0, 1] == pytest.approx(math.log(4))
+    p0 = torch.softmax(torch.tensor([10.0, 0, 0, 0]) / 2.0, dim=-1)
+    assert entropy[0, 2] == pytest.approx(float(-(p0 * p0.log()).sum()), rel=1e-5)
 
 
 # ----------------------------------------------------------------------------- packed logprobs on a real model
