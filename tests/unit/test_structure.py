@@ -50,6 +50,7 @@ ACTORS = {
     "generation.weight_receive",
     "learner.actor",
     "learner.deepspeed_setup",
+    "learner.policy_weights",
     "learner.sequence_parallel",
     "learner.weight_sender",
     "weights.gloo",
