@@ -12,8 +12,9 @@ and one more single-threaded stage), and where the driver's time goes (a profile
 
 The loop is serial: the driver does not take in samples while the learners train, so a step costs the learner
 time plus the driver's time for the step's samples. At a cluster whose engines and learners would train R
-samples/s (the simulator's projection at the original request's shape, scaled by the GPU count), one driver of
-c seconds per sample trains 1 / (1/R + c) samples/s, and it keeps up only while 1/c exceeds R.
+samples/s, one driver of c seconds per sample trains 1 / (1/R + c) samples/s, and it keeps up only while 1/c
+exceeds R. R and the rate with this driver come from the simulator (its `CostModel.driver_per_sample_s` adds c
+per sample to every step), the original request scaled to 64, 256 and 1,024 GPUs; the closed form checks it.
 
     python -m benchmarks.driver_headroom --output output/bench/driver_headroom
 """
@@ -32,7 +33,7 @@ import time
 from pathlib import Path
 
 from benchmarks.rounds import spread
-from benchmarks.simulated_world import Workload
+from benchmarks.simulated_world import Cluster, Workload
 from benchmarks.simulation_projection import SEED_CLUSTER, SEED_CLUSTER_WORKLOAD
 from benchmarks.stamp import results_page, stamp
 from open_instruct.messages import (
@@ -273,40 +274,61 @@ class ClusterRow:
     gpus: int
     engines: int
     learners: int
-    cluster_samples_per_s: float  # what its engines and learners would train, were the driver free
+    cluster_samples_per_s: float  # what the simulator trains on its engines and learners, the driver free
     headroom: float  # the driver's and the queue's capacity over that rate
-    serial_loop_samples_per_s: float  # what the serial loop trains: 1 / (1/R + c)
+    simulated_samples_per_s: float  # what the simulator trains with this driver's cost per sample in every step
+    serial_loop_samples_per_s: float  # the same in closed form: 1 / (1/R + c)
 
 
-def cluster_rows(per_gpu_samples_per_s: float, driver_s: float, queue_s: float) -> list[ClusterRow]:
-    """The original request's cluster (32 engines : 16 learners) scaled to each size in CLUSTER_GPUS."""
-    share = SEED_CLUSTER.num_engines / (SEED_CLUSTER.num_engines + SEED_CLUSTER.num_learners)
-    capacity = 1.0 / max(driver_s, queue_s)
-    rows = []
-    for gpus in CLUSTER_GPUS:
-        engines = round(gpus * share)
-        rate = gpus * per_gpu_samples_per_s
-        serial = 1.0 / (1.0 / rate + driver_s)
-        rows.append(ClusterRow(gpus, engines, gpus - engines, rate, capacity / rate, serial))
-    return rows
+def scaled_shape(gpus: int, steps: int) -> tuple[Cluster, Workload]:
+    """The original request's cluster scaled to `gpus`: engines and learners at its 2 : 1, and its prompts per
+    step in proportion, so that each engine has as many samples running as at its own size."""
+    seed_gpus = SEED_CLUSTER.num_engines + SEED_CLUSTER.num_learners
+    engines = round(gpus * SEED_CLUSTER.num_engines / seed_gpus)
+    prompts = round(SEED_CLUSTER_WORKLOAD.prompts_per_step * gpus / seed_gpus)
+    workload = dataclasses.replace(SEED_CLUSTER_WORKLOAD, num_steps=steps, prompts_per_step=prompts)
+    return Cluster(num_engines=engines, num_learners=gpus - engines), workload
 
 
-def seed_cluster_rate(steps: int, driver_per_sample_s: float = 0.0) -> float:
-    """Trained samples/s the simulator projects at the original request's shape (streaming, async_steps 8, the
-    assumed H100 costs) with a driver of that cost per sample (0: free)."""
+def simulated_rate(cluster: Cluster, workload: Workload, driver_per_sample_s: float = 0.0) -> float:
+    """Trained samples/s the simulator projects (streaming, async_steps 8, the assumed H100 costs) with a driver
+    of that cost per sample (0: free)."""
     from benchmarks.simulation import simulate
     from benchmarks.simulation_projection import GPU_H100_COST
 
-    workload = dataclasses.replace(SEED_CLUSTER_WORKLOAD, num_steps=steps)
     cost = dataclasses.replace(GPU_H100_COST, driver_per_sample_s=driver_per_sample_s)
-    return simulate("streaming", workload, cost, SEED_CLUSTER, 8).steady_trained_samples_per_s
+    return simulate("streaming", workload, cost, cluster, 8).steady_trained_samples_per_s
+
+
+def cluster_rows(steps: int, driver_s: float, queue_s: float, rate=simulated_rate) -> list[ClusterRow]:
+    """The original request scaled to each size in CLUSTER_GPUS and simulated, with a free driver and with
+    this one (`rate`: `simulated_rate`, or a stand-in of its signature)."""
+    capacity = 1.0 / max(driver_s, queue_s)
+    rows = []
+    for gpus in CLUSTER_GPUS:
+        cluster, workload = scaled_shape(gpus, steps)
+        free = rate(cluster, workload)
+        rows.append(
+            ClusterRow(
+                gpus,
+                cluster.num_engines,
+                cluster.num_learners,
+                free,
+                capacity / free,
+                rate(cluster, workload, driver_s),
+                1.0 / (1.0 / free + driver_s),
+            )
+        )
+    return rows
 
 
 def _ms(values: dict[str, float]) -> str:
     return f"{values['median'] * 1e3:.2f} ms [{values['min'] * 1e3:.2f}-{values['max'] * 1e3:.2f}]"
 
 
-def format_report(runs: list[DriverRun], shares: dict[str, float], rows: list[ClusterRow], seed: dict) -> str:
+def format_report(
+    runs: list[DriverRun], shares: dict[str, float], rows: list[ClusterRow], seed: dict, steps: int
+) -> str:
     gpus = SEED_CLUSTER.num_engines + SEED_CLUSTER.num_learners
     driver = spread(r.driver_cpu_per_sample_s for r in runs)
     queue = spread(r.queue_cpu_per_sample_s for r in runs)
@@ -324,16 +346,17 @@ def format_report(runs: list[DriverRun], shares: dict[str, float], rows: list[Cl
         f"the simulator at the original request's shape ({gpus} GPUs, streaming, async_steps 8): "
         f"{seed['free']:.2f} samples/s with a free driver, {seed['driver']:.2f} with this one "
         f"(closed form 1 / (1/R + c): {closed_form:.2f})",
-        f"one driver against that cluster scaled ({seed['free'] / gpus:.3f} trained samples/s per GPU; headroom: "
-        "the driver's or the queue's capacity, the lower, over the cluster's rate):",
-        f"  {'GPUs':>5} {'engines':>7} {'learners':>8} {'cluster samples/s':>17} {'headroom':>8} "
-        f"{'serial loop trains':>18}",
+        f"one driver against that cluster at each size, simulated ({steps} steps each; headroom: the driver's or "
+        "the queue's capacity, the lower, over what the cluster trains with a free driver):",
+        f"  {'GPUs':>5} {'engines':>7} {'learners':>8} {'free driver samples/s':>21} {'headroom':>8} "
+        f"{'with this driver':>16} {'closed form':>11}",
     ]
     for row in rows:
-        realised = row.serial_loop_samples_per_s / row.cluster_samples_per_s
+        realised = row.simulated_samples_per_s / row.cluster_samples_per_s
         lines.append(
-            f"  {row.gpus:>5} {row.engines:>7} {row.learners:>8} {row.cluster_samples_per_s:>17.1f} "
-            f"{row.headroom:>7.2f}x {row.serial_loop_samples_per_s:>10.1f} ({realised:.0%})"
+            f"  {row.gpus:>5} {row.engines:>7} {row.learners:>8} {row.cluster_samples_per_s:>21.1f} "
+            f"{row.headroom:>7.2f}x {row.simulated_samples_per_s:>9.1f} ({realised:4.0%}) "
+            f"{row.serial_loop_samples_per_s:>11.1f}"
         )
     return "\n".join(lines)
 
@@ -349,6 +372,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max_tokens", type=int, default=16384, help="the length cap (the median scales with it)")
     parser.add_argument("--rounds", type=int, default=3, help="measured runs (a profiled one follows)")
     parser.add_argument("--seed_steps", type=int, default=16, help="steps of the simulated original request")
+    # A quarter of them warm-up; 1,024 GPUs simulate 87k samples a step, minutes each on one core.
+    parser.add_argument("--cluster_steps", type=int, default=8, help="steps simulated at each cluster size")
     args = parser.parse_args(argv)
     from open_instruct.cluster import init_ray, shutdown_ray
 
@@ -364,9 +389,9 @@ def main(argv: list[str] | None = None) -> int:
     shares = time_shares(out / "driver.prof")
     driver_s = statistics.median(r.driver_cpu_per_sample_s for r in runs)
     queue_s = statistics.median(r.queue_cpu_per_sample_s for r in runs)
-    seed = {"free": seed_cluster_rate(args.seed_steps), "driver": seed_cluster_rate(args.seed_steps, driver_s)}
-    per_gpu = seed["free"] / (SEED_CLUSTER.num_engines + SEED_CLUSTER.num_learners)
-    rows = cluster_rows(per_gpu, driver_s, queue_s)
+    seed_shape = scaled_shape(SEED_CLUSTER.num_engines + SEED_CLUSTER.num_learners, args.seed_steps)
+    seed = {"free": simulated_rate(*seed_shape), "driver": simulated_rate(*seed_shape, driver_s)}
+    rows = cluster_rows(args.cluster_steps, driver_s, queue_s)
     policy = loop_config(workload, args.ranks, args.async_steps).staleness_policy.describe()
     report = {
         "stamp": stamp("driver_headroom", policy),
@@ -378,12 +403,11 @@ def main(argv: list[str] | None = None) -> int:
         "queue_cpu_per_sample_s": spread(r.queue_cpu_per_sample_s for r in runs),
         "time_shares": shares,
         "seed_cluster_samples_per_s": seed,
-        "per_gpu_samples_per_s": per_gpu,
         "clusters": [dataclasses.asdict(row) for row in rows],
     }
     (out / "driver_headroom.json").write_text(json.dumps(report, indent=2))
     with results_page(out / "driver_headroom.md", "One driver's headroom", report["stamp"]):
-        print(format_report(runs, shares, rows, seed))
+        print(format_report(runs, shares, rows, seed, args.cluster_steps))
     return 0
 
 

@@ -273,6 +273,8 @@ def test_driver_headroom_benchmark_runs_the_real_loop_between_instant_engines_an
     assert sum(report["time_shares"].values()) == pytest.approx(1.0)
     assert report["time_shares"]["assemble: advantages, masks, packing"] > 0
     assert [row["gpus"] for row in report["clusters"]] == [64, 256, 1024]
+    for row in report["clusters"]:  # each size simulated: with this driver at most what a free one trains
+        assert 0 < row["simulated_samples_per_s"] <= row["cluster_samples_per_s"]
     seed = report["seed_cluster_samples_per_s"]
     assert 0 < seed["driver"] <= seed["free"]  # the simulator charges the driver's cost to every step
     assert "where the driver's time goes" in stdout

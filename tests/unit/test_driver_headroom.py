@@ -10,12 +10,20 @@ import statistics
 
 import pytest
 
-from benchmarks.driver_headroom import CLUSTER_GPUS, InstantEngine, cluster_rows, request_workload
+from benchmarks.driver_headroom import CLUSTER_GPUS, InstantEngine, cluster_rows, request_workload, scaled_shape
+from benchmarks.simulation_projection import SEED_CLUSTER
 from open_instruct.messages import PromptRequest, SamplingSettings
 
 
 def test_the_cluster_table_scales_the_request_and_the_slower_of_driver_and_queue_sets_the_headroom():
-    rows = cluster_rows(per_gpu_samples_per_s=0.5, driver_s=0.001, queue_s=0.002)
+    simulated = []
+
+    def rate(cluster, workload, driver_per_sample_s=0.0):  # the simulator's stand-in: 0.5 samples/s per GPU
+        simulated.append((cluster, workload, driver_per_sample_s))
+        free = 0.5 * (cluster.num_engines + cluster.num_learners)
+        return 1.0 / (1.0 / free + driver_per_sample_s)
+
+    rows = cluster_rows(steps=8, driver_s=0.001, queue_s=0.002, rate=rate)
     assert [r.gpus for r in rows] == list(CLUSTER_GPUS)
     for row in rows:
         assert row.engines + row.learners == row.gpus and row.engines == round(row.gpus * 2 / 3)  # 32 : 16
@@ -23,6 +31,16 @@ def test_the_cluster_table_scales_the_request_and_the_slower_of_driver_and_queue
         assert row.headroom == pytest.approx(500 / row.cluster_samples_per_s)  # the queue's 500/s, not the driver's
         # The serial loop: a step is the learners' time for its samples plus the driver's.
         assert 1 / row.serial_loop_samples_per_s == pytest.approx(1 / row.cluster_samples_per_s + 0.001)
+        assert row.simulated_samples_per_s == pytest.approx(row.serial_loop_samples_per_s)
+    # Each size simulated twice (free driver, then this one), its prompts per step in proportion to its GPUs.
+    assert [driver for _, _, driver in simulated] == [0.0, 0.001] * len(CLUSTER_GPUS)
+    for cluster, workload, _ in simulated:
+        assert workload.num_steps == 8 and workload.prompts_per_step == round(256 * cluster_gpus(cluster) / 48)
+    assert scaled_shape(48, 16)[0] == SEED_CLUSTER  # the original request's own size is its own shape
+
+
+def cluster_gpus(cluster) -> int:
+    return cluster.num_engines + cluster.num_learners
 
 
 def test_the_workload_is_the_original_requests_and_a_smaller_cap_scales_its_median():
