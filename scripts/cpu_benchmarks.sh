@@ -54,8 +54,9 @@ $py -m benchmarks.lora "${lora[@]}" --output "$out/lora.json"
 $py -m benchmarks.e2e "${e2e_lora[@]}" --use_peft --workloads heavy_tail --modes synchronous streaming \
   --calibrate --output "$out/e2e_lora"
 $py -m benchmarks.driver_headroom "${driver[@]}" --output "$out/driver_headroom"
-# The original request's lengths on the real stack (lognormal, sigma 0.8, capped): 8 samples running over a KV
-# cache of 26k tokens (about 6 samples of median length), so that vLLM preempts; three modes side by side.
+# Long-reasoning lengths on the real stack (lognormal around 4,000 tokens, sigma 0.8, capped at 16,384: the
+# long-reasoning shape's, docs/index.md): 8 samples running over a KV cache of 26k tokens (about 6 samples of
+# median length), so that vLLM preempts; three modes side by side.
 $py -m benchmarks.e2e "${real_length[@]}" --long_context --sigma 0.8 --running_per_engine 8 \
   --workloads heavy_tail --modes synchronous streaming streaming_auto --calibrate --output "$out/real_length"
 if [[ "${PUBLISH:-0}" == "1" ]]; then

@@ -397,7 +397,10 @@ def test_cli_writes_json_and_timeline(tmp_path, capsys):
     path = tmp_path / "measured.json"
     path.write_text(json.dumps({**measured, "stamp": stamp("e2e")}))
     out = tmp_path / "out"
-    assert sim.main(["--measured", str(path), "--output", str(out), "--projection_steps", "2", "--async_sweep", "2,1"]) == 0
+    assert (
+        sim.main(["--measured", str(path), "--output", str(out), "--projection_steps", "2", "--async_sweep", "2,1"])
+        == 0
+    )
     report = json.loads((out / "simulator.json").read_text())
     assert report["measured"]["measured_speedup_streaming_vs_sync"] == 1.7
     predicted = report["measured"]["speedup_streaming_vs_sync"]
