@@ -23,7 +23,7 @@ packing.py         query+response packing with per-document positions, rank spli
 pacing.py          `Pacing`: the lookahead (--async_steps N or auto) moved with the staleness window
 metrics.py         per-step rollout metrics, engine occupancy, async_steps_needed
 evaluation.py      eval rounds on the eval mix through the same engines, without stopping training
-adapters.py        --use_peft: the LoRA adapter's peft config, served rank, wire names, zero adapter, merge
+adapters.py        --use_peft: the LoRA adapter's peft config, served rank, layout, zero adapter, engine folders
 checkpoints.py     HF-format checkpoints (keep-last-n) and the resumable run state (versioned, migrated)
 traces.py          --save_traces: trained rollouts as JSONL shards, read_traces
 tracking.py        metrics.jsonl, wandb (offline without credentials), tqdm, the training plot

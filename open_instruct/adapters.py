@@ -1,10 +1,9 @@
 """The LoRA adapter of `--use_peft`, as both sides see it: the peft configuration the learner trains, the one
-vLLM serves, and the names the adapter's tensors travel under.
+vLLM serves, its layout and size, and the folders engines serve it from.
 
 The learner wraps the base model with peft (only the adapter is trainable); each engine serves the base with
-one adapter, `ADAPTER_ID`, that every request names. A weight sync sends the adapter's tensors only, under
-peft's saved names (`...q_proj.lora_A.weight`, what `adapter_model.safetensors` holds), and the engine puts
-them in place of the adapter it serves (`weights.adapter_engine`). Nothing here imports vLLM.
+one adapter that every request names, read from a folder of its own. The names both sides share (the served
+id, the file, the names the tensors travel under) are `weights.adapter_names`'s. Nothing here imports vLLM.
 """
 
 from __future__ import annotations
@@ -20,15 +19,9 @@ import time
 from typing import Any
 
 from open_instruct.config.model import SERVED_LORA_RANKS
+from open_instruct.weights.adapter_names import ADAPTER_FILE
 
-# The one adapter every engine serves and every request names (vLLM ids start at 1).
-ADAPTER_ID = 1
-ADAPTER_NAME = "open_instruct_policy"
-# peft's name for the one adapter of a model it wraps, in parameter names (`lora_A.default.weight`) but not in
-# saved files (`lora_A.weight`).
-PEFT_ADAPTER_NAME = "default"
 ALL_LINEAR = "all-linear"
-ADAPTER_FILE = "adapter_model.safetensors"  # peft's file name, which vLLM's LoRA loader reads
 # An engine's adapter folder (--lora_adapter_dir): FOLDER_PREFIX + engine + random, holding LOCK_FILE locked
 # for as long as the engine lives.
 FOLDER_PREFIX = "open_instruct_adapter_"
@@ -70,19 +63,6 @@ def served_config(model_cfg) -> dict[str, Any]:
     """What an engine needs to read the adapter's tensors (vLLM's PEFTHelper fields): rank and alpha set each
     module's scaling alpha / r; the modules come from the tensors' names."""
     return {"r": model_cfg.lora_r, "lora_alpha": model_cfg.lora_alpha, "target_modules": target_modules(model_cfg)}
-
-
-def is_adapter_parameter(name: str) -> bool:
-    """A parameter of the LoRA adapter (peft names its matrices lora_A / lora_B)."""
-    return ".lora_A." in name or ".lora_B." in name
-
-
-def wire_name(parameter_name: str) -> str:
-    """The name an adapter tensor is sent under: peft's parameter name without the adapter's own name, as peft
-    saves it and vLLM reads it (`...q_proj.lora_A.default.weight` -> `...q_proj.lora_A.weight`)."""
-    for matrix in ("lora_A", "lora_B"):
-        parameter_name = parameter_name.replace(f".{matrix}.{PEFT_ADAPTER_NAME}.", f".{matrix}.")
-    return parameter_name
 
 
 def wrap(model, model_cfg, gradient_checkpointing: bool):

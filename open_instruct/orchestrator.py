@@ -43,6 +43,7 @@ from open_instruct.metrics import (
 from open_instruct.pacing import Pacing
 from open_instruct.prompt_feeder import FeederState, PromptFeeder, record_prompts
 from open_instruct.replay_buffer import AddResult, Group, ReplayBuffer
+from open_instruct.staleness import MaxAge
 
 logger = logging.getLogger(__name__)
 
@@ -172,7 +173,7 @@ def buffer_config(cfg: Config, pacing: Pacing) -> dict:
     return {
         "samples_per_prompt": cfg.generation.num_samples_per_prompt_rollout,
         "max_samples": cfg.replay_buffer_max_samples,
-        "max_age": cfg.staleness_policy.age_rule(),
+        "max_age": MaxAge.of(cfg.staleness_policy),
         "bound": lambda: pacing.window.current,
         "drop_zero_std": cfg.algorithm.active_sampling,
     }

@@ -19,8 +19,9 @@ measures both every step and follows that need:
 * it stays within [1, max_off_policy_steps]: more lookahead than the staleness bound would only
   produce samples the bound throws away.
 
-The staleness window K (`staleness.StalenessPolicy`) is the other half of the pacing: a fixed K, or with
-`auto` an `OffPolicyWindow` that trades the learner's wait against off-policy health (see its docstring).
+The staleness window K (`staleness.OffPolicyWindow.of` the run's `StalenessPolicy`) is the other half of the
+pacing: a fixed K, or with `auto` one that trades the learner's wait against off-policy health (see its
+docstring).
 Under `--async_steps auto` the lookahead never exceeds the window's current K.
 
 Pure logic; the training loop calls `Pacing.update` once per step and logs what it returns.
@@ -103,7 +104,7 @@ class Pacing:
     def from_config(cls, cfg) -> Pacing:
         policy = cfg.staleness_policy
         lookahead = Lookahead.adaptive(policy.bound) if cfg.async_steps_auto else Lookahead.fixed(cfg.lookahead_max)
-        return cls(lookahead, policy.window())
+        return cls(lookahead, OffPolicyWindow.of(policy))
 
     def _clamp_lookahead(self) -> None:
         """An automatic lookahead runs no further ahead than the window's current K."""

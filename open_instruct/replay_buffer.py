@@ -7,7 +7,7 @@ is trained once. Two rules can keep a complete group out of training:
 
 * **zero reward spread** (`drop_zero_std`, on with --active_sampling): a group whose rewards are all
   equal has zero advantage everywhere; it is dropped as it completes, so every batch has signal;
-* **staleness** (`max_age`, the age rule of `staleness.StalenessPolicy`): a group whose age
+* **staleness** (`max_age`, the age rule of the run's `StalenessPolicy`, `staleness.MaxAge.of`): a group whose age
   (learner version minus the oldest weight version of any of its tokens) exceeds `max_age.max_age`
   is dropped, or, with `action="downweight"`, trained at weight `0.5 ** (age - max_age)`. With
   `action="mask"` a group is trained whole unless every token of it is over the bound: the tokens

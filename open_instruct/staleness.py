@@ -1,115 +1,27 @@
 """Staleness, the project's central trade: how old a trained token may be, and what happens to older ones.
 
 K (`--max_off_policy_steps`) is the largest version lag a trained group may have: a group whose oldest token
-is more than K learner versions behind when it trains gets the off-policy action (`OffPolicyAction`). K is
-fixed, or tunes itself within bounds (`auto`: `OffPolicyWindow`). `StalenessPolicy` is the one object the
-rest asks: the replay buffer for its age rule (`MaxAge`), the pacing for its window and the lookahead's
-bound, the loop for what an untrainable group becomes and whether doomed samples are aborted.
+is more than K learner versions behind when it trains gets the off-policy action. `StalenessPolicy`
+(`config.staleness`, parsed once from the flags: `cfg.staleness_policy`) is the one object the rest asks; here
+are the rules it sets: the replay buffer's age rule (`MaxAge.of(policy)`), and the window K moves in, fixed or
+tuning itself within bounds (`auto`: `OffPolicyWindow.of(policy)`), which the pacing holds. The loop asks the
+policy's action what an untrainable group becomes and whether doomed samples are aborted.
 
-Pure logic; parsed once from the configuration (`StalenessPolicy.from_config`).
+Pure logic.
 """
 
 from __future__ import annotations
 
-import enum
 import logging
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-from open_instruct.config.staleness import DEFAULT_AUTO_BOUND
 from open_instruct.messages import Completion
 
+if TYPE_CHECKING:
+    from open_instruct.config.staleness import StalenessPolicy
+
 logger = logging.getLogger(__name__)
-
-
-class OffPolicyAction(enum.Enum):
-    """What happens to a group older than K (--off_policy_action)."""
-
-    MASK = "mask"  # train it on its tokens at most K old, the rest as context; requeue it when none is
-    REQUEUE = "requeue"  # admit the prompt again, fresh
-    DROP = "drop"  # admit another prompt instead
-    DOWNWEIGHT = "downweight"  # train it at weight 0.5^(lag - K)
-
-    @property
-    def trains_late_groups(self) -> bool:
-        """Late groups are trained (on young tokens, or down-weighted): their running samples may finish."""
-        return self in (OffPolicyAction.MASK, OffPolicyAction.DOWNWEIGHT)
-
-    @property
-    def requeues(self) -> bool:
-        """A group that cannot be trained has its prompt admitted again (else another prompt replaces it)."""
-        return self in (OffPolicyAction.MASK, OffPolicyAction.REQUEUE)
-
-    @property
-    def age_rule(self) -> Literal["drop", "downweight", "mask"]:
-        """What the replay buffer does with a late group (requeue and drop both take it out of training)."""
-        return self.value if self.trains_late_groups else "drop"  # type: ignore[return-value]
-
-
-@dataclass(frozen=True)
-class StalenessPolicy:
-    """K and the off-policy action of a run. `bound` is K (with `auto`, the largest K the window may reach:
-    capacities are sized for it); `minimum` the smallest K it may use."""
-
-    action: OffPolicyAction
-    bound: int
-    minimum: int
-    auto: bool = False
-    min_ess_frac: float = 0.9
-    max_truncated_frac: float = 0.02
-
-    @classmethod
-    def from_config(cls, cfg) -> StalenessPolicy:
-        """From the staleness flags and --async_steps (K's default); the flags were validated by then."""
-        return cls.from_flags(cfg.staleness, cfg.generation.async_steps)
-
-    @classmethod
-    def from_flags(cls, staleness, async_steps: str) -> StalenessPolicy:
-        value = "" if staleness.max_off_policy_steps is None else str(staleness.max_off_policy_steps).strip().lower()
-        action = OffPolicyAction(staleness.off_policy_action)
-        limits = (staleness.off_policy_min_ess_frac, staleness.off_policy_max_truncated_frac)
-        if value == "auto":
-            return cls(action, staleness.off_policy_window_max, staleness.off_policy_window_min, True, *limits)
-        if value:
-            bound = int(value)
-        else:
-            lookahead = async_steps.strip().lower()
-            bound = DEFAULT_AUTO_BOUND if lookahead == "auto" else int(lookahead)
-        return cls(action, bound, bound, False, *limits)
-
-    @property
-    def flag_value(self) -> int | str:
-        """K as --max_off_policy_steps would say it (the run summary's key)."""
-        return "auto" if self.auto else self.bound
-
-    def describe(self) -> str:
-        """The policy in one phrase, as results tables state it: `K=2, mask` or `K=auto (1-8, ess >= 0.9,
-        truncated <= 0.02), mask`."""
-        if self.auto:
-            limits = f"ess >= {self.min_ess_frac:g}, truncated <= {self.max_truncated_frac:g}"
-            return f"K=auto ({self.minimum}-{self.bound}, {limits}), {self.action.value}"
-        return f"K={self.bound}, {self.action.value}"
-
-    def age_rule(self) -> MaxAge:
-        return MaxAge(self.bound, self.action.age_rule)
-
-    def window(self) -> OffPolicyWindow:
-        if self.auto:
-            return OffPolicyWindow.adaptive(self.minimum, self.bound, self.min_ess_frac, self.max_truncated_frac)
-        return OffPolicyWindow.fixed(self.bound)
-
-    def sync_interval_problems(self, sync_every: int) -> list[str]:
-        """Between weight syncs the engines fall up to `sync_every - 1` versions behind the learner. A tighter
-        bound dooms every sample before the next sync, which then never comes (the learner waits forever),
-        unless late groups are down-weighted instead of dropped."""
-        lag = sync_every - 1
-        if self.action is OffPolicyAction.DOWNWEIGHT or self.minimum >= lag:
-            return []
-        return [
-            f"--weight_sync_every_steps {sync_every} leaves the engines up to {lag} versions behind the learner, "
-            f"more than the staleness bound {self.minimum} allows: nothing would be trainable before the next "
-            f"sync; give --max_off_policy_steps >= {lag} (or --off_policy_action downweight)"
-        ]
 
 
 def tokens_older_than(completion: Completion, version: int) -> int:
@@ -139,6 +51,11 @@ class MaxAge:
 
     max_age: int
     action: Literal["drop", "downweight", "mask"] = "drop"
+
+    @classmethod
+    def of(cls, policy: StalenessPolicy) -> MaxAge:
+        """The age rule of a run's staleness policy."""
+        return cls(policy.bound, policy.action.age_rule)
 
     def __post_init__(self) -> None:
         if self.max_age < 0:
@@ -211,6 +128,13 @@ class OffPolicyWindow:
     _worst_ess: float = 1.0  # the worst health since the last move
     _worst_truncated: float = 0.0
     _lag_reached: float = 0.0  # the largest group lag trained since the last move
+
+    @classmethod
+    def of(cls, policy: StalenessPolicy) -> OffPolicyWindow:
+        """The window of a run's staleness policy: self-tuning within its bounds with `auto`, else fixed at K."""
+        if policy.auto:
+            return cls.adaptive(policy.minimum, policy.bound, policy.min_ess_frac, policy.max_truncated_frac)
+        return cls.fixed(policy.bound)
 
     @classmethod
     def fixed(cls, steps: int) -> OffPolicyWindow:

@@ -1,12 +1,13 @@
 """The run's configuration: parsed once from open-instruct-compatible flags, frozen afterwards. The ground floor:
-it imports nothing of ours beyond errors, messages and the staleness policy (`open_instruct.staleness`).
+it imports nothing of ours beyond errors.
 
 core.py        `Config` (one field per group), `parse_config`, the rules that span groups, derived values
 run.py         the run: naming, tracking, length, evaluation schedule, checkpoints and resume
 model.py       the policy and its tokenizer: source, loading, dtype, attention
 data.py        the prompt datasets: mixes, columns, templating, filters, cache
 generation.py  the engines: batch shape, sampling, lookahead, weight pushes, faults
-staleness.py   how old a trained token may be: K (--max_off_policy_steps) and the off-policy action
+staleness.py   how old a trained token may be: K (--max_off_policy_steps), the off-policy action, and the
+               `StalenessPolicy` parsed from them once
 algorithm.py   the objective: advantages, loss, off-policy correction, reference policy
 rewards.py     verifiers, shaping, judges, rubrics
 tools.py       tools and environments of multi-turn rollouts

@@ -34,9 +34,8 @@ from open_instruct.config.learner import (
 from open_instruct.config.model import ModelConfig
 from open_instruct.config.rewards import RewardConfig
 from open_instruct.config.run import RunConfig
-from open_instruct.config.staleness import WINDOW_FLAGS, StalenessConfig
+from open_instruct.config.staleness import WINDOW_FLAGS, StalenessConfig, StalenessPolicy
 from open_instruct.config.tools import ToolsConfig
-from open_instruct.staleness import StalenessPolicy
 
 
 @dataclass(frozen=True)

@@ -149,6 +149,7 @@ class GenerationActor:
         from vllm.lora.request import LoRARequest
 
         from open_instruct import adapters
+        from open_instruct.weights.adapter_names import ADAPTER_ID, ADAPTER_NAME
 
         # Removed at shutdown; a SIGKILLed engine's folder (a 7B's adapter is tens of MB) is removed by the next
         # engine to start on this node.
@@ -158,7 +159,7 @@ class GenerationActor:
         directory = self._adapter_dir.path
         await asyncio.to_thread(adapters.write_zero_adapter, self.settings.model_path, self.settings.model, directory)
         await self.state.engine.collective_rpc("serve_adapter", args=(directory,))
-        return LoRARequest(adapters.ADAPTER_NAME, adapters.ADAPTER_ID, lora_path=directory)
+        return LoRARequest(ADAPTER_NAME, ADAPTER_ID, lora_path=directory)
 
     def _derive_target(self) -> int:
         """Samples that fit in the KV cache at their full length, capped by the scheduler's limit."""

@@ -1,6 +1,8 @@
 """Learners: DeepSpeed ranks in Ray actors, and the driver's handle on them.
 
-actor.py              `LearnerActor`: one rank's train step (loss, ZeRO), checkpoint; with --use_peft a LoRA adapter
+actor.py              `LearnerActor`: one rank's train step (loss, ZeRO), weights out, checkpoint
+policy_weights.py     what trains, chosen once: the whole model or (--use_peft) a LoRA adapter; wrap, reference,
+                      synced parameters, saves, checkpoint flags
 weight_sender.py      `WeightSender`: the learner's end of a weight sync (transport, watchdog, what is sent)
 group.py              `LearnerGroup` (driver handle): splits a batch over ranks, gathers step results
 deepspeed_setup.py    DeepSpeed configs and engine construction

@@ -13,7 +13,6 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 
-from open_instruct import adapters
 from open_instruct.config.algorithm import AlgorithmConfig
 from open_instruct.config.derived import resolve_dtype
 from open_instruct.config.fields import groups_from_flags
@@ -29,11 +28,10 @@ from open_instruct.learner.deepspeed_setup import (
     make_universal,
     on_gpu,
     peak_memory_gib,
-    reference_config,
     usable_cores,
     zero3_loading,
 )
-from open_instruct.learner.reference import AdapterOffReference, ReferencePolicy
+from open_instruct.learner.policy_weights import PolicyWeights, policy_weights
 from open_instruct.learner.weight_sender import WeightSender, weight_metadata
 from open_instruct.messages import LearnerReady, LearnerStepResult, TrainBatch, WeightMetadata, WeightsSent
 
@@ -120,12 +118,18 @@ class LearnerSettings:
         pi_old exactly (ratio 1), so the separate pass would only repeat that forward. Not when that forward
         drops out (`--lora_dropout`): pi_old would then carry one draw of dropout noise, and rho and the TIS
         weights would measure the noise instead of staleness; the eval-mode pass gives pi_old itself."""
-        return self.algorithm.num_mini_batches == 1 and not self.separate_old_logprob_pass and not self.drops_out
+        return (
+            self.algorithm.num_mini_batches == 1 and not self.separate_old_logprob_pass and not self.weights.drops_out
+        )
+
+    @cached_property
+    def weights(self) -> PolicyWeights:
+        """What trains: the whole model, or with --use_peft an adapter on a frozen base; chosen once, here."""
+        return policy_weights(self)
 
     @property
-    def drops_out(self) -> bool:
-        """Whether a training-mode forward is random: a LoRA adapter with dropout on its input."""
-        return self.model.use_peft and bool(self.model.lora_dropout)
+    def zero3(self) -> bool:
+        return self.learner.deepspeed_stage == 3
 
 
 def learner_settings(model_path: str, **values) -> LearnerSettings:
@@ -182,6 +186,7 @@ class LearnerActor:
         self.settings = settings
         self.engine = None
         self.reference = None
+        self.weights = settings.weights
         self.version = 0
         self.sender = WeightSender(rank, settings.learner.gather_whole_model)
 
@@ -222,12 +227,10 @@ class LearnerActor:
         if self.settings.learner.gradient_checkpointing:
             model.gradient_checkpointing_enable()
         model.config.use_cache = False  # packed rows need the per-document mask (see packing.py)
-        if self.lora:
-            model = adapters.wrap(model, self.settings.model, self.settings.learner.gradient_checkpointing)
-        reference = None
-        if self.settings.algorithm.beta > 0 and not self.lora:  # a model copy: only loaded when used
-            reference = AutoModelForCausalLM.from_pretrained(self.settings.model_path, **loading).eval()
-            reference.requires_grad_(False)
+        model = self.weights.wrap(model)
+        reference = self.weights.load_reference(
+            lambda: AutoModelForCausalLM.from_pretrained(self.settings.model_path, **loading)
+        )
         del partitioned_loading
         optimizer = make_optimizer(
             model,
@@ -247,39 +250,19 @@ class LearnerActor:
                 model, model.config._attn_implementation, self.settings.learner.sequence_parallel_size
             )
         self.engine = initialize_engine(model, optimizer, config, lr_scheduler=scheduler, mpu=mpu)
-        self.reference = self._reference_policy(reference, config, mpu)
+        self.reference = self.weights.reference(self.engine, reference, config, mpu)
         cores = tuple(sorted(os.sched_getaffinity(0)))
         threads = torch.get_num_threads()
         return LearnerReady(self.rank, os.getpid(), self.engine.zero_optimization_stage(), cores, threads)
 
-    def _reference_policy(self, loaded, config: dict, mpu):
-        """The KL penalty's reference (--beta > 0): the loaded copy, or with --use_peft the policy's own base."""
-        if self.settings.algorithm.beta > 0 and self.lora:
-            return AdapterOffReference(self.engine, self.engine.module)
-        if loaded is not None and self.zero3:
-            # Its own ZeRO-3 engine without an optimizer: it stays partitioned, gathered layer by layer in forward.
-            wrapped = initialize_engine(loaded, None, reference_config(config), mpu=mpu)
-            wrapped.eval()
-            return ReferencePolicy(wrapped, partitioned=True)
-        if loaded is not None:
-            return ReferencePolicy(loaded.to(self.engine.device) if on_gpu() else loaded, False)
-        return None
-
     @property
     def zero3(self) -> bool:
-        return self.settings.learner.deepspeed_stage == 3
-
-    @property
-    def lora(self) -> bool:
-        return self.settings.model.use_peft
+        return self.settings.zero3
 
     def synced_parameters(self) -> list[tuple[str, object]]:
         """What a weight sync sends, in order, named as the engines load it: every parameter (HF names), or with
-        --use_peft the adapter's only (peft's saved names, `adapters.wire_name`)."""
-        named = self.engine.module.named_parameters()
-        if not self.lora:
-            return list(named)
-        return [(adapters.wire_name(name), param) for name, param in named if adapters.is_adapter_parameter(name)]
+        --use_peft the adapter's only, under peft's saved names (`policy_weights`)."""
+        return self.weights.synced(self.engine.module)
 
     def parameter_storage(self) -> dict[str, int]:
         """Bytes of parameters this rank holds (its ZeRO-3 partitions, or whole tensors), against the whole
@@ -430,9 +413,7 @@ class LearnerActor:
     def checkpoint_names(self):
         """A model that transformers converted at load (its MoE experts stacked) syncs under its checkpoint's
         names, as it is saved; None for the others and for an adapter (`weights.checkpoint_names`)."""
-        from open_instruct.weights.checkpoint_names import CheckpointNames
-
-        return None if self.lora else CheckpointNames.of(self.engine.module)
+        return self.weights.checkpoint_names(self.engine.module)
 
     def open_weight_transport(self, backend: str, host: str, port: int, world_size: int, timeout_s: float) -> int:
         return self.sender.open(backend, host, port, world_size, timeout_s)
@@ -446,40 +427,24 @@ class LearnerActor:
     def release_weights(self) -> None:
         self.sender.release()
 
-    def full_state_dict(self, adapter_only: bool = False) -> dict:
+    def full_state_dict(self) -> dict:
         """HF-named CPU tensors of the current weights in the model's dtype (with --use_peft peft's parameter
-        names); `adapter_only`: the adapter's parameters alone.
+        names).
 
         Under ZeRO-3 a collective (call it on every rank at once): parameters are gathered one at a time and
         rank 0 alone keeps its copies (the others get {}), so no GPU ever holds a whole model.
         """
         from open_instruct.learner.gathered import gathered
 
-        named = [
-            (name, p)
-            for name, p in self.engine.module.named_parameters()
-            if not adapter_only or adapters.is_adapter_parameter(name)
-        ]
+        named = list(self.engine.module.named_parameters())
         return {name: t for name, t in gathered(named, self.zero3, self.rank == 0 or not self.zero3) if t is not None}
 
     # -------------------------------------------------------------- checkpoints (call on every rank)
 
     def save_model(self, path: str) -> str | None:
-        """HF-format weights (safetensors + config) that transformers and vLLM load; rank 0 writes. With
-        --use_peft the adapter in peft's format (adapter_config.json + adapter_model.safetensors, which peft and
-        vLLM's LoRA loader read), and with --save_merged_lora_model base + adapter merged under `merged/`."""
-        if not self.lora:  # streamed into the files one parameter at a time (gathered.py)
-            from open_instruct.learner.gathered import save_hf_model
-
-            save_hf_model(self.engine.module, path, self.zero3, write=self.rank == 0)
-            return path if self.rank == 0 else None
-        state = self.full_state_dict(adapter_only=True)
-        if self.rank == 0:
-            self.engine.module.save_pretrained(path, state_dict=state, safe_serialization=True)
-        if self.settings.model.save_merged_lora_model:  # one layer at a time, in the base's dtype (gathered.py)
-            from open_instruct.learner.gathered import save_merged_lora
-
-            save_merged_lora(self.engine.module, str(Path(path) / "merged"), self.zero3, write=self.rank == 0)
+        """HF-format weights (safetensors + config) that transformers and vLLM load, or with --use_peft the adapter
+        in peft's format (and on request base + adapter merged: `AdapterWeights.save`); rank 0 writes."""
+        self.weights.save(self.engine.module, path, self.rank)
         return path if self.rank == 0 else None
 
     def save_state(self, directory: str) -> None:
@@ -497,9 +462,11 @@ class LearnerActor:
         # ds_to_universal refuses a checkpoint without this entry; no tensor parallelism, so nothing else.
         universal = {UNIVERSAL_CHECKPOINT_VERSION_KEY: UNIVERSAL_CHECKPOINT_VERSION_VALUE}
         client_state = {"version": self.version, UNIVERSAL_CHECKPOINT_INFO: universal}
-        # --use_peft: the frozen base is the model the run started from, not state; only the adapter is saved.
         self.engine.save_checkpoint(
-            directory, tag="learner", client_state=client_state, exclude_frozen_parameters=self.lora
+            directory,
+            tag="learner",
+            client_state=client_state,
+            exclude_frozen_parameters=self.weights.exclude_frozen_parameters,
         )
         rng = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
         if on_gpu():
@@ -524,7 +491,9 @@ class LearnerActor:
                 make_universal(directory, tag)
             torch.distributed.barrier()
             tag = "learner" + UNIVERSAL_SUFFIX
-        _, client_state = self.engine.load_checkpoint(directory, tag=tag, load_module_strict=not self.lora)
+        _, client_state = self.engine.load_checkpoint(
+            directory, tag=tag, load_module_strict=self.weights.load_module_strict
+        )
         if client_state is None:
             raise FileNotFoundError(f"no learner checkpoint under {directory}")
         rng_file = Path(directory) / f"rng_rank{self.rank}.pt"

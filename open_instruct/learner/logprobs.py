@@ -3,7 +3,7 @@
 Target-aligned like every per-token tensor of a packed row (`packing`): out[:, t] is the log-probability
 of `input_ids[t]` predicted from the logits at t-1, 0 at each document's first position. Computed in
 chunks with a hand-written backward (`TokenLogprobs`), so no [B, T, V] fp32 copy of the logits is ever
-made. Pure torch, tested on CPU (`tests/unit/test_packing.py`).
+made. Pure torch, tested on CPU (`tests/unit/test_logprobs.py`).
 """
 
 from __future__ import annotations
@@ -132,7 +132,7 @@ def packed_token_logprobs(
     already be on the model's device.
 
     Verified against transformers 5.19 (`masking_utils.py`, Qwen2 with sdpa and eager;
-    `tests/unit/test_packing.py` checks it numerically): `create_causal_mask` ->
+    `tests/unit/test_logprobs.py` checks it numerically): `create_causal_mask` ->
     `_preprocess_mask_arguments` calls `find_packed_sequence_indices(position_ids)` (a new
     document wherever position_ids[t] - position_ids[t-1] != 1) and AND-s that
     `packed_sequence_mask` into the causal mask, giving a per-document block-diagonal mask.

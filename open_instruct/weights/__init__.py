@@ -13,6 +13,8 @@ gloo_engine.py, nccl_engine.py, shm_engine.py, ipc_engine.py
 reload.py     engine side: a failed update restores the previous weights
 adapter_engine.py
               engine side, --use_peft: an update replaces the served LoRA adapter instead of the weights
+adapter_names.py
+              both sides, --use_peft: the served adapter's id and file, the names its tensors travel under
 checkpoint_names.py
               learner side: a converted model's weights (transformers' stacked MoE experts) under its
               checkpoint's names and shapes, which the engines load

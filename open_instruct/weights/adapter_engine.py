@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from open_instruct.adapters import ADAPTER_FILE
+from open_instruct.weights.adapter_names import ADAPTER_FILE
 
 
 class AdapterUpdate:

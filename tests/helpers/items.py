@@ -1,10 +1,11 @@
-"""Packing items with random token ids and float32-exact logprobs, for the packing and learner-speed tests."""
+"""Packing items with random token ids and float32-exact logprobs, and the spans of a packed row's documents, for
+the packing, logprobs and learner-speed tests."""
 
 from __future__ import annotations
 
 import torch
 
-from open_instruct.packing import PackItem
+from open_instruct.packing import PackedRow, PackItem
 
 
 def make_item(
@@ -28,3 +29,14 @@ def make_item(
         version=version,
         sample_id=sample_id,
     )
+
+
+def doc_spans(row: PackedRow) -> list[tuple[int, int]]:
+    """[start, end) of each document k = 1.. in the row, asserting it is one contiguous block."""
+    spans = []
+    for k in range(1, row.num_documents + 1):
+        where = (row.doc_ids == k).nonzero().flatten()
+        start, end = int(where[0]), int(where[-1]) + 1
+        assert where.numel() == end - start, f"document {k} is not contiguous"
+        spans.append((start, end))
+    return spans

@@ -16,8 +16,9 @@ import torch
 def main(model_path: str, port: int) -> None:
     from transformers import AutoTokenizer
 
-    from open_instruct import adapters, batching
+    from open_instruct import batching
     from open_instruct.learner.actor import LearnerActor, learner_settings, token_logprobs
+    from open_instruct.weights import adapter_names
 
     sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parents[1]))
     from helpers.batches import rewarded_groups
@@ -56,7 +57,7 @@ def main(model_path: str, port: int) -> None:
     generator = torch.Generator().manual_seed(0)
     with torch.no_grad():  # a trained adapter: peft starts B at zero
         for name, param in learner.engine.module.named_parameters():
-            if adapters.is_adapter_parameter(name) and ".lora_B." in name:
+            if adapter_names.is_adapter_parameter(name) and ".lora_B." in name:
                 param.copy_(0.05 * torch.randn(param.shape, generator=generator))
     batch_settings = batching.batch_settings(
         tokenizer.pad_token_id, pack_length=128, num_learners_per_node=[1], per_device_train_batch_size=1

@@ -15,7 +15,8 @@ import pytest
 import torch
 from helpers.batches import rewarded_groups
 
-from open_instruct import adapters, batching, cluster
+from open_instruct import batching, cluster
+from open_instruct.weights import adapter_names
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -58,7 +59,7 @@ def lora_learners(model_path, tokenizer, ranks: int, stage: int, sequence_parall
 
 
 def split(state: dict) -> tuple[dict, dict]:
-    adapter = {k: v for k, v in state.items() if adapters.is_adapter_parameter(k)}
+    adapter = {k: v for k, v in state.items() if adapter_names.is_adapter_parameter(k)}
     return adapter, {k: v for k, v in state.items() if k not in adapter}
 
 
@@ -93,7 +94,7 @@ def test_sequence_parallel_lora_ranks_take_the_same_step_as_one_rank(model_path,
     before, alone, single = one_step(model_path, tokenizer, groups, 1, 3)
     _, split_rows, metrics = one_step(model_path, tokenizer, groups, 2, 3, sequence_parallel_size=2)
     assert metrics["learner/grad_norm"] == pytest.approx(single["learner/grad_norm"], rel=1e-4)
-    names = [k for k in before if adapters.is_adapter_parameter(k)]
+    names = [k for k in before if adapter_names.is_adapter_parameter(k)]
     update = torch.cat([(alone[n] - before[n]).flatten() for n in names])
     other = torch.cat([(split_rows[n] - before[n]).flatten() for n in names])
     assert update.norm() > 1e-3 and (update - other).norm() < 0.02 * update.norm()
@@ -165,7 +166,7 @@ def test_a_lora_checkpoint_holds_the_adapter_and_resumes_exactly(model_path, tok
     assert step > 1e-4
     assert max((resumed[k] - uninterrupted[k]).abs().max().item() for k in saved) < 1e-3 * step
 
-    assert (model_dir / "adapter_config.json").exists() and (model_dir / adapters.ADAPTER_FILE).exists()
+    assert (model_dir / "adapter_config.json").exists() and (model_dir / adapter_names.ADAPTER_FILE).exists()
     base = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
     with_adapter = PeftModel.from_pretrained(base, str(model_dir)).eval()
     merged = AutoModelForCausalLM.from_pretrained(str(model_dir / "merged"), dtype=torch.float32).eval()

@@ -18,6 +18,7 @@ def test_a_lora_run_syncs_the_adapter_in_flight_and_survives_an_engine_dying_in_
     from open_instruct import adapters
     from open_instruct.config.core import parse_config
     from open_instruct.grpo_fast import run
+    from open_instruct.weights import adapter_names
 
     args = list(COMMON)
     args[args.index("--total_episodes") + 1] = str(STEPS * 32)
@@ -39,4 +40,4 @@ def test_a_lora_run_syncs_the_adapter_in_flight_and_survives_an_engine_dying_in_
     assert all(0 <= m["staleness/multi_version_frac"] <= 1 and m["weight_sync/kept_requests"] >= 0 for m in metrics)
     saved = tmp_path / "out" / "checkpoints" / f"step_{STEPS}"
     assert json.loads((saved / "adapter_config.json").read_text())["r"] == 8
-    assert (saved / adapters.ADAPTER_FILE).exists() and not (saved / "model.safetensors").exists()
+    assert (saved / adapter_names.ADAPTER_FILE).exists() and not (saved / "model.safetensors").exists()

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from open_instruct import adapters
+from open_instruct.weights import adapter_names
 from open_instruct.weights.adapter_engine import AdapterUpdate
 
 HOLDER = """
@@ -44,7 +45,7 @@ def test_a_killed_engines_folder_is_swept_and_a_live_ones_is_kept(tmp_path):
     live = adapters.AdapterFolder(str(root), 0)
     assert Path(live.path).parent == root and Path(live.path).name.startswith(adapters.FOLDER_PREFIX)
     leftover = killed_engines_folder(root)
-    (leftover / adapters.ADAPTER_FILE).write_bytes(b"x" * 1024)
+    (leftover / adapter_names.ADAPTER_FILE).write_bytes(b"x" * 1024)
     unrelated = root / "someone_elses"
     unrelated.mkdir()
 
@@ -97,7 +98,7 @@ def test_only_the_writing_worker_keeps_the_adapter_and_every_worker_checks_it_ar
     stream(writer, tensors)
     stream(reader, tensors)
     assert all(not kept for kept in received_by_reader) and reader.tensors == 0  # nothing copied, reset after
-    saved = load_file(str(tmp_path / adapters.ADAPTER_FILE))
+    saved = load_file(str(tmp_path / adapter_names.ADAPTER_FILE))
     assert set(saved) == set(tensors) and all(torch.equal(saved[k], v) for k, v in tensors.items())
     for update in (writer, reader):
         update.start()

@@ -233,10 +233,12 @@ def test_config_equality_is_value_based():
 
 
 def test_a_self_tuning_window_is_sized_for_its_widest_bound():
+    from open_instruct.staleness import OffPolicyWindow
+
     cfg = parse_config(["--max_off_policy_steps", "auto", "--async_steps", "auto", "--off_policy_window_max", "5"])
     policy = cfg.staleness_policy
     assert policy.auto and policy.bound == 5 and cfg.lookahead_max == 5 and policy.minimum == 1
-    assert policy.flag_value == "auto" and policy.window().current == 1
+    assert policy.flag_value == "auto" and OffPolicyWindow.of(policy).current == 1
     fixed = parse_config(["--max_off_policy_steps", "3"]).staleness_policy
     assert not fixed.auto and fixed.bound == fixed.minimum == 3 and fixed.flag_value == 3
     # How results tables state the policy they measured.
@@ -245,7 +247,8 @@ def test_a_self_tuning_window_is_sized_for_its_widest_bound():
 
 
 def test_k_defaults_to_the_lookahead_and_the_action_says_what_the_loop_does():
-    from open_instruct.staleness import OffPolicyAction
+    from open_instruct.config.staleness import OffPolicyAction
+    from open_instruct.staleness import MaxAge
 
     assert parse_config(["--async_steps", "3"]).staleness_policy.bound == 3
     assert parse_config(["--async_steps", "auto"]).staleness_policy.bound == 8  # open-instruct's default lookahead
@@ -259,7 +262,7 @@ def test_k_defaults_to_the_lookahead_and_the_action_says_what_the_loop_does():
         "downweight": False,
     }
     assert [a for a, p in policies.items() if p.action.trains_late_groups] == ["mask", "downweight"]
-    assert {a: p.age_rule().action for a, p in policies.items()} == {
+    assert {a: MaxAge.of(p).action for a, p in policies.items()} == {
         "mask": "mask",
         "requeue": "drop",
         "drop": "drop",

@@ -10,7 +10,6 @@ open-instruct accepts, from `tests/data/open_instruct_flag_values.tsv`.
 from __future__ import annotations
 
 import importlib.metadata
-import math
 from dataclasses import dataclass, fields
 from operator import attrgetter
 from pathlib import Path
@@ -289,39 +288,3 @@ def test_a_refused_value_fails_with_one_line_naming_the_flag(row):
 @pytest.mark.parametrize("row", [r for r in ROWS if r.status == "other-helper"], ids=lambda r: r.id)
 def test_values_of_other_work_have_their_flag(row):
     assert row.flag in flag_names()
-
-
-# ----------------------------------------------------------------------------- the search verifiers
-
-
-@pytest.mark.parametrize(
-    "prediction, label, score",
-    [
-        ("I looked it up. <FINISH> Paris </finish>", "paris", 1.0),  # tags in any case, normalised match
-        ("<finish>the Eiffel Tower!</finish>", '["Louvre", "Eiffel tower"]', 1.0),  # a JSON list of references
-        ("<finish>Lyon</finish>", "Paris", 0.0),
-        ("<finish>  </finish>", "Paris", 0.0),  # an empty answer
-        ("Paris", "Paris", 0.0),  # no tags
-    ],
-)
-def test_re_search_is_exact_match_of_the_finish_span(prediction, label, score):
-    from open_instruct.rewards import RewardSettings, VerifierInput, get_verifier
-
-    assert get_verifier("re_search")(VerifierInput(prediction, label), RewardSettings()).score == score
-
-
-@pytest.mark.parametrize(
-    "prediction, label, score",
-    [
-        ("<finish>new york city</finish>", "New York", 2 * (2 / 3) * 1 / (2 / 3 + 1)),
-        ("<finish>a</finish><finish>Berlin wall</finish>", '["Berlin", "Rome"]', 2 * 0.5 * 1 / 1.5),  # last span
-        ("<finish>Lyon</finish>", "Paris", 0.1),  # the format alone
-        ("<finish></finish>", "Paris", 0.0),
-        ("no tags at all", "Paris", 0.0),
-    ],
-)
-def test_re_search_f1_scores_token_f1_with_a_format_floor(prediction, label, score):
-    from open_instruct.rewards import RewardSettings, VerifierInput, get_verifier
-
-    result = get_verifier("re_search_f1")(VerifierInput(prediction, label), RewardSettings())
-    assert math.isclose(result.score, score)

@@ -13,6 +13,7 @@ from open_instruct import adapters
 from open_instruct.config.core import parse_config
 from open_instruct.config.fields import ConfigError
 from open_instruct.config.model import ModelConfig
+from open_instruct.weights import adapter_names
 
 LORA = ModelConfig(use_peft=True, lora_r=8, lora_alpha=16, lora_dropout=0.0)
 
@@ -53,9 +54,9 @@ def test_an_adapter_is_served_at_the_smallest_vllm_rank_that_holds_it():
 
 def test_adapter_tensors_travel_under_peft_saved_names():
     name = "base_model.model.model.layers.0.self_attn.q_proj.lora_A.default.weight"
-    assert adapters.wire_name(name) == "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight"
-    assert adapters.is_adapter_parameter(name) and adapters.is_adapter_parameter(name.replace("lora_A", "lora_B"))
-    assert not adapters.is_adapter_parameter("base_model.model.model.layers.0.self_attn.q_proj.base_layer.weight")
+    assert adapter_names.wire_name(name) == "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight"
+    assert all(adapter_names.is_adapter_parameter(name.replace("lora_A", m)) for m in ("lora_A", "lora_B"))
+    assert not adapter_names.is_adapter_parameter("base_model.model.model.layers.0.self_attn.q_proj.base_layer.weight")
 
 
 def peft_policy(model_path, seed: int = 0):
@@ -71,11 +72,11 @@ def test_the_zero_adapter_engines_start_from_has_the_learners_names_and_shapes(m
     from safetensors.torch import load_file
 
     written = adapters.write_zero_adapter(model_path, LORA, str(tmp_path))
-    tensors = load_file(str(tmp_path / adapters.ADAPTER_FILE))
+    tensors = load_file(str(tmp_path / adapter_names.ADAPTER_FILE))
     learner = {
-        adapters.wire_name(name): tuple(p.shape)
+        adapter_names.wire_name(name): tuple(p.shape)
         for name, p in peft_policy(model_path).named_parameters()
-        if adapters.is_adapter_parameter(name)
+        if adapter_names.is_adapter_parameter(name)
     }
     assert written == len(tensors) == len(learner) == 4 * 7 * 2  # 4 layers x 7 linear modules x (A, B)
     assert {name: tuple(t.shape) for name, t in tensors.items()} == learner

@@ -1,11 +1,13 @@
-"""Tests for the string verifiers (`string_f1`, `string_matcher`, `flan`, `puzzle`) and helpers."""
+"""Tests for the string verifiers (`string_f1`, `string_matcher`, `flan`, `puzzle`, `re_search`, `re_search_f1`)
+and helpers."""
 
 import json
+import math
 from pathlib import Path
 
 import pytest
 
-from open_instruct.rewards import RewardSettings, VerifierInput
+from open_instruct.rewards import RewardSettings, VerifierInput, get_verifier
 from open_instruct.rewards.string_match import (
     flan,
     normalize_text,
@@ -103,3 +105,32 @@ def test_puzzle():
     assert run(puzzle, "<think>try 41</think>42", "42") == 1.0
     assert run(puzzle, "<think>42</think>41", "42") == 0.0
     assert run(puzzle, "", "42") == 0.0
+
+
+@pytest.mark.parametrize(
+    "prediction, label, score",
+    [
+        ("I looked it up. <FINISH> Paris </finish>", "paris", 1.0),  # tags in any case, normalised match
+        ("<finish>the Eiffel Tower!</finish>", '["Louvre", "Eiffel tower"]', 1.0),  # a JSON list of references
+        ("<finish>Lyon</finish>", "Paris", 0.0),
+        ("<finish>  </finish>", "Paris", 0.0),  # an empty answer
+        ("Paris", "Paris", 0.0),  # no tags
+    ],
+)
+def test_re_search_is_exact_match_of_the_finish_span(prediction, label, score):
+    assert get_verifier("re_search")(VerifierInput(prediction, label), RewardSettings()).score == score
+
+
+@pytest.mark.parametrize(
+    "prediction, label, score",
+    [
+        ("<finish>new york city</finish>", "New York", 2 * (2 / 3) * 1 / (2 / 3 + 1)),
+        ("<finish>a</finish><finish>Berlin wall</finish>", '["Berlin", "Rome"]', 2 * 0.5 * 1 / 1.5),  # last span
+        ("<finish>Lyon</finish>", "Paris", 0.1),  # the format alone
+        ("<finish></finish>", "Paris", 0.0),
+        ("no tags at all", "Paris", 0.0),
+    ],
+)
+def test_re_search_f1_scores_token_f1_with_a_format_floor(prediction, label, score):
+    result = get_verifier("re_search_f1")(VerifierInput(prediction, label), RewardSettings())
+    assert math.isclose(result.score, score)
