@@ -31,7 +31,7 @@ simulated_engines.py   simulated engines: work stealing, decode steps, tool wait
 simulated_world.py     what they share: workload, cost model, cluster, the virtual clock and event heap
 simulation_replay.py   a measured run's prompts and response lengths, replayed
 simulation_validation.py  the simulation against a measured run, mode by mode
-simulation_projection.py  the original request's shape on assumed H100 costs: the async_steps sweep, KV vs re-prefill
+simulation_projection.py  the long-reasoning shape (defined here) on assumed H100 costs: async_steps, KV vs re-prefill
 simulation_reports.py  the simulator's tables
 calibration.py         cost models fitted on measurements
 simulator_plots.py     timelines and the async_steps sweep as PNGs

@@ -4,8 +4,8 @@ Every finished sample of a run passes through one process: the driver polls it o
 files it in the replay buffer under the staleness policy, and assembles (advantages, packing, the split over
 ranks) and ships each step's batch to the learners. Here that path runs for real, the production
 `TrainingLoop`, `EnginePool`, result queue actor, `ReplayBuffer` and `LearnerGroup` on a local Ray cluster, with
-stand-ins only at its two ends: engine actors that answer each prompt at once with samples of the original
-request's lengths (16 per prompt, lognormal around 4,000 tokens, capped at 16k), and learner actors that
+stand-ins only at its two ends: engine actors that answer each prompt at once with samples of the long-reasoning
+lengths (16 per prompt, lognormal around 4,000 tokens, capped at 16k), and learner actors that
 return at once. Nothing else limits the rate, so the driver's own cost is what is measured: its CPU seconds
 per trained sample (all its threads; Ray's serialisation included) and the queue actors' (another process,
 and one more single-threaded stage), and where the driver's time goes (a profiled pass).
@@ -14,7 +14,8 @@ The loop is serial: the driver does not take in samples while the learners train
 time plus the driver's time for the step's samples. At a cluster whose engines and learners would train R
 samples/s, one driver of c seconds per sample trains 1 / (1/R + c) samples/s, and it keeps up only while 1/c
 exceeds R. R and the rate with this driver come from the simulator (its `CostModel.driver_per_sample_s` adds c
-per sample to every step), the original request scaled to 64, 256 and 1,024 GPUs; the closed form checks it.
+per sample to every step), the long-reasoning shape (48 GPUs) scaled to 64, 256 and 1,024 GPUs; the closed form
+checks it.
 
     python -m benchmarks.driver_headroom --output output/bench/driver_headroom
 """
@@ -34,7 +35,7 @@ from pathlib import Path
 
 from benchmarks.rounds import spread
 from benchmarks.simulated_world import Cluster, Workload
-from benchmarks.simulation_projection import SEED_CLUSTER, SEED_CLUSTER_WORKLOAD
+from benchmarks.simulation_projection import LONG_REASONING_CLUSTER, LONG_REASONING_GPUS, LONG_REASONING_WORKLOAD
 from benchmarks.stamp import results_page, stamp
 from open_instruct.messages import (
     Completion,
@@ -59,9 +60,9 @@ STAGES = (
 )
 
 
-def request_workload(prompts_per_step: int, num_steps: int, max_tokens: int = 0) -> Workload:
-    """The original request's lengths and group size; `max_tokens` shrinks the cap (and the median with it)."""
-    w = SEED_CLUSTER_WORKLOAD
+def long_reasoning_workload(prompts_per_step: int, num_steps: int, max_tokens: int = 0) -> Workload:
+    """The long-reasoning lengths and group size; `max_tokens` shrinks the cap (and the median with it)."""
+    w = LONG_REASONING_WORKLOAD
     if max_tokens and max_tokens < w.max_tokens:
         scale = max_tokens / w.max_tokens
         w = dataclasses.replace(w, max_tokens=max_tokens, median_tokens=max(1, round(w.median_tokens * scale)))
@@ -281,12 +282,11 @@ class ClusterRow:
 
 
 def scaled_shape(gpus: int, steps: int) -> tuple[Cluster, Workload]:
-    """The original request's cluster scaled to `gpus`: engines and learners at its 2 : 1, and its prompts per
+    """The long-reasoning cluster scaled to `gpus`: engines and learners at its 2 : 1, and its prompts per
     step in proportion, so that each engine has as many samples running as at its own size."""
-    seed_gpus = SEED_CLUSTER.num_engines + SEED_CLUSTER.num_learners
-    engines = round(gpus * SEED_CLUSTER.num_engines / seed_gpus)
-    prompts = round(SEED_CLUSTER_WORKLOAD.prompts_per_step * gpus / seed_gpus)
-    workload = dataclasses.replace(SEED_CLUSTER_WORKLOAD, num_steps=steps, prompts_per_step=prompts)
+    engines = round(gpus * LONG_REASONING_CLUSTER.num_engines / LONG_REASONING_GPUS)
+    prompts = round(LONG_REASONING_WORKLOAD.prompts_per_step * gpus / LONG_REASONING_GPUS)
+    workload = dataclasses.replace(LONG_REASONING_WORKLOAD, num_steps=steps, prompts_per_step=prompts)
     return Cluster(num_engines=engines, num_learners=gpus - engines), workload
 
 
@@ -301,7 +301,7 @@ def simulated_rate(cluster: Cluster, workload: Workload, driver_per_sample_s: fl
 
 
 def cluster_rows(steps: int, driver_s: float, queue_s: float, rate=simulated_rate) -> list[ClusterRow]:
-    """The original request scaled to each size in CLUSTER_GPUS and simulated, with a free driver and with
+    """The long-reasoning shape scaled to each size in CLUSTER_GPUS and simulated, with a free driver and with
     this one (`rate`: `simulated_rate`, or a stand-in of its signature)."""
     capacity = 1.0 / max(driver_s, queue_s)
     rows = []
@@ -327,12 +327,11 @@ def _ms(values: dict[str, float]) -> str:
 
 
 def format_report(
-    runs: list[DriverRun], shares: dict[str, float], rows: list[ClusterRow], seed: dict, steps: int
+    runs: list[DriverRun], shares: dict[str, float], rows: list[ClusterRow], at_shape: dict, steps: int
 ) -> str:
-    gpus = SEED_CLUSTER.num_engines + SEED_CLUSTER.num_learners
     driver = spread(r.driver_cpu_per_sample_s for r in runs)
     queue = spread(r.queue_cpu_per_sample_s for r in runs)
-    closed_form = 1.0 / (1.0 / seed["free"] + driver["median"])
+    closed_form = 1.0 / (1.0 / at_shape["free"] + driver["median"])
     samples, tokens = sum(r.trained_samples for r in runs), sum(r.trained_tokens for r in runs)
     lines = [
         f"driver, {len(runs)} round(s) of {runs[0].trained_samples} samples trained "
@@ -343,8 +342,8 @@ def format_report(
         f"  queue actors' CPU: {_ms(queue)} -> at most {1 / queue['median']:,.0f} samples/s",
         "where the driver's time goes (a profiled run, the main thread's CPU):",
         *(f"  {name:50s} {share:6.1%}" for name, share in shares.items()),
-        f"the simulator at the original request's shape ({gpus} GPUs, streaming, async_steps 8): "
-        f"{seed['free']:.2f} samples/s with a free driver, {seed['driver']:.2f} with this one "
+        f"the simulator at the long-reasoning shape ({LONG_REASONING_GPUS} GPUs, streaming, async_steps 8): "
+        f"{at_shape['free']:.2f} samples/s with a free driver, {at_shape['driver']:.2f} with this one "
         f"(closed form 1 / (1/R + c): {closed_form:.2f})",
         f"one driver against that cluster at each size, simulated ({steps} steps each; headroom: the driver's or "
         "the queue's capacity, the lower, over what the cluster trains with a free driver):",
@@ -365,13 +364,22 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--output", default="output/bench/driver_headroom")
     parser.add_argument("--engines", type=int, default=4, help="instant engine actors")
-    parser.add_argument("--ranks", type=int, default=16, help="instant learner ranks (the original request: 16)")
-    parser.add_argument("--prompts_per_step", type=int, default=16, help="of 16 samples each")
+    learners, group = LONG_REASONING_CLUSTER.num_learners, LONG_REASONING_WORKLOAD.samples_per_prompt
+    parser.add_argument(
+        "--ranks", type=int, default=learners, help="instant learner ranks (as many as the long-reasoning shape)"
+    )
+    parser.add_argument("--prompts_per_step", type=int, default=16, help=f"of {group} samples each")
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--async_steps", type=int, default=2)
-    parser.add_argument("--max_tokens", type=int, default=16384, help="the length cap (the median scales with it)")
+    cap = LONG_REASONING_WORKLOAD.max_tokens
+    parser.add_argument(
+        "--max_tokens",
+        type=int,
+        default=cap,
+        help="the length cap (the long-reasoning one by default; the median scales with it)",
+    )
     parser.add_argument("--rounds", type=int, default=3, help="measured runs (a profiled one follows)")
-    parser.add_argument("--seed_steps", type=int, default=16, help="steps of the simulated original request")
+    parser.add_argument("--projection_steps", type=int, default=16, help="steps simulated at the long-reasoning shape")
     # A quarter of them warm-up; 1,024 GPUs simulate 87k samples a step, minutes each on one core.
     parser.add_argument("--cluster_steps", type=int, default=8, help="steps simulated at each cluster size")
     args = parser.parse_args(argv)
@@ -379,7 +387,7 @@ def main(argv: list[str] | None = None) -> int:
 
     out = Path(args.output)
     out.mkdir(parents=True, exist_ok=True)
-    workload = request_workload(args.prompts_per_step, args.steps, args.max_tokens)
+    workload = long_reasoning_workload(args.prompts_per_step, args.steps, args.max_tokens)
     init_ray()
     try:
         runs = [drive(workload, args.engines, args.ranks, args.async_steps) for _ in range(args.rounds)]
@@ -389,8 +397,8 @@ def main(argv: list[str] | None = None) -> int:
     shares = time_shares(out / "driver.prof")
     driver_s = statistics.median(r.driver_cpu_per_sample_s for r in runs)
     queue_s = statistics.median(r.queue_cpu_per_sample_s for r in runs)
-    seed_shape = scaled_shape(SEED_CLUSTER.num_engines + SEED_CLUSTER.num_learners, args.seed_steps)
-    seed = {"free": simulated_rate(*seed_shape), "driver": simulated_rate(*seed_shape, driver_s)}
+    shape = scaled_shape(LONG_REASONING_GPUS, args.projection_steps)
+    at_shape = {"free": simulated_rate(*shape), "driver": simulated_rate(*shape, driver_s)}
     rows = cluster_rows(args.cluster_steps, driver_s, queue_s)
     policy = loop_config(workload, args.ranks, args.async_steps).staleness_policy.describe()
     report = {
@@ -402,12 +410,12 @@ def main(argv: list[str] | None = None) -> int:
         "driver_cpu_per_sample_s": spread(r.driver_cpu_per_sample_s for r in runs),
         "queue_cpu_per_sample_s": spread(r.queue_cpu_per_sample_s for r in runs),
         "time_shares": shares,
-        "seed_cluster_samples_per_s": seed,
+        "long_reasoning_samples_per_s": at_shape,
         "clusters": [dataclasses.asdict(row) for row in rows],
     }
     (out / "driver_headroom.json").write_text(json.dumps(report, indent=2))
     with results_page(out / "driver_headroom.md", "One driver's headroom", report["stamp"]):
-        print(format_report(runs, shares, rows, seed, args.cluster_steps))
+        print(format_report(runs, shares, rows, at_shape, args.cluster_steps))
     return 0
 
 

@@ -2,14 +2,14 @@
 
 Three parts, each on the same heavy-tailed batch (lognormal response lengths, a few near the limit):
 
-* `old_logprobs`: 2 DeepSpeed ranks at the original request's training settings (one mini-batch, one epoch, no KL,
+* `old_logprobs`: 2 DeepSpeed ranks at the long-reasoning launch's training settings (one mini-batch, one epoch, no KL,
   gradient checkpointing) on ZeRO-2 and ZeRO-3, with pi_old from a separate no-grad pass (old) and from
   the first training forward (new). Reported: step time (median after the first step), new / old, and
   the largest loss difference between the two on the same batches (should be float noise).
 * `micro_batches`: fixed rows (--per_device_train_batch_size 1 of --pack_length) against token-budget
   micro-batches (--micro_batch_token_budget = pack length): padding fraction and rank imbalance at 2
   and 8 ranks, and the measured 2-rank step time of each.
-* `request_settings`: the whole change at the original request's settings (ZeRO-2, one mini-batch, one
+* `request_settings`: the whole change at the long-reasoning launch's settings (ZeRO-2, one mini-batch, one
   epoch, one row per micro-batch, gradient checkpointing), 2 ranks: open-instruct's step (a separate no-grad
   pass for pi_old, rows padded to --pack_length) against ours by default (pi_old from the training forward,
   the token budget that --per_device_train_batch_size 1 now defaults to). `new_over_old` is the simulator's
@@ -80,7 +80,7 @@ def build_model(size: str, workdir: Path) -> str:
     return str(path)
 
 
-# Runs already measured in this process, by configuration: parts that share one (the original request's token-budget
+# Runs already measured in this process, by configuration: parts that share one (request_settings' token-budget
 # run is micro_batches' ZeRO-2 token-budget run) start its learners once.
 _MEASURED: dict[tuple, list[dict]] = {}
 

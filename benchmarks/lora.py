@@ -8,7 +8,7 @@ their KV cache). Reported per mode: the learner's step time (median after the fi
 ratios LoRA / full.
 
 Then the arithmetic for a 7B model (Qwen2.5-7B's shape, built on the meta device: no download) of what its
-adapter weighs against the model, and the simulator's projection at the original request's shape with two
+adapter weighs against the model, and the simulator's projection at the long-reasoning shape with two
 costs changed for LoRA: the learner's step scaled by the LoRA / full step time measured here, and the sync
 pause scaled by the adapter's share of the 7B's bytes (never below the LoRA pause measured here, which is
 mostly the pause and resume themselves). Against full fine-tuning's projection, on the same assumed H100
@@ -28,10 +28,11 @@ import tempfile
 import time
 from pathlib import Path
 
+from benchmarks.simulation_projection import GPU_H100_COST, LONG_REASONING_WORKLOAD, project_long_reasoning
 from benchmarks.stamp import results_page, stamp
 
 MODES = ("full", "lora")
-# The original request's model size: Qwen2.5-7B's shape.
+# The long-reasoning shape's model size (simulation_projection's costs assume it): Qwen2.5-7B's dimensions.
 SEVEN_B = {
     "hidden_size": 3584,
     "intermediate_size": 18944,
@@ -187,7 +188,6 @@ def seven_b_adapter(lora_r: int) -> dict:
 
 def project(measured: dict, seven_b: dict, num_steps: int, sweep_steps: list[int]) -> dict:
     """Full fine-tuning's projection and LoRA's, same workload and cluster, with LoRA's learner and sync costs."""
-    from benchmarks.simulation_projection import GPU_H100_COST, project_seed_cluster
     from benchmarks.simulation_reports import format_projection
 
     learner_ratio = measured["lora"]["step_s"] / measured["full"]["step_s"]
@@ -201,7 +201,7 @@ def project(measured: dict, seven_b: dict, num_steps: int, sweep_steps: list[int
     out = {"learner_ratio": learner_ratio, "lora_sync_pause_s": pause_s}
     for mode, cost in (("full", GPU_H100_COST), ("lora", lora_cost)):
         print(f"-- {mode} --")
-        entry, sweep = project_seed_cluster(num_steps, sweep_steps, cost)
+        entry, sweep = project_long_reasoning(num_steps, sweep_steps, cost)
         print(format_projection(entry, sweep))
         out[mode] = {
             key: entry[key]
@@ -222,7 +222,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--pack_length", type=int, default=1024)
     parser.add_argument("--running", type=int, default=8, help="requests decoding during each sync")
     parser.add_argument("--max_tokens", type=int, default=256)
-    parser.add_argument("--projection_steps", type=int, default=40)
+    parser.add_argument("--projection_steps", type=int, default=LONG_REASONING_WORKLOAD.num_steps)
     parser.add_argument("--sweep", type=int, nargs="+", default=[1, 2, 4, 8])
     parser.add_argument("--output", default="output/bench/lora.json")
     args = parser.parse_args(argv)

@@ -34,7 +34,7 @@ Metric definitions (`SimResult`)
   once. Cluster projections compare steady rates (`AsyncSweep`), the measured validation whole-run
   rates (the CPU benchmark measured whole runs).
 
-The command is `simulator` (validation on measurements, the projection at the original request's shape);
+The command is `simulator` (validation on measurements, the projection at the long-reasoning shape);
 the other jobs have their modules: `simulation_replay` (a measured run's prompts and lengths),
 `simulation_validation`, `simulation_projection`, `simulation_reports`.
 """

@@ -1,5 +1,6 @@
-"""Projections at a cluster we do not have: the original request's shape (32 engines, 16 learners, 16k-token
-answers) on assumed H100 costs, streaming at each lookahead against synchronous, and KV kept against re-prefill.
+"""Projections at a cluster we do not have: the long-reasoning shape (`LONG_REASONING_CLUSTER`,
+`LONG_REASONING_WORKLOAD`: 32 engines, 16 learners, 16k-token answers) on assumed H100 costs, streaming at each
+lookahead against synchronous, and KV kept against re-prefill.
 
 The numbers only; `simulation_reports` turns them into tables (`format_projection`)."""
 
@@ -13,12 +14,13 @@ from typing import Any
 from benchmarks.simulated_world import Cluster, CostModel, Workload
 from benchmarks.simulation import SimResult, needed, simulate
 
-# The original request's launch shape (scripts/long_generations_experiment.sh): 6 nodes x 8 GPUs,
-# 32 single-GPU engines and 16 learner ranks, 256 prompts x 16 samples per step, 16k responses.
-SEED_CLUSTER = Cluster(num_engines=32, num_learners=16)
-
-
-SEED_CLUSTER_WORKLOAD = Workload(
+# The long-reasoning shape, the launch this project was built for and the one the docs project to
+# (scripts/long_generations_experiment.sh; docs/index.md defines it): 6 nodes x 8 GPUs = 48, 32 single-GPU vLLM
+# engines and 16 learner ranks, 256 prompts x 16 samples a step, responses lognormal around a 4,000-token median
+# (sigma 0.8) capped at 16,384 tokens, a 7B model (the costs below).
+# Every benchmark and test that means this shape imports these rather than restating their numbers.
+LONG_REASONING_CLUSTER = Cluster(num_engines=32, num_learners=16)
+LONG_REASONING_WORKLOAD = Workload(
     prompts_per_step=256,
     samples_per_prompt=16,
     num_steps=40,
@@ -28,6 +30,7 @@ SEED_CLUSTER_WORKLOAD = Workload(
     max_tokens=16384,
     seed=0,
 )
+LONG_REASONING_GPUS = LONG_REASONING_CLUSTER.num_engines + LONG_REASONING_CLUSTER.num_learners  # 48
 
 
 # A 7B model, one H100 per engine and per learner rank. Assumptions, not measurements:
@@ -40,8 +43,8 @@ SEED_CLUSTER_WORKLOAD = Workload(
 # * weight sync: 1.5 s to broadcast 15 GB of bf16 weights over NCCL and reload them.
 # * the learner figures above are for open-instruct's step: a separate no-grad pass for pi_old and rows
 #   padded to --pack_length. The one measured change, not an assumption: the learner cost is scaled by
-#   LEARNER_STEP_RATIO, new / old learner step time at the original request's settings (ZeRO-2, one mini-batch, one row
-#   per micro-batch, gradient checkpointing; new = pi_old from the training forward and the token budget
+#   LEARNER_STEP_RATIO, new / old learner step time at the long-reasoning launch's settings (ZeRO-2, one mini-batch,
+#   one row per micro-batch, gradient checkpointing; new = pi_old from the training forward and the token budget
 #   that setting now defaults to), measured side by side by `python -m benchmarks.learner_step
 #   --parts request_settings` on the 2-core CPU machine (a random 512x4 Qwen2, 2 ranks, 64 heavy-tailed samples:
 #   14.07 s vs 18.73 s per step). A stamped rerun at 1295c96 measured 0.775 (docs/results/learner.md); the
@@ -64,7 +67,7 @@ GPU_H100_COST = CostModel(
 class AsyncSweep:
     """Synchronous and one-step-async once, streaming at several async_steps, on one workload.
 
-    Rates are steady-state (`steady_trained_samples_per_s`): the original request's run is thousands of steps,
+    Rates are steady-state (`steady_trained_samples_per_s`): a long-reasoning run is thousands of steps,
     and streaming's pipeline fill is paid once. `learner_bound_samples_per_s` is the ceiling any
     schedule can reach (the learner never waits: train + sync back to back)."""
 
@@ -125,21 +128,21 @@ def sweep_async_steps(
     )
 
 
-def project_seed_cluster(
+def project_long_reasoning(
     num_steps: int, sweep_steps: list[int], cost: CostModel = GPU_H100_COST
 ) -> tuple[dict[str, Any], AsyncSweep]:
-    """The sweep at the original request's shape on `cost` (the assumed H100 costs; the LoRA benchmark passes
+    """The sweep at the long-reasoning shape on `cost` (the assumed H100 costs; the LoRA benchmark passes
     them with its measured learner and sync costs)."""
-    seed = dataclasses.replace(SEED_CLUSTER_WORKLOAD, num_steps=num_steps)
+    workload = dataclasses.replace(LONG_REASONING_WORKLOAD, num_steps=num_steps)
     started = time.monotonic()
-    sweep = sweep_async_steps(seed, cost, SEED_CLUSTER, sweep_steps)
+    sweep = sweep_async_steps(workload, cost, LONG_REASONING_CLUSTER, sweep_steps)
     chosen = sweep.chosen_async_steps
-    reprefill = simulate("streaming_reprefill", seed, cost, SEED_CLUSTER, chosen)
+    reprefill = simulate("streaming_reprefill", workload, cost, LONG_REASONING_CLUSTER, chosen)
     comparison = kv_kept_vs_reprefill(sweep.streaming[chosen], reprefill, sweep.synchronous)
     entry = {
         "cost_model": asdict(cost),
-        "workload": asdict(seed),
-        "cluster": asdict(SEED_CLUSTER),
+        "workload": asdict(workload),
+        "cluster": asdict(LONG_REASONING_CLUSTER),
         "learner_step_ratio_measured": LEARNER_STEP_RATIO,
         **sweep.as_json(),
         "kv_kept_vs_reprefill": {"async_steps": chosen, **comparison},

@@ -145,12 +145,12 @@ def format_kv_comparison(comparison: dict[str, Any], async_steps: int) -> str:
 
 
 def format_projection(entry: dict[str, Any], sweep: AsyncSweep) -> str:
-    """`simulation_projection.project_seed_cluster`'s result: its shape, the sweep, KV kept against re-prefill."""
-    cluster, seed, kv = entry["cluster"], entry["workload"], entry["kv_kept_vs_reprefill"]
+    """`simulation_projection.project_long_reasoning`'s result: its shape, the sweep, KV kept against re-prefill."""
+    cluster, w, kv = entry["cluster"], entry["workload"], entry["kv_kept_vs_reprefill"]
     header = (
-        f"== projection at the original request's shape: {cluster['num_engines']} engines x H100 (assumed costs), "
-        f"{cluster['num_learners']} learners, {seed['prompts_per_step']}x{seed['samples_per_prompt']} samples/step, "
-        f"responses lognormal(median {seed['median_tokens']:.0f}, sigma {seed['sigma']}) capped at "
-        f"{seed['max_tokens']}, {seed['num_steps']} steps (rates after {warmup_steps(seed['num_steps'])} warm-up steps)"
+        f"== projection at the long-reasoning shape: {cluster['num_engines']} engines x H100 (assumed costs), "
+        f"{cluster['num_learners']} learners, {w['prompts_per_step']}x{w['samples_per_prompt']} samples/step, "
+        f"responses lognormal(median {w['median_tokens']:.0f}, sigma {w['sigma']}) capped at "
+        f"{w['max_tokens']}, {w['num_steps']} steps (rates after {warmup_steps(w['num_steps'])} warm-up steps)"
     )
     return "\n".join((header, format_sweep(sweep), format_kv_comparison(kv, kv["async_steps"])))

@@ -3,9 +3,10 @@
     python -m benchmarks.simulator --measured measured.json --output DIR
 
 the measured setup's modes (validation: the engine's costs fitted on calibration batches, then on the runs'
-own engine steps, of every mode and of the other modes only, `simulation_validation`), then the original
-request's shape with streaming at each `--async_sweep` lookahead, against the learner-bound ceiling
-(`simulation_projection`); tables by `simulation_reports`, plots by `simulator_plots`.
+own engine steps, of every mode and of the other modes only, `simulation_validation`), then the long-reasoning
+shape with streaming at each `--async_sweep` lookahead, against the learner-bound ceiling (`simulation_projection`,
+where `LONG_REASONING_CLUSTER` and `LONG_REASONING_WORKLOAD` define the shape); tables by `simulation_reports`,
+plots by `simulator_plots`.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from benchmarks.simulation_projection import SEED_CLUSTER_WORKLOAD, project_seed_cluster
+from benchmarks.simulation_projection import LONG_REASONING_WORKLOAD, project_long_reasoning
 from benchmarks.simulation_reports import format_projection
 from benchmarks.simulation_validation import validate_on_measurements
 from benchmarks.simulator_plots import plot_sweep, plot_timelines
@@ -28,16 +29,16 @@ def parse_args(argv: list[str] | None):
     parser.add_argument("--measured", type=Path, help="measurements, a workload and a cluster (see fit_cost_model)")
     parser.add_argument("--output", type=Path, default=Path("output/simulator"), help="for simulator.json and PNGs")
     parser.add_argument(
-        "--seed_steps",
+        "--projection_steps",
         type=int,
-        default=SEED_CLUSTER_WORKLOAD.num_steps,
-        help="steps of the projection at the original request's shape (its first quarter is warm-up)",
+        default=LONG_REASONING_WORKLOAD.num_steps,
+        help="steps of the projection at the long-reasoning shape (its first quarter is warm-up)",
     )
     parser.add_argument("--async_steps", type=int, default=1, help="streaming's async_steps on the measured setup")
     parser.add_argument(
         "--async_sweep",
         default="1,2,3,4,5,6,8",
-        help="comma-separated async_steps of streaming projected at the original request's shape",
+        help="comma-separated async_steps of streaming projected at the long-reasoning shape",
     )
     args = parser.parse_args(argv)
     args.sweep_steps = sorted({int(a) for a in args.async_sweep.split(",") if a.strip()})
@@ -60,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def simulate(args, report: dict[str, Any]) -> bool:
-    """Validation on --measured (when given) and the projection at the original request's shape, printed and
+    """Validation on --measured (when given) and the projection at the long-reasoning shape, printed and
     written; False when the measurements cannot be read."""
     if args.measured:
         try:
@@ -70,17 +71,17 @@ def simulate(args, report: dict[str, Any]) -> bool:
             return False
         panels = [("measured: synchronous", runs["synchronous"]), ("measured: streaming", runs["streaming"])]
         plot_timelines(panels, args.output / "simulator_timeline_measured.png")
-    report["seed_projection"], sweep = project_seed_cluster(args.seed_steps, args.sweep_steps)
-    print(format_projection(report["seed_projection"], sweep))
+    report["long_reasoning_projection"], sweep = project_long_reasoning(args.projection_steps, args.sweep_steps)
+    print(format_projection(report["long_reasoning_projection"], sweep))
     (args.output / "simulator.json").write_text(json.dumps(report, indent=2))
-    seed_panels = [
-        ("original request: synchronous", sweep.synchronous),
+    projection_panels = [
+        ("long-reasoning shape: synchronous", sweep.synchronous),
         (
-            f"original request: streaming, async_steps {sweep.chosen_async_steps}",
+            f"long-reasoning shape: streaming, async_steps {sweep.chosen_async_steps}",
             sweep.streaming[sweep.chosen_async_steps],
         ),
     ]
-    plot_timelines(seed_panels, args.output / "simulator_timeline.png", steady=True)
+    plot_timelines(projection_panels, args.output / "simulator_timeline.png", steady=True)
     plot_sweep(sweep, args.output / "simulator_async_sweep.png")
     return True
 

@@ -83,7 +83,7 @@ def plot_sweep(sweep: AsyncSweep, path: Path) -> None:
     lag.set_ylim(bottom=0)
     handles = speed.get_legend_handles_labels()[0] + lag.get_legend_handles_labels()[0]
     fig.legend(handles=handles, loc="lower right", fontsize=8, bbox_to_anchor=(0.88, 0.15))
-    speed.set_title("the original request's shape (simulated): throughput and staleness vs lookahead", fontsize=10)
+    speed.set_title("the long-reasoning shape (simulated): throughput and staleness vs lookahead", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -1,7 +1,7 @@
 """Benchmark: does `--max_off_policy_steps auto` find the staleness bound a user would have to sweep for?
 
 In the simulator (the real training loop on simulated engines and learners, `simulation.simulate`), at the
-original request's shape (heavy-tailed 16k-token responses, 32 engines, 16 learners, assumed H100 costs) with
+long-reasoning shape (heavy-tailed 16k-token responses, 32 engines, 16 learners, assumed H100 costs) with
 `--async_steps auto` and `--off_policy_action mask`: the self-tuning window against every fixed K, for a policy
 that moves slowly and one that moves fast. How fast a policy moves is `PolicyDrift.per_version`, the spread of the
 importance weights per version of lag (a higher learning rate is a larger drift); the simulated learners report
@@ -26,7 +26,7 @@ from pathlib import Path
 
 from benchmarks.simulated_world import Cluster, PolicyDrift
 from benchmarks.simulation import SimResult, simulate
-from benchmarks.simulation_projection import GPU_H100_COST, SEED_CLUSTER, SEED_CLUSTER_WORKLOAD
+from benchmarks.simulation_projection import GPU_H100_COST, LONG_REASONING_CLUSTER, LONG_REASONING_WORKLOAD
 from benchmarks.stamp import results_page, stamp
 from open_instruct.config.staleness import StalenessConfig
 from open_instruct.staleness import OffPolicyWindow
@@ -111,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=80, help="training steps per run (the first quarter is warm-up)")
     parser.add_argument("--fixed", type=int, nargs="+", default=[1, 2, 3, 4, 6, 8], help="the fixed Ks to compare")
     args = parser.parse_args(argv)
-    workload = dataclasses.replace(SEED_CLUSTER_WORKLOAD, num_steps=args.steps)
+    workload = dataclasses.replace(LONG_REASONING_WORKLOAD, num_steps=args.steps)
     started = time.monotonic()
     limits = f"ess >= {LIMITS.off_policy_min_ess_frac:g}, truncated <= {LIMITS.off_policy_max_truncated_frac:g}"
     policy = f"K per row: fixed {', '.join(map(str, args.fixed))}, or auto ({limits}); mask"
@@ -119,13 +119,13 @@ def main(argv: list[str] | None = None) -> int:
     title = "The self-tuning off-policy window in the simulator"
     with results_page(args.output / "window_sim.md", title, out["stamp"]):
         print(
-            f"== --max_off_policy_steps auto vs fixed K, simulated at the original request's shape ({args.steps} "
+            f"== --max_off_policy_steps auto vs fixed K, simulated at the long-reasoning shape ({args.steps} "
             f"steps, --async_steps auto, --off_policy_action mask; limits ess_frac >= "
             f"{LIMITS.off_policy_min_ess_frac}, truncated_frac <= {LIMITS.off_policy_max_truncated_frac}; health and "
             "rates after the warm-up)"
         )
         for speed, drift in SPEEDS.items():
-            out["speeds"][speed] = sweep(workload, GPU_H100_COST, SEED_CLUSTER, drift, args.fixed)
+            out["speeds"][speed] = sweep(workload, GPU_H100_COST, LONG_REASONING_CLUSTER, drift, args.fixed)
             print(format_sweep(speed, out["speeds"][speed]), flush=True)
     out["sim_s"] = time.monotonic() - started
     (args.output / "window_sim.json").write_text(json.dumps(out, indent=2))

@@ -460,7 +460,7 @@ class PackedRow:
     def __reduce__(self):
         # Pickled as numpy arrays: Ray passes those out of band into its object store, while it pickles a torch
         # tensor through torch.save, one legacy archive each, which was 40% of the driver's time per sample at
-        # the original request's lengths (`benchmarks.driver_headroom`).
+        # long-reasoning lengths, up to 16k tokens a sample (`benchmarks.driver_headroom`).
         arrays = tuple(getattr(self, f.name).numpy() for f in fields(self) if f.name != "sample_ids")
         return _packed_row, (arrays, self.sample_ids)
 

@@ -9,13 +9,13 @@ measures both every step and follows that need:
 * it moves by at most one step at a time; it grows as soon as the need exceeds it (a starving
   learner costs throughput) but shrinks only when the need stayed clearly lower (by `margin`) for
   `patience` steps in a row, so a need hovering at a boundary does not make it oscillate;
-* Little's law on the *mean* group latency undercounts a heavy tail: the learner still waits for the
-  batch's slowest groups at the lookahead it names (at the original request's shape it settled at 5 where 8
-  removes the wait). So the learner's wait itself also counts: a step in which it waited more than
-  `wait_tolerance` of the step grows the lookahead by one, then gives the pipeline the time a new
-  admission takes to arrive (the need, in steps) before it may grow again for that reason. A
-  lookahead reached that way is a floor the estimate cannot shrink below, until the need falls by
-  `release` (the latency dropped: the wait that set the floor is gone);
+* Little's law on the *mean* group latency undercounts a heavy tail: the learner still waits for the batch's
+  slowest groups at the lookahead it names (simulated at the long-reasoning shape, 32 engines and 16
+  learners with answers up to 16k tokens, it settled at 5 where 8 removes the wait). So the learner's wait
+  itself also counts: a step in which it waited more than `wait_tolerance` of the step grows the lookahead
+  by one, then gives the pipeline the time a new admission takes to arrive (the need, in steps) before it
+  may grow again for that reason. A lookahead reached that way is a floor the estimate cannot shrink below,
+  until the need falls by `release` (the latency dropped: the wait that set the floor is gone);
 * it stays within [1, max_off_policy_steps]: more lookahead than the staleness bound would only
   produce samples the bound throws away.
 

@@ -22,7 +22,7 @@ if [[ "${QUICK:-0}" == "1" ]]; then
   replay=(--response_lengths 32 96 --max_prompts 4 --samples 2 --kv_cache_gib 0.1)
   e2e=(--steps 2 --rounds 2 --prompts 4 --samples 2 --median_tokens 12 --max_tokens 48 --tool_median_tokens 8
        --tool_latency_s 0.2 --calibrate 1 4)
-  simulator=(--seed_steps 2 --async_sweep 1,2)
+  simulator=(--projection_steps 2 --async_sweep 1,2)
   learner_step=(--size embedded --prompts 2 --samples 2 --pack_length 256 --steps 1 --parts request_settings micro_batches)
   # Equal lengths of 160 tokens: every sample runs for seconds, so the fault always finds some running.
   faults=(--steps 4 --fault_step 2 --prompts 2 --samples 2 --median_tokens 160 --sigma 0 --max_tokens 160
@@ -33,7 +33,7 @@ if [[ "${QUICK:-0}" == "1" ]]; then
   e2e_lora=(--steps 2 --rounds 1 --prompts 4 --samples 2 --median_tokens 12 --max_tokens 48)
   lora=(--size embedded --steps 2 --prompts 2 --samples 2 --pack_length 256 --running 2 --max_tokens 48
         --projection_steps 2 --sweep 1 2)
-  driver=(--engines 1 --ranks 2 --prompts_per_step 2 --steps 2 --max_tokens 256 --rounds 1 --seed_steps 2 --cluster_steps 2)
+  driver=(--engines 1 --ranks 2 --prompts_per_step 2 --steps 2 --max_tokens 256 --rounds 1 --projection_steps 2 --cluster_steps 2)
   real_length=(--steps 2 --rounds 1 --prompts 2 --samples 4 --median_tokens 256 --max_tokens 1024 --kv_cache_gib 0.006)
 else
   generation=() weight_sync=() replay=() e2e=(--steps 24) simulator=() learner_step=() faults=() staleness=() window_sim=()
@@ -54,8 +54,9 @@ $py -m benchmarks.lora "${lora[@]}" --output "$out/lora.json"
 $py -m benchmarks.e2e "${e2e_lora[@]}" --use_peft --workloads heavy_tail --modes synchronous streaming \
   --calibrate --output "$out/e2e_lora"
 $py -m benchmarks.driver_headroom "${driver[@]}" --output "$out/driver_headroom"
-# The original request's lengths on the real stack (lognormal, sigma 0.8, capped): 8 samples running over a KV
-# cache of 26k tokens (about 6 samples of median length), so that vLLM preempts; three modes side by side.
+# Long-reasoning lengths on the real stack (lognormal around 4,000 tokens, sigma 0.8, capped at 16,384: the
+# long-reasoning shape's, docs/index.md): 8 samples running over a KV cache of 26k tokens (about 6 samples of
+# median length), so that vLLM preempts; three modes side by side.
 $py -m benchmarks.e2e "${real_length[@]}" --long_context --sigma 0.8 --running_per_engine 8 \
   --workloads heavy_tail --modes synchronous streaming streaming_auto --calibrate --output "$out/real_length"
 if [[ "${PUBLISH:-0}" == "1" ]]; then

@@ -1,15 +1,17 @@
 #!/usr/bin/env bash
-# The "long generations" experiment of the original request: async GRPO with 16k-token responses
-# (reasoning models), one Beaker experiment per (model, data mix), each launched through mason.py.
+# The long-reasoning launch this project was built for (docs/index.md: the long-reasoning shape): async GRPO
+# with 16k-token responses (reasoning models), one Beaker experiment per (model, data mix), each launched
+# through mason.py.
 # What: for each model in $MODELS and each mix in $MIXES, `python mason.py ... -- source ray_node_setup.sh
-# && source code_api_setup.sh && python open_instruct/grpo_fast.py <the original request's flags>`.
+# && source code_api_setup.sh && python open_instruct/grpo_fast.py <the launch's flags>`.
 # Hardware: Beaker, 6 nodes x 8 GPUs per run (16 learner GPUs: --num_learners_per_node 8 8, and 32
 # single-GPU vLLM engines). The launching machine needs only Python with PyYAML (and the beaker CLI).
 # Usage: bash scripts/long_generations_experiment.sh [IMAGE] [extra grpo_fast.py flags...]
 #   bash scripts/train/build_image_and_launch.sh scripts/long_generations_experiment.sh   # build, then launch
-#   The flags are the original request's, token for token. With 16k-token tails a group outlasts ~3 learner steps;
-#   the default --async_steps 8 (open-instruct's) covers that, and appending --async_steps auto lets the
-#   lookahead follow the measured need (about 3, so less staleness; docs/benchmarks.md, "Cluster-scale simulator").
+#   The flags are the launch's as first run (tests/fixtures/seed_grpo_fast_command.txt), token for token.
+#   With 16k-token tails a group outlasts ~3 learner steps; the default --async_steps 8 (open-instruct's) covers
+#   that, and appending --async_steps auto lets the lookahead follow the measured need (about 3, so less
+#   staleness; docs/benchmarks.md, "Cluster-scale simulator").
 #   DRY_RUN=1 bash scripts/long_generations_experiment.sh USER/IMAGE   # print the Beaker specs, submit nothing
 # Environment (all optional):
 #   MODELS   space-separated, from: qwen2_5 qwen3 olmo2_lc          (default: qwen2_5)
@@ -18,7 +20,7 @@
 #   PYTHON   interpreter that runs mason.py (default: python)
 #   IMAGE    required unless given as $1: the Beaker image built from this repository's Dockerfile
 #            (docs/image.md); build_image_and_launch.sh builds it and passes it both ways
-#   CLUSTER WORKSPACE BUDGET PRIORITY   Beaker placement (defaults: the original request's values)
+#   CLUSTER WORKSPACE BUDGET PRIORITY   Beaker placement (defaults: the launch's own)
 #   WANDB_SECRET  name of a Beaker secret holding a W&B key; passed as --secret WANDB_API_KEY=...
 set -euo pipefail
 

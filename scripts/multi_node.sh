@@ -10,13 +10,13 @@
 #   DRY_RUN=1 bash scripts/multi_node.sh USER/IMAGE   # print the Beaker spec (a YAML document after `---`), submit nothing
 # Environment (all optional):
 #   MODEL          hub model (default: hamishivi/qwen2_5_openthoughts2); CHAT_TEMPLATE (tulu_thinker); ADD_BOS (False)
-#   TRAIN_MIX      NAME WEIGHT pairs for --dataset_mixer_list (default: the ORZ math mix of the original request)
+#   TRAIN_MIX      NAME WEIGHT pairs for --dataset_mixer_list (default: the ORZ math mix of the long-reasoning launch)
 #   EXP_NAME       experiment name (default: multi_node_<model>_<random>)
 #   DRY_RUN        1 adds --dry_run to mason.py
 #   PYTHON         interpreter that runs mason.py (default: python)
 #   IMAGE          required unless given as $1: the Beaker image built from this repository's Dockerfile
 #                  (docs/image.md); build_image_and_launch.sh builds it and passes it both ways
-#   CLUSTER WORKSPACE BUDGET PRIORITY   Beaker placement (defaults: the original request's values, priority normal)
+#   CLUSTER WORKSPACE BUDGET PRIORITY   Beaker placement (defaults: the long-reasoning launch's, priority normal)
 #   WANDB_SECRET   name of a Beaker secret holding a W&B key: adds --secret WANDB_API_KEY=... and --with_tracking
 set -euo pipefail
 

@@ -5,11 +5,11 @@ and from async actors (`*_async` calls). `LocalChannel` is its in-process twin f
 tests of the scheduling logic. Bounded queues give back-pressure: a producer that runs
 ahead blocks instead of growing memory without limit.
 
-A message crosses a RayChannel sealed: pickled once by its sender into bytes, which the queue actor
-holds and hands on without looking inside, and unpickled once by its receiver. Left to Ray, the queue
-actor would unpickle and pickle again every sample's token ids and logprobs (tuples of Python numbers,
-tens of thousands at the original request's lengths): one process doing that for every sample of the
-run was the first limit on how many GPUs a driver serves (`benchmarks.driver_headroom`).
+A message crosses a RayChannel sealed: pickled once by its sender into bytes, which the queue actor holds
+and hands on without looking inside, and unpickled once by its receiver. Left to Ray, the queue actor would
+unpickle and pickle again every sample's token ids and logprobs (tuples of Python numbers, up to 16k of each
+at long-reasoning lengths): one process doing that for every sample of the run was the first limit on how
+many GPUs a driver serves (`benchmarks.driver_headroom`).
 """
 
 from __future__ import annotations

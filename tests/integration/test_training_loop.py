@@ -5,7 +5,7 @@
    samples span two weight versions), HF checkpoints load in transformers, eval runs.
 2. The same run stopped with SIGTERM after step k and resumed from its state checkpoint: no prompt is
    trained twice, and trained + still-untrained prompts equal the uninterrupted run's admissions.
-3. The launch command of the original request, with model, data, sizes and resources substituted for
+3. The long-reasoning launch command (tests/fixtures), with model, data, sizes and resources substituted for
    the tiny CPU ones, runs to completion.
 """
 

@@ -66,7 +66,7 @@ def test_learner_step_benchmark_reports_padding_and_imbalance_of_both_layouts(qu
     assert shape["token_budget_ranks8"]["batch/padding_frac"] < shape["fixed_rows_ranks8"]["batch/padding_frac"]
     assert result["micro_batches"]["budget_over_fixed"] > 0
     assert all(row["step_s"] > 0 for row in result["micro_batches"]["step"].values())
-    at_request = result["request_settings"]  # open-instruct's step vs ours at the original request's settings
+    at_request = result["request_settings"]  # open-instruct's step vs ours at the long-reasoning settings
     assert at_request["new_over_old"] > 0 and at_request["max_loss_diff"] < 1e-4
 
 
@@ -157,7 +157,7 @@ def test_end_to_end_benchmark_reports_every_mode_over_interleaved_rounds(quick_b
 COSTS = ("base_s", "per_seq_s", "per_context_token_s")
 
 
-def test_simulator_fits_the_measurements_and_projects_the_seed_cluster(quick_bench):
+def test_simulator_fits_the_measurements_and_projects_the_long_reasoning_shape(quick_bench):
     out, _stdout = quick_bench
     result = json.loads((out / "simulator" / "simulator.json").read_text())
     assert result["stamp"]["commit"]
@@ -171,9 +171,9 @@ def test_simulator_fits_the_measurements_and_projects_the_seed_cluster(quick_ben
     assert set(step_calibrated) == simulated
     assert all(v["predicted_all_modes"] > 0 and v["predicted_other_modes"] > 0 for v in step_calibrated.values())
     for mode in ("synchronous", "one_step_async", "streaming"):
-        assert set(measured[mode]) >= MODE_KEYS and set(result["seed_projection"][mode]) >= MODE_KEYS
-    assert result["seed_projection"]["speedup_streaming_vs_sync"] > 1
-    auto = result["seed_projection"]["streaming_auto"]
+        assert set(measured[mode]) >= MODE_KEYS and set(result["long_reasoning_projection"][mode]) >= MODE_KEYS
+    assert result["long_reasoning_projection"]["speedup_streaming_vs_sync"] > 1
+    auto = result["long_reasoning_projection"]["streaming_auto"]
     assert auto["async_steps"] == "auto" and 1 <= auto["lookahead_final"] <= 8
     assert (out / "simulator" / "simulator_timeline.png").stat().st_size > 0
 
@@ -275,8 +275,8 @@ def test_driver_headroom_benchmark_runs_the_real_loop_between_instant_engines_an
     assert [row["gpus"] for row in report["clusters"]] == [64, 256, 1024]
     for row in report["clusters"]:  # each size simulated: with this driver at most what a free one trains
         assert 0 < row["simulated_samples_per_s"] <= row["cluster_samples_per_s"]
-    seed = report["seed_cluster_samples_per_s"]
-    assert 0 < seed["driver"] <= seed["free"]  # the simulator charges the driver's cost to every step
+    at_shape = report["long_reasoning_samples_per_s"]
+    assert 0 < at_shape["driver"] <= at_shape["free"]  # the simulator charges the driver's cost to every step
     assert "where the driver's time goes" in stdout
 
 

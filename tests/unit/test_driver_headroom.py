@@ -1,5 +1,5 @@
 """benchmarks.driver_headroom's arithmetic and its stand-in engine, without Ray: the cluster table's rates and
-headroom, the original request's lengths, and samples as the real engine would deliver them. The benchmark's
+headroom, the long-reasoning lengths, and samples as the real engine would deliver them. The benchmark's
 run on the real loop is the nightly tier's (tests/nightly/test_benchmarks_quick.py).
 Run: `.venv/bin/pytest tests/unit/test_driver_headroom.py` (a second).
 """
@@ -10,12 +10,12 @@ import statistics
 
 import pytest
 
-from benchmarks.driver_headroom import CLUSTER_GPUS, InstantEngine, cluster_rows, request_workload, scaled_shape
-from benchmarks.simulation_projection import SEED_CLUSTER
+from benchmarks.driver_headroom import CLUSTER_GPUS, InstantEngine, cluster_rows, long_reasoning_workload, scaled_shape
+from benchmarks.simulation_projection import LONG_REASONING_CLUSTER
 from open_instruct.messages import PromptRequest, SamplingSettings
 
 
-def test_the_cluster_table_scales_the_request_and_the_slower_of_driver_and_queue_sets_the_headroom():
+def test_the_cluster_table_scales_the_long_reasoning_shape_and_the_slower_of_driver_and_queue_sets_the_headroom():
     simulated = []
 
     def rate(cluster, workload, driver_per_sample_s=0.0):  # the simulator's stand-in: 0.5 samples/s per GPU
@@ -36,22 +36,22 @@ def test_the_cluster_table_scales_the_request_and_the_slower_of_driver_and_queue
     assert [driver for _, _, driver in simulated] == [0.0, 0.001] * len(CLUSTER_GPUS)
     for cluster, workload, _ in simulated:
         assert workload.num_steps == 8 and workload.prompts_per_step == round(256 * cluster_gpus(cluster) / 48)
-    assert scaled_shape(48, 16)[0] == SEED_CLUSTER  # the original request's own size is its own shape
+    assert scaled_shape(48, 16)[0] == LONG_REASONING_CLUSTER  # at its own size the shape is itself
 
 
 def cluster_gpus(cluster) -> int:
     return cluster.num_engines + cluster.num_learners
 
 
-def test_the_workload_is_the_original_requests_and_a_smaller_cap_scales_its_median():
-    full = request_workload(prompts_per_step=4, num_steps=3)
+def test_the_workload_is_the_long_reasoning_one_and_a_smaller_cap_scales_its_median():
+    full = long_reasoning_workload(prompts_per_step=4, num_steps=3)
     assert (full.samples_per_prompt, full.median_tokens, full.sigma, full.max_tokens) == (16, 4000, 0.8, 16384)
-    small = request_workload(prompts_per_step=4, num_steps=3, max_tokens=1024)
+    small = long_reasoning_workload(prompts_per_step=4, num_steps=3, max_tokens=1024)
     assert small.max_tokens == 1024 and small.median_tokens == 250 and small.prompt_tokens == 32
 
 
 def test_the_instant_engine_delivers_every_sample_of_a_prompt_with_the_workloads_lengths():
-    engine = InstantEngine(engine_id=3, workload=request_workload(prompts_per_step=1, num_steps=1))
+    engine = InstantEngine(engine_id=3, workload=long_reasoning_workload(prompts_per_step=1, num_steps=1))
     request = PromptRequest("p0", (1, 2, 3), (), (), SamplingSettings(max_tokens=16384), 16, 0, admitted_version=2)
     samples = [engine.sample(request, j) for j in request.samples_to_generate()]
     assert [c.sample_index for c in samples] == list(range(16)) and {c.engine_id for c in samples} == {3}

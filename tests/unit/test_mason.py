@@ -1,6 +1,6 @@
-"""mason.py: the original request's launch command becomes a correct Beaker spec whose command survives bash.
+"""mason.py: the long-reasoning launch's command becomes a correct Beaker spec whose command survives bash.
 
-What: the seed `python mason.py ... -- source ... \\&\\& python open_instruct/grpo_fast.py ...` command
+What: the launch's `python mason.py ... -- source ... \\&\\& python open_instruct/grpo_fast.py ...` command
 (tests/fixtures/seed_mason_command.txt, verbatim) is first run through a real bash with its shell variables
 set, with `python` stubbed, to capture exactly the argv a user's shell hands to mason.py. mason.py then
 builds the spec (--dry_run); the spec's fields are checked, and its embedded command is executed with

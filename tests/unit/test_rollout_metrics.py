@@ -79,7 +79,7 @@ def test_empty_batch_has_zero_metrics():
         (50.0, 100.0, 1),  # a group is done within a step, yet synchronous still waits for it
         (100.0, 100.0, 1),
         (150.0, 100.0, 2),
-        (388.0, 160.0, 3),  # the seed's 16k tail on the simulated cluster (simulator projection)
+        (388.0, 160.0, 3),  # the long-reasoning 16k tail on the simulated cluster (simulator projection)
         (0.0, 100.0, 0),
         (10.0, 0.0, 0),
     ],

@@ -19,8 +19,8 @@ from benchmarks.simulated_world import Cluster, CostModel, SimWorld, VirtualCloc
 from benchmarks.simulation import MODES, SimResult, compare, loop_config, simulate, warmup_steps
 from benchmarks.simulation_projection import (
     GPU_H100_COST,
-    SEED_CLUSTER,
-    SEED_CLUSTER_WORKLOAD,
+    LONG_REASONING_CLUSTER,
+    LONG_REASONING_WORKLOAD,
     sweep_async_steps,
 )
 from benchmarks.simulation_replay import Replay, SimPrompt
@@ -370,9 +370,9 @@ def test_a_replay_admits_the_measured_runs_prompts_in_its_order_with_each_sample
     assert result.generated_tokens_per_s * result.wall_s == pytest.approx(expected)
 
 
-def test_seed_cluster_projection_is_fast_and_reports_the_speedup():
+def test_long_reasoning_projection_is_fast_and_reports_the_speedup():
     started = time.process_time()  # CPU time: the machine may be shared
-    report = compare(dataclasses.replace(SEED_CLUSTER_WORKLOAD, num_steps=10), GPU_H100_COST, SEED_CLUSTER)
+    report = compare(dataclasses.replace(LONG_REASONING_WORKLOAD, num_steps=10), GPU_H100_COST, LONG_REASONING_CLUSTER)
     assert time.process_time() - started < 30
     assert report["speedup_streaming_vs_sync"] > 1
     assert report["streaming"]["trained_samples"] == 10 * 256 * 16
@@ -397,12 +397,15 @@ def test_cli_writes_json_and_timeline(tmp_path, capsys):
     path = tmp_path / "measured.json"
     path.write_text(json.dumps({**measured, "stamp": stamp("e2e")}))
     out = tmp_path / "out"
-    assert sim.main(["--measured", str(path), "--output", str(out), "--seed_steps", "2", "--async_sweep", "2,1"]) == 0
+    assert (
+        sim.main(["--measured", str(path), "--output", str(out), "--projection_steps", "2", "--async_sweep", "2,1"])
+        == 0
+    )
     report = json.loads((out / "simulator.json").read_text())
     assert report["measured"]["measured_speedup_streaming_vs_sync"] == 1.7
     predicted = report["measured"]["speedup_streaming_vs_sync"]
     assert report["measured"]["speedup_relative_error"] == pytest.approx(predicted / 1.7 - 1)
-    projection = report["seed_projection"]
+    projection = report["long_reasoning_projection"]
     assert projection["streaming"]["num_steps"] == 2
     assert set(projection["streaming_by_async_steps"]) == {"1", "2"}
     assert projection["streaming_async_steps"] in (1, 2) and projection["learner_bound_speedup"] > 1
