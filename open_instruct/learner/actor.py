@@ -434,10 +434,10 @@ class LearnerActor:
         Under ZeRO-3 a collective (call it on every rank at once): parameters are gathered one at a time and
         rank 0 alone keeps its copies (the others get {}), so no GPU ever holds a whole model.
         """
-        from open_instruct.learner.gathered import gathered
+        from open_instruct.learner.gathered import gathered_state
 
         named = list(self.engine.module.named_parameters())
-        return {name: t for name, t in gathered(named, self.zero3, self.rank == 0 or not self.zero3) if t is not None}
+        return gathered_state(named, self.zero3, self.rank == 0 or not self.zero3)
 
     # -------------------------------------------------------------- checkpoints (call on every rank)
 

@@ -65,6 +65,11 @@ def gathered(named: list, partitioned: bool, keep: bool) -> Iterator[tuple[str, 
     return _gathered([(name, [p], p.detach) for name, p in named], partitioned, keep)
 
 
+def gathered_state(named: list, partitioned: bool, keep: bool) -> dict:
+    """`gathered` as a state dict: {name: CPU copy}, or {} on a rank whose `keep` is false."""
+    return {name: t for name, t in gathered(named, partitioned, keep) if t is not None}
+
+
 def _gathered(items: list, partitioned: bool, keep: bool) -> Iterator[tuple[str, object]]:
     """(name, CPU copy of value()) per (name, parameters, value) item, its parameters gathered together."""
     import deepspeed

@@ -148,11 +148,11 @@ class AdapterWeights:
         LoRA loader read), and with --save_merged_lora_model base + adapter merged under `merged/`."""
         from pathlib import Path
 
-        from open_instruct.learner.gathered import gathered, save_merged_lora
+        from open_instruct.learner.gathered import gathered_state, save_merged_lora
 
         zero3 = self.settings.zero3
         named = [(name, p) for name, p in module.named_parameters() if is_adapter_parameter(name)]
-        state = {name: t for name, t in gathered(named, zero3, rank == 0 or not zero3) if t is not None}
+        state = gathered_state(named, zero3, rank == 0 or not zero3)
         if rank == 0:
             module.save_pretrained(path, state_dict=state, safe_serialization=True)
         if self.settings.model.save_merged_lora_model:  # one layer at a time, in the base's dtype (gathered.py)

@@ -41,10 +41,9 @@ class ReferencePolicy:
     def state_dict(self, keep: bool) -> dict:
         """Its weights on CPU in their dtype, gathered one at a time under ZeRO-3 (a collective); a rank whose
         `keep` is false only joins the gathers and gets {}."""
-        from open_instruct.learner.gathered import gathered
+        from open_instruct.learner.gathered import gathered_state
 
-        named = list(self.module.named_parameters())
-        return {name: t for name, t in gathered(named, self.partitioned, keep) if t is not None}
+        return gathered_state(list(self.module.named_parameters()), self.partitioned, keep)
 
     def save(self, directory: str, write: bool) -> None:
         """Its weights as safetensors under `directory`, one parameter at a time (a collective under ZeRO-3);
