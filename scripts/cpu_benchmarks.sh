@@ -38,7 +38,7 @@ if [[ "${QUICK:-0}" == "1" ]]; then
 else
   generation=() weight_sync=() replay=() e2e=(--steps 24) simulator=() learner_step=() faults=() staleness=() window_sim=()
   window_cpu=() lora=() e2e_lora=(--steps 16) driver=()
-  real_length=(--steps 3 --rounds 1 --prompts 2 --samples 4 --median_tokens 4000 --max_tokens 16384 --kv_cache_gib 0.1)
+  real_length=(--steps 3 --rounds 2 --prompts 2 --samples 4 --median_tokens 4000 --max_tokens 16384 --kv_cache_gib 0.1)
 fi
 $py -m benchmarks.generation "${generation[@]}" --output "$out/generation.json"
 $py -m benchmarks.weight_sync "${weight_sync[@]}" --output "$out/weight_sync.json"
