@@ -5,11 +5,10 @@ A drop-in replacement for open-instruct's own mason.py: every option of it (at t
 is accepted with its default and its meaning in the spec, so its launch scripts run unchanged; where its
 behaviour is a bug this one differs on purpose. Each `--` starts a command, one Beaker task, which every
 replica runs with `bash -c`: its tokens arrive unchanged, except that &&, || and ; stay operators (escape
-them here: `\\&\\&`) and `$NAME` expands in the container. A multi-node command begins with
-`source configs/beaker_configs/ray_node_setup.sh`. docs/multi_node.md is the manual: each option's place in
-the spec, what a grpo_fast.py command gets (local dataset caching, resumable state, outputs on Weka) and each
-difference. Only the standard library and PyYAML are needed; the caching runs grpo_fast.py with the
-repository's `.venv`.
+them here: `\\&\\&`) and `$NAME` expands in the container. A multi-node command begins with `source
+configs/beaker_configs/ray_node_setup.sh`. docs/multi_node.md is the manual: each option's place in the spec,
+what a grpo_fast.py command gets, and each difference. PyYAML is the one package needed beside the standard
+library; the caching runs grpo_fast.py with the repository's `.venv`.
 """
 
 from __future__ import annotations
@@ -26,6 +25,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from open_instruct.config.fields import out_of_bounds
 from open_instruct.launch.beaker_spec import DEFAULT_ENV, build_spec, spec_to_yaml
 from open_instruct.launch.commands import (
     CACHE_KEY_FLAGS,
@@ -89,13 +89,16 @@ def parse_args(argv: list[str], environ: dict[str, str] | None = None) -> MasonA
     duplicates = sorted({name for name in names if names.count(name) > 1})
     if duplicates:
         parser.error(f"argument --env/--secret: {', '.join(duplicates)} set more than once (each variable once)")
-    return MasonArgs.from_namespace(
+    args = MasonArgs.from_namespace(
         ns,
         commands=tuple(commands),
         local_workdir=os.getcwd(),
         local_path=environ.get("PATH", ""),
         wandb_env=tuple((name, environ[name]) for name in PASSED_THROUGH_ENV if name in environ),
     )
+    if problems := out_of_bounds(args):
+        parser.error("; ".join(problems))
+    return args
 
 
 def beaker_unavailable() -> str | None:

@@ -12,7 +12,7 @@ import time
 from dataclasses import MISSING, dataclass, field, fields
 from typing import Any
 
-from open_instruct.config.fields import NO_EFFECT, arg, moved_flags
+from open_instruct.config.fields import NO_EFFECT, arg, moved_flags, rendered_help
 
 TRAINING_ENTRY = "open_instruct/grpo_fast.py"
 EXTERNAL_USER = "external_user"  # open-instruct's name for someone without Beaker credentials
@@ -37,7 +37,8 @@ _NAME = r"[A-Za-z0-9][A-Za-z0-9._-]*"  # a Beaker name: an org, a cluster, a wor
 _ENV_NAME = r"[A-Za-z_][A-Za-z0-9_]*"
 DEPRECATED = "open-instruct marks it deprecated; it does nothing"
 
-# Value checks are argparse `type=` callables, so every error names its option and exits with status 2.
+# Value checks are argparse `type=` callables and a number's `bounds` (checked once parsed, as the trainer's
+# are), so every error names its option and exits with status 2.
 
 
 def matching(pattern: str, expected: str):
@@ -45,20 +46,6 @@ def matching(pattern: str, expected: str):
         if not re.fullmatch(pattern, value.strip()):
             raise argparse.ArgumentTypeError(f"{value!r} is not {expected}")
         return value.strip()
-
-    return check
-
-
-def int_in_range(low: int, high: int | None = None):
-    def check(value: str) -> int:
-        bound = f"between {low} and {high}" if high is not None else f">= {low}"
-        try:
-            number = int(value)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{value!r} is not an integer {bound}") from None
-        if number < low or (high is not None and number > high):
-            raise argparse.ArgumentTypeError(f"{number} is out of range: must be {bound}")
-        return number
 
     return check
 
@@ -123,9 +110,9 @@ class MasonArgs:
     budget: str | None = arg(None, "Beaker budget. Default: the workspace's.", type=org_name)
     priority: str = arg("normal", "Job priority.", choices=("low", "normal", "high", "urgent"))
     preemptible: bool = arg(False, "Allow Beaker to preempt the job.")
-    num_nodes: int = arg(1, "Nodes: Beaker replicas of each task.", type=int_in_range(1))
-    max_retries: int = arg(0, "Beaker's task retries.", type=int_in_range(0))
-    gpus: int = arg(0, "GPUs per node.", type=int_in_range(0, MAX_GPUS_PER_NODE))
+    num_nodes: int = arg(1, "Nodes: Beaker replicas of each task.", type=int, bounds=">= 1")
+    max_retries: int = arg(0, "Beaker's task retries.", type=int, bounds=">= 0")
+    gpus: int = arg(0, "GPUs per node.", type=int, bounds=f"[0, {MAX_GPUS_PER_NODE}]")
     shared_memory: str = arg("10.24gb", "Size of /dev/shm (Ray's object store, NCCL buffers).", type=memory_size)
     timeout: str | None = arg(None, "Beaker stops the task after this long. Default: no limit.", type=duration)
     host_networking: bool = arg(True, "Give the task its own network namespace.", flag="--no-host-networking")
@@ -204,7 +191,9 @@ class MasonArgs:
         for setting in fields(cls):
             if "help" not in setting.metadata:
                 continue
-            kwargs = {key: value for key, value in setting.metadata.items() if key not in ("flag", "kind", "reason")}
+            ours = ("flag", "kind", "reason", "bounds")
+            kwargs = {key: value for key, value in setting.metadata.items() if key not in ours}
+            kwargs["help"] = rendered_help(setting)  # with its bounds, checked after parsing (`out_of_bounds`)
             if setting.metadata.get("kind") == NO_EFFECT:
                 kwargs["help"] = f"Accepted and ignored: {setting.metadata['reason']}."
             if setting.default is MISSING:
