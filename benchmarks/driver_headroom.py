@@ -158,7 +158,7 @@ class InstantLearner:
 
 
 class NoWeightSync:
-    def push(self, version: int, step_end_time: float | None = None) -> dict[str, float]:
+    def sync(self, version: int, step_end_time: float | None = None) -> dict[str, float]:
         return {}
 
 
@@ -221,7 +221,7 @@ def drive(workload: Workload, engines: int, ranks: int, async_steps: int, profil
     rows = [SimPrompt(f"p{i}", prompt) for i in range(epoch)]
     log = MemoryLog()
     loop = TrainingLoop(
-        cfg, engines=pool, learners=learners, weight_sync=NoWeightSync(), clock=SystemClock(), log=log, train_rows=rows
+        cfg, engines=pool, learners=learners, weights=NoWeightSync(), clock=SystemClock(), log=log, train_rows=rows
     )
     # The main thread's CPU only: the loop's waits on the learners and the queues are not driver cost.
     profiler = cProfile.Profile(time.thread_time) if profile else None

@@ -60,13 +60,13 @@ class TimedLearners:
         return getattr(self.learners, name)
 
 
-class TimedSync:
+class TimedWeightSync:
     def __init__(self, sync, timeline: list):
-        self.sync, self.timeline = sync, timeline
+        self.inner, self.timeline = sync, timeline
 
-    def push(self, version: int, step_end_time: float | None = None) -> dict[str, float]:
+    def sync(self, version: int, step_end_time: float | None = None) -> dict[str, float]:
         started = time.time()
-        metrics = self.sync.push(version, step_end_time=step_end_time)
+        metrics = self.inner.sync(version, step_end_time=step_end_time)
         self.timeline.append(("weight sync", started, time.time()))
         return metrics
 
@@ -150,14 +150,14 @@ def run_mode(stack, cfg, mode: str, tokenizer, rows) -> tuple[dict, list]:
     sync = stack.sync.with_settings(generation=cfg.generation)
     stack.pool.ledger = DeliveryLedger()
     stack.pool.call_all("reset_stats")
-    sync.push(0)  # every mode starts at version 0, so staleness numbers compare across modes
+    sync.sync(0)  # every mode starts at version 0, so staleness numbers compare across modes
     timeline: list = []
     learners = TimedLearners(stack.learners, timeline)
     loop = TrainingLoop(
         cfg,
         engines=stack.pool,
         learners=learners,
-        weight_sync=TimedSync(sync, timeline),
+        weights=TimedWeightSync(sync, timeline),
         clock=SystemClock(),
         log=RunLog(cfg),
         train_rows=rows,

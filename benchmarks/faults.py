@@ -209,7 +209,7 @@ def _train(cfg, workload, tokenizer, rows, stop, fault_step: int | None, kind: s
         cfg,
         engines=stack.pool,
         learners=learners,
-        weight_sync=stack.sync,
+        weights=stack.sync,
         clock=SystemClock(),
         log=RunLog(cfg),
         train_rows=rows,

@@ -111,7 +111,7 @@ def measure(mode: str, model_path: str, groups, args) -> dict:
                 trained = learners.train_step(groups, step).metrics
                 pool.submit(decoding_requests(args.running, args.max_tokens, step))
                 wait_for_tokens(pool, args.running, min_tokens=8)
-                synced = sync.push(step + 1)
+                synced = sync.sync(step + 1)
                 collect(pool, args.running)
                 steps.append(
                     {

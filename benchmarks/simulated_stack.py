@@ -82,7 +82,7 @@ class SimWeightSync:
         self.world, self.engines, self.cost, self.pause_mode = world, engines, cost, pause_mode
         self.syncs: list[tuple[float, float]] = []  # (step end, engines resumed)
 
-    def push(self, version: int, step_end_time: float | None = None) -> dict[str, float]:
+    def sync(self, version: int, step_end_time: float | None = None) -> dict[str, float]:
         started = self.world.now
         self.engines.request_pause(self.pause_mode)
         self.world.run(stop=self.engines.all_paused)

@@ -223,7 +223,7 @@ def simulate(
         cfg,
         engines=engines,
         learners=learners,
-        weight_sync=sync,
+        weights=sync,
         clock=VirtualClock(world),
         log=log,
         train_rows=rows,

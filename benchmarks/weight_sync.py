@@ -1,7 +1,7 @@
 """Benchmark: in-flight weight-sync pause vs model size on this machine, per CPU transport.
 
 For each model size a random tiny Qwen2 is built and served by a real AsyncLLM; while
-`--running` long requests are decoding, new weights are pushed `--syncs` times with the
+`--running` long requests are decoding, new weights are synced `--syncs` times with the
 in-flight protocol (pause keep → start → update ∥ broadcast → finish → resume; for `shm`: stage
 while the engine generates, then pause → start → update(file) → finish → resume). Reported per
 size and transport: bytes sent, how long the engine was frozen, the transfer alone, its bandwidth,
@@ -75,8 +75,8 @@ def build_model(hidden: int, layers: int, workdir: Path):
     return path, wt.hf_named_weights(model)
 
 
-async def push_while_decoding(engine, weights, args, transport: str) -> tuple[list[dict], list[int]]:
-    """`args.syncs` in-flight pushes while `args.running` requests decode; (timings, response lengths)."""
+async def sync_while_decoding(engine, weights, args, transport: str) -> tuple[list[dict], list[int]]:
+    """`args.syncs` in-flight syncs while `args.running` requests decode; (timings, response lengths)."""
     import torch
     from vllm import SamplingParams
 
@@ -86,14 +86,14 @@ async def push_while_decoding(engine, weights, args, transport: str) -> tuple[li
     if transport == "shm":
         stager = shm.Stager()
 
-        def push(version: int):
-            return shm.push_weights(engine, stager, weights, version, dtype=torch.float32)
+        def sync(version: int):
+            return shm.sync_weights(engine, stager, weights, version, dtype=torch.float32)
     else:
         group = await wt.init_engine_transfer(engine, "127.0.0.1", _free_port(), world_size=2, timeout_s=300)
 
-        def push(version: int):
+        def sync(version: int):
             bucket_bytes = args.bucket_mb << 20
-            return wt.push_weights(engine, group, weights, version, dtype=torch.float32, bucket_bytes=bucket_bytes)
+            return wt.sync_weights(engine, group, weights, version, dtype=torch.float32, bucket_bytes=bucket_bytes)
 
     params = SamplingParams(max_tokens=args.max_tokens, ignore_eos=True, temperature=1.0, seed=0)
 
@@ -109,7 +109,7 @@ async def push_while_decoding(engine, weights, args, transport: str) -> tuple[li
     for version in range(1, args.syncs + 1):
         for _, tensor in weights:  # new values each round, same shapes
             tensor.data.add_(1e-3)
-        timings.append(await push(version))
+        timings.append(await sync(version))
         await asyncio.sleep(0.2)
     return timings, list(await asyncio.gather(*running))
 
@@ -132,7 +132,7 @@ async def measure_size(hidden: int, layers: int, args, workdir: Path, transport:
     )
     try:
         await engine.update_weight_version("0")
-        timings, lengths = await push_while_decoding(engine, weights, args, transport)
+        timings, lengths = await sync_while_decoding(engine, weights, args, transport)
     finally:
         engine.shutdown()
     group_bytes = timings[-1]["bytes"]
@@ -164,8 +164,8 @@ def main(argv: list[str] | None = None) -> dict:
         default=[(128, 4), (512, 6), (1024, 8)],
         help="model sizes as HIDDENxLAYERS",
     )
-    parser.add_argument("--syncs", type=int, default=3, help="weight pushes per size (median reported)")
-    parser.add_argument("--running", type=int, default=8, help="requests decoding during the pushes")
+    parser.add_argument("--syncs", type=int, default=3, help="weight syncs per size (median reported)")
+    parser.add_argument("--running", type=int, default=8, help="requests decoding during the syncs")
     parser.add_argument("--max_tokens", type=int, default=384)
     parser.add_argument("--warmup_s", type=float, default=0.5)
     parser.add_argument("--bucket_mb", type=int, default=64)
@@ -204,7 +204,7 @@ def main(argv: list[str] | None = None) -> dict:
 
 def print_table(result: dict, running: int) -> None:
     rows, bandwidth = result["sizes"], result["memory_bandwidth_gb_s"]
-    print(f"memory copy bandwidth: {bandwidth:.1f} GB/s; {running} requests decoding during each push")
+    print(f"memory copy bandwidth: {bandwidth:.1f} GB/s; {running} requests decoding during each sync")
     print(
         f"{'model':>10} {'via':>5} {'params M':>9} {'MB sent':>8} {'frozen s':>9} {'transfer s':>10} {'MB/s':>8} "
         f"{'bound s':>8} {'frozen/bound':>12} {'kept ok':>8}"

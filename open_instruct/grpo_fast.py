@@ -232,7 +232,7 @@ def training_loop(cfg: Config, stack, tokenizer, train, evaluation, stop=None):
         cfg,
         engines=stack.pool,
         learners=stack.learners,
-        weight_sync=stack.sync,
+        weights=stack.sync,
         clock=SystemClock(),
         log=RunLog(cfg),
         train_rows=train.prompts,

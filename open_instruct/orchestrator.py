@@ -4,7 +4,7 @@
         admit prompts (staleness bound)        engines pull them and stream Completions back
         wait for a full batch of groups        learners wait only for the batch, never a whole rollout
         train one step on every rank           engines keep generating meanwhile
-        push the new weights in flight         running requests keep their KV cache
+        sync the new weights in flight         running requests keep their KV cache
         evaluate / checkpoint / log when due
 
 `TrainingLoop` owns the driver-side state (feeder, replay buffer, evaluation round) and reaches
@@ -97,10 +97,10 @@ class Learners(Protocol):
     def load_state(self, directory: str) -> int: ...
 
 
-class WeightPush(Protocol):
+class Weights(Protocol):
     """Loads a learner version into every engine (`weights.sync.WeightSync`); returns its metrics."""
 
-    def push(self, version: int, step_end_time: float | None = None) -> dict[str, float]: ...
+    def sync(self, version: int, step_end_time: float | None = None) -> dict[str, float]: ...
 
 
 class Clock(Protocol):
@@ -189,7 +189,7 @@ class TrainingLoop:
         *,
         engines: Engines,
         learners: Learners,
-        weight_sync: WeightPush,
+        weights: Weights,
         clock: Clock,
         log,  # tracking.MemoryLog or RunLog
         train_rows: Sequence,
@@ -200,7 +200,7 @@ class TrainingLoop:
         self.cfg = cfg
         self.engines = engines
         self.learners = learners
-        self.sync = weight_sync
+        self.weights = weights
         self.clock = clock
         self.log = log
         self.eval_rows = list(eval_rows)
@@ -278,7 +278,7 @@ class TrainingLoop:
         started = self.clock.time()
         self.log.start(self.num_steps, self.step)
         if self.version > 0:
-            self.sync.push(self.version)  # the engines start from the checkpoint's weights
+            self.weights.sync(self.version)  # the engines start from the checkpoint's weights
         self.engines.start_loops()
         self.engines.submit(list(self.untrained.values()))
         if self.cfg.run.eval_on_step_0 and self.eval_rows and self.step == 0:
@@ -419,7 +419,7 @@ class TrainingLoop:
     def sync_if_due(self, step_end: float) -> dict:
         last = self.step + 1 == self.num_steps
         if (self.step + 1) % self.cfg.generation.weight_sync_every_steps == 0 or last:
-            return self.sync.push(self.version, step_end_time=step_end)
+            return self.weights.sync(self.version, step_end_time=step_end)
         return {}
 
     # -- evaluation

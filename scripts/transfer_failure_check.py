@@ -4,14 +4,14 @@
 
 Hardware: the CPU machines (our gloo transport) or a GPU machine (`--vllm_sync_backend nccl`, 2+ GPUs, or
 `--single_gpu_mode` on one); scripts/gpu_check.sh runs it there. It builds the stack a run builds (engines,
-learners, placement, transport) from the flags, then pushes version 1 with the last weight renamed in the
+learners, placement, transport) from the flags, then syncs version 1 with the last weight renamed in the
 engines' metadata: every tensor crosses the wire, and the engine's `load_weights` then rejects the unknown
 name. That is the engine-side failure path (vLLM ends its update session without finishing the reload) on
 either transport, without leaving any rank inside a collective. It checks, and prints one line each:
 
-* the push fails with an error naming the step, within the sync timeout;
+* the sync fails with an error naming the step, within the sync timeout;
 * the engine did not take the version, and still generates (its weights restored, none left on meta);
-* a correct push of version 1 afterwards succeeds and the engine reports it.
+* a correct sync of version 1 afterwards succeeds and the engine reports it.
 
 Exits 0 when every check passed.
 """
@@ -67,21 +67,21 @@ def main(argv: list[str]) -> int:
         sync.metadata = dataclasses.replace(good, names=(*good.names[:-1], BOGUS_NAME))
         started = time.monotonic()
         try:
-            sync.push(1)
-            check(False, "the push with a bogus weight name failed")
+            sync.sync(1)
+            check(False, "the sync with a bogus weight name failed")
         except WeightSyncError as error:
             elapsed = time.monotonic() - started
             message = str(error)
             named = "step 'transfer'" in message and BOGUS_NAME.removeprefix("model.") in message
-            check(named, f"the failed push names its step and cause, after {elapsed:.1f} s: {message[:120]}...")
+            check(named, f"the failed sync names its step and cause, after {elapsed:.1f} s: {message[:120]}...")
         versions = [s.weight_version for s in pool.stats()]
         check(versions == [0] * len(versions), f"no engine took the failed version (versions {versions})")
         [completion] = pool.generate([probe(tokenizer, "after-failure")], timeout_s=120)
         check(len(completion.response_token_ids) == 8, "the engine still generates after the failure")
         sync.metadata = good
-        metrics = sync.push(1)
+        metrics = sync.sync(1)
         versions = [s.weight_version for s in pool.stats()]
-        check(versions == [1] * len(versions), f"a correct push afterwards loads version 1 (versions {versions})")
+        check(versions == [1] * len(versions), f"a correct sync afterwards loads version 1 (versions {versions})")
         [completion] = pool.generate([probe(tokenizer, "after-retry")], timeout_s=120)
         check(
             [s.version for s in completion.version_spans] == [1],

@@ -1,7 +1,7 @@
 """Do the engines generate with the learner's weights? A check that needs no trust in any metric.
 
 A short real training run (grpo_fast's flags; by default 2 steps on the embedded model, with in-flight weight
-syncs) is followed by one more push of the learner's current weights into the running engines. Then every
+syncs) is followed by one more sync of the learner's current weights into the running engines. Then every
 engine decodes a few prompts greedily, and a transformers model holding the learner's weights (its full state
 dict, gathered under ZeRO-3) predicts each next token from the same prefix, in float32: each engine token must
 be that model's argmax, or within TIE of it (two logits that close are a tie that kernel order may break
@@ -91,7 +91,7 @@ def main(argv: list[str]) -> int:
     try:
         summary = training_loop(cfg, stack, tokenizer, train, evaluation).run()
         version = stack.sync.version + 1
-        stack.sync.push(version)  # whatever the last step left: the engines now hold the learner's weights
+        stack.sync.sync(version)  # whatever the last step left: the engines now hold the learner's weights
         state = stack.learners.full_state_dict()
         requests = greedy_requests(tokenizer)
         outputs = {i: stack.pool.generate(requests, engine_index=i) for i in stack.pool.member_ids()}

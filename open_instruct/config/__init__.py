@@ -5,7 +5,7 @@ core.py        `Config` (one field per group), `parse_config`, the rules that sp
 run.py         the run: naming, tracking, length, evaluation schedule, checkpoints and resume
 model.py       the policy and its tokenizer: source, loading, dtype, attention
 data.py        the prompt datasets: mixes, columns, templating, filters, cache
-generation.py  the engines: batch shape, sampling, lookahead, weight pushes, faults
+generation.py  the engines: batch shape, sampling, lookahead, weight syncs, faults
 staleness.py   how old a trained token may be: K (--max_off_policy_steps), the off-policy action, and the
                `StalenessPolicy` parsed from them once
 algorithm.py   the objective: advantages, loss, off-policy correction, reference policy

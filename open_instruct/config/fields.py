@@ -135,7 +135,7 @@ def _within(value: float, bounds: str) -> bool:
 
 
 def help_for_argparse(flag: Field) -> Field:
-    """`flag` as HfArgumentParser should see it: it hands every metadata key to `add_argument`, which knows
+    """`flag` as HfArgumentParser should see it: it hands every metadata key to `add_argument`, which
     knows none of `kind`, `reason`, `bounds` and `off`, so those become part of the help text."""
     shown = copy.copy(flag)
     metadata = {key: value for key, value in flag.metadata.items() if key not in _OUR_KEYS}

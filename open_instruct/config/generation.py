@@ -1,4 +1,4 @@
-"""The engines and how they sample: batch shape, sampling, the lookahead, weight pushes, engine faults, and
+"""The engines and how they sample: batch shape, sampling, the lookahead, weight syncs, engine faults, and
 evaluation sampling. (How old a trained token may be is `config.staleness`.)"""
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ class GenerationConfig:
     )
     inflight_updates: bool = arg(
         True,
-        "Push new weights into running engines mid-generation (KV cache kept); False waits for running "
+        "Sync new weights into running engines mid-generation (KV cache kept); False waits for running "
         "requests to finish before each update (the conservative baseline).",
     )
     inflight_update_kv: Literal["keep", "reprefill"] = arg(
@@ -38,7 +38,7 @@ class GenerationConfig:
         "measured side by side in the e2e benchmark).",
     )
     weight_sync_every_steps: int = arg(
-        1, "Push the learner's weights to the engines every N optimizer steps.", bounds=">= 1"
+        1, "Sync the learner's weights to the engines every N optimizer steps.", bounds=">= 1"
     )
     vllm_num_engines: int = arg(1, "Number of vLLM engine actors.", bounds=">= 1")
     vllm_tensor_parallel_size: int = arg(

@@ -263,7 +263,7 @@ class EnginePool:
 
     def admit_replacements(self) -> list[int]:
         """The replacements whose engine is built become members: the weight sync about to run re-forms its
-        group with them and loads them with the others (`WeightSync.push`), then `start_serving`."""
+        group with them and loads them with the others (`WeightSync.sync`), then `start_serving`."""
         if self.replacing is None:
             return []
         self._advance_replacements()

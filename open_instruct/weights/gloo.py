@@ -2,7 +2,7 @@
 trainer side, and what both sides agree on.
 
 vLLM 0.32 ships `nccl`/`ipc` weight-transfer engines, both CUDA-only. This transport adds a
-`gloo` engine so a trainer process can push new weights into a running (paused) AsyncLLM
+`gloo` engine so a trainer process can sync new weights into a running (paused) AsyncLLM
 over a torch `gloo` process group on CPU. GPU production keeps using `nccl` through the
 same call sequence.
 
@@ -23,7 +23,7 @@ Trainer side
     info = make_update_info(named_tensors, dtype, bucket_bytes)   # metadata (RPC)
     trainer_send(group, named_tensors, dtype, bucket_bytes)       # tensors (process group)
     `update_weights` on the engine must run concurrently with `trainer_send`.
-    `init_engine_transfer` / `push_weights` below drive the whole sequence for an AsyncLLM
+    `init_engine_transfer` / `sync_weights` below drive the whole sequence for an AsyncLLM
     living in the caller's event loop.
 
 Wire format (both sides derive it from the metadata alone, so they cannot disagree):
@@ -205,7 +205,7 @@ async def init_engine_transfer(engine, host: str, port: int, world_size: int = 2
     return group
 
 
-async def push_weights(
+async def sync_weights(
     engine,
     group,
     named_tensors,

@@ -190,8 +190,8 @@ def trainer_close(group: Stager) -> None:
     trainer_release(group)
 
 
-async def push_weights(engine, stager: Stager, named_tensors, version: int | str, *, dtype=None) -> dict:
-    """The whole in-flight update for an AsyncLLM in this event loop, like `weights.gloo.push_weights`:
+async def sync_weights(engine, stager: Stager, named_tensors, version: int | str, *, dtype=None) -> dict:
+    """The whole in-flight update for an AsyncLLM in this event loop, like `weights.gloo.sync_weights`:
     stage (the engine still generating) → pause(keep, KV kept) → start → update(file) → finish(version) →
     resume → release. Returns timings; `total_s` is how long the engine was frozen."""
     import time
@@ -201,7 +201,7 @@ async def push_weights(engine, stager: Stager, named_tensors, version: int | str
     from open_instruct.weights.gloo import make_update_info
 
     pairs = list(named_tensors)
-    md = make_update_info(pairs, dtype)  # names, cast dtypes and shapes, as the gloo push sends them
+    md = make_update_info(pairs, dtype)  # names, cast dtypes and shapes, as the gloo sync sends them
     cast = [(name, t.to(getattr(torch, dt))) for (name, t), dt in zip(pairs, md["dtype_names"])]
     try:
         started = time.perf_counter()

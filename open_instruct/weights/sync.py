@@ -1,4 +1,4 @@
-"""Pushing new learner weights into running engines (the driver's half of the protocol).
+"""Syncing new learner weights into running engines (the driver's half of the protocol).
 
 One sync, for every engine at once (they share one transfer group, learner rank 0 = rank 0):
 
@@ -15,7 +15,7 @@ that then times out is its consequence, noted after it (see `WeightSync._resume_
 parties bound their own part too: a learner's send by the same timeout (`SendWatchdog`, which aborts
 its group), and an engine whose update failed keeps its previous weights (`weights.reload`) and serves
 on. Each re-form of the group frees the last one on both ends first (`WeightSender.open`,
-`WeightReceiver.init_weight_transfer`). Which transport recovers from which failure: `WeightSync.push`.
+`WeightReceiver.init_weight_transfer`). Which transport recovers from which failure: `WeightSync.sync`.
 Tensors travel through the transfer group (`weights.gloo` on CPU, `weights.nccl` on GPU: the same five
 calls; see `weights.transport`), metadata through Ray. `WeightSync` is a driver-side handle like
 `EnginePool` and `LearnerGroup`: it starts their calls and waits on both sides at once.
@@ -64,8 +64,8 @@ class RayWaiter:
 
 @dataclass(frozen=True)
 class SyncSettings:
-    """How weights are pushed: the transport placement chose, the engines' dtype, and the generation flags
-    that shape a push (--inflight_updates; --vllm_tensor_parallel_size ranks per engine in the group)."""
+    """How weights are synced: the transport placement chose, the engines' dtype, and the generation flags
+    that shape a sync (--inflight_updates; --vllm_tensor_parallel_size ranks per engine in the group)."""
 
     backend: str  # one of TRANSPORTS
     dtype_name: str  # the engines' dtype: weights are cast to it before sending
@@ -82,7 +82,7 @@ class SyncSettings:
 
 
 class WeightSync:
-    """Connects learner rank 0 to every engine once, then pushes versions on demand."""
+    """Connects learner rank 0 to every engine once, then syncs versions on demand."""
 
     def __init__(self, learners, engines, settings: SyncSettings, waiter=None):
         self.learners = learners  # LearnerGroup
@@ -111,7 +111,7 @@ class WeightSync:
         step the new engines already hold the starting weights: the group is re-formed, and nothing is sent."""
         trained = self.learners.policy_version()
         if trained > 0:
-            return self.push(trained)
+            return self.sync(trained)
         joining = self.engines.admit_replacements()
         metrics = self.connect()
         self.engines.start_serving(joining, self.version)
@@ -120,7 +120,7 @@ class WeightSync:
     def connect(self) -> dict[str, float]:
         """Rendezvous the transfer group with the member engines: they join while rank 0 opens it (they block
         on each other). A collective group cannot lose or take in a member, so it is formed anew whenever the
-        members change (`push`). A staged transport (shm, ipc) has no group: the same calls only set both
+        members change (`sync`). A staged transport (shm, ipc) has no group: the same calls only set both
         ends up."""
         started = time.monotonic()
         host, port = self.learners.rendezvous_address()
@@ -145,7 +145,7 @@ class WeightSync:
         group_size = 0.0 if wire.STAGED else float(world_size)
         return {"weight_sync/connect_s": time.monotonic() - started, "weight_sync/group_size": group_size}
 
-    def push(self, version: int, step_end_time: float | None = None) -> dict[str, float]:
+    def sync(self, version: int, step_end_time: float | None = None) -> dict[str, float]:
         """Load `version` into every member engine; returns metrics. Engines are resumed whatever happens.
 
         Replacements that are ready join here: the group is re-formed with them, they are loaded with the
@@ -180,16 +180,16 @@ class WeightSync:
         self.engines.check_engines()
         joining = self.engines.admit_replacements()
         try:
-            metrics = self._push(version, step_end_time)
+            metrics = self._attempt(version, step_end_time)
         except WeightSyncError as error:
             # `notice_dead` first: the engine whose death caused the failure leaves the members too.
             if not error.retry or not (self.engines.notice_dead() or error.replaced):
                 raise
-            metrics = self._push(version, step_end_time)
+            metrics = self._attempt(version, step_end_time)
         self.engines.start_serving(joining, version)
         return metrics | {"weight_sync/engines": float(len(self.members)), "weight_sync/joined": float(len(joining))}
 
-    def _push(self, version: int, step_end_time: float | None) -> dict[str, float]:
+    def _attempt(self, version: int, step_end_time: float | None) -> dict[str, float]:
         if self.metadata is None:
             raise WeightSyncError("weight sync not connected: call connect() first")
         if not self.engines.member_ids():  # every engine is being replaced: they join when built (`rejoin`)
@@ -197,9 +197,9 @@ class WeightSync:
         reconnected = {}
         if self.engines.membership_changes != self.membership_seen:  # an engine left, or a replacement joins
             reconnected = self.connect()
-        return reconnected | self._push_to_members(version, step_end_time)
+        return reconnected | self._sync_members(version, step_end_time)
 
-    def _push_to_members(self, version: int, step_end_time: float | None) -> dict[str, float]:
+    def _sync_members(self, version: int, step_end_time: float | None) -> dict[str, float]:
         if not transport(self.settings.backend).STAGED:
             return self._pause_transfer_resume(version, step_end_time, None)
         try:

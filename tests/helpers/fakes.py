@@ -6,7 +6,7 @@ scripted length and reward; prompts and results travel on `LocalChannel`s and th
 samples' tokens so far as partial samples, and a request carrying partials continues them (its
 Completion starts with the kept tokens and spans), as the real engine pool does. `FakeLearners` and `FakeWeightSync`
 record what the loop asked of them. Time only moves when the loop waits: a poll with a timeout
-moves the clock to the next finish, a learner step and a weight push by their fixed costs.
+moves the clock to the next finish, a learner step and a weight sync by their fixed costs.
 """
 
 from __future__ import annotations
@@ -186,7 +186,7 @@ class ScriptedEngines:
         return max((v for at, v in self.versions if at <= t), default=0)
 
     def _spans(self, started: float, finished: float, length: int) -> tuple[VersionSpan, ...]:
-        """Tokens are generated at an even pace; a weight push mid-sample splits its spans (in flight)."""
+        """Tokens are generated at an even pace; a weight sync mid-sample splits its spans (in flight)."""
         spans, start = [], 0
         version = self._version_at(started)
         for t, v in self.versions:
@@ -249,12 +249,12 @@ class FakeLearners:
 class FakeWeightSync:
     def __init__(self, clock: FakeClock, engines: ScriptedEngines, pause_s: float = 0.1):
         self.clock, self.engines, self.pause_s = clock, engines, pause_s
-        self.pushed: list[int] = []
+        self.synced: list[int] = []
 
-    def push(self, version: int, step_end_time: float | None = None) -> dict[str, float]:
+    def sync(self, version: int, step_end_time: float | None = None) -> dict[str, float]:
         self.clock.now += self.pause_s
         self.engines.load_version(version)
-        self.pushed.append(version)
+        self.synced.append(version)
         return {"time/weight_sync_pause_s": self.pause_s, "weight_sync/version": float(version)}
 
 
@@ -318,7 +318,7 @@ def build(
         cfg,
         engines=engines,
         learners=learners,
-        weight_sync=sync,
+        weights=sync,
         clock=clock,
         log=log,
         train_rows=train_rows if train_rows is not None else rows(64),

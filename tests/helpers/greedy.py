@@ -109,16 +109,16 @@ def assert_kept_kv_switch(
     return switch, kept
 
 
-def push_mid_generation(
+def sync_mid_generation(
     engine, sync, tokenizer, version: int, length: int, switch_after: int, label: str, starts=(1, 7)
 ) -> tuple[dict[str, int], dict[str, float], list]:
     """Greedy counting requests of `length` tokens on `engine`, one per start; once each has `switch_after`
-    tokens, `sync` pushes `version`. Returns the tokens each had at the trigger (`wait_until_running`), the
+    tokens, `sync` syncs `version`. Returns the tokens each had at the trigger (`wait_until_running`), the
     sync's metrics and the completions."""
     requests = [greedy(tokenizer, f"Count from {n} onwards, please.", length, f"{label}{n}") for n in starts]
     generating = engine.generate.remote(requests)
     [at_trigger] = wait_until_running([engine], count=len(requests), min_tokens=switch_after)
-    metrics = sync.push(version, step_end_time=time.time())
+    metrics = sync.sync(version, step_end_time=time.time())
     return at_trigger, metrics, ray.get(generating, timeout=600)
 
 

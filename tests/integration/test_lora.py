@@ -26,7 +26,7 @@ from helpers.greedy import (
     continue_greedy,
     fresh_greedy,
     greedy,
-    push_mid_generation,
+    sync_mid_generation,
     wait_until_running,
 )
 
@@ -112,7 +112,7 @@ def test_an_inflight_adapter_update_keeps_the_kv_cache_and_decodes_like_peft(mod
     [engine] = pool.actors
     base = peft_model(model_path)  # a fresh adapter generates exactly the base model's tokens
     state_b = trained_adapter(learners, tokenizer, 0)
-    at_trigger, metrics, completions = push_mid_generation(engine, sync, tokenizer, 1, LONG, SWITCH_AFTER, "long")
+    at_trigger, metrics, completions = sync_mid_generation(engine, sync, tokenizer, 1, LONG, SWITCH_AFTER, "long")
 
     assert metrics["weight_sync/kept_requests"] == 2
     assert metrics["weight_sync/bytes"] == adapter_bytes(state_b)  # the adapter, nothing of the base
@@ -139,7 +139,7 @@ def test_a_reprefill_adapter_update_continues_each_sample_under_the_new_adapter(
     state_old = learners.full_state_dict()
     state_new = trained_adapter(learners, tokenizer, version)
     reprefill = sync.with_settings(generation=GenerationConfig(inflight_update_kv="reprefill"))
-    _, _, completions = push_mid_generation(
+    _, _, completions = sync_mid_generation(
         engine, reprefill, tokenizer, version + 1, LONG, SWITCH_AFTER, "re", starts=(3, 9)
     )
 
@@ -165,14 +165,14 @@ def test_a_failed_adapter_transfer_names_the_step_and_the_engine_serves_its_prev
     good = sync.metadata
     sync.metadata = dataclasses.replace(good, shapes=((1,),) + good.shapes[1:])
     with pytest.raises(WeightSyncError, match=r"step 'transfer' failed on learner 0: .*lora_A"):
-        sync.push(version + 1)
+        sync.sync(version + 1)
     assert ray.get(engine.stats.remote()).weight_version == version
     [c] = ray.get(engine.generate.remote([greedy(tokenizer, "Count from 2 onwards.", 40, "kept")]), timeout=120)
     assert list(c.response_token_ids) == fresh_greedy(served, c.prompt_token_ids, 40)
 
     sync.metadata = good
     sync.connect()  # the failed send closed the group
-    sync.push(version + 1)
+    sync.sync(version + 1)
     assert ray.get(engine.stats.remote()).weight_version == version + 1
 
 
@@ -187,7 +187,7 @@ def test_a_killed_engines_replacement_serves_the_current_adapter_once_it_joins(m
     while not any(r.engine_id not in pool.members for r in pool.replacing.ready()):  # a handshake: it is built
         assert time.monotonic() < deadline, [r.phase for r in pool.replacements]
         pool.poll(timeout_s=0.5)
-    metrics = sync.push(version)  # the group is formed again with it, and the current adapter sent
+    metrics = sync.sync(version)  # the group is formed again with it, and the current adapter sent
     assert metrics["weight_sync/joined"] == 1 and metrics["weight_sync/bytes"] > 0
     [replacement] = pool.actors
     assert replacement is not engine and ray.get(replacement.stats.remote()).weight_version == version
@@ -210,7 +210,7 @@ def test_the_shared_memory_transport_moves_the_adapter_into_a_running_engine(mod
         state = trained_adapter(learners, tokenizer, gloo_sync.version)
         generating = engine.generate.remote([greedy(tokenizer, "Count from 6 onwards.", LONG, "shm")])
         wait_until_running([engine], count=1, min_tokens=SWITCH_AFTER)
-        metrics = sync.push(1)
+        metrics = sync.sync(1)
         [c] = ray.get(generating, timeout=600)
         assert metrics["weight_sync/kept_requests"] == 1 and metrics["weight_sync/bytes"] >= adapter_bytes(state)
         assert [s.version for s in c.version_spans] == [0, 1] and len(c.response_token_ids) == LONG

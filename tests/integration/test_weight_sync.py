@@ -35,7 +35,7 @@ from helpers.greedy import (
     fresh_greedy,
     greedy,
     kept_kv_logprobs,
-    push_mid_generation,
+    sync_mid_generation,
     wait_until_running,
     whole_text_logprobs,
 )
@@ -165,7 +165,7 @@ def hf_model(model_path, state=None):
 def test_inflight_update_from_a_real_learner_keeps_the_kv_cache(model_path, tokenizer):
     stack = stack_for(model_path, tokenizer, 1, 1, stage=0)
     [engine], sync, weights_b = stack.engines, stack.sync, stack.weights_b
-    at_trigger, metrics, completions = push_mid_generation(engine, sync, tokenizer, 1, LONG, SWITCH_AFTER, "long")
+    at_trigger, metrics, completions = sync_mid_generation(engine, sync, tokenizer, 1, LONG, SWITCH_AFTER, "long")
 
     # Every long request was frozen with its KV, not dropped, and finished at full length.
     assert metrics["weight_sync/kept_requests"] == 2
@@ -198,7 +198,7 @@ def test_inflight_update_from_a_real_learner_keeps_the_kv_cache(model_path, toke
     hits_v1 = ray.get(engine.stats.remote()).prefix_cache_hit_tokens
     ray.get(engine.generate.remote([shared]))
     assert ray.get(engine.stats.remote()).prefix_cache_hit_tokens > hits_v1
-    sync.push(2)
+    sync.sync(2)
     before = ray.get(engine.stats.remote()).prefix_cache_hit_tokens
     [after_update] = ray.get(engine.generate.remote([shared]))
     assert ray.get(engine.stats.remote()).prefix_cache_hit_tokens == before  # no version-1 block reused
@@ -217,7 +217,7 @@ def test_a_reprefill_update_continues_each_sample_from_its_tokens_under_the_new_
     weights_new = stack.learners.full_state_dict()
     generation = GenerationConfig(inflight_updates=True, inflight_update_kv="reprefill")
     sync = stack.sync.with_settings(generation=generation)
-    _, _, completions = push_mid_generation(
+    _, _, completions = sync_mid_generation(
         engine, sync, tokenizer, version + 1, LONG, SWITCH_AFTER, "reprefill", starts=(3, 9)
     )
 
@@ -246,7 +246,7 @@ def failed_transfer_recovers(tokenizer, stack: Stack) -> None:
     sync.metadata = dataclasses.replace(md, shapes=((1,),) + md.shapes[1:])
     failed_at = time.monotonic()
     with pytest.raises(WeightSyncError, match=r"step 'transfer' failed on learner 0: .*embed_tokens"):
-        sync.push(version + 1)
+        sync.sync(version + 1)
     for engine in stack.engines:
         assert ray.get(engine.stats.remote()).weight_version == version  # the failed version was not committed
         [c] = ray.get(engine.generate.remote([greedy(tokenizer, "What is 1 + 1?", 8, "after")]), timeout=120)
@@ -254,7 +254,7 @@ def failed_transfer_recovers(tokenizer, stack: Stack) -> None:
 
     sync.metadata = md
     sync.connect()  # the failed send closed the group
-    sync.push(version + 1)
+    sync.sync(version + 1)
     assert all(s.weight_version == version + 1 for s in ray.get([e.stats.remote() for e in stack.engines]))
     assert time.monotonic() - failed_at < timeout_s  # no party waited for a timeout
 
@@ -281,7 +281,7 @@ def test_a_request_preempted_after_an_inflight_update_is_recomputed_under_the_ne
 
     stack = stack_for(model_path, tokenizer, 1, 1, stage=0, kv_cache_gib=SMALL_KV_GIB, prefix_caching=False)
     [engine] = stack.engines
-    at_trigger, metrics, completions = push_mid_generation(engine, stack.sync, tokenizer, 1, LONG, SWITCH_AFTER, "pre")
+    at_trigger, metrics, completions = sync_mid_generation(engine, stack.sync, tokenizer, 1, LONG, SWITCH_AFTER, "pre")
     stats = ray.get(engine.stats.remote())
     assert metrics["weight_sync/kept_requests"] == 2
     assert all(c.finish_reason == "length" and len(c.response_token_ids) == LONG for c in completions)
@@ -347,7 +347,7 @@ def test_zero3_learners_update_two_engines_after_draining(model_path, tokenizer,
     long_requests = {i: greedy(tokenizer, f"Count from {i} onwards.", LONG, f"drain{i}") for i in range(2)}
     generating = [engines[i].generate.remote([long_requests[i]]) for i in range(2)]
     wait_until_running(engines, count=1, min_tokens=5, every_engine=False)
-    metrics = sync.push(1, step_end_time=time.time())
+    metrics = sync.sync(1, step_end_time=time.time())
     drained = [c for ref in generating for c in ray.get(ref, timeout=600)]
     # Waited for: every running request finished entirely on the old weights.
     assert all([s.version for s in c.version_spans] == [0] and len(c.response_token_ids) == LONG for c in drained)
@@ -394,7 +394,7 @@ def test_shared_memory_transport_updates_running_engines_without_a_group(model_p
     prompts = [greedy(tokenizer, f"Count from {i}.", LONG, f"l{i}") for i in (0, 1)]
     generating = [engines[i].generate.remote([prompts[i]]) for i in (0, 1)]
     wait_until_running(engines, count=1, min_tokens=5, every_engine=False)
-    metrics = sync.push(1)
+    metrics = sync.sync(1)
     running = [c for ref in generating for c in ray.get(ref, timeout=600)]
     assert metrics["weight_sync/bytes"] > 4e6
     assert metrics["time/weight_sync_stage_s"] > 0  # staged before the pause, engines still generating
@@ -414,7 +414,7 @@ def test_shared_memory_transport_updates_running_engines_without_a_group(model_p
     md = sync.metadata
     sync.metadata = dataclasses.replace(md, shapes=((1,),) + md.shapes[1:])
     with pytest.raises(WeightSyncError, match=r"step 'stage' failed on learner 0: .*embed_tokens"):
-        sync.push(2)
+        sync.sync(2)
     assert staged_files(stack.learner_pids) == set()
     for engine in engines:
         [c] = ray.get(engine.generate.remote([probe]), timeout=120)

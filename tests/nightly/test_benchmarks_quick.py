@@ -53,7 +53,7 @@ def test_weight_sync_benchmark_reports_pause_and_bound(quick_bench):
     assert set(rows) == {"gloo", "shm"}  # measured side by side in one run
     for row in rows.values():
         assert row["sent_mb"] > 0 and row["frozen_s"] >= row["transfer_s"] > 0 and row["bound_s"] > 0
-        assert row["requests_completed_full_length"] == row["requests_running"] == 2  # none dropped by the pushes
+        assert row["requests_completed_full_length"] == row["requests_running"] == 2  # none dropped by the syncs
     assert rows["shm"]["stage_s"] > 0 == rows["gloo"]["stage_s"]  # shm stages before the engine pauses
     assert report["shm_over_gloo_frozen"]["128x2"] == pytest.approx(rows["shm"]["frozen_s"] / rows["gloo"]["frozen_s"])
     assert "frozen/bound" in stdout and "with the shared-memory file / with the gloo group" in stdout

@@ -59,7 +59,7 @@ def test_the_transfer_failure_check_passes_on_the_cpu_stack(flags):
 
 def test_the_weights_loaded_check_finds_every_engine_token_to_be_the_learners_argmax(tmp_path):
     """scripts/weights_loaded_check.py is gpu_check.sh's proof that weights loaded: 2 training steps with
-    in-flight syncs on the CPU stack, one more push, then each of two engines' greedy tokens checked against
+    in-flight syncs on the CPU stack, one more sync, then each of two engines' greedy tokens checked against
     a transformers model holding the learner's weights."""
     flags = ["--vllm_num_engines", "2", "--output_dir", str(tmp_path / "out"), "--learning_rate", "1e-3"]
     result = subprocess.run(

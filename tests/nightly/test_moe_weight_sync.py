@@ -122,12 +122,12 @@ def test_a_fused_moe_trains_syncs_and_saves_under_the_checkpoints_names(moe_path
             engine = pool.actors[0]
             probe = greedy(tokenizer, "What is 4 + 5?", TOKENS, "probe")
             [before] = ray.get(engine.generate.remote([probe]), timeout=300)
-            metrics = sync.push(1, step_end_time=time.time())  # the weights it already serves
+            metrics = sync.sync(1, step_end_time=time.time())  # the weights it already serves
             [unchanged] = ray.get(engine.generate.remote([probe]), timeout=300)
             learners.train_step(rewarded_groups(tokenizer, 2), 1)
             weights_b = learners.full_state_dict()
             assert "model.layers.0.mlp.experts.gate_up_proj" in weights_b  # the learners hold the fused form
-            sync.push(2, step_end_time=time.time())
+            sync.sync(2, step_end_time=time.time())
             learners.save_model(str(tmp_path / "saved"))
         [after] = ray.get(engine.generate.remote([probe]), timeout=300)
     finally:

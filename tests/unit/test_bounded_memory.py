@@ -8,7 +8,7 @@ state (what a checkpoint saves) and the run log's in-memory state likewise. The 
 do not exercise are driven directly: the delivery ledger, the engine pool, a generation actor on a fake
 vLLM, the reward pool's worker processes and the queue capacities.
 
-The fakes keep their own instrumentation (every request submitted, every push); that is test
+The fakes keep their own instrumentation (every request submitted, every sync); that is test
 bookkeeping, not the system under test, so `_trim_fakes` clears it as the run goes.
 """
 
@@ -54,8 +54,8 @@ def _trim_fakes(run: fakes.Run) -> None:
     e.submitted.clear()
     e.aborts.clear()
     run.learners.trained.clear()
-    run.sync.pushed.clear()
-    # Spans of running samples only read the version they started under and the pushes after it.
+    run.sync.synced.clear()
+    # Spans of running samples only read the version they started under and the syncs after it.
     oldest = min((item[4] for item in e._running), default=e.clock.now)
     e.versions = [v for v in e.versions if v[0] <= oldest][-1:] + [v for v in e.versions if v[0] > oldest]
 

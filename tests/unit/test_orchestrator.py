@@ -87,16 +87,16 @@ def test_eval_completions_go_to_the_eval_round_and_the_final_policy_is_evaluated
 
 
 @pytest.mark.parametrize(("every", "steps", "expected"), [(1, 4, [1, 2, 3, 4]), (3, 7, [3, 6, 7]), (5, 3, [3])])
-def test_weights_are_pushed_every_n_steps_and_after_the_last(every, steps, expected):
+def test_weights_are_synced_every_n_steps_and_after_the_last(every, steps, expected):
     run = fakes.build(fakes.config("--weight_sync_every_steps", str(every), steps=steps))
     run.loop.run()
-    assert run.sync.pushed == expected
+    assert run.sync.synced == expected
     synced = [h["training_step"] for h in run.log.history if "weight_sync/version" in h]
     assert synced == [v - 1 for v in expected]
 
 
-def test_in_flight_pushes_show_up_as_samples_spanning_versions_and_staleness():
-    # Samples take longer than a step: once the pipeline is full, each one sees a push mid-generation.
+def test_in_flight_syncs_show_up_as_samples_spanning_versions_and_staleness():
+    # Samples take longer than a step: once the pipeline is full, each one sees a sync mid-generation.
     run = fakes.build(
         fakes.config("--async_steps", "2", steps=8),
         script=lambda r, j: fakes.Script(length=40, latency_s=5.0, reward=float(j % 2)),
@@ -104,7 +104,7 @@ def test_in_flight_pushes_show_up_as_samples_spanning_versions_and_staleness():
     )
     run.loop.run()
     history = run.log.history
-    assert all(h["staleness/multi_version_frac"] == 0 for h in history[:3])  # finished before the first push
+    assert all(h["staleness/multi_version_frac"] == 0 for h in history[:3])  # finished before the first sync
     late = history[3:]
     assert all(h["staleness/multi_version_frac"] == 1.0 for h in late)
     # Per token, a sample updated in flight is fresher than its oldest token says.
@@ -423,7 +423,7 @@ def test_a_mix_smaller_than_the_lookahead_runs_on_into_later_epochs_and_counts_t
 
 
 def test_auto_lookahead_converges_on_the_need_and_holds():
-    # Groups take 4.5 s from admission; a step is 1 s of training plus the push: about 4 steps of need.
+    # Groups take 4.5 s from admission; a step is 1 s of training plus the sync: about 4 steps of need.
     run = fakes.build(
         fakes.config("--async_steps", "auto", "--max_off_policy_steps", "6", steps=40, prompts=2),
         script=lambda r, j: fakes.Script(latency_s=4.5, reward=float(j % 2)),
@@ -462,7 +462,7 @@ def test_resume_requeues_untrained_prompts_and_trains_none_twice(tmp_path):
     second = fakes.build(cfg, script=slow_tail)
     summary = second.loop.run()
     assert summary["status"] == "completed" and second.loop.step == 8
-    assert second.learners.version == 8 and second.sync.pushed[0] == 3  # engines start from the checkpoint
+    assert second.learners.version == 8 and second.sync.synced[0] == 3  # engines start from the checkpoint
     saved_groups = checkpoints.latest_state(str(tmp_path / "state"))[1].buffer.groups
     in_buffer = {g.prompt_id for g in saved_groups if g.seq is not None}
     requeued = [r for _, r in second.engines.submitted[: len(untrained_at_stop - in_buffer)]]
@@ -602,7 +602,7 @@ def test_heavy_tails_lose_nothing_and_train_nothing_twice():
 
 
 def window_run(health=None):
-    # Groups take 4.5 s from admission; a step is 1 s of training plus the push: about 4 steps of lookahead
+    # Groups take 4.5 s from admission; a step is 1 s of training plus the sync: about 4 steps of lookahead
     # keep the learner fed, if the window lets generation run that far ahead.
     flags = ("--async_steps", "auto", "--max_off_policy_steps", "auto", "--off_policy_window_max", "6")
     run = fakes.build(

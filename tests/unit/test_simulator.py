@@ -226,7 +226,7 @@ def test_version_spans_cover_every_response_exactly():
         loop_config(workload, async_steps=1, pause_mode="keep"),
         engines=engines,
         learners=learners,
-        weight_sync=SimWeightSync(world, engines, SMALL_COST, pause_mode="keep"),
+        weights=SimWeightSync(world, engines, SMALL_COST, pause_mode="keep"),
         clock=VirtualClock(world),
         log=MemoryLog(),
         train_rows=rows,

@@ -157,7 +157,7 @@ def test_a_learner_failure_first_ends_the_sync_with_it_while_nccl_engines_stay_b
     `2 x timeout + 60` s as a resume timeout), names the engines left blocked, and is not retried."""
     sync, engines = make_sync("nccl", Call(3.0, error=REFUSED), [Call(NEVER)] * 2, [Call(NEVER)] * 2)
     with pytest.raises(WeightSyncError) as raised:
-        sync.push(1)
+        sync.sync(1)
     error = raised.value
     assert str(error).startswith("weight sync step 'transfer' failed on learner 0: ValueError: weight 0"), error
     assert "engine 0, engine 1 did not resume" in str(error) and "restart the run" in str(error)
@@ -176,7 +176,7 @@ def test_over_gloo_a_learner_failure_wins_over_the_engines_lost_connections_and_
     with pytest.raises(
         WeightSyncError, match=r"^weight sync step 'transfer' failed on learner 0: ValueError"
     ) as raised:
-        sync.push(1)
+        sync.sync(1)
     assert "resume" not in str(raised.value) and raised.value.retry
     assert engines.asked_for_dead == 1  # asked whether an engine died: none did, so the error stands
 
@@ -191,7 +191,7 @@ def test_an_engine_failure_then_a_resume_timeout_ends_with_the_engine_failure():
         receive = [Call(NEVER), Call(2.0, error=DIED)]
         sync, _ = make_sync(backend, Call(NEVER), receive, [Call(NEVER), Call(0.1, error=DIED)])
         with pytest.raises(WeightSyncError) as raised:
-            sync.push(1)
+            sync.sync(1)
         message = str(raised.value)
         assert message.startswith("weight sync step 'transfer' failed on engine 1: RuntimeError: ActorDiedError")
         assert f"engine 0 did not resume within {bound:.0f}s" in message, message
@@ -205,14 +205,14 @@ def test_a_dead_engine_over_nccl_is_not_replaced_and_synced_again():
     the group is not known to be free and syncing again cannot succeed."""
     sync, engines = make_sync("nccl", Call(NEVER), [Call(2.0, error=DIED)] * 2, [Call(0.1, error=DIED)] * 2)
     with pytest.raises(WeightSyncError, match="failed on engine 0") as raised:
-        sync.push(1)
+        sync.sync(1)
     assert raised.value.retry is False and engines.asked_for_dead == 0
 
 
 def test_a_sync_that_goes_through_waits_for_every_party():
     received = [Call(1.0, WeightsReceived(0, 1, 0.9)), Call(1.5, WeightsReceived(1, 1, 1.4))]
     sync, _ = make_sync("nccl", Call(1.2, WeightsSent(0, 8, 1.1)), received, [RESUMED] * 2)
-    metrics = sync.push(1)
+    metrics = sync.sync(1)
     assert sync.version == 1 and metrics["weight_sync/bytes"] == 8.0
     assert metrics["weight_sync/engine_receive_s_max"] == 1.4
 
@@ -221,7 +221,7 @@ def test_a_sync_after_an_engine_died_reforms_the_group_without_it_and_loads_only
     received = [Call(1.0, WeightsReceived(0, 1, 0.9))]
     sync, engines = make_sync("gloo", Call(1.2, WeightsSent(0, 8, 1.1)), received, [RESUMED])
     engines.members, engines.membership_changes = [0], 1  # engine 1 died; its replacement is still starting
-    metrics = sync.push(1)
+    metrics = sync.sync(1)
     assert sync.learners.opened == [2] and list(engines.joins[-1]) == [0]  # learner + engine 0
     assert engines.joins[-1][0]["rank_offset"] == 1
     assert sync.members == [0] and sync.version == 1 and metrics["weight_sync/engines"] == 1
@@ -232,18 +232,18 @@ def test_a_ready_replacement_joins_the_group_and_is_loaded_with_the_others_befor
     sync, engines = make_sync("gloo", Call(1.2, WeightsSent(0, 8, 1.1)), received, [RESUMED] * 2)
     engines.members, engines.ready = [0], [1]  # engine 1 died, and its replacement is ready before any sync
     engines.membership_changes = 1
-    metrics = sync.push(3)
+    metrics = sync.sync(3)
     assert sync.learners.opened == [3] and engines.joins[-1].keys() == {0, 1}
     assert sorted(info["rank_offset"] for info in engines.joins[-1].values()) == [1, 2]
     assert engines.served == [([1], 3)] and metrics["weight_sync/joined"] == 1
-    assert sync.push(4) and len(engines.joins) == 1  # the same members: the group stays
+    assert sync.sync(4) and len(engines.joins) == 1  # the same members: the group stays
 
 
 def test_a_replacement_whose_first_sync_fails_does_not_serve():
     sync, engines = make_sync("gloo", Call(1.0, error=REFUSED), [Call(0.5, error=CLOSED)] * 2, [RESUMED] * 2)
     engines.members, engines.ready = [0], [1]
     with pytest.raises(WeightSyncError, match="failed on learner 0"):
-        sync.push(3)
+        sync.sync(3)
     assert engines.served == []
 
 
@@ -279,7 +279,7 @@ def test_an_engine_left_in_the_nccl_receive_is_replaced_once_the_learners_watchd
     receive = [Call(NEVER), Call(2.0, error=DIED)]
     sync, engines = make_sync("nccl", Call(TIMEOUT_S + 2, error=FREED), receive, [Call(NEVER), Call(0.1, error=DIED)])
     engines.dead = [1]
-    assert sync.push(1)["weight_sync/engines"] == 2.0  # as last connected: nothing was re-formed since
+    assert sync.sync(1)["weight_sync/engines"] == 2.0  # as last connected: nothing was re-formed since
     assert engines.stuck == [0] and engines.members == [] and engines.asked_for_dead == 1
     assert sync.version == 0 and sync.learners.opened == []
     assert sync.waiter.clock <= TIMEOUT_S + 2 + 0.1
@@ -291,7 +291,7 @@ def test_engines_left_in_the_nccl_receive_by_a_timeout_are_replaced_and_the_surv
     receive = [Call(1.0, WeightsReceived(0, 1, 0.9)), Call(NEVER)]
     sends = [Call(TIMEOUT_S + 2, error=FREED), Call(1.0, WeightsSent(0, 8, 1.0))]  # the second sync's goes through
     sync, engines = make_sync("nccl", sends, receive, [RESUMED, Call(NEVER)])
-    metrics = sync.push(1)
+    metrics = sync.sync(1)
     assert engines.stuck == [1] and engines.members == [0] and sync.learners.opened == [2]
     assert sync.version == 1 and metrics["weight_sync/engines"] == 1.0
 
@@ -303,5 +303,5 @@ def test_engines_are_not_replaced_when_the_learners_send_failed_by_itself_or_sta
     for send in (Call(3.0, error=REFUSED), Call(TIMEOUT_S + 2, error=broken)):
         sync, engines = make_sync("nccl", send, [Call(NEVER)] * 2, [Call(NEVER)] * 2)
         with pytest.raises(WeightSyncError, match=r"engine 0, engine 1 did not resume .* restart the run") as raised:
-            sync.push(1)
+            sync.sync(1)
         assert raised.value.retry is False and engines.stuck == [] and raised.value.replaced == ()
