@@ -448,9 +448,11 @@ class EnginePool:
         import ray
 
         self._abandon_replacements()
-        for actor in self.actors:
+        # All at once: each engine's shutdown mostly waits for its vLLM process to exit.
+        stopping = [(actor, actor.shutdown.remote()) for actor in self.actors]
+        for actor, stopped in stopping:
             try:
-                ray.get(actor.shutdown.remote(), timeout=60)
+                ray.get(stopped, timeout=60)
             except Exception as error:  # already dead: nothing to shut down
                 logger.info("engine shutdown: %s", type(error).__name__)
             finally:
