@@ -4,7 +4,7 @@
 # (fitted to e2e/measured.json), faults/, staleness_learning/, window_sim/, window_cpu/, lora (LoRA vs full),
 # e2e_lora/ (e2e's heavy tail with --use_peft), driver_headroom/ (one driver's cost per sample at the original
 # request's lengths) and real_length/ (e2e at those lengths, vLLM preempting).
-# Hardware: a 2-core x86_64 Linux machine, no GPU: about 126 minutes (its parts: 105 on 2026-12-04, real_length's 21
+# Hardware: a 2-core x86_64 Linux machine, no GPU: about 145 minutes (its parts: 105 on 2026-12-04, real_length's 40
 # on 2026-12-06); QUICK=1 shrinks every benchmark to a smoke run (about 10 minutes; the tests use it). Sets up .venv
 # first when needed.
 # PUBLISH=1 copies the stamped tables into docs/results/ (one page per benchmark, linked from docs/results/index.md).
