@@ -263,7 +263,7 @@ class EnginePool:
 
     def admit_replacements(self) -> list[int]:
         """The replacements whose engine is built become members: the weight sync about to run re-forms its
-        group with them and loads them with the others (`WeightSync.sync`), then `start_serving`."""
+        group with them and loads them with the others (`WeightSync.push`), then `start_serving`."""
         if self.replacing is None:
             return []
         self._advance_replacements()
@@ -448,11 +448,9 @@ class EnginePool:
         import ray
 
         self._abandon_replacements()
-        # All at once: each engine's shutdown mostly waits for its vLLM process to exit.
-        stopping = [(actor, actor.shutdown.remote()) for actor in self.actors]
-        for actor, stopped in stopping:
+        for actor in self.actors:
             try:
-                ray.get(stopped, timeout=60)
+                ray.get(actor.shutdown.remote(), timeout=60)
             except Exception as error:  # already dead: nothing to shut down
                 logger.info("engine shutdown: %s", type(error).__name__)
             finally:
