@@ -93,11 +93,21 @@ PY
 # built with --no-build-isolation (an isolated build would fetch a second, unlocked torch just to build it).
 step="install the build tools and torch of locks/$stack.txt"
 if grep -E '^(setuptools|wheel|torch)==' "$lock" >"$tmp/first.txt"; then
-  "${pip[@]}" install --quiet --no-deps -r "$tmp/first.txt"
+  "${pip[@]}" install --quiet --no-compile --no-deps -r "$tmp/first.txt"
 fi
 
 step="install locks/$stack.txt ($(grep -cE '^[A-Za-z0-9]' "$lock") pins)"
-"${pip[@]}" install --quiet --no-deps --no-build-isolation -r "$lock"
+"${pip[@]}" install --quiet --no-compile --no-deps --no-build-isolation -r "$lock"
+
+# The bytecode pip would have written, on every core (pip compiles one file at a time: about a minute of a fresh
+# CPU stack's set-up). As with pip, a file that does not compile (a template, another Python's code) is skipped.
+step="compile the environment's bytecode"
+"$python" - <<'PY'
+import compileall, sysconfig
+
+for folder in sorted({sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]}):
+    compileall.compile_dir(folder, quiet=2, workers=0)
+PY
 
 step="install this repo (editable, --no-deps)"
 "${pip[@]}" install --quiet --no-deps --no-build-isolation -e "$repo"

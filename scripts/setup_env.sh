@@ -94,16 +94,17 @@ pip=("$venv/bin/python" -m pip --disable-pip-version-check)
 # torch first and alone: everything after it must resolve against this exact CPU build (a bare 'torch'
 # requirement would pull a multi-GB CUDA build). PyPI does not serve '+cpu' builds, so unless pip's own
 # configuration finds one (a local wheel dir, a mirror), it comes from the PyTorch CPU index.
+# Its bytecode is compiled with the lock's, on every core (scripts/install_locked.sh).
 step="install $torch_pin"
 installed_torch="$("$venv/bin/python" -c 'import importlib.metadata as m; print(m.version("torch"))' 2>/dev/null || true)"
 if [[ "$installed_torch" == "${torch_pin#torch==}" ]]; then
   echo "setup_env.sh: $torch_pin already in .venv"
-elif "${pip[@]}" install --quiet "$torch_pin" >"$logs/configured.log" 2>&1; then
+elif "${pip[@]}" install --quiet --no-compile "$torch_pin" >"$logs/configured.log" 2>&1; then
   echo "setup_env.sh: $torch_pin installed from pip's configured sources"
 else
   echo "setup_env.sh: $torch_pin is not available from pip's configured sources; falling back to the PyTorch CPU index $torch_index"
   # --extra-index-url, not --index-url: torch's dependencies may still come from the configured index.
-  if ! "${pip[@]}" install --quiet --extra-index-url "$torch_index" "$torch_pin" >"$logs/fallback.log" 2>&1; then
+  if ! "${pip[@]}" install --quiet --no-compile --extra-index-url "$torch_index" "$torch_pin" >"$logs/fallback.log" 2>&1; then
     { echo "--- pip, configured sources:"; tail -n 5 "$logs/configured.log"; echo "--- pip, $torch_index:"; tail -n 5 "$logs/fallback.log"; } >&2
     fail "cannot install $torch_pin: neither pip's configured sources nor the PyTorch CPU index $torch_index serves it (unreachable, or no such build; OPEN_INSTRUCT_TORCH_INDEX names a mirror)"
   fi

@@ -154,6 +154,23 @@ def test_installs_the_locked_versions_from_pips_sources_then_the_repo_and_exact_
     assert exact.stdout.strip().splitlines()[-1] == "install_locked.sh: 2 packages at the locked versions"
 
 
+def test_the_installed_modules_are_compiled_as_pip_would(tmp_path, python):
+    """pip installs without compiling and the script compiles the environment on every core: the bytecode is
+    there before any import (PYTHONDONTWRITEBYTECODE, set on some machines, would keep an import from writing it)."""
+    repo = _repo(tmp_path, "alpha==1.0\n")
+    wheels = tmp_path / "wheels"
+    _wheel(wheels, "alpha", "1.0")
+    env = _pip_env(wheels, python)
+    probe = "import sysconfig; print(sysconfig.get_paths()['purelib'])"
+    site = Path(subprocess.run([str(python), "-c", probe], capture_output=True, text=True, check=True).stdout.strip())
+    subprocess.run([str(python), "-m", "pip", "uninstall", "--yes", "--quiet", "alpha"], env=env, timeout=120)
+    for stale in (site / "__pycache__").glob("alpha.*.pyc"):
+        stale.unlink()
+    result = install(repo, {**env, "PYTHONDONTWRITEBYTECODE": "1"}, "tiny")
+    assert result.returncode == 0, result.stderr
+    assert list((site / "__pycache__").glob("alpha.*.pyc"))
+
+
 def test_a_pin_no_source_serves_fails_in_one_line_naming_the_step(tmp_path, python):
     repo = _repo(tmp_path, "alpha==9.9\n")
     wheels = tmp_path / "wheels"
