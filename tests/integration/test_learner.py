@@ -10,9 +10,9 @@ import math
 
 import pytest
 from helpers.batches import rewarded_groups
+from helpers.learner_runs import pi_old_matches_the_separate_pass, run_group
 
 from open_instruct import batching
-from open_instruct.batching import assemble
 
 N = 4
 
@@ -36,80 +36,6 @@ def ray_cluster():
     cluster.init_ray(min_logical_cpus=3)
     yield
     ray.shutdown()
-
-
-def run_group(
-    model_path,
-    groups,
-    stage: int,
-    steps: int = 1,
-    num_mini_batches: int = 1,
-    extras=None,
-    token_budget: int = 0,
-    **learner_options,
-):
-    """(weights before, each rank's weights after, metrics per step, batch stats) of `steps` steps of a fresh
-    2-rank group. Without `extras` the result is shared by the tests that ask for the same configuration:
-    they compare against it and never change it."""
-    shape = (stage, steps, num_mini_batches, token_budget)
-    if extras is not None:
-        return _train_fresh(model_path, groups, *shape, extras, learner_options)
-    key = (model_path, *shape, tuple(sorted(learner_options.items())))
-    if key not in _TRAINED:
-        _TRAINED[key] = _train_fresh(model_path, groups, *shape, None, learner_options)
-    return _TRAINED[key]
-
-
-_TRAINED: dict[tuple, tuple] = {}
-
-
-def _train_fresh(model_path, groups, stage, steps, num_mini_batches, token_budget, extras, learner_options):
-    import ray
-
-    from open_instruct import cluster
-    from open_instruct.learner.actor import learner_settings
-    from open_instruct.learner.deepspeed_setup import learner_threads, on_gpu, usable_cores
-
-    taken, tokenizer = groups
-    settings = learner_settings(
-        model_path,
-        total_steps=steps,
-        deepspeed_stage=stage,
-        learning_rate=1e-3,
-        lr_scheduler_type="constant",
-        num_mini_batches=num_mini_batches,
-        truncated_importance_sampling_ratio_cap=0.0,
-        **{"beta": 0.0, **learner_options},
-    )
-    batch_settings = batching.batch_settings(
-        tokenizer.pad_token_id,
-        pack_length=128,
-        num_learners_per_node=[2],
-        per_device_train_batch_size=1,
-        num_mini_batches=num_mini_batches,
-        micro_batch_token_budget=token_budget,
-    )
-    with cluster.learner_group_for_a_while(settings, batch_settings, 2) as learners:
-        info = learners.setup()
-        assert [i.zero_stage for i in info] == [stage, stage] and [i.rank for i in info] == [0, 1]
-        # Under Ray's defaults (OMP_NUM_THREADS=1 for a num_cpus=1 actor) each rank still gets its share.
-        share = learner_threads(on_gpu(), usable_cores(), node_learners=2, world_size=2)
-        assert [i.threads for i in info] == [share, share]
-        if extras is not None:
-            extras["storage"] = ray.get([actor.parameter_storage.remote() for actor in learners.actors])
-        before = learners.full_state_dict()  # a collective under ZeRO-3: every rank takes part
-        history = []
-        for step in range(steps):
-            batches, stats = assemble(taken, step, batch_settings)
-            assert len(batches) == 2 and len(batches[0].micro_batches) == len(batches[1].micro_batches)
-            report = learners.train_step(taken, step)
-            assert report.trained_tokens == stats.trained_tokens and report.finished_at >= report.started_at
-            history.append(report.metrics)
-        # Per rank, to compare the data-parallel replicas.
-        after = ray.get([actor.full_state_dict.remote() for actor in learners.actors])
-        if extras is not None and learner_options.get("beta"):  # a collective under ZeRO-3, as above
-            extras["reference"] = ray.get([actor.reference_state_dict.remote() for actor in learners.actors])[0]
-        return before, after, history, stats
 
 
 def test_zero2_and_zero3_give_the_same_update(model_path, groups):
@@ -222,17 +148,9 @@ def test_dtype_attention_and_weight_decay_flags_reach_the_deepspeed_learner(mode
         assert differs == name.endswith(("norm.weight", ".bias")), name
 
 
-@pytest.mark.parametrize("stage", [2, 3])
-def test_pi_old_from_the_training_forward_matches_the_separate_pass(model_path, groups, stage):
-    """One mini-batch, two epochs: the first training forward's detached logprobs replace the no-grad pass;
-    the losses and the updated weights are those of the separate pass, to float tolerance."""
-    _, (separate, _), history_separate, _ = run_group(
-        model_path, groups, stage=stage, num_epochs=2, separate_old_logprob_pass=True
-    )
-    _, (reused, _), history_reused, _ = run_group(model_path, groups, stage=stage, num_epochs=2)
-    for key in ("loss/policy_avg", "policy/ratio_avg", "policy/clipfrac_avg"):
-        assert history_reused[0][key] == pytest.approx(history_separate[0][key], abs=1e-6), key
-    assert max((separate[n] - reused[n]).abs().max().item() for n in separate) < 1e-6
+def test_pi_old_from_the_training_forward_matches_the_separate_pass(model_path, groups):
+    """At ZeRO-2 (ZeRO-3: tests/nightly/test_learner_variants.py)."""
+    pi_old_matches_the_separate_pass(model_path, groups, stage=2)
 
 
 def test_token_budget_micro_batches_train_the_same_update_as_fixed_rows(model_path, groups):
@@ -248,23 +166,6 @@ def test_token_budget_micro_batches_train_the_same_update_as_fixed_rows(model_pa
     other = torch.cat([(budget[n] - before[n]).flatten() for n in before])
     assert update.norm() > 1e-3 and (update - other).norm() < 0.01 * update.norm()
     assert (update - other).abs().max() < 1e-4
-
-
-def test_offloaded_unfused_zero3_learners_take_the_same_step(model_path, groups):
-    """--deepspeed_offload_param/--deepspeed_offload_optimizer (ZeRO-Offload to CPU memory), the per-tensor
-    AdamW (--fused_optimizer False) and --backend_timeout: the same update as the default ZeRO-3 learner."""
-    before, (default, _), _, _ = run_group(model_path, groups, stage=3)
-    _, (offloaded, _), _, _ = run_group(
-        model_path,
-        groups,
-        stage=3,
-        deepspeed_offload_param=True,
-        deepspeed_offload_optimizer=True,
-        fused_optimizer=False,
-        backend_timeout=5,
-    )
-    assert max((default[n] - offloaded[n]).abs().max().item() for n in default) < 1e-5
-    assert max((offloaded[n] - before[n]).abs().max().item() for n in before) > 1e-4
 
 
 def group_settings(model_path, tokenizer, world_size: int, stage: int, **learner_options):
