@@ -273,10 +273,13 @@ def test_driver_headroom_benchmark_runs_the_real_loop_between_instant_engines_an
     assert sum(report["time_shares"].values()) == pytest.approx(1.0)
     assert report["time_shares"]["assemble: advantages, masks, packing"] > 0
     assert [row["gpus"] for row in report["clusters"]] == [64, 256, 1024]
-    for row in report["clusters"]:  # each size simulated: with this driver at most what a free one trains
-        assert 0 < row["simulated_samples_per_s"] <= row["cluster_samples_per_s"]
+    # Each size simulated: with this driver at most what a free one trains. A cost added to every step moves the
+    # simulation's events, which can shift its rate either way in the last digits (QUICK's driver cost is a few
+    # milliseconds a step, 30.32658 against 30.32647 samples/s once): a driver is never worth more than noise.
+    for row in report["clusters"]:
+        assert 0 < row["simulated_samples_per_s"] <= row["cluster_samples_per_s"] * 1.001
     at_shape = report["long_reasoning_samples_per_s"]
-    assert 0 < at_shape["driver"] <= at_shape["free"]  # the simulator charges the driver's cost to every step
+    assert 0 < at_shape["driver"] <= at_shape["free"] * 1.001  # the driver's cost is charged to every step
     assert "where the driver's time goes" in stdout
 
 
