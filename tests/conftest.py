@@ -80,3 +80,12 @@ def tokenizer(model_path):
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(model_path)
+
+
+@pytest.fixture(scope="session")
+def groups(tokenizer):
+    """(groups, tokenizer) for the learner tests: four prompts x four samples, right answers rewarded and wrong
+    ones not (so advantages are non-zero). Nothing may change them: tests compare runs trained on them."""
+    from helpers.batches import rewarded_groups
+
+    return rewarded_groups(tokenizer, 4), tokenizer

@@ -9,21 +9,9 @@ from __future__ import annotations
 import math
 
 import pytest
-from helpers.batches import rewarded_groups
 from helpers.learner_runs import pi_old_matches_the_separate_pass, run_group
 
 from open_instruct import batching
-
-N = 4
-
-
-@pytest.fixture(scope="module")
-def groups(model_path):
-    """Four prompts x four samples: right answers rewarded, wrong ones not (so advantages are non-zero)."""
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(model_path)
-    return rewarded_groups(tokenizer, N), tokenizer
 
 
 @pytest.fixture(scope="module", autouse=True)

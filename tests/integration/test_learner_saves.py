@@ -5,17 +5,8 @@ learners (gloo)."""
 from __future__ import annotations
 
 import pytest
-from helpers.batches import rewarded_groups
 
 from open_instruct import batching
-
-
-@pytest.fixture(scope="module")
-def groups(model_path):
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(model_path)
-    return rewarded_groups(tokenizer, 4), tokenizer
 
 
 @pytest.fixture(scope="module", autouse=True)

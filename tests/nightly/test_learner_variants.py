@@ -4,19 +4,9 @@ from the training forward at ZeRO-3, and ZeRO-Offload with the per-tensor AdamW 
 from __future__ import annotations
 
 import pytest
-from helpers.batches import rewarded_groups
 from helpers.learner_runs import pi_old_matches_the_separate_pass, run_group
 
 from open_instruct import cluster
-
-
-@pytest.fixture(scope="module")
-def groups(model_path):
-    """Four prompts x four samples, right answers rewarded (as tests/integration/test_learner.py's)."""
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(model_path)
-    return rewarded_groups(tokenizer, 4), tokenizer
 
 
 @pytest.fixture(scope="module", autouse=True)
