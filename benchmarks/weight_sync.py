@@ -19,13 +19,13 @@ import argparse
 import asyncio
 import json
 import os
-import socket
 import statistics
 import tempfile
 import time
 from pathlib import Path
 
 from benchmarks.stamp import results_page, stamp
+from open_instruct.learner.rendezvous import HeldPort
 
 
 def memory_bandwidth_gb_s(megabytes: int = 512, repeats: int = 5) -> float:
@@ -40,12 +40,6 @@ def memory_bandwidth_gb_s(megabytes: int = 512, repeats: int = 5) -> float:
         dst.copy_(src)
         best = min(best, time.perf_counter() - started)
     return src.numel() * 4 / best / 1e9
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def parse_size(text: str) -> tuple[int, int]:
@@ -89,7 +83,9 @@ async def sync_while_decoding(engine, weights, args, transport: str) -> tuple[li
         def sync(version: int):
             return shm.sync_weights(engine, stager, weights, version, dtype=torch.float32)
     else:
-        group = await wt.init_engine_transfer(engine, "127.0.0.1", _free_port(), world_size=2, timeout_s=300)
+        held = HeldPort()
+        port = held.hold()
+        group = await wt.init_engine_transfer(engine, "127.0.0.1", port, 2, 300, held.take(port))
 
         def sync(version: int):
             bucket_bytes = args.bucket_mb << 20

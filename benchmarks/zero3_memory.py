@@ -25,11 +25,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import tempfile
 import threading
 import time
 from pathlib import Path
+
+from open_instruct.learner.rendezvous import HeldPort
 
 
 def rss_anon_bytes() -> int:
@@ -144,7 +145,9 @@ class PeakSampler:
         self.peak = max(self.peak, rss_anon_bytes())
 
 
-def measure_rank(rank: int, world_size: int, port: int, model_path: str, stage: int, out: str, device: str) -> None:
+def measure_rank(
+    rank: int, world_size: int, port: int, listener, model_path: str, stage: int, out: str, device: str
+) -> None:
     """One rank: load policy + reference as the learner does, then the sync's gathers; writes its numbers."""
     if device == "cuda":  # one GPU per rank, as a learner actor sees it (before CUDA starts in this process)
         os.environ["CUDA_VISIBLE_DEVICES"] = str(rank)
@@ -161,7 +164,7 @@ def measure_rank(rank: int, world_size: int, port: int, model_path: str, stage: 
     )
 
     torch.set_num_threads(1)
-    init_distributed(rank, world_size, "127.0.0.1", port)
+    init_distributed(rank, world_size, "127.0.0.1", port, listener=listener)
     config = deepspeed_config(stage=stage, micro_batch_size=1, world_size=world_size, param_persistence_threshold=0)
     now, Peak = (gpu_allocated_bytes, GpuPeak) if device == "cuda" else (rss_anon_bytes, PeakSampler)
     before = now()
@@ -200,20 +203,18 @@ def measure_rank(rank: int, world_size: int, port: int, model_path: str, stage: 
     torch.distributed.barrier()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def run_stage(model_path: str, stage: int, world_size: int, workdir: Path, device: str = "cpu") -> list[dict]:
     import torch.multiprocessing as mp
 
-    port = _free_port()
+    held = HeldPort()
+    port = held.hold()
+    listeners = [held.take(port)] + [None] * (world_size - 1)  # rank 0's store adopts the held socket
     outs = [str(workdir / f"stage{stage}_rank{rank}.json") for rank in range(world_size)]
     context = mp.get_context("spawn")
     ranks = [
-        context.Process(target=measure_rank, args=(rank, world_size, port, model_path, stage, outs[rank], device))
+        context.Process(
+            target=measure_rank, args=(rank, world_size, port, listeners[rank], model_path, stage, outs[rank], device)
+        )
         for rank in range(world_size)
     ]
     for process in ranks:

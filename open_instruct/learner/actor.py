@@ -32,6 +32,7 @@ from open_instruct.learner.deepspeed_setup import (
     zero3_loading,
 )
 from open_instruct.learner.policy_weights import PolicyWeights, policy_weights
+from open_instruct.learner.rendezvous import HeldPort
 from open_instruct.learner.weight_sender import WeightSender, weight_metadata
 from open_instruct.messages import LearnerReady, LearnerStepResult, TrainBatch, WeightMetadata, WeightsSent
 
@@ -189,17 +190,13 @@ class LearnerActor:
         self.weights = settings.weights
         self.version = 0
         self.sender = WeightSender(rank, settings.learner.gather_whole_model)
+        self.held_port = HeldPort()
 
     def rendezvous_address(self) -> tuple[str, int]:
-        """This node's address and a port free on it (called on rank 0)."""
-        import socket
-
+        """This node's address and a port held open on it until a group forms there (called on rank 0)."""
         import ray
 
-        with socket.socket() as s:
-            s.bind(("", 0))
-            port = s.getsockname()[1]
-        return ray.util.get_node_ip_address(), port
+        return ray.util.get_node_ip_address(), self.held_port.hold()
 
     def setup(self, master_addr: str, master_port: int) -> LearnerReady:
         import torch
@@ -212,7 +209,9 @@ class LearnerActor:
         # one core: set the count from the cores this rank may use instead.
         usable, pinned = usable_cores(), bool(self.settings.cpu_cores)
         torch.set_num_threads(learner_threads(on_gpu(), usable, self.settings.node_learners, self.world_size, pinned))
-        init_distributed(self.rank, self.world_size, master_addr, master_port, self.settings.learner.backend_timeout)
+        timeout = self.settings.learner.backend_timeout
+        listener = self.held_port.take(master_port)
+        init_distributed(self.rank, self.world_size, master_addr, master_port, timeout, listener)
         dtype_name = resolve_dtype(self.settings.model.dtype, self.settings.model.model_dtype, on_gpu())
         dtype = getattr(torch, dtype_name)
         loading = {
@@ -416,7 +415,7 @@ class LearnerActor:
         return self.weights.checkpoint_names(self.engine.module)
 
     def open_weight_transport(self, backend: str, host: str, port: int, world_size: int, timeout_s: float) -> int:
-        return self.sender.open(backend, host, port, world_size, timeout_s)
+        return self.sender.open(backend, host, port, world_size, timeout_s, self.held_port.take(port))
 
     def send_weights(self, metadata: WeightMetadata, bucket_bytes: int, version: int, timeout_s: float) -> WeightsSent:
         named = self.synced_parameters()

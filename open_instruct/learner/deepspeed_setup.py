@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 from importlib import resources
 from typing import Any
 
@@ -107,9 +108,15 @@ def zero_settings(stage: int) -> dict[str, Any]:
 
 
 def init_distributed(
-    rank: int, world_size: int, master_addr: str = "127.0.0.1", master_port: int = 29500, timeout_minutes: int = 120
+    rank: int,
+    world_size: int,
+    master_addr: str = "127.0.0.1",
+    master_port: int = 29500,
+    timeout_minutes: int = 120,
+    listener: socket.socket | None = None,
 ) -> None:
-    """Join the learner process group: gloo on CPU, NCCL on GPU."""
+    """Join the learner process group: gloo on CPU, NCCL on GPU. Rank 0 serves the group's store on
+    `master_port`, through `listener` when it holds one (see `rendezvous.HeldPort`)."""
     import deepspeed
     import torch.distributed as dist
 
@@ -133,11 +140,18 @@ def init_distributed(
     from datetime import timedelta
 
     # --backend_timeout: how long a collective may wait for a slow or dead rank before it fails.
-    deepspeed.init_distributed(
-        dist_backend="nccl" if on_gpu() else "gloo",
-        auto_mpi_discovery=False,
-        timeout=timedelta(minutes=timeout_minutes),
+    timeout = timedelta(minutes=timeout_minutes)
+    backend = "nccl" if on_gpu() else "gloo"
+    store = dist.TCPStore(
+        master_addr,
+        master_port,
+        world_size,
+        is_master=rank == 0,
+        timeout=timeout,
+        master_listen_fd=listener.detach() if listener is not None else None,
     )
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout)
+    deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=False, timeout=timeout)  # adopts the group
 
 
 # open-instruct's substrings for "bias or norm" parameters.

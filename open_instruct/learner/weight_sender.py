@@ -6,6 +6,7 @@ syncs (every parameter, or with --use_peft the adapter's) within a watchdog. The
 
 from __future__ import annotations
 
+import socket
 import time
 
 from open_instruct.messages import WeightMetadata, WeightsSent
@@ -58,9 +59,18 @@ class WeightSender:
         self.wire = None  # the weight transport's module, once opened (rank 0, or every rank for ipc)
         self.group = None
 
-    def open(self, backend: str, host: str, port: int, world_size: int, timeout_s: float) -> int:
-        """Open the trainer end of the weight transport: rank 0 of the engines' transfer group, or, for a
-        staged transport, the stager (on every rank for `ipc`: each engine maps its own GPU's learner)."""
+    def open(
+        self,
+        backend: str,
+        host: str,
+        port: int,
+        world_size: int,
+        timeout_s: float,
+        listener: socket.socket | None = None,
+    ) -> int:
+        """Open the trainer end of the weight transport: rank 0 of the engines' transfer group (its store adopts
+        `listener`, the socket held on `port`), or, for a staged transport, the stager (on every rank for `ipc`:
+        each engine maps its own GPU's learner)."""
         from open_instruct.weights.transport import transport
 
         wire = transport(backend)
@@ -68,7 +78,7 @@ class WeightSender:
             raise RuntimeError(f"learner rank {self.rank} asked to open the {backend} transport: only rank 0 sends")
         self.close()  # a re-form (the members changed): the old group's resources go before the new one's come
         self.wire = wire
-        self.group = wire.trainer_init(host, port, world_size, timeout_s)
+        self.group = wire.trainer_init(host, port, world_size, timeout_s, listener)
         return world_size
 
     def close(self) -> None:

@@ -35,6 +35,7 @@ at a 64-byte-aligned offset; one `broadcast` per bucket from rank 0.
 from __future__ import annotations
 
 import asyncio
+import socket
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass
@@ -83,13 +84,19 @@ class GlooUpdateInfo:
 # ----------------------------------------------------------------------------- trainer side
 
 
-def trainer_init(host: str, port: int, world_size: int = 2, timeout_s: float = DEFAULT_TIMEOUT_S):
-    """Open the trainer end (rank 0, also the TCPStore master). Blocks until every worker joins,
-    so run it concurrently with the engine's `init_weight_transfer_engine`."""
+def trainer_init(
+    host: str,
+    port: int,
+    world_size: int = 2,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    listener: socket.socket | None = None,
+):
+    """Open the trainer end (rank 0, also the TCPStore master, served through `listener` when rank 0 holds the
+    port). Blocks until every worker joins, so run it concurrently with the engine's `init_weight_transfer_engine`."""
     from vllm.distributed.utils import stateless_init_torch_distributed_process_group
 
     return stateless_init_torch_distributed_process_group(
-        host, port, 0, world_size, backend="gloo", timeout=timedelta(seconds=timeout_s)
+        host, port, 0, world_size, backend="gloo", timeout=timedelta(seconds=timeout_s), listen_socket=listener
     )
 
 
@@ -191,8 +198,16 @@ def hf_named_weights(model: torch.nn.Module) -> list[tuple[str, torch.Tensor]]:
     return [(n, p) for n, p in model.named_parameters()]
 
 
-async def init_engine_transfer(engine, host: str, port: int, world_size: int = 2, timeout_s: float = DEFAULT_TIMEOUT_S):
-    """Rendezvous an AsyncLLM (in this event loop) with a trainer group opened here; returns the group."""
+async def init_engine_transfer(
+    engine,
+    host: str,
+    port: int,
+    world_size: int = 2,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    listener: socket.socket | None = None,
+):
+    """Rendezvous an AsyncLLM (in this event loop) with a trainer group opened here (its store adopts `listener`,
+    held on `port`); returns the group."""
     from vllm.distributed.weight_transfer.base import WeightTransferInitRequest
 
     rpc = asyncio.ensure_future(
@@ -200,7 +215,7 @@ async def init_engine_transfer(engine, host: str, port: int, world_size: int = 2
             WeightTransferInitRequest(init_info=worker_init_info(host, port, world_size, timeout_s))
         )
     )
-    group = await asyncio.to_thread(trainer_init, host, port, world_size, timeout_s)
+    group = await asyncio.to_thread(trainer_init, host, port, world_size, timeout_s, listener)
     await rpc
     return group
 

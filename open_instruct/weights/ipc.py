@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import base64
 import pickle
+import socket
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
@@ -48,8 +49,10 @@ def worker_init_info(host: str, port: int, world_size: int, timeout_s: float, ra
     return {"packed": False}  # one handle per tensor: nothing is reused while an engine may still read it
 
 
-def trainer_init(host: str, port: int, world_size: int, timeout_s: float) -> Stager:
-    del host, port, world_size, timeout_s
+def trainer_init(
+    host: str, port: int, world_size: int, timeout_s: float, listener: socket.socket | None = None
+) -> Stager:
+    del host, port, world_size, timeout_s, listener  # staged: no group
     return Stager()
 
 

@@ -15,6 +15,7 @@ vLLM's communicator (tests/unit/test_weight_group_teardown.py).
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Iterator, Sequence
 
 from open_instruct.weights.transport import check_matches_metadata
@@ -50,8 +51,11 @@ def update_info(names: list[str], dtype_names: list[str], shapes: list[list[int]
     return {"names": list(names), "dtype_names": list(dtype_names), "shapes": [list(s) for s in shapes]}
 
 
-def trainer_init(host: str, port: int, world_size: int, timeout_s: float):
+def trainer_init(host: str, port: int, world_size: int, timeout_s: float, listener: socket.socket | None = None):
     del timeout_s
+    # vLLM's NCCL trainer_init binds the port itself: the held socket is released just before (a short window).
+    if listener is not None:
+        listener.close()
     from vllm.distributed.weight_transfer.nccl_common import trainer_init as nccl_trainer_init
 
     return nccl_trainer_init({"master_address": host, "master_port": port, "world_size": world_size})

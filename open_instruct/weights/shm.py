@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import socket
 import sys
 import tempfile
 import uuid
@@ -86,8 +87,10 @@ def worker_init_info(host: str, port: int, world_size: int, timeout_s: float, ra
     return asdict(SharedMemoryInit())
 
 
-def trainer_init(host: str, port: int, world_size: int, timeout_s: float) -> Stager:
-    del host, port, world_size, timeout_s
+def trainer_init(
+    host: str, port: int, world_size: int, timeout_s: float, listener: socket.socket | None = None
+) -> Stager:
+    del host, port, world_size, timeout_s, listener  # staged: no group
     for directory in ("/dev/shm", tempfile.gettempdir()):
         remove_orphans(directory)
     return Stager()

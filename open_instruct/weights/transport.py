@@ -14,6 +14,7 @@ bytes staged once, loaded by the engines, then released (`StagedTransport`).
 from __future__ import annotations
 
 import importlib
+import socket
 from collections.abc import Iterator, Sequence
 from types import ModuleType
 from typing import Any, Protocol
@@ -37,7 +38,10 @@ class WeightTransport(Protocol):
     def worker_init_info(
         self, host: str, port: int, world_size: int, timeout_s: float, rank_offset: int = 1
     ) -> dict: ...
-    def trainer_init(self, host: str, port: int, world_size: int, timeout_s: float) -> Any: ...
+    # A broadcast's store adopts `listener`, the socket rank 0 holds on `port` (see learner/rendezvous.py).
+    def trainer_init(
+        self, host: str, port: int, world_size: int, timeout_s: float, listener: socket.socket | None = None
+    ) -> Any: ...
     def trainer_close(self, group: Any) -> None: ...  # free what `trainer_init` returned (before a re-form too)
 
 

@@ -10,7 +10,6 @@ Run them all with `bash scripts/gpu_kit/run.sh` (installs the wheelhouse, time l
 from __future__ import annotations
 
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -46,12 +45,6 @@ CHECKS = {
 }
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def device() -> str:
     import torch
 
@@ -82,8 +75,11 @@ def learner_engine(model, lora: bool):
     from open_instruct import adapters
     from open_instruct.config.model import ModelConfig
     from open_instruct.learner import deepspeed_setup
+    from open_instruct.learner.rendezvous import HeldPort
 
-    deepspeed_setup.init_distributed(rank=0, world_size=1, master_port=free_port())
+    held = HeldPort()
+    port = held.hold()
+    deepspeed_setup.init_distributed(rank=0, world_size=1, master_port=port, listener=held.take(port))
     if lora:
         model = adapters.wrap(model, ModelConfig(use_peft=True, lora_r=16, lora_alpha=32), gradient_checkpointing=False)
     optimizer = deepspeed_setup.make_optimizer(model, learning_rate=1e-3, weight_decay=0.0, fused=device() == "cuda")

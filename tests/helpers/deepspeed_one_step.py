@@ -1,7 +1,7 @@
 """Runs in its own process (DeepSpeed's process group is per process): one ZeRO step on the tiny model.
 
 Prints one JSON line: the loss before and after, how far the parameters moved, and DeepSpeed's optimizer
-wrapper. Arguments: stage, model path, port, and optionally the model dtype (bfloat16 runs DeepSpeed's bf16).
+wrapper. Arguments: stage, model path, and optionally the model dtype (bfloat16 runs DeepSpeed's bf16).
 """
 
 import json
@@ -10,12 +10,15 @@ import sys
 import torch
 
 
-def main(stage: int, model_path: str, port: int, dtype: str = "float32") -> None:
+def main(stage: int, model_path: str, dtype: str = "float32") -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from open_instruct.learner import deepspeed_setup
+    from open_instruct.learner.rendezvous import HeldPort
 
-    deepspeed_setup.init_distributed(rank=0, world_size=1, master_port=port)
+    held = HeldPort()
+    port = held.hold()
+    deepspeed_setup.init_distributed(rank=0, world_size=1, master_port=port, listener=held.take(port))
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=getattr(torch, dtype))
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
@@ -39,4 +42,4 @@ def main(stage: int, model_path: str, port: int, dtype: str = "float32") -> None
 
 
 if __name__ == "__main__":
-    main(int(sys.argv[1]), sys.argv[2], int(sys.argv[3]), *sys.argv[4:])
+    main(int(sys.argv[1]), sys.argv[2], *sys.argv[3:])

@@ -4,7 +4,7 @@ faithful engine serving the current policy reports: the policy's own eval-mode l
 
 The adapter is made non-zero first (a zero adapter is the base, on which dropout changes nothing). Prints one
 JSON line: the step's rho statistics, and whether a training-mode forward differs from the eval-mode one (the
-dropout noise a training-mode pi_old would carry). Arguments: model path, port.
+dropout noise a training-mode pi_old would carry). Argument: model path.
 """
 
 import json
@@ -13,7 +13,7 @@ import sys
 import torch
 
 
-def main(model_path: str, port: int) -> None:
+def main(model_path: str) -> None:
     from transformers import AutoTokenizer
 
     from open_instruct import batching
@@ -53,7 +53,7 @@ def main(model_path: str, port: int) -> None:
         beta=0.0,
     )
     learner = FaithfulEngineLearner(0, 1, settings)
-    learner.setup("127.0.0.1", port)
+    learner.setup("127.0.0.1", learner.held_port.hold())  # as rank 0 names its port to the group
     generator = torch.Generator().manual_seed(0)
     with torch.no_grad():  # a trained adapter: peft starts B at zero
         for name, param in learner.engine.module.named_parameters():
@@ -69,4 +69,4 @@ def main(model_path: str, port: int) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], int(sys.argv[2]))
+    main(sys.argv[1])

@@ -8,12 +8,14 @@ import time
 
 import torch
 
+from open_instruct.learner.rendezvous import HeldPort
 from open_instruct.weights import gloo as wt
 
 
-def _transfer_party(rank: int, port: int, peer_gone, trainer_done, results) -> None:
+def _transfer_party(rank: int, port: int, listener, peer_gone, trainer_done, results) -> None:
     """One process of a 3-rank transfer group: rank 0 the learner's end, 1 a live engine, 2 an engine that dies
-    right after joining. Runs in a spawned process (each rank needs its own gloo sockets)."""
+    right after joining. Runs in a spawned process (each rank needs its own gloo sockets); rank 0's store adopts
+    `listener`, the test's socket on `port`."""
     from datetime import timedelta
 
     from vllm.distributed.utils import stateless_init_torch_distributed_process_group
@@ -22,7 +24,7 @@ def _transfer_party(rank: int, port: int, peer_gone, trainer_done, results) -> N
 
     timeout = timedelta(seconds=120)
     if rank == 0:
-        group = wt.trainer_init("127.0.0.1", port, 3, timeout.total_seconds())
+        group = wt.trainer_init("127.0.0.1", port, 3, timeout.total_seconds(), listener)
     else:
         group = stateless_init_torch_distributed_process_group("127.0.0.1", port, rank, 3, "gloo", timeout=timeout)
     if rank == 2:
@@ -56,15 +58,16 @@ def test_a_failed_send_closes_the_trainer_end_so_a_late_receiver_fails_at_once()
     closed after the failure its receive fails at once: 'Connection closed', not 'Timed out'."""
     import multiprocessing
     import queue
-    import socket
 
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    held = HeldPort()
+    port = held.hold()
+    listener = held.take(port)  # sent to rank 0's process (multiprocessing passes a socket's descriptor)
     context = multiprocessing.get_context("spawn")
     peer_gone, trainer_done, results = context.Event(), context.Event(), context.Queue()
+    listeners = [listener, None, None]
     parties = [
-        context.Process(target=_transfer_party, args=(r, port, peer_gone, trainer_done, results)) for r in range(3)
+        context.Process(target=_transfer_party, args=(r, port, listeners[r], peer_gone, trainer_done, results))
+        for r in range(3)
     ]
     for party in parties:
         party.start()

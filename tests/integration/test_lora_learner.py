@@ -7,7 +7,6 @@ test_lora_learner_variants.py."""
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -65,11 +64,8 @@ def test_pi_old_has_no_dropout_so_rho_is_exactly_1_when_nothing_is_stale(model_p
     """With --lora_dropout 0.05 and one mini-batch, pi_old comes from an eval-mode pass, not the training
     forward: against behaviour logprobs that are the current policy's own, rho is exactly 1. The helper also
     shows the training-mode forward differs (a training-mode pi_old would put dropout noise into rho)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     result = subprocess.run(
-        [sys.executable, str(REPO / "tests" / "helpers" / "lora_pi_old.py"), model_path, str(port)],
+        [sys.executable, str(REPO / "tests" / "helpers" / "lora_pi_old.py"), model_path],
         capture_output=True,
         text=True,
         timeout=600,

@@ -24,6 +24,7 @@ import torch
 
 from open_instruct.generation.engine_state import EngineState
 from open_instruct.generation.weight_receive import WeightReceiver
+from open_instruct.learner.rendezvous import HeldPort
 from open_instruct.learner.weight_sender import WeightSender
 from open_instruct.weights import nccl, shm
 from open_instruct.weights.transport import WeightSyncError
@@ -89,13 +90,14 @@ def reform(sender: WeightSender, receiver: WeightReceiver, backend: str) -> None
     broadcast proves the group works."""
     from open_instruct.weights.transport import transport
 
-    port = free_port()
+    held = HeldPort()  # as learner rank 0 holds it: the store adopts the listening socket
+    port = held.hold()
     info = transport(backend).worker_init_info("127.0.0.1", port, 2, 60.0)
     opened: list[BaseException] = []
 
     def learner() -> None:
         try:
-            sender.open(backend, "127.0.0.1", port, 2, 60.0)
+            sender.open(backend, "127.0.0.1", port, 2, 60.0, held.take(port))
             sender.group.broadcast(torch.arange(4.0), 0).wait()
         except BaseException as error:
             opened.append(error)
