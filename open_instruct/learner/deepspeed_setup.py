@@ -118,6 +118,7 @@ def init_distributed(
     """Join the learner process group: gloo on CPU, NCCL on GPU. Rank 0 serves the group's store on
     `master_port`, through `listener` when it holds one (see `rendezvous.HeldPort`)."""
     import deepspeed
+    import torch
     import torch.distributed as dist
 
     if dist.is_initialized():
@@ -150,7 +151,10 @@ def init_distributed(
         timeout=timeout,
         master_listen_fd=listener.detach() if listener is not None else None,
     )
-    dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout)
+    # As DeepSpeed's own init does on CUDA: a group of several ranks is bound to this rank's GPU (each learner
+    # actor sees one, as device 0), so NCCL communicators come up eagerly on it.
+    bound = {"device_id": torch.device("cuda", 0)} if on_gpu() and world_size > 1 else {}
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout, **bound)
     deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=False, timeout=timeout)  # adopts the group
 
 

@@ -67,16 +67,12 @@ def build_server():
     return server
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class McpServerProcess:
     """The test server in a subprocess on 127.0.0.1:`port` (a free one by default)."""
 
     def __init__(self, port: int | None = None, transport: str = "streamable-http"):
+        from helpers.processes import free_port  # here: this file also runs as the server's own script
+
         self.port = port or free_port()
         self.transport = transport
         path = "/sse" if transport == "sse" else "/mcp"

@@ -48,11 +48,28 @@ def kill_actor_when(proc, ready, actor_class: str, log_path: Path, timeout_s: fl
     return actors
 
 
+# Ray's worker ports end here (its --max-worker-port default); the OS's ephemeral range starts above ours.
+_ABOVE_RAY_WORKERS = 20000
+
+
 def free_port() -> int:
-    """A TCP port nothing on this machine listens on right now (the OS picks it)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A TCP port nothing on this machine listens on right now, for a daemon that binds it itself later. Drawn
+    below the OS's ephemeral range: a port the OS picked (for a bind to port 0, or an outgoing connection of
+    any process: Ray's, vLLM's, another test's) could be picked again before the daemon binds it, and the
+    daemon would fail to start with EADDRINUSE."""
+    import random
+
+    ephemeral_low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    draw = random.SystemRandom()
+    for _ in range(200):
+        port = draw.randrange(_ABOVE_RAY_WORKERS, ephemeral_low)
+        with socket.socket() as s:
+            try:
+                s.bind(("", port))
+            except OSError:
+                continue
+        return port
+    raise RuntimeError(f"no free port in [{_ABOVE_RAY_WORKERS}, {ephemeral_low}) after 200 draws")
 
 
 def pids_mentioning(text: str) -> list[int]:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -15,6 +14,7 @@ import time
 import pytest
 import requests
 from helpers.judge import score_with
+from helpers.processes import free_port
 
 from open_instruct.config.rewards import RewardConfig
 from open_instruct.rewards import RewardSettings, VerifierInput
@@ -22,17 +22,11 @@ from open_instruct.rewards import RewardSettings, VerifierInput
 JUDGE_REGEX = r'\{"REASONING": "[a-z ]{1,20}", "SCORE": [0-9]\}'
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def judge_server(model_path, tmp_path_factory):
     template = tmp_path_factory.mktemp("judge") / "template.jinja"
     template.write_text("{% for m in messages %}{{ m['content'] }}\n{% endfor %}")
-    port = _free_port()
+    port = free_port()
     log = open(tmp_path_factory.mktemp("judge_log") / "server.log", "w")  # noqa: SIM115 - closed below
     server = subprocess.Popen(
         [

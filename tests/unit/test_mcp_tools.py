@@ -13,7 +13,8 @@ import json
 import time
 
 import pytest
-from helpers.mcp_server import GENEROUS_S, McpServerProcess, free_port, generic_mcp_entry, stdio_config
+from helpers.mcp_server import GENEROUS_S, McpServerProcess, generic_mcp_entry, stdio_config
+from helpers.processes import free_port
 
 from open_instruct.agents.base import ToolCall
 from open_instruct.agents.mcp_tools import MCPServerError, MCPTool, expand_specs, mcp_config

@@ -178,7 +178,7 @@ def test_the_sandbox_has_no_network_and_a_read_only_system(service):
 
 
 def test_service_problems_are_error_observations_without_a_penalty():
-    from helpers.mcp_server import free_port
+    from helpers.processes import free_port
 
     env = new_env(f"http://127.0.0.1:{free_port()}")  # nothing listens there
     [result] = play(env, bash("ls"))
