@@ -144,7 +144,7 @@ class InstantLearner:
     def __init__(self, rank: int):
         self.rank = rank
 
-    def rendezvous_address(self) -> tuple[str, int]:
+    def rendezvous_address(self, hold: bool = True) -> tuple[str, int]:
         return "127.0.0.1", 0
 
     def setup(self, host: str, port: int) -> LearnerReady:

@@ -192,11 +192,15 @@ class LearnerActor:
         self.sender = WeightSender(rank, settings.learner.gather_whole_model)
         self.held_port = HeldPort()
 
-    def rendezvous_address(self) -> tuple[str, int]:
-        """This node's address and a port held open on it until a group forms there (called on rank 0)."""
+    def rendezvous_address(self, hold: bool = True) -> tuple[str, int]:
+        """This node's address and a port free on it (called on rank 0), held open until a group's store adopts it;
+        without `hold` released at once, for a group that binds the port itself."""
         import ray
 
-        return ray.util.get_node_ip_address(), self.held_port.hold()
+        port = self.held_port.hold()
+        if not hold:
+            self.held_port.release()
+        return ray.util.get_node_ip_address(), port
 
     def setup(self, master_addr: str, master_port: int) -> LearnerReady:
         import torch

@@ -136,11 +136,12 @@ class LearnerGroup:
 
     # -- weights out (see weight_sync.py)
 
-    def rendezvous_address(self) -> tuple[str, int]:
-        """Rank 0's node address and a port free on it."""
+    def rendezvous_address(self, hold: bool = True) -> tuple[str, int]:
+        """Rank 0's node address and a port free on it, held open there until the group's store adopts it
+        (`hold`; else released, for a group that binds the port itself)."""
         import ray
 
-        return ray.get(self.actors[0].rendezvous_address.remote(), timeout=self.timeout_s)
+        return ray.get(self.actors[0].rendezvous_address.remote(hold), timeout=self.timeout_s)
 
     def policy_version(self) -> int:
         """How many steps the policy has taken (restored ones included): the version its weights are."""

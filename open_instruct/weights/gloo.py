@@ -48,6 +48,7 @@ from open_instruct.weights.transport import bucket_layout, check_lengths, check_
 BACKEND = "gloo"
 ENGINE_BACKEND = BACKEND  # its name in vLLM's WeightTransferEngineFactory
 WORKER_EXTENSION = "open_instruct.weights.gloo_engine.GlooWeightTransferWorkerExtension"
+HOLDS_PORT = True  # vLLM's stateless group serves its store through the held socket
 STAGED = False  # a broadcast the engines' `update_weights` receives concurrently (see weight_sync)
 EVERY_RANK_STAGES = False  # learner rank 0 is the only sender
 KEEPS_REFERENCES = False  # a sent tensor may be freed at once

@@ -29,6 +29,7 @@ from open_instruct.weights.transport import check_matches_metadata
 BACKEND = "ipc"
 ENGINE_BACKEND = "ipc_restoring"
 WORKER_EXTENSION = "open_instruct.weights.ipc_engine.RestoringIPCWorkerExtension"
+HOLDS_PORT = False  # staged: no group, no port
 STAGED = True
 EVERY_RANK_STAGES = True  # each engine maps the memory of the learner on its own GPU
 KEEPS_REFERENCES = True  # handles point into the staged tensors: a gathered ZeRO-3 shard must be copied

@@ -23,6 +23,9 @@ from open_instruct.weights.transport import check_matches_metadata
 BACKEND = "nccl"  # the transport's name (SyncSettings.backend, --vllm_sync_backend)
 ENGINE_BACKEND = "nccl_restoring"  # the engine's name in vLLM's WeightTransferEngineFactory
 WORKER_EXTENSION = "open_instruct.weights.nccl_engine.RestoringNCCLWorkerExtension"
+# vLLM's NCCL trainer_init binds the port itself, so rank 0 releases it before the engines join (a held socket
+# closed under them would reset their early connections).
+HOLDS_PORT = False
 STAGED = False
 EVERY_RANK_STAGES = False  # learner rank 0 is the only sender
 KEEPS_REFERENCES = False  # a sent tensor may be freed at once
@@ -52,10 +55,7 @@ def update_info(names: list[str], dtype_names: list[str], shapes: list[list[int]
 
 
 def trainer_init(host: str, port: int, world_size: int, timeout_s: float, listener: socket.socket | None = None):
-    del timeout_s
-    # vLLM's NCCL trainer_init binds the port itself: the held socket is released just before (a short window).
-    if listener is not None:
-        listener.close()
+    del timeout_s, listener  # none: see HOLDS_PORT
     from vllm.distributed.weight_transfer.nccl_common import trainer_init as nccl_trainer_init
 
     return nccl_trainer_init({"master_address": host, "master_port": port, "world_size": world_size})

@@ -38,6 +38,7 @@ logger = logging.getLogger(__name__)
 BACKEND = "shm"
 ENGINE_BACKEND = BACKEND
 WORKER_EXTENSION = "open_instruct.weights.shm_engine.SharedMemoryWorkerExtension"
+HOLDS_PORT = False  # staged: no group, no port
 STAGED = True  # stage → engines load → release, instead of a concurrent broadcast
 EVERY_RANK_STAGES = False  # one file on the node serves every engine: learner rank 0 writes it
 KEEPS_REFERENCES = False  # the bytes are copied into the file: gathered ZeRO-3 shards may be freed at once

@@ -123,11 +123,11 @@ class WeightSync:
         members change (`sync`). A staged transport (shm, ipc) has no group: the same calls only set both
         ends up."""
         started = time.monotonic()
-        host, port = self.learners.rendezvous_address()
+        wire = transport(self.settings.backend)
+        host, port = self.learners.rendezvous_address(hold=wire.HOLDS_PORT)
         engine_ranks = self.settings.generation.vllm_tensor_parallel_size
         membership, members = self.engines.membership_changes, self.engines.member_ids()
         world_size = 1 + len(members) * engine_ranks
-        wire = transport(self.settings.backend)
         refs = self.engines.start_join_weight_transfer(
             {
                 engine_id: wire.worker_init_info(

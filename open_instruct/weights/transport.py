@@ -31,6 +31,7 @@ class WeightTransport(Protocol):
     WORKER_EXTENSION: str  # qualified name in the engine-side module vLLM imports in its worker (registers the engine)
     STAGED: bool  # True: stage → engines load → release; False: a broadcast received concurrently
     EVERY_RANK_STAGES: bool  # every learner rank stages its own copy (False: rank 0 is the only sender)
+    HOLDS_PORT: bool  # rank 0's store adopts the port held for it (learner/rendezvous.py), passed as `listener`
     KEEPS_REFERENCES: bool  # the staged payload points into the sent tensors, so they must outlive the load
     RECEIVE_CAN_HANG: bool  # an engine's receive has no timeout of its own (it waits for a dead sender forever)
     ENGINE_ENV: dict[str, str]  # variables the engine process sets before vLLM starts
@@ -38,7 +39,6 @@ class WeightTransport(Protocol):
     def worker_init_info(
         self, host: str, port: int, world_size: int, timeout_s: float, rank_offset: int = 1
     ) -> dict: ...
-    # A broadcast's store adopts `listener`, the socket rank 0 holds on `port` (see learner/rendezvous.py).
     def trainer_init(
         self, host: str, port: int, world_size: int, timeout_s: float, listener: socket.socket | None = None
     ) -> Any: ...

@@ -113,12 +113,14 @@ class Learners:
     def __init__(self, waiter: VirtualWaiter, send: Call):
         self.waiter, self.send = waiter, send
         self.opened: list[int] = []  # the world size of each group rank 0 opened
+        self.held: list[bool] = []  # whether rank 0 held each rendezvous port for the group's store
         self.trained = 0  # the policy version the learners hold
 
     def policy_version(self) -> int:
         return self.trained
 
-    def rendezvous_address(self) -> tuple[str, int]:
+    def rendezvous_address(self, hold: bool = True) -> tuple[str, int]:
+        self.held.append(hold)
         return "127.0.0.1", 29500
 
     def start_open_weight_transport(self, backend, host, port, world_size, timeout_s, every_rank=False) -> dict:
@@ -215,6 +217,15 @@ def test_a_sync_that_goes_through_waits_for_every_party():
     metrics = sync.sync(1)
     assert sync.version == 1 and metrics["weight_sync/bytes"] == 8.0
     assert metrics["weight_sync/engine_receive_s_max"] == 1.4
+
+
+def test_rank_0_holds_the_port_for_a_group_whose_store_adopts_it_and_releases_it_for_one_that_binds_it():
+    """gloo's store adopts the held socket; vLLM's NCCL trainer_init binds the port itself, so the port is released
+    before the engines join; the staged transports form no group."""
+    for backend, held in (("gloo", True), ("nccl", False), ("shm", False)):
+        sync, _ = make_sync(backend, Call(1.2, WeightsSent(0, 8, 1.1)), [], [])
+        sync.connect()
+        assert sync.learners.held == [held], backend
 
 
 def test_a_sync_after_an_engine_died_reforms_the_group_without_it_and_loads_only_the_living():

@@ -43,7 +43,7 @@ def test_each_transport_module_implements_its_protocol(backend):
 
     assert inspect.isclass(getattr(importlib.import_module(engine_module), extension))
     assert module.ENGINE_BACKEND in WeightTransferEngineFactory._registry  # registered by the import
-    for flag in ("STAGED", "EVERY_RANK_STAGES", "KEEPS_REFERENCES", "RECEIVE_CAN_HANG"):
+    for flag in ("HOLDS_PORT", "STAGED", "EVERY_RANK_STAGES", "KEEPS_REFERENCES", "RECEIVE_CAN_HANG"):
         assert isinstance(getattr(module, flag), bool), f"weights.{backend}.{flag}"
     assert isinstance(module.ENGINE_ENV, dict)
     info = module.worker_init_info("10.0.0.1", 1234, 5, 60.0, rank_offset=3)
@@ -52,6 +52,8 @@ def test_each_transport_module_implements_its_protocol(backend):
         assert not module.EVERY_RANK_STAGES and not module.KEEPS_REFERENCES
         assert info["rank_offset"] == 3 and info["world_size"] == 5
         assert module.update_info(["x"], ["bfloat16"], [[2]], 1024)["names"] == ["x"]
+    else:  # no group, so no port to hold
+        assert not module.HOLDS_PORT
 
 
 def test_an_unknown_backend_is_named_with_the_choices():
