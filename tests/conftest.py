@@ -22,27 +22,31 @@ os.environ.setdefault("OPEN_INSTRUCT_SKIP_STACK_CHECK", "1")
 INTEGRATION = Path(__file__).resolve().parent / "integration"
 NIGHTLY = Path(__file__).resolve().parent / "nightly"
 
-# The longest files (real runs, fault injection), longest first by their totals measured on 2026-12-06 (at
-# bba73ba, the machine shared with other work): scripts/test.sh runs two files at a time and hands them out in
-# collection order, so starting these first keeps both workers busy to the end instead of leaving one long
-# file alone at the tail. Only the order depends on this list; tests/unit/test_structure.py checks that every
-# name is a file of tests/integration.
+# The longest files (real runs, fault injection), longest first by their totals measured on 2026-12-07 (at
+# e1390db, a fresh-clone `.ci/run` on an idle machine; each took 20 s or more): scripts/test.sh runs two files at
+# a time and hands them out in collection order, so starting these first keeps both workers busy to the end
+# instead of leaving one long file alone at the tail. Only the order depends on this list;
+# tests/unit/test_structure.py checks that every name is a file of tests/integration.
 LONGEST_FIRST = (
     "test_weight_sync.py",
-    "test_learner.py",
     "test_training_loop.py",
-    "test_lora_learner.py",
-    "test_lora.py",
-    "test_sequence_parallel_training.py",
+    "test_learner.py",
     "test_staleness_bound.py",
     "test_streaming_generation.py",
+    "test_lora_learner.py",
     "test_bad_input.py",
-    "test_learner_saves.py",
-    "test_extension_training.py",
-    "test_agent_engine.py",
+    "test_lora.py",
     "test_engine_faults.py",
+    "test_sequence_parallel_training.py",
     "test_cpu_scripts.py",
     "test_benchmarks.py",
+    "test_extension_training.py",
+    "test_learner_saves.py",
+    "test_agent_engine.py",
+    "test_stack_integration.py",
+    "test_node_launch.py",
+    "test_driver_sigkill.py",
+    "test_mason_dataset_cache.py",
 )
 
 
