@@ -128,7 +128,7 @@ class PromptFeeder:
         if state.requeued:
             again, *rest = state.requeued
             self.state = dataclasses.replace(state, requeued=tuple(rest), admitted=state.admitted + 1)
-            return self._request(self.rows[row_id(again)], _readmitted_id(again), learner_version, queued_at)
+            return self._request(self.rows[row_id(again)], readmitted_id(again), learner_version, queued_at)
         epoch, position, excluded = state.epoch, state.position, state.excluded
         if position == len(self._order):
             epoch, position, excluded = epoch + 1, 0, state.solved  # solved prompts leave from the reshuffle on
@@ -147,7 +147,7 @@ class PromptFeeder:
         return request if override is None else dataclasses.replace(request, ground_truths=override)
 
 
-def _readmitted_id(prompt_id: str) -> str:
+def readmitted_id(prompt_id: str) -> str:
     """ "row@0" -> "row@0+1" -> "row@0+2": each re-admission is a new, unique prompt id."""
     base, _, count = prompt_id.rpartition("+")
     if base and count.isdigit():
