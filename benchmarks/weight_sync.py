@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 from benchmarks.stamp import results_page, stamp
-from open_instruct.learner.rendezvous import HeldPort
+from open_instruct.learner.rendezvous import listening_socket
 
 
 def memory_bandwidth_gb_s(megabytes: int = 512, repeats: int = 5) -> float:
@@ -83,9 +83,9 @@ async def sync_while_decoding(engine, weights, args, transport: str) -> tuple[li
         def sync(version: int):
             return shm.sync_weights(engine, stager, weights, version, dtype=torch.float32)
     else:
-        held = HeldPort()
-        port = held.hold()
-        group = await wt.init_engine_transfer(engine, "127.0.0.1", port, 2, 300, held.take(port))
+        listener = listening_socket()
+        port = listener.getsockname()[1]
+        group = await wt.init_engine_transfer(engine, "127.0.0.1", port, 2, 300, listener)
 
         def sync(version: int):
             bucket_bytes = args.bucket_mb << 20

@@ -30,7 +30,7 @@ import threading
 import time
 from pathlib import Path
 
-from open_instruct.learner.rendezvous import HeldPort
+from open_instruct.learner.rendezvous import listening_socket
 
 
 def rss_anon_bytes() -> int:
@@ -206,9 +206,9 @@ def measure_rank(
 def run_stage(model_path: str, stage: int, world_size: int, workdir: Path, device: str = "cpu") -> list[dict]:
     import torch.multiprocessing as mp
 
-    held = HeldPort()
-    port = held.hold()
-    listeners = [held.take(port)] + [None] * (world_size - 1)  # rank 0's store adopts the held socket
+    listener = listening_socket()
+    port = listener.getsockname()[1]
+    listeners = [listener] + [None] * (world_size - 1)  # rank 0's store adopts it
     outs = [str(workdir / f"stage{stage}_rank{rank}.json") for rank in range(world_size)]
     context = mp.get_context("spawn")
     ranks = [

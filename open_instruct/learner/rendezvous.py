@@ -10,8 +10,17 @@ from __future__ import annotations
 import socket
 
 
+def listening_socket() -> socket.socket:
+    """A socket listening on a port the OS picks (`getsockname()[1]`), for a store to adopt."""
+    held = socket.socket()
+    held.bind(("", 0))
+    held.listen()
+    return held
+
+
 class HeldPort:
-    """At most one listening socket, named by `hold` and handed over by `take`."""
+    """Rank 0's port between naming it and forming a group on it: at most one listening socket, named by `hold`
+    and handed over by `take`."""
 
     def __init__(self) -> None:
         self._socket: socket.socket | None = None
@@ -19,11 +28,8 @@ class HeldPort:
     def hold(self) -> int:
         """Listen on a port the OS picks (closing one held and never taken) and return it."""
         self.release()
-        held = socket.socket()
-        held.bind(("", 0))
-        held.listen()
-        self._socket = held
-        return held.getsockname()[1]
+        self._socket = listening_socket()
+        return self._socket.getsockname()[1]
 
     def take(self, port: int) -> socket.socket | None:
         """The socket listening on `port`, now the caller's (a store adopts it); None if `port` is not held."""

@@ -75,11 +75,11 @@ def learner_engine(model, lora: bool):
     from open_instruct import adapters
     from open_instruct.config.model import ModelConfig
     from open_instruct.learner import deepspeed_setup
-    from open_instruct.learner.rendezvous import HeldPort
+    from open_instruct.learner.rendezvous import listening_socket
 
-    held = HeldPort()
-    port = held.hold()
-    deepspeed_setup.init_distributed(rank=0, world_size=1, master_port=port, listener=held.take(port))
+    listener = listening_socket()
+    port = listener.getsockname()[1]
+    deepspeed_setup.init_distributed(rank=0, world_size=1, master_port=port, listener=listener)
     if lora:
         model = adapters.wrap(model, ModelConfig(use_peft=True, lora_r=16, lora_alpha=32), gradient_checkpointing=False)
     optimizer = deepspeed_setup.make_optimizer(model, learning_rate=1e-3, weight_decay=0.0, fused=device() == "cuda")

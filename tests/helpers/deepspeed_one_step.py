@@ -14,11 +14,11 @@ def main(stage: int, model_path: str, dtype: str = "float32") -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from open_instruct.learner import deepspeed_setup
-    from open_instruct.learner.rendezvous import HeldPort
+    from open_instruct.learner.rendezvous import listening_socket
 
-    held = HeldPort()
-    port = held.hold()
-    deepspeed_setup.init_distributed(rank=0, world_size=1, master_port=port, listener=held.take(port))
+    listener = listening_socket()
+    port = listener.getsockname()[1]
+    deepspeed_setup.init_distributed(rank=0, world_size=1, master_port=port, listener=listener)
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=getattr(torch, dtype))
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     before = {n: p.detach().clone() for n, p in model.named_parameters()}

@@ -8,7 +8,7 @@ import time
 
 import torch
 
-from open_instruct.learner.rendezvous import HeldPort
+from open_instruct.learner.rendezvous import listening_socket
 from open_instruct.weights import gloo as wt
 
 
@@ -59,9 +59,8 @@ def test_a_failed_send_closes_the_trainer_end_so_a_late_receiver_fails_at_once()
     import multiprocessing
     import queue
 
-    held = HeldPort()
-    port = held.hold()
-    listener = held.take(port)  # sent to rank 0's process (multiprocessing passes a socket's descriptor)
+    listener = listening_socket()  # sent to rank 0's process (multiprocessing passes a socket's descriptor)
+    port = listener.getsockname()[1]
     context = multiprocessing.get_context("spawn")
     peer_gone, trainer_done, results = context.Event(), context.Event(), context.Queue()
     listeners = [listener, None, None]
